@@ -1,0 +1,219 @@
+"""Run a throwaway ZooKeeper server from Debian's `zookeeper` package.
+
+Owns: starting `org.apache.zookeeper.server.ZooKeeperServerMain` as a child process on
+127.0.0.1 with a free port and a private data directory, optionally with a TLS port backed by
+a throwaway CA made with openssl, and stopping it again. Used by the test fixtures, the demo
+and the benchmark; the launcher itself never imports this module.
+
+Failure modes: `ZooKeeperUnavailable` when Java or the jar is missing, or when the server
+does not report `Mode:` through the `srvr` four-letter command before the deadline (`ruok`
+answers before the server can serve sessions, so it is not used).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+JAVA_DIR = Path("/usr/share/java")
+ZK_JAR = JAVA_DIR / "zookeeper.jar"
+# Debian's zookeeper.jar manifest lists the netty jars it needs for plain sockets but not the
+# ones Netty's TLS server factory loads; without them a secureClientPort fails at start.
+EXTRA_JARS = (
+    "netty-codec.jar",
+    "netty-resolver.jar",
+    "netty-transport-native-unix-common.jar",
+)
+
+
+class ZooKeeperUnavailable(RuntimeError):
+    """ZooKeeper could not be started or did not become ready."""
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files of a throwaway CA and a certificate it signed (usable by server and client)."""
+
+    ca: str
+    cert: str
+    key: str
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def four_letter(port: int, word: str, timeout: float = 1.0) -> str:
+    """Send a four-letter command to a plain client port and return the answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(word.encode())
+        chunks = []
+        while True:
+            data = s.recv(4096)
+            if not data:
+                break
+            chunks.append(data)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def make_tls_files(directory: str) -> TlsFiles:
+    """Create a CA and a 127.0.0.1/localhost certificate signed by it, with openssl."""
+    d = Path(directory)
+    d.mkdir(parents=True, exist_ok=True)
+    ca_key, ca_crt = d / "ca.key", d / "ca.pem"
+    key, csr, crt = d / "zk.key", d / "zk.csr", d / "zk.pem"
+    ext = d / "ext.cnf"
+    ext.write_text(
+        "subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"
+    )
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    run("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+        "-subj", "/CN=nodepool-k8s-test-ca", "-keyout", str(ca_key), "-out", str(ca_crt))
+    run("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost",
+        "-keyout", str(key), "-out", str(csr))
+    run("x509", "-req", "-in", str(csr), "-CA", str(ca_crt), "-CAkey", str(ca_key),
+        "-CAcreateserial", "-days", "2", "-extfile", str(ext), "-out", str(crt))
+    return TlsFiles(ca=str(ca_crt), cert=str(crt), key=str(key))
+
+
+class ZooKeeperServer:
+    """A standalone ZooKeeper child process; use as a context manager or call start/stop."""
+
+    def __init__(self, tls: bool = False, workdir: str | None = None) -> None:
+        self.tls = tls
+        self._own_dir = workdir is None
+        self.workdir = workdir or tempfile.mkdtemp(prefix="nodepool-k8s-zk-")
+        self.port = 0
+        self.secure_port = 0
+        self.tls_files: TlsFiles | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    # -- public -----------------------------------------------------------------------------
+    @property
+    def hosts(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def secure_hosts(self) -> str:
+        return f"127.0.0.1:{self.secure_port}"
+
+    def start(self, timeout: float = 60.0) -> "ZooKeeperServer":
+        if not ZK_JAR.exists():
+            raise ZooKeeperUnavailable(
+                f"{ZK_JAR} not found: install Debian's zookeeper package (tools/test-setup.sh)")
+        java = shutil.which("java")
+        if java is None:
+            raise ZooKeeperUnavailable("java not found: install a JRE (tools/test-setup.sh)")
+        data = Path(self.workdir) / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        lines = [
+            "tickTime=500",
+            "initLimit=10",
+            "syncLimit=5",
+            f"dataDir={data}",
+            "clientPortAddress=127.0.0.1",
+            f"clientPort={self.port}",
+            "maxClientCnxns=0",
+            "4lw.commands.whitelist=*",
+            "admin.enableServer=false",
+            # Sessions of killed test launchers should expire quickly.
+            "minSessionTimeout=1000",
+            "maxSessionTimeout=60000",
+            "forceSync=no",
+        ]
+        if self.tls:
+            self.tls_files = make_tls_files(os.path.join(self.workdir, "tls"))
+            self.secure_port = free_port()
+            lines += [
+                f"secureClientPort={self.secure_port}",
+                "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory",
+                "ssl.keyStore.type=PEM",
+                f"ssl.keyStore.location={self._combined_pem()}",
+                "ssl.trustStore.type=PEM",
+                f"ssl.trustStore.location={self.tls_files.ca}",
+                "ssl.clientAuth=need",
+            ]
+        cfg = Path(self.workdir) / "zoo.cfg"
+        cfg.write_text("\n".join(lines) + "\n")
+        classpath = ":".join([str(ZK_JAR)] + [
+            str(JAVA_DIR / j) for j in EXTRA_JARS if (JAVA_DIR / j).exists()])
+        log = open(Path(self.workdir) / "zookeeper.log", "wb")
+        self._proc = subprocess.Popen(
+            [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+             "-Dzookeeper.admin.enableServer=false",
+             "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        self._wait_ready(timeout)
+        return self
+
+    def stop(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> "ZooKeeperServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- internals --------------------------------------------------------------------------
+    def _combined_pem(self) -> str:
+        assert self.tls_files is not None
+        path = Path(self.workdir) / "tls" / "server-keystore.pem"
+        path.write_text(Path(self.tls_files.key).read_text()
+                        + Path(self.tls_files.cert).read_text())
+        return str(path)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last_error = "no answer"
+        while time.monotonic() < deadline:
+            assert self._proc is not None
+            if self._proc.poll() is not None:
+                raise ZooKeeperUnavailable(
+                    f"ZooKeeper exited with {self._proc.returncode}: {self._log_tail()}")
+            try:
+                if "Mode:" in four_letter(self.port, "srvr"):
+                    if not self.tls or self._port_open(self.secure_port):
+                        return
+            except OSError as exc:
+                last_error = str(exc)
+            time.sleep(0.05)
+        self.stop()
+        raise ZooKeeperUnavailable(f"ZooKeeper not ready after {timeout}s ({last_error})")
+
+    @staticmethod
+    def _port_open(port: int) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return True
+        except OSError:
+            return False
+
+    def _log_tail(self) -> str:
+        try:
+            return (Path(self.workdir) / "zookeeper.log").read_text(errors="replace")[-2000:]
+        except OSError:
+            return ""

@@ -1,0 +1,76 @@
+"""Shared pytest fixtures: a real ZooKeeper per test session, a fresh chroot per test.
+
+Fixtures here start real servers (Debian's ZooKeeper) as child processes and always stop
+them at the end of the session. Waiting helpers poll a condition against a deadline; no test
+sleeps a fixed time to wait for something.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from nodepool_k8s.testing.zookeeper import ZooKeeperServer
+from tests.helpers import ZkConnection
+
+
+@pytest.fixture(scope="session")
+def zk_server() -> Iterator[ZooKeeperServer]:
+    server = ZooKeeperServer().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def zk_tls_server() -> Iterator[ZooKeeperServer]:
+    server = ZooKeeperServer(tls=True).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _make_chroot(hosts: str, **kw: object) -> str:
+    chroot = f"/nodepool-test-{uuid.uuid4().hex}"
+    client = KazooClient(hosts=hosts, **kw)  # type: ignore[arg-type]
+    client.start(timeout=15)
+    try:
+        client.ensure_path(chroot)
+    finally:
+        client.stop()
+        client.close()
+    return chroot
+
+
+@pytest.fixture
+def zk(zk_server: ZooKeeperServer) -> ZkConnection:
+    """Connection details of a fresh, empty chroot on the session's plain ZooKeeper."""
+    chroot = _make_chroot(zk_server.hosts)
+    return ZkConnection(host="127.0.0.1", port=zk_server.port, chroot=chroot)
+
+
+@pytest.fixture
+def zk_tls(zk_tls_server: ZooKeeperServer) -> ZkConnection:
+    """Connection details of a fresh chroot reached over TLS (client certificate required)."""
+    tls = zk_tls_server.tls_files
+    assert tls is not None
+    chroot = _make_chroot(zk_tls_server.hosts)
+    return ZkConnection(host="127.0.0.1", port=zk_tls_server.secure_port, chroot=chroot,
+                        tls_ca=tls.ca, tls_cert=tls.cert, tls_key=tls.key)
+
+
+@pytest.fixture
+def kazoo_client(zk: ZkConnection) -> Iterator[KazooClient]:
+    """A raw kazoo client inside the test's chroot, for arranging and checking znodes."""
+    client = KazooClient(hosts=zk.hosts)
+    client.start(timeout=15)
+    try:
+        yield client
+    finally:
+        client.stop()
+        client.close()

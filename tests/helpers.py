@@ -1,0 +1,46 @@
+"""Small helpers shared by the tests: connection details and condition waits."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, TypeVar
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class ZkConnection:
+    host: str
+    port: int
+    chroot: str
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @property
+    def hosts(self) -> str:
+        """kazoo-style host string including the chroot."""
+        return f"{self.host}:{self.port}{self.chroot}"
+
+    def config_yaml(self) -> str:
+        """The `zookeeper-servers` (and `zookeeper-tls`) part of a nodepool.yaml."""
+        text = (f"zookeeper-servers:\n  - host: {self.host}\n    port: {self.port}\n"
+                f"    chroot: {self.chroot}\n")
+        if self.tls_ca:
+            text += (f"zookeeper-tls:\n  ca: {self.tls_ca}\n  cert: {self.tls_cert}\n"
+                     f"  key: {self.tls_key}\n")
+        return text
+
+
+def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float = 0.01,
+             message: str = "condition") -> T:
+    """Poll `predicate` until it returns a truthy value or the deadline passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
