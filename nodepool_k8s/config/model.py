@@ -1,0 +1,194 @@
+"""The validated configuration as immutable objects, with every default already resolved.
+
+Owns: the shape of a loaded configuration. These are pure data (frozen dataclasses, mapping
+fields treated as read-only by convention); any layer may import them. Nothing here reads
+files or validates: `config.loader` builds these objects only from input that passed the
+schema and the semantic checks, so consumers never need `.get(key, default)` chains.
+
+Infinite limits are `math.inf`. Memory is in MiB, storage in MB, as in Nodepool.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from nodepool_k8s.model import Resources
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class ZkServer:
+    host: str
+    port: int = 2181
+    chroot: str | None = None
+
+
+@dataclass(frozen=True)
+class ZkTls:
+    cert: str
+    key: str
+    ca: str
+
+
+@dataclass(frozen=True)
+class LabelConfig:
+    """A top-level `labels` entry: what any provider may serve under this name."""
+
+    name: str
+    min_ready: int = 0
+    max_ready_age: float = 0  # seconds; 0 = never expire
+
+
+@dataclass(frozen=True)
+class WebappConfig:
+    port: int = 8005
+    listen_address: str = "0.0.0.0"
+
+
+@dataclass(frozen=True)
+class TenantLimit:
+    tenant_name: str
+    # Keys as stored in node `resources`: instances, cores, ram, volumes, volume-gb, <other>.
+    limits: Resources = field(default_factory=Resources.limits)
+
+
+@dataclass(frozen=True)
+class PoolLabel:
+    """A label as one pool of a kubernetes (or fake) provider serves it; defaults resolved."""
+
+    name: str
+    type: str  # "namespace" | "pod"
+    # Form A: the pod nodepool_k8s builds. None means "not set" (no request/limit emitted).
+    image: str | None = None
+    image_pull: str = "IfNotPresent"
+    python_path: str = "auto"
+    shell_type: str | None = None
+    cpu: float | None = None
+    memory: int | None = None  # MiB
+    storage: int | None = None  # MB (ephemeral-storage)
+    cpu_limit: float | None = None
+    memory_limit: int | None = None
+    storage_limit: int | None = None
+    gpu: float | None = None
+    gpu_resource: str | None = None
+    env: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] | None = None
+    scheduler_name: str | None = None
+    privileged: bool | None = None
+    volumes: tuple[Mapping[str, Any], ...] = ()
+    volume_mounts: tuple[Mapping[str, Any], ...] = ()
+    extra_resources: Mapping[str, int] = field(default_factory=dict)
+    # Form B: a verbatim pod spec (exclusive with the form A keys above).
+    spec: Mapping[str, Any] | None = None
+    # Both forms.
+    labels: Mapping[str, str] = field(default_factory=dict)
+    dynamic_labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    # Seconds to wait for the pod to run (and the token to appear) per attempt.
+    boot_timeout: float = 300.0
+    # Fake driver only: simulated launch time and failure injection for tests/benchmarks.
+    fake_launch_delay: float = 0.0
+    fake_fail: bool = False
+
+    def quota(self) -> Resources:
+        """What one node of this label counts against quotas (requests, not limits)."""
+        values: dict[str, float] = {"instances": 1, "cores": 0, "ram": 0}
+        if self.cpu is not None:
+            values["cores"] = self.cpu
+        if self.memory is not None:
+            values["ram"] = self.memory
+        if self.storage is not None:
+            values["ephemeral-storage"] = self.storage
+        if self.gpu is not None and self.gpu_resource:
+            values[self.gpu_resource] = self.gpu
+        for key, amount in self.extra_resources.items():
+            values[key] = values.get(key, 0) + amount
+        return Resources(values)
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    name: str
+    provider: str
+    labels: Mapping[str, PoolLabel]
+    max_servers: float = INF  # <= 0 disables the pool
+    max_cores: float = INF
+    max_ram: float = INF
+    # Provider max-resources merged with the pool's; missing keys are unlimited.
+    max_resources: Mapping[str, float] = field(default_factory=dict)
+    node_attributes: Mapping[str, Any] | None = None
+    priority: int = 100  # resolved: pool -> provider -> 100; lower is preferred
+
+    def limits(self) -> Resources:
+        values: dict[str, float] = dict(self.max_resources)
+        values.update({"instances": self.max_servers, "cores": self.max_cores,
+                       "ram": self.max_ram})
+        return Resources.limits(values)
+
+    @property
+    def disabled(self) -> bool:
+        return self.max_servers <= 0
+
+
+@dataclass(frozen=True)
+class ProviderConfig:
+    name: str
+    driver: str  # "kubernetes" | "fake"
+    pools: Mapping[str, PoolConfig]
+    context: str | None = None
+    launch_retries: int = 3
+    max_concurrency: int = 0  # 0 or negative: unlimited (Nodepool's 0 disabled the provider)
+    priority: int = 100
+    # Provider-wide totals across all pools (Nodepool parsed but never enforced these).
+    max_servers: float = INF
+    max_cores: float = INF
+    max_ram: float = INF
+    max_resources: Mapping[str, float] = field(default_factory=dict)
+    # Leak sweeper: a namespace without a node is deleted only when seen twice this far apart.
+    leak_grace: float = 60.0
+    # Retry/backoff for Kubernetes API calls (seconds).
+    api_retries: int = 5
+    api_backoff: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 4.0)
+    api_timeout: float = 30.0
+
+    def limits(self) -> Resources:
+        values: dict[str, float] = dict(self.max_resources)
+        values.update({"instances": self.max_servers, "cores": self.max_cores,
+                       "ram": self.max_ram})
+        return Resources.limits(values)
+
+    def labels(self) -> set[str]:
+        return {name for pool in self.pools.values() for name in pool.labels}
+
+
+@dataclass(frozen=True)
+class Config:
+    zookeeper_servers: tuple[ZkServer, ...]
+    zookeeper_tls: ZkTls | None = None
+    zookeeper_timeout: float = 10.0
+    labels: Mapping[str, LabelConfig] = field(default_factory=dict)
+    providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
+    max_hold_age: float = INF  # seconds; 0 in the file means "no limit"
+    webapp: WebappConfig = field(default_factory=WebappConfig)
+    tenant_resource_limits: Mapping[str, TenantLimit] = field(default_factory=dict)
+    # Files this configuration was read from (for reload change detection).
+    sources: tuple[str, ...] = ()
+
+    def zk_hosts(self) -> str:
+        """kazoo host string `h1:p1,h2:p2/chroot` (IPv6 literals bracketed).
+
+        kazoo takes one chroot for the whole ensemble; the loader rejects servers that name
+        different chroots.
+        """
+        parts = []
+        for server in self.zookeeper_servers:
+            host = f"[{server.host}]" if ":" in server.host else server.host
+            parts.append(f"{host}:{server.port}")
+        chroot = next((s.chroot for s in self.zookeeper_servers if s.chroot), "")
+        return ",".join(parts) + (chroot or "")
+
+    def pools(self) -> list[PoolConfig]:
+        return [pool for provider in self.providers.values() for pool in provider.pools.values()]

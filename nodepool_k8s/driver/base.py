@@ -1,0 +1,117 @@
+"""The one small interface between the launcher core and a cloud driver.
+
+Owns: `Provider` (what a driver must do), the value types crossing the boundary
+(`LaunchSpec`, `LaunchResult`, `CloudResource`) and the contract of the errors a driver
+raises. The core never imports a concrete driver or `kubernetes`; `driver.registry` maps a
+config `driver:` name to a factory.
+
+Error contract:
+- `launch` raises `LaunchError` for a failed attempt (`retryable=False` when retrying the
+  same label cannot help, e.g. an invalid spec); `QuotaExceeded` when the cloud refused for
+  lack of capacity (the core pauses instead of counting a failure); `TemporaryError` for
+  API trouble that outlived the driver's own retries. On any of these the driver has already
+  removed what it created for that attempt, or left it labelled so the leak sweeper finds it.
+- `delete` returns only once the resource is gone; a missing resource is success. It raises
+  `TemporaryError` when deletion could not be confirmed (the core retries later, and keeps
+  the node record until then: nothing is forgotten).
+- `list_resources` raises `TemporaryError` when the cloud cannot be listed (no sweep then).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
+from nodepool_k8s.model import Resources
+
+
+@dataclass(frozen=True)
+class RequestInfo:
+    """The request facts a driver may use (e.g. for `dynamic-labels` formatting)."""
+
+    id: str
+    labels: tuple[str, ...] = ()
+    requestor: str | None = None
+    requestor_data: Any = None
+    relative_priority: int = 0
+    event_id: str | None = None
+    created_time: float | None = None
+    tenant_name: str | None = None
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    node_id: str
+    provider: ProviderConfig
+    pool: PoolConfig
+    label: PoolLabel
+    request: RequestInfo
+    attempt: int = 1  # 1-based; drivers must use a fresh external name per attempt
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """What the core writes onto the node when it becomes ready."""
+
+    external_id: str
+    connection_type: str
+    connection_port: Any  # a dict for Kubernetes nodes (see the protocol's Part B)
+    interface_ip: str | None = None
+    host_id: str | None = None
+    cloud: str | None = None
+    python_path: str | None = "auto"
+    shell_type: str | None = None
+    resources: Mapping[str, float] | None = None
+    driver_data: Any = None
+    hostname: str | None = None
+    username: str | None = None
+
+
+@dataclass(frozen=True)
+class CloudResource:
+    """A cloud object the provider believes it created (for leak detection)."""
+
+    external_id: str
+    node_id: str | None
+    provider: str
+    created: float | None = None  # epoch seconds, when the cloud says
+    deleting: bool = False
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class Provider(Protocol):
+    """A configured provider instance. Methods may block; the core calls them from workers."""
+
+    name: str
+
+    def start(self) -> None:
+        """Connect (load credentials, open clients). Raises TemporaryError if not possible."""
+
+    def stop(self) -> None:
+        """Release clients and background threads. Idempotent."""
+
+    def launch(self, spec: LaunchSpec, cancel: threading.Event,
+               progress: Callable[[str], None] | None = None) -> LaunchResult:
+        """Create everything for one node and wait until it is usable.
+
+        `cancel` is set when the core gives up (shutdown, ZooKeeper session loss): return
+        promptly by raising LaunchError(reason="Cancelled"). `progress(external_id)` is called
+        as soon as the external id is known, so the core can record it before waiting.
+        """
+
+    def delete(self, external_id: str) -> None:
+        """Delete the resource and wait until it is gone (missing = success)."""
+
+    def list_resources(self) -> Sequence[CloudResource]:
+        """Every resource carrying this provider's ownership labels."""
+
+    def quota_for_label(self, label: PoolLabel) -> Resources:
+        """What one node of `label` counts against quotas."""
+
+    def cloud_limits(self) -> Resources:
+        """Capacity the cloud itself imposes beyond configured limits (infinite if unknown)."""
+
+
+ProviderFactory = Callable[[ProviderConfig], Provider]

@@ -1,0 +1,61 @@
+"""Domain errors shared by every layer.
+
+Owns: the error taxonomy. Every failure that crosses a layer boundary is one of these, so
+callers branch on type, never on message text. `TemporaryError` means "the same action may
+succeed later" (retry with backoff); `PermanentError` means "retrying the same thing is
+pointless" (fail or decline).
+"""
+
+from __future__ import annotations
+
+
+class NodepoolError(Exception):
+    """Base of all nodepool_k8s errors."""
+
+
+class ConfigError(NodepoolError):
+    """The configuration is invalid; the message names the file and the place."""
+
+    def __init__(self, problems: list[str] | str, path: str | None = None) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        self.path = path
+        where = f"{path}: " if path else ""
+        super().__init__("\n".join(f"{where}{p}" for p in self.problems))
+
+
+class TemporaryError(NodepoolError):
+    """May succeed when retried; `delay` suggests how long to wait first (seconds)."""
+
+    def __init__(self, message: str, delay: float | None = None) -> None:
+        super().__init__(message)
+        self.delay = delay
+
+
+class PermanentError(NodepoolError):
+    """Retrying the same action will not help."""
+
+
+class NotFound(PermanentError):
+    """The object does not exist (any more)."""
+
+
+class QuotaExceeded(TemporaryError):
+    """The cloud refused for lack of quota; capacity may free up later."""
+
+
+class LaunchError(NodepoolError):
+    """A node launch attempt failed. `reason` is a short CamelCase cause for logs and stats."""
+
+    def __init__(self, message: str, reason: str = "LaunchFailed",
+                 retryable: bool = True) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.retryable = retryable
+
+
+class ZkSessionLost(TemporaryError):
+    """The ZooKeeper session was suspended or lost; stop acting until it is back."""
+
+
+class LockNotAcquired(TemporaryError):
+    """Someone else holds the lock (or it could not be taken in time)."""

@@ -1,0 +1,310 @@
+"""Records every layer shares: node requests, nodes, their states, and resource amounts.
+
+Owns: the in-memory shape of the two ZooKeeper records of the Nodepool protocol and their
+JSON mapping (`from_dict` / `to_dict`). The mapping is lossless: keys we do not know (Zuul's
+extra `id`, future fields) are kept in `extra` and written back unchanged, and
+`requestor_data` is never interpreted. Readers tolerate missing keys with the protocol's
+defaults; `from_dict` raises `ValueError` only for data that is not a JSON object or carries
+an unknown state, so callers can log the path and skip it.
+
+`Resources` is the pure value type for quota arithmetic (cores, instances, ram, and any
+extra resource keys).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Mapping
+
+# -- states ------------------------------------------------------------------------------------
+
+REQUESTED = "requested"
+PENDING = "pending"
+FULFILLED = "fulfilled"
+FAILED = "failed"
+REQUEST_STATES = frozenset({REQUESTED, PENDING, FULFILLED, FAILED})
+
+BUILDING = "building"
+TESTING = "testing"
+READY = "ready"
+IN_USE = "in-use"
+USED = "used"
+HOLD = "hold"
+DELETING = "deleting"
+INIT = "init"
+ABORTED = "aborted"
+DELETED = "deleted"
+# FAILED ("failed") is shared by requests and nodes.
+NODE_STATES = (BUILDING, TESTING, READY, IN_USE, USED, HOLD, DELETING, FAILED, INIT,
+               ABORTED, DELETED)
+# Unlocked nodes in these states are removed by the launcher that owns their provider.
+CLEANUP_STATES = frozenset({USED, IN_USE, BUILDING, FAILED, DELETING, DELETED, ABORTED, INIT})
+
+MIN_READY_REQUESTOR = "NodePool:min-ready"
+MIN_READY_PRIORITY = "900"
+
+
+def dumps(data: Mapping[str, Any]) -> bytes:
+    return json.dumps(data).encode("utf8")
+
+
+def loads(raw: bytes) -> dict[str, Any]:
+    """Decode a znode's JSON object; ValueError for anything else (empty, not JSON, a list)."""
+    if not raw:
+        raise ValueError("empty znode data")
+    data = json.loads(raw.decode("utf8"))
+    if not isinstance(data, dict):
+        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+# -- node requests -----------------------------------------------------------------------------
+
+_REQUEST_KEYS = ("state", "state_time", "declined_by", "node_types", "nodes", "reuse",
+                 "requestor", "requestor_data", "provider", "relative_priority", "event_id",
+                 "created_time", "tenant_name")
+
+
+@dataclass
+class NodeRequest:
+    id: str
+    state: str = REQUESTED
+    state_time: float | None = None
+    node_types: list[str] = field(default_factory=list)
+    nodes: list[str] = field(default_factory=list)
+    declined_by: list[str] = field(default_factory=list)
+    reuse: bool = True
+    requestor: str | None = None
+    requestor_data: Any = None
+    provider: str | None = None
+    relative_priority: int = 0
+    event_id: str | None = None
+    created_time: float | None = None
+    tenant_name: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    # ZooKeeper bookkeeping, not serialised.
+    version: int = -1
+
+    @property
+    def priority(self) -> str:
+        """The 3-character precedence prefix of the id ("100", "200", "900", ...)."""
+        return self.id.split("-", 1)[0]
+
+    @property
+    def sequence(self) -> str:
+        return self.id.split("-", 1)[-1]
+
+    def sort_key(self) -> tuple[str, int, str]:
+        return (self.priority, self.relative_priority, self.sequence)
+
+    @classmethod
+    def from_dict(cls, request_id: str, data: Mapping[str, Any],
+                  version: int = -1) -> "NodeRequest":
+        state = data.get("state", REQUESTED)
+        if state not in REQUEST_STATES:
+            raise ValueError(f"unknown request state {state!r}")
+        node_types = data.get("node_types") or []
+        if not isinstance(node_types, list) or not all(isinstance(t, str) for t in node_types):
+            raise ValueError("node_types must be a list of label names")
+        rel = data.get("relative_priority") or 0
+        if not isinstance(rel, int):
+            raise ValueError("relative_priority must be an integer")
+        return cls(
+            id=request_id,
+            state=state,
+            state_time=data.get("state_time"),
+            node_types=list(node_types),
+            nodes=[str(n) for n in (data.get("nodes") or [])],
+            declined_by=list(data.get("declined_by") or []),
+            reuse=bool(data.get("reuse", True)),
+            requestor=data.get("requestor"),
+            requestor_data=data.get("requestor_data"),
+            provider=data.get("provider"),
+            relative_priority=rel,
+            event_id=data.get("event_id"),
+            created_time=data.get("created_time"),
+            tenant_name=data.get("tenant_name"),
+            extra={k: v for k, v in data.items() if k not in _REQUEST_KEYS},
+            version=version,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dict(self.extra)
+        data.update({
+            "state": self.state,
+            "state_time": self.state_time,
+            "declined_by": list(self.declined_by),
+            "node_types": list(self.node_types),
+            "nodes": list(self.nodes),
+            "reuse": self.reuse,
+            "requestor": self.requestor,
+            "requestor_data": self.requestor_data,
+            "provider": self.provider,
+            "relative_priority": self.relative_priority,
+            "event_id": self.event_id,
+            "created_time": self.created_time,
+            "tenant_name": self.tenant_name,
+        })
+        return data
+
+
+# -- nodes -------------------------------------------------------------------------------------
+
+_NODE_DEFAULTS: dict[str, Any] = {
+    "cloud": None, "provider": None, "pool": None, "allocated_to": None, "az": None,
+    "region": None, "public_ipv4": None, "private_ipv4": None, "public_ipv6": None,
+    "host_id": None, "interface_ip": None, "connection_port": 22, "image_id": None,
+    "launcher": None, "created_time": None, "external_id": None, "hostname": None,
+    "comment": None, "user_data": None, "hold_job": None, "host_keys": None,
+    "username": None, "connection_type": None, "shell_type": None, "hold_expiration": None,
+    "resources": None, "slot": None, "attributes": None, "python_path": None,
+    "tenant_name": None, "driver_data": None, "requestor": None, "node_properties": None,
+}
+
+
+@dataclass
+class Node:
+    id: str
+    state: str = INIT
+    state_time: float | None = None
+    type: list[str] = field(default_factory=list)
+    fields: dict[str, Any] = field(default_factory=lambda: dict(_NODE_DEFAULTS))
+    extra: dict[str, Any] = field(default_factory=dict)
+    version: int = -1
+
+    # Frequently used fields as properties over `fields`, so the key set stays in one place.
+    def __getattr__(self, name: str) -> Any:
+        key = name
+        if key in _NODE_DEFAULTS:
+            return self.__dict__["fields"].get(key, _NODE_DEFAULTS[key])
+        raise AttributeError(name)
+
+    def set(self, **values: Any) -> "Node":
+        for key, value in values.items():
+            if key not in _NODE_DEFAULTS:
+                raise KeyError(f"unknown node field {key!r}")
+            self.fields[key] = value
+        return self
+
+    @property
+    def label(self) -> str | None:
+        return self.type[0] if self.type else None
+
+    @classmethod
+    def from_dict(cls, node_id: str, data: Mapping[str, Any], version: int = -1) -> "Node":
+        state = data.get("state")
+        if state not in NODE_STATES:
+            raise ValueError(f"unknown node state {state!r}")
+        node_type = data.get("type") or []
+        if isinstance(node_type, str):
+            node_type = [node_type]
+        fields = dict(_NODE_DEFAULTS)
+        extra: dict[str, Any] = {}
+        for key, value in data.items():
+            if key in fields:
+                fields[key] = value
+            elif key not in ("state", "state_time", "type", "ssh_port"):
+                extra[key] = value
+        if "connection_port" not in data and "ssh_port" in data:
+            fields["connection_port"] = data["ssh_port"]
+        return cls(id=node_id, state=state, state_time=data.get("state_time"),
+                   type=list(node_type), fields=fields, extra=extra, version=version)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dict(self.extra)
+        data.update(self.fields)
+        data["state"] = self.state
+        data["state_time"] = self.state_time
+        data["type"] = list(self.type)
+        # Old Zuuls read ssh_port; keep it a duplicate of connection_port.
+        data["ssh_port"] = self.fields.get("connection_port")
+        return data
+
+
+# -- resources ---------------------------------------------------------------------------------
+
+BASE_RESOURCES = ("cores", "instances", "ram")
+
+
+class Resources(Mapping[str, float]):
+    """An immutable bag of resource amounts with quota arithmetic.
+
+    Missing keys read as `default`: 0 for amounts (usage, demand) and infinity for limits.
+    """
+
+    __slots__ = ("_values", "_default")
+
+    def __init__(self, values: Mapping[str, float] | None = None,
+                 default: float = 0.0) -> None:
+        self._values = {k: float(v) for k, v in (values or {}).items()}
+        self._default = default
+
+    @classmethod
+    def limits(cls, values: Mapping[str, float | None] | None = None) -> "Resources":
+        return cls({k: (math.inf if v is None else v) for k, v in (values or {}).items()},
+                   default=math.inf)
+
+    def __getitem__(self, key: str) -> float:
+        return self._values.get(key, self._default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"Resources({self._values!r}, default={self._default})"
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Resources):
+            return NotImplemented
+        keys = set(self._values) | set(other._values)
+        return self._default == other._default and all(self[k] == other[k] for k in keys)
+
+    def __hash__(self) -> int:
+        return hash((tuple(sorted(self._values.items())), self._default))
+
+    def _combine(self, other: Mapping[str, float], sign: float) -> "Resources":
+        odefault = other._default if isinstance(other, Resources) else 0.0
+        keys = set(self._values) | set(other)
+        out = {}
+        for k in keys:
+            b = other[k] if k in other else odefault
+            a = self[k]
+            out[k] = a + sign * b
+        return Resources(out, default=self._default + sign * odefault
+                         if not (math.isinf(self._default) and math.isinf(odefault))
+                         else self._default)
+
+    def __add__(self, other: Mapping[str, float]) -> "Resources":
+        return self._combine(other, 1.0)
+
+    def __sub__(self, other: Mapping[str, float]) -> "Resources":
+        return self._combine(other, -1.0)
+
+    def scaled(self, factor: float) -> "Resources":
+        return Resources({k: v * factor for k, v in self._values.items()}, self._default)
+
+    def non_negative(self) -> bool:
+        return all(v >= 0 for v in self._values.values()) and self._default >= 0
+
+    def fits_within(self, limit: "Resources") -> bool:
+        """True when every amount here is at most the corresponding limit."""
+        return all(self[k] <= limit[k] for k in set(self._values) | set(limit._values))
+
+    def exceeded_keys(self, limit: "Resources") -> list[str]:
+        return sorted(k for k in set(self._values) | set(limit._values) if self[k] > limit[k])
+
+    def as_dict(self) -> dict[str, float | int]:
+        """Plain numbers for JSON (whole numbers as int), as stored in a node's `resources`."""
+        return {k: (int(v) if float(v).is_integer() else v) for k, v in self._values.items()}
+
+    @classmethod
+    def total(cls, items: Iterable[Mapping[str, float]]) -> "Resources":
+        acc = cls()
+        for item in items:
+            acc = acc + item
+        return acc
