@@ -1,0 +1,179 @@
+"""Read-only views of launcher state: rows for nodes, requests and labels, as tables or JSON.
+
+Owns: the columns operators know from Nodepool's `nodepool list` / `request-list` and the web
+app, the JSON shapes of the web endpoints, redaction of secrets, and plain-text table
+rendering. Pure functions over records that the caller has already read; no I/O, so the CLI,
+the web app and the tests share one implementation. Nothing here fails on odd data: missing
+fields render empty.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from nodepool_k8s.model import Node, NodeRequest
+
+REDACTED = "redacted"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node as read from ZooKeeper plus whether anyone holds its lock."""
+
+    node: Node
+    locked: bool
+
+
+def age(seconds_since: float | None, now: float) -> str:
+    """Nodepool's `dd:hh:mm:ss` age format."""
+    if seconds_since is None:
+        return ""
+    total = max(0, int(now - seconds_since))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{days:02d}:{hours:02d}:{minutes:02d}:{secs:02d}"
+
+
+def redact_port(value: Any) -> Any:
+    """A Kubernetes node's connection_port is a dict holding a token: never show it."""
+    return value if isinstance(value, int) or value is None else REDACTED
+
+
+NODE_COLUMNS = (
+    ("ID", "id"), ("Provider", "provider"), ("Label", "label"), ("Server ID", "server_id"),
+    ("Public IPv4", "public_ipv4"), ("IPv6", "ipv6"), ("State", "state"), ("Age", "age"),
+    ("Locked", "locked"),
+)
+NODE_DETAIL_COLUMNS = NODE_COLUMNS + (
+    ("Pool", "pool"), ("Hostname", "hostname"), ("Private IPv4", "private_ipv4"),
+    ("AZ", "AZ"), ("Username", "username"), ("Port", "connection_port"),
+    ("Launcher", "launcher"), ("Allocated To", "allocated_to"), ("Hold Job", "hold_job"),
+    ("Comment", "comment"), ("User Data", "user_data"), ("Driver Data", "driver_data"),
+)
+REQUEST_COLUMNS = (
+    ("Request ID", "id"), ("Priority", "relative_priority"), ("State", "state"),
+    ("Requestor", "requestor"), ("Node Types", "node_types"), ("Nodes", "nodes"),
+    ("Declined By", "declined_by"), ("Event ID", "event_id"),
+)
+LABEL_COLUMNS = (("Label", "label"),)
+
+
+def node_row(view: NodeView, now: float) -> dict[str, Any]:
+    """The web app's JSON object for one node (all keys, secrets redacted)."""
+    n = view.node
+    return {
+        "id": n.id,
+        "provider": n.provider,
+        "label": list(n.type),
+        "server_id": n.external_id,
+        "public_ipv4": n.public_ipv4,
+        "ipv6": n.public_ipv6,
+        "state": n.state,
+        "age": age(n.state_time, now),
+        "locked": "locked" if view.locked else "unlocked",
+        "pool": n.pool,
+        "hostname": n.hostname,
+        "private_ipv4": n.private_ipv4,
+        "AZ": n.az,
+        "username": n.username,
+        "connection_port": redact_port(n.connection_port),
+        "launcher": n.launcher,
+        "allocated_to": n.allocated_to,
+        "hold_job": n.hold_job,
+        "comment": n.comment,
+        "user_data": n.user_data,
+        "driver_data": n.driver_data,
+        # Extensions beyond Nodepool's columns; harmless for its consumers.
+        "connection_type": n.connection_type,
+        "tenant_name": n.tenant_name,
+        "state_time": n.state_time,
+        "resources": n.resources,
+    }
+
+
+def node_list(views: Iterable[NodeView], now: float,
+              node_id: str | None = None) -> list[dict[str, Any]]:
+    rows = [node_row(v, now) for v in sorted(views, key=lambda v: v.node.id)]
+    if node_id is not None:
+        rows = [r for r in rows if r["id"] == node_id]
+    return rows
+
+
+def request_row(request: NodeRequest) -> dict[str, Any]:
+    return {
+        "id": request.id,
+        "relative_priority": request.relative_priority,
+        "state": request.state,
+        "requestor": request.requestor,
+        "node_types": list(request.node_types),
+        "nodes": list(request.nodes),
+        "declined_by": list(request.declined_by),
+        "event_id": request.event_id,
+        "tenant_name": request.tenant_name,
+        "provider": request.provider,
+        "state_time": request.state_time,
+    }
+
+
+def request_list(requests: Iterable[NodeRequest]) -> list[dict[str, Any]]:
+    return [request_row(r) for r in sorted(requests, key=lambda r: r.sort_key())]
+
+
+def label_list(supported_labels: Iterable[Iterable[str]]) -> list[dict[str, Any]]:
+    labels: set[str] = set()
+    for group in supported_labels:
+        labels.update(group)
+    return [{"label": name} for name in sorted(labels)]
+
+
+# -- rendering ---------------------------------------------------------------------------------
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (list, tuple)):
+        return ",".join(_cell(v) for v in value)
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    return str(value)
+
+
+def select_columns(columns: Sequence[tuple[str, str]],
+                   fields: Sequence[str] | None) -> Sequence[tuple[str, str]]:
+    """Restrict a table to `fields` (keys or headers, case-insensitive), keeping their order."""
+    if not fields:
+        return columns
+    wanted = [f.strip().lower() for f in fields if f.strip()]
+    picked = []
+    for field_name in wanted:
+        for header, key in columns:
+            if field_name in (key.lower(), header.lower()):
+                picked.append((header, key))
+                break
+    return picked or columns
+
+
+def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
+    """A left-aligned ASCII table in the style operators know from Nodepool's CLI."""
+    headers = [h for h, _ in columns]
+    body = [[_cell(row.get(key)) for _, key in columns] for row in rows]
+    widths = [len(h) for h in headers]
+    for line in body:
+        for i, text in enumerate(line):
+            widths[i] = max(widths[i], len(text))
+    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
+
+    def fmt(cells: Sequence[str]) -> str:
+        return "|" + "|".join(f" {c:<{w}} " for c, w in zip(cells, widths)) + "|"
+
+    out = [rule, fmt(headers), rule]
+    out.extend(fmt(line) for line in body)
+    out.append(rule)
+    return "\n".join(out)
+
+
+def render_json(rows: Sequence[dict[str, Any]]) -> str:
+    return json.dumps(list(rows), indent=2, sort_keys=True, default=str)

@@ -1,0 +1,160 @@
+"""Status views, Prometheus text and the web app over a fixed, in-memory source.
+
+Aspects: Nodepool's columns and JSON keys, token redaction, ages, `fields` selection,
+content negotiation, caching headers, `/ready`, `/metrics`, 404 and a failing source.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+import pytest
+
+from nodepool_k8s import prometheus, status
+from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.webapp import WebApp
+
+NOW = 1_700_000_000.0
+
+
+def k8s_node(node_id: str = "0000000001", state: str = "ready") -> Node:
+    node = Node(id=node_id, state=state, state_time=NOW - 93784, type=["pod-fedora"])
+    node.set(provider="kube", pool="main", external_id="main-0000000001",
+             connection_type="kubectl", allocated_to="200-0000000003",
+             connection_port={"token": "s3cr3t-token", "namespace": "main-0000000001"})
+    return node
+
+
+def request(req_id: str = "200-0000000003", rel: int = 0) -> NodeRequest:
+    return NodeRequest(id=req_id, state="fulfilled", node_types=["pod-fedora"],
+                       nodes=["0000000001"], requestor="zuul", relative_priority=rel,
+                       event_id="ev1")
+
+
+class Source:
+    def __init__(self) -> None:
+        self.nodes = [status.NodeView(k8s_node(), locked=True),
+                      status.NodeView(k8s_node("0000000002", "building"), locked=False)]
+        self.reqs = [request(), request("100-0000000009", rel=2)]
+        self.is_ready = True
+        self.fail = False
+
+    def node_views(self) -> list[status.NodeView]:
+        if self.fail:
+            raise RuntimeError("zookeeper went away")
+        return self.nodes
+
+    def requests(self) -> list[NodeRequest]:
+        return self.reqs
+
+    def supported_labels(self) -> list[list[str]]:
+        return [["pod-fedora", "ns"], ["ns"]]
+
+    def ready(self) -> bool:
+        return self.is_ready
+
+    def counters(self) -> dict[Any, float]:
+        return {("nodepool_launch_total", (("result", "ready"),)): 3}
+
+
+def test_age_format():
+    assert status.age(NOW - 93784, NOW) == "01:02:03:04"
+    assert status.age(None, NOW) == ""
+
+
+def test_node_row_redacts_token_and_keeps_nodepool_keys():
+    row = status.node_row(status.NodeView(k8s_node(), True), NOW)
+    assert row["connection_port"] == "redacted"
+    assert "s3cr3t" not in json.dumps(row)
+    for key in ("id", "provider", "label", "server_id", "public_ipv4", "ipv6", "state", "age",
+                "locked", "pool", "hostname", "private_ipv4", "AZ", "username",
+                "connection_port", "launcher", "allocated_to", "hold_job", "comment",
+                "user_data", "driver_data"):
+        assert key in row
+    assert row["label"] == ["pod-fedora"] and row["locked"] == "locked"
+
+
+def test_render_table_and_field_selection():
+    rows = status.node_list(Source().nodes, NOW)
+    text = status.render_table(rows, status.NODE_COLUMNS)
+    lines = text.splitlines()
+    assert lines[1].startswith("| ID ") and "Locked" in lines[1]
+    assert "0000000001" in text and "pod-fedora" in text
+    cols = status.select_columns(status.NODE_DETAIL_COLUMNS, ["id", "Allocated To"])
+    assert [h for h, _ in cols] == ["ID", "Allocated To"]
+
+
+def test_request_list_orders_by_priority():
+    rows = status.request_list(Source().reqs)
+    assert [r["id"] for r in rows] == ["100-0000000009", "200-0000000003"]
+
+
+def test_prometheus_text():
+    src = Source()
+    text = prometheus.render(src.nodes, src.reqs, True, src.counters())
+    assert 'nodepool_nodes{state="ready"} 1' in text
+    assert 'nodepool_provider_nodes{provider="kube",state="building"} 1' in text
+    assert 'nodepool_label_nodes{label="pod-fedora",state="ready"} 1' in text
+    assert 'nodepool_requests{state="fulfilled"} 2' in text
+    assert "nodepool_launcher_ready 1" in text
+    assert 'nodepool_launch_total{result="ready"} 3' in text
+    assert "# TYPE nodepool_nodes gauge" in text
+
+
+@pytest.fixture
+def web():
+    src = Source()
+    app = WebApp(src, port=0, listen_address="127.0.0.1", clock=ManualClock(NOW)).start()
+    yield src, f"http://127.0.0.1:{app.port}", app
+    app.stop()
+
+
+def get(url: str, accept: str | None = None) -> tuple[int, dict[str, str], str]:
+    req = urllib.request.Request(url, headers={"Accept": accept} if accept else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, dict(resp.headers), resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read().decode()
+
+
+def test_web_node_list_json_and_text(web):
+    _, base, _ = web
+    code, headers, body = get(base + "/node-list", "application/json")
+    assert code == 200 and headers["Content-Type"] == "application/json"
+    data = json.loads(body)
+    assert [d["id"] for d in data] == ["0000000001", "0000000002"]
+    assert data[0]["connection_port"] == "redacted"
+    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert headers["Cache-Control"] == "public, max-age=1"
+    code, headers, body = get(base + "/node-list?node_id=0000000002")
+    assert code == 200 and headers["Content-Type"] == "text/plain"
+    ids = [line.split("|")[1].strip() for line in body.splitlines() if line.startswith("| 0")]
+    assert ids == ["0000000002"]
+    code, _, body = get(base + "/node-list?fields=id,allocated_to")
+    assert "Allocated To" in body and "Provider" not in body
+
+
+def test_web_request_and_label_list(web):
+    _, base, _ = web
+    code, _, body = get(base + "/request-list", "application/json")
+    assert code == 200 and json.loads(body)[0]["id"] == "100-0000000009"
+    code, _, body = get(base + "/label-list", "application/json")
+    assert json.loads(body) == [{"label": "ns"}, {"label": "pod-fedora"}]
+
+
+def test_web_ready_metrics_404_and_failure(web):
+    src, base, _ = web
+    assert get(base + "/ready")[0] == 200
+    src.is_ready = False
+    assert get(base + "/ready")[0] == 503
+    code, headers, body = get(base + "/metrics")
+    assert code == 200 and "nodepool_launcher_ready 0" in body
+    assert get(base + "/nope")[0] == 404
+    src.fail = True
+    code, _, body = get(base + "/node-list?node_id=x", "application/json")
+    assert code == 503 and "zookeeper went away" in body
