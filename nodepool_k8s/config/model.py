@@ -176,6 +176,8 @@ class Config:
     tenant_resource_limits: Mapping[str, TenantLimit] = field(default_factory=dict)
     # Files this configuration was read from (for reload change detection).
     sources: tuple[str, ...] = ()
+    # Non-fatal findings of the loader ("<file>: <place>: warning: ..."), for the CLI and logs.
+    warnings: tuple[str, ...] = field(default=(), compare=False)
 
     def zk_hosts(self) -> str:
         """kazoo host string `h1:p1,h2:p2/chroot` (IPv6 literals bracketed).

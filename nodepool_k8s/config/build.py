@@ -1,0 +1,188 @@
+"""Turn schema-valid, checked data into the frozen `config.model` objects.
+
+Owns: the resolution of every default and every cascade (label -> pool -> provider -> built-in
+default), using the constants of `config.schema`. Consumers of `Config` never apply defaults
+themselves.
+
+How it fails: it does not; it trusts its input to have passed `schema.validate` and
+`checks.check`. Feeding it anything else is a programming error (KeyError/TypeError).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping
+
+from nodepool_k8s.config import schema as S
+from nodepool_k8s.config.model import (
+    INF, Config, LabelConfig, PoolConfig, PoolLabel, ProviderConfig, TenantLimit, WebappConfig,
+    ZkServer, ZkTls,
+)
+from nodepool_k8s.model import Resources
+
+Raw = Mapping[str, Any]
+
+# (label key, pool default key) for the three request/limit pairs.
+REQUESTS = {"cpu": "default-label-cpu", "memory": "default-label-memory",
+            "storage": "default-label-storage"}
+LIMITS = {"cpu": ("cpu-limit", "default-label-cpu-limit"),
+          "memory": ("memory-limit", "default-label-memory-limit"),
+          "storage": ("storage-limit", "default-label-storage-limit")}
+
+
+def _first(*values: Any, default: Any = None) -> Any:
+    return next((v for v in values if v is not None), default)
+
+
+def _cap(value: int | None) -> float:
+    return INF if value is None else value
+
+
+def label_type(label: Raw, driver: str) -> str:
+    if driver == "fake":
+        return str(label.get("type", S.FAKE_LABEL_TYPE))
+    return str(label["type"])
+
+
+def has_pod_limits(label: Raw, driver: str) -> bool:
+    """Only nodepool-built pods (form A) get requests/limits emitted; namespaces and
+    verbatim specs do not, so their limits stay unset."""
+    return driver == "kubernetes" and label_type(label, driver) == "pod" and "spec" not in label
+
+
+def resolve_request(label: Raw, pool: Raw, resource: str) -> tuple[Any, str | None]:
+    """(value, key that supplied it) for cpu/memory/storage: label, then pool default."""
+    if label.get(resource) is not None:
+        return label[resource], resource
+    default_key = REQUESTS[resource]
+    if pool.get(default_key) is not None:
+        return pool[default_key], f"pool {default_key}"
+    return None, None
+
+
+def resolve_limit(label: Raw, pool: Raw, resource: str) -> tuple[Any, str | None]:
+    """(value, origin) of a limit: label limit -> pool default limit -> the resolved request."""
+    limit_key, default_key = LIMITS[resource]
+    if label.get(limit_key) is not None:
+        return label[limit_key], limit_key
+    if pool.get(default_key) is not None:
+        return pool[default_key], f"pool {default_key}"
+    value, origin = resolve_request(label, pool, resource)
+    return value, (f"the {origin} request" if origin else None)
+
+
+def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
+    driver = provider["driver"]
+    kind = label_type(label, driver)
+    values: dict[str, Any] = {
+        "name": label["name"],
+        "type": kind,
+        "extra_resources": {**pool.get("default-label-extra-resources", {}),
+                            **label.get("extra-resources", {})},
+        "boot_timeout": _first(label.get("boot-timeout"), pool.get("boot-timeout"),
+                               provider.get("boot-timeout"), default=S.BOOT_TIMEOUT),
+    }
+    # Every label type counts its (possibly pool-default) requests against quota, as in
+    # Nodepool; this includes namespaces and verbatim-spec pods.
+    for resource in REQUESTS:
+        values[resource] = resolve_request(label, pool, resource)[0]
+    if has_pod_limits(label, driver):
+        for resource in LIMITS:
+            values[f"{resource}_limit"] = resolve_limit(label, pool, resource)[0]
+    if driver == "fake":
+        values["fake_launch_delay"] = label.get("launch-delay", S.FAKE_LAUNCH_DELAY)
+        values["fake_fail"] = label.get("fail", False)
+        return PoolLabel(**values)
+    # Deep copies: YAML anchors may share one object between labels, and consumers may hand
+    # these straight to the Kubernetes client.
+    values.update(
+        image=label.get("image"),
+        image_pull=label.get("image-pull", S.IMAGE_PULL),
+        python_path=label.get("python-path", S.PYTHON_PATH),
+        shell_type=label.get("shell-type"),
+        gpu=label.get("gpu"),
+        gpu_resource=label.get("gpu-resource"),
+        env=tuple(copy.deepcopy(label.get("env", []))),
+        node_selector=copy.deepcopy(label.get("node-selector")),
+        scheduler_name=label.get("scheduler-name"),
+        privileged=label.get("privileged"),
+        volumes=tuple(copy.deepcopy(label.get("volumes", []))),
+        volume_mounts=tuple(copy.deepcopy(label.get("volume-mounts", []))),
+        spec=copy.deepcopy(label.get("spec")),
+        labels=dict(label.get("labels", {})),
+        dynamic_labels=dict(label.get("dynamic-labels", {})),
+        annotations=dict(label.get("annotations", {})),
+    )
+    return PoolLabel(**values)
+
+
+def build_pool(pool: Raw, provider: Raw) -> PoolConfig:
+    # Provider limits double as the pool defaults (as in Nodepool) besides being totals.
+    return PoolConfig(
+        name=pool["name"],
+        provider=provider["name"],
+        labels={lb["name"]: build_label(lb, pool, provider) for lb in pool["labels"]},
+        max_servers=_cap(_first(pool.get("max-servers"), provider.get("max-servers"))),
+        max_cores=_cap(_first(pool.get("max-cores"), provider.get("max-cores"))),
+        max_ram=_cap(_first(pool.get("max-ram"), provider.get("max-ram"))),
+        max_resources={**provider.get("max-resources", {}), **pool.get("max-resources", {})},
+        node_attributes=copy.deepcopy(pool.get("node-attributes")),
+        priority=_first(pool.get("priority"), provider.get("priority"), default=S.PRIORITY),
+    )
+
+
+def build_provider(provider: Raw) -> ProviderConfig:
+    return ProviderConfig(
+        name=provider["name"],
+        driver=provider["driver"],
+        pools={p["name"]: build_pool(p, provider) for p in provider["pools"]},
+        context=provider.get("context") if provider["driver"] == "kubernetes" else None,
+        launch_retries=provider.get("launch-retries", S.LAUNCH_RETRIES),
+        max_concurrency=provider.get("max-concurrency", S.MAX_CONCURRENCY),
+        priority=provider.get("priority", S.PRIORITY),
+        max_servers=_cap(provider.get("max-servers")),
+        max_cores=_cap(provider.get("max-cores")),
+        max_ram=_cap(provider.get("max-ram")),
+        max_resources=dict(provider.get("max-resources", {})),
+        leak_grace=provider.get("leak-grace", S.LEAK_GRACE),
+        api_retries=provider.get("api-retries", S.API_RETRIES),
+        api_backoff=tuple(provider.get("api-backoff", S.API_BACKOFF)),
+        api_timeout=provider.get("api-timeout", S.API_TIMEOUT),
+    )
+
+
+def build_tenant(tenant: Raw) -> TenantLimit:
+    limits: dict[str, float] = {}
+    for key, value in tenant.items():
+        if key != "tenant-name":
+            limits[S.TENANT_LIMIT_KEYS.get(key, key)] = value
+    return TenantLimit(tenant_name=tenant["tenant-name"], limits=Resources.limits(limits))
+
+
+def build_config(data: Raw, sources: tuple[str, ...] = (),
+                 warnings: tuple[str, ...] = ()) -> Config:
+    tls = data.get("zookeeper-tls")
+    webapp = data.get("webapp", {})
+    max_hold_age = data.get("max-hold-age", S.MAX_HOLD_AGE)
+    return Config(
+        zookeeper_servers=tuple(
+            ZkServer(host=s["host"], port=s.get("port", S.ZK_PORT), chroot=s.get("chroot"))
+            for s in data["zookeeper-servers"]),
+        zookeeper_tls=ZkTls(cert=tls["cert"], key=tls["key"], ca=tls["ca"]) if tls else None,
+        zookeeper_timeout=data.get("zookeeper-timeout", S.ZK_TIMEOUT),
+        labels={lb["name"]: LabelConfig(
+            name=lb["name"],
+            # -1 is Nodepool's other spelling of "disabled"; consumers only see 0.
+            min_ready=max(0, lb.get("min-ready", S.MIN_READY)),
+            max_ready_age=lb.get("max-ready-age", S.MAX_READY_AGE),
+        ) for lb in data.get("labels", [])},
+        providers={p["name"]: build_provider(p) for p in data.get("providers", [])},
+        max_hold_age=max_hold_age if max_hold_age > 0 else INF,
+        webapp=WebappConfig(port=webapp.get("port", S.WEBAPP_PORT),
+                            listen_address=webapp.get("listen_address",
+                                                      S.WEBAPP_LISTEN_ADDRESS)),
+        tenant_resource_limits={t["tenant-name"]: build_tenant(t)
+                                for t in data.get("tenant-resource-limits", [])},
+        sources=sources,
+        warnings=warnings,
+    )

@@ -1,0 +1,377 @@
+"""Semantic checks: the rules a schema cannot express, found at validation time, not at 3 a.m.
+
+Owns: cross-field and cross-section rules (names that must exist or be unique, form A/form B
+exclusivity, limits versus requests after defaults, Kubernetes name syntax, `dynamic-labels`
+templates, ZooKeeper chroot and TLS files) and the warnings (valid but probably unintended).
+
+How it fails: `check(data)` never raises; it returns `(errors, warnings)`, each a list of
+`place: message` lines. Input must already have passed `schema.validate`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import string
+from typing import Any, Iterable, Mapping
+
+from nodepool_k8s.config import build
+from nodepool_k8s.config import schema as S
+from nodepool_k8s.config.model import PoolConfig, PoolLabel
+from nodepool_k8s.config.schema import format_path
+
+Raw = Mapping[str, Any]
+Path = tuple[Any, ...]
+
+MAX_POOL_NAME = 40  # "<pool>-<10-digit node id>" must fit a 63-character namespace name
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+_LABEL_VALUE_RULE = ("at most 63 letters, digits, '-', '_' or '.', starting and ending with a"
+                     " letter or digit")
+_CHROOT = re.compile(r"^(/[^/\s]+)+$")
+_FIELD_NAME = re.compile(r"^([^.\[]*)((?:\.[^.\[]+|\[[^\]]+\])*)$")
+_ACCESSOR = re.compile(r"\.([^.\[]+)|\[([^\]]+)\]")
+
+# Labels the driver sets on every namespace and pod; a label config must not override them.
+RESERVED_LABELS = ("nodepool_node_id", "nodepool_provider_name", "nodepool_pool_name",
+                   "nodepool_node_label")
+REQUEST_FIELDS = ("id", "labels", "requestor", "requestor_data", "relative_priority",
+                  "event_id", "created_time", "tenant_name")
+# What a verbatim-spec (form B) label may carry besides the spec.
+FORM_B_KEYS = frozenset({"name", "type", "spec", "labels", "dynamic-labels", "annotations",
+                         "boot-timeout"})
+# Keys that only make sense for a pod nodepool_k8s builds itself.
+POD_ONLY_KEYS = ("image", "image-pull", "cpu-limit", "memory-limit", "storage-limit", "gpu",
+                 "gpu-resource", "env", "node-selector", "privileged", "scheduler-name",
+                 "volumes", "volume-mounts")
+
+
+class _Report:
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+        self.warnings: list[str] = []
+
+    def error(self, path: Path, message: str) -> None:
+        self.errors.append(f"{format_path(path)}: {message}")
+
+    def warn(self, path: Path, message: str) -> None:
+        self.warnings.append(f"{format_path(path)}: warning: {message}")
+
+
+def check(data: Raw, skip: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """All semantic problems of a schema-valid main file.
+
+    `skip` names top-level keys that came from the secure file and were checked there.
+    """
+    report = _Report()
+    _zookeeper(data, report, skip=set(skip))
+    _unique(report, ("labels",), data.get("labels", []), "name", "label")
+    _unique(report, ("tenant-resource-limits",), data.get("tenant-resource-limits", []),
+            "tenant-name", "tenant")
+    for index, tenant in enumerate(data.get("tenant-resource-limits", [])):
+        _tenant(tenant, ("tenant-resource-limits", index), report)
+    top_labels = {label["name"] for label in data.get("labels", [])}
+    providers = data.get("providers", [])
+    _unique(report, ("providers",), providers, "name", "provider")
+    for index, provider in enumerate(providers):
+        _provider(provider, ("providers", index), top_labels, report)
+    _min_ready(data, report)
+    return report.errors, report.warnings
+
+
+def check_secure(data: Raw) -> tuple[list[str], list[str]]:
+    """Semantic problems of a schema-valid secure file (its ZooKeeper settings)."""
+    report = _Report()
+    _zookeeper(data, report, skip=set())
+    return report.errors, report.warnings
+
+
+def _unique(report: _Report, path: Path, items: list[Raw], key: str, what: str) -> None:
+    first: dict[Any, int] = {}
+    for index, item in enumerate(items):
+        name = item.get(key)
+        if name in first:
+            report.error(path + (index, key),
+                         f"duplicate {what} name {name!r} (also at {format_path(path)}"
+                         f"[{first[name]}])")
+        else:
+            first[name] = index
+
+
+# -- zookeeper -----------------------------------------------------------------------------------
+
+
+def _zookeeper(data: Raw, report: _Report, skip: set[str]) -> None:
+    if "zookeeper-servers" in data and "zookeeper-servers" not in skip:
+        servers = data["zookeeper-servers"]
+        seen: dict[tuple[str, int], int] = {}
+        for index, server in enumerate(servers):
+            path: Path = ("zookeeper-servers", index)
+            host = server["host"]
+            if "[" in host or "]" in host or "/" in host or host.count(":") == 1:
+                report.error(path + ("host",), f"{host!r} must be a bare host name or address;"
+                             " give the port in `port` and the chroot in `chroot`")
+            chroot = server.get("chroot")
+            if chroot is not None and not _CHROOT.match(chroot):
+                report.error(path + ("chroot",), f"{chroot!r} must be an absolute znode path"
+                             " like /nodepool (leading /, no trailing /)")
+            endpoint = (host, server.get("port", S.ZK_PORT))
+            if endpoint in seen:
+                report.warn(path, f"same server as zookeeper-servers[{seen[endpoint]}]")
+            seen.setdefault(endpoint, index)
+        chroots = sorted({s.get("chroot") or "" for s in servers})
+        if len(chroots) > 1:
+            shown = ", ".join(repr(c) if c else "none" for c in chroots)
+            report.error(("zookeeper-servers",), "all servers must name the same chroot (one"
+                         f" chroot applies to the whole ensemble); found {shown}")
+    tls = data.get("zookeeper-tls")
+    if tls and "zookeeper-tls" not in skip:
+        for key in ("cert", "key", "ca"):
+            try:
+                with open(tls[key], "rb"):
+                    pass
+            except OSError as exc:
+                report.error(("zookeeper-tls", key),
+                             f"cannot read {tls[key]!r}: {exc.strerror or exc}")
+
+
+# -- tenants, top-level labels -------------------------------------------------------------------
+
+
+def _tenant(tenant: Raw, path: Path, report: _Report) -> None:
+    known = ["tenant-name", *S.TENANT_LIMIT_KEYS]
+    for key in tenant:
+        if key in known or not str(key).startswith("max-"):
+            continue
+        close = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        report.warn(path + (key,), f"not a known limit, so it limits a custom resource named"
+                    f" {key!r}{hint}")
+
+
+def _min_ready(data: Raw, report: _Report) -> None:
+    serving: set[str] = set()
+    for provider in data.get("providers", []):
+        for pool in provider["pools"]:
+            if build.build_pool(pool, provider).disabled:
+                continue
+            serving.update(label["name"] for label in pool["labels"])
+    for index, label in enumerate(data.get("labels", [])):
+        if label.get("min-ready", 0) > 0 and label["name"] not in serving:
+            report.warn(("labels", index, "min-ready"),
+                        f"{label['min-ready']} ready nodes wanted, but no enabled pool serves"
+                        f" label {label['name']!r}")
+
+
+# -- providers and pools -------------------------------------------------------------------------
+
+
+def _provider(provider: Raw, path: Path, top_labels: set[str], report: _Report) -> None:
+    driver = provider["driver"]
+    if driver == "kubernetes" and not _is_label_value(provider["name"]):
+        # Stored sanitised in nodepool_provider_name; two providers whose names sanitise
+        # alike could then take each other's namespaces for their own leaks.
+        report.warn(path + ("name",), f"{provider['name']!r} is not a valid Kubernetes label"
+                    f" value ({_LABEL_VALUE_RULE}), so nodepool_provider_name holds an altered"
+                    " form")
+    if provider.get("max-servers") is not None and provider["max-servers"] <= 0:
+        report.warn(path + ("max-servers",), "0 or less disables every pool that does not set"
+                    " its own max-servers")
+    if not provider["pools"]:
+        report.warn(path + ("pools",), "the provider has no pools, so it serves nothing")
+    _unique(report, path + ("pools",), provider["pools"], "name", "pool")
+    for index, pool in enumerate(provider["pools"]):
+        _pool(pool, provider, path + ("pools", index), top_labels, report)
+
+
+def _pool(pool: Raw, provider: Raw, path: Path, top_labels: set[str], report: _Report) -> None:
+    name = pool["name"]
+    if not _DNS_LABEL.match(name) or len(name) > MAX_POOL_NAME:
+        report.error(path + ("name",), f"{name!r} must be a lowercase DNS-1123 label of at most"
+                     f" {MAX_POOL_NAME} characters (letters, digits and '-', starting and"
+                     " ending with a letter or digit): namespaces are named <pool>-<node id>")
+    if "node-attributes" in pool:
+        try:
+            json.dumps(pool["node-attributes"])
+        except (TypeError, ValueError) as exc:
+            report.error(path + ("node-attributes",), f"must be plain JSON data (it is stored"
+                         f" on every node in ZooKeeper): {exc}")
+    for resource, (_, default_key) in build.LIMITS.items():
+        request, limit = pool.get(build.REQUESTS[resource]), pool.get(default_key)
+        if request is not None and limit is not None and limit < request:
+            report.error(path + (default_key,), f"{limit:g} is below"
+                         f" {build.REQUESTS[resource]} {request:g}")
+    if not pool["labels"]:
+        report.warn(path + ("labels",), "the pool has no labels, so it serves nothing")
+    _unique(report, path + ("labels",), pool["labels"], "name", "label")
+    built = build.build_pool(pool, provider)
+    for index, label in enumerate(pool["labels"]):
+        label_path = path + ("labels", index)
+        if label["name"] not in top_labels:
+            report.error(label_path + ("name",), f"label {label['name']!r} is not defined in"
+                         " the top-level labels")
+        if provider["driver"] == "kubernetes":
+            _kubernetes_label(label, pool, label_path, report)
+        if not built.disabled:
+            _fits(build.build_label(label, pool, provider), built, provider, label_path, report)
+
+
+def _fits(label: PoolLabel, pool: PoolConfig, provider: Raw, path: Path,
+          report: _Report) -> None:
+    """Warn when a single node of the label can never fit the pool's or provider's limits."""
+    need = label.quota()
+    for what, limits in (("pool", pool.limits()),
+                         ("provider", build.build_provider({**provider, "pools": []}).limits())):
+        over = need.exceeded_keys(limits)
+        if over:
+            shown = ", ".join(f"{k} {need[k]:g} > {limits[k]:g}" for k in over)
+            report.warn(path, f"one node needs more than the {what} allows ({shown}), so this"
+                        " label can never be launched there")
+            return  # the pool's limits default to the provider's: say it once
+
+
+# -- kubernetes labels ---------------------------------------------------------------------------
+
+
+def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> None:
+    name, kind, form_b = label["name"], label["type"], "spec" in label
+    if kind == "pod" and not (_DNS_SUBDOMAIN.match(name) and len(name) <= 253):
+        report.error(path + ("name",), f"{name!r} names the pod, so it must be a lowercase"
+                     " DNS-1123 subdomain (letters, digits, '-' and '.', starting and ending"
+                     " with a letter or digit)")
+    elif not _is_label_value(name):
+        # The driver stores a sanitised form, so this works, but selectors on the label
+        # value (kubectl get ns -l nodepool_node_label=...) will not match the name.
+        report.warn(path + ("name",), f"{name!r} is not a valid Kubernetes label value ("
+                    f"{_LABEL_VALUE_RULE}), so nodepool_node_label holds an altered form")
+    if form_b:
+        if kind != "pod":
+            report.error(path + ("type",), "must be pod when spec is given")
+        for key in label:
+            if key not in FORM_B_KEYS:
+                report.error(path + (key,), "cannot be combined with spec (a spec is used"
+                             " verbatim; put the setting into the spec instead)")
+        _spec(label["spec"], path + ("spec",), report)
+    elif kind == "namespace":
+        for key in POD_ONLY_KEYS:
+            if key in label:
+                report.error(path + (key,), "only applies to type: pod labels")
+    else:
+        if "image" not in label:
+            report.error(path + ("image",), "required for type: pod labels without spec")
+        _limits(label, pool, path, report)
+        _volumes(label, path, report)
+        for index, entry in enumerate(label.get("env", [])):
+            if "value" in entry and "valueFrom" in entry:
+                report.error(path + ("env", index), "set value or valueFrom, not both")
+            if "value" in entry and not isinstance(entry["value"], str):
+                report.error(path + ("env", index, "value"), f"expected str, got"
+                             f" {entry['value']!r} (quote it in YAML)")
+    if ("gpu" in label) != ("gpu-resource" in label) and kind == "pod" and not form_b:
+        missing = "gpu-resource" if "gpu" in label else "gpu"
+        report.error(path + (missing,), "gpu and gpu-resource must be given together")
+    if "gpu-resource" in label and not _is_qualified_name(label["gpu-resource"]):
+        report.error(path + ("gpu-resource",), f"{label['gpu-resource']!r} is not a valid"
+                     " resource name (e.g. nvidia.com/gpu)")
+    _metadata(label, path, report)
+
+
+def _limits(label: Raw, pool: Raw, path: Path, report: _Report) -> None:
+    for resource, (limit_key, _) in build.LIMITS.items():
+        request, request_origin = build.resolve_request(label, pool, resource)
+        limit, limit_origin = build.resolve_limit(label, pool, resource)
+        # Both from pool defaults: already reported once for the pool.
+        from_label = resource in label or limit_key in label
+        if request is None or limit is None or limit >= request or not from_label:
+            continue
+        report.error(path + (limit_key,), f"{limit:g} (from {limit_origin}) is below the"
+                     f" {resource} request {request:g} (from {request_origin})")
+
+
+def _volumes(label: Raw, path: Path, report: _Report) -> None:
+    volumes = {volume["name"] for volume in label.get("volumes", [])}
+    for index, mount in enumerate(label.get("volume-mounts", [])):
+        if mount["name"] not in volumes:
+            report.error(path + ("volume-mounts", index, "name"), f"no volume named"
+                         f" {mount['name']!r} in this label's volumes")
+
+
+def _spec(spec: Raw, path: Path, report: _Report) -> None:
+    containers = spec.get("containers")
+    if not isinstance(containers, list) or not containers:
+        report.error(path + ("containers",), "a pod spec needs a non-empty containers list")
+        return
+    for index, container in enumerate(containers):
+        if not isinstance(container, dict) or not container.get("name"):
+            report.error(path + ("containers", index), "each container needs a name")
+
+
+def _metadata(label: Raw, path: Path, report: _Report) -> None:
+    static = label.get("labels", {})
+    for section in ("labels", "dynamic-labels", "annotations", "node-selector"):
+        for key, value in label.get(section, {}).items():
+            where = path + (section, key)
+            if not _is_qualified_name(key):
+                report.error(where, "not a valid Kubernetes key ([prefix/]name, name at most"
+                             " 63 letters, digits, '-', '_' or '.')")
+            elif section in ("labels", "dynamic-labels") and key in RESERVED_LABELS:
+                report.error(where, "reserved: nodepool_k8s sets this label itself")
+            if section in ("labels", "node-selector") and not _is_label_value(value):
+                message = f"{value!r} is not a valid label value ({_LABEL_VALUE_RULE})"
+                if section == "node-selector":
+                    report.error(where, message)  # sent verbatim: the API would refuse the pod
+                else:
+                    report.warn(where, message + ", so the stored value is altered")
+            if section == "dynamic-labels":
+                problem = template_problem(value)
+                if problem:
+                    report.error(where, problem)
+                elif key in static:
+                    report.warn(where, "also set in labels; the dynamic value wins")
+
+
+def template_problem(template: str) -> str | None:
+    """Why `template` is not a usable dynamic-labels value, or None when it is."""
+    allowed = ", ".join(REQUEST_FIELDS)
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        return f"invalid format template {template!r}: {exc}"
+    for _, field, spec, conversion in parts:
+        if field is None:
+            continue
+        match = _FIELD_NAME.match(field)
+        first = match.group(1) if match else field
+        if first != "request":
+            return (f"{{{field}}}: only {{request.<field>}} can be used, with <field> one of"
+                    f" {allowed}")
+        accessors = _ACCESSOR.findall(match.group(2)) if match else []
+        attribute = accessors[0][0] or accessors[0][1] if accessors else ""
+        if not attribute:
+            return f"{{{field}}}: use request.<field> with <field> one of {allowed}"
+        if attribute not in REQUEST_FIELDS:
+            return (f"{{{field}}}: the request has no field {attribute!r}; use one of"
+                    f" {allowed}")
+        if conversion not in (None, "r", "s", "a"):
+            return f"{{{field}}}: unknown conversion !{conversion}"
+        if spec and "{" in spec:
+            nested = template_problem(spec)
+            if nested:
+                return nested
+    return None
+
+
+def _is_label_value(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 63 and bool(_LABEL_VALUE.match(value))
+
+
+def _is_qualified_name(key: Any) -> bool:
+    if not isinstance(key, str):
+        return False
+    prefix, _, name = key.rpartition("/")
+    if prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+        return False
+    return len(name) <= 63 and bool(_NAME_PART.match(name))

@@ -1,0 +1,212 @@
+"""Read, substitute, parse, validate and build the configuration; used on every load.
+
+Owns: the one way a `Config` comes into being (daemon start, reload, CLI, tests): reading the
+main and secure files, `%(NODEPOOL_...)s` substitution, YAML parsing (duplicate keys are
+errors), the secure-file override, running `schema` then `checks`, and handing the result to
+`build`. Also the cheap change detection used by reload (`config_fingerprint`).
+
+How it fails: every problem raises `ConfigError` whose `.path` names the file and whose
+`.problems` are `place: message` lines (all of them for schema and semantic problems; the
+first one for unreadable files and invalid YAML, with line and column). A secure file is
+checked before the main file, so its problems are reported on their own. Nothing
+unvalidated is ever returned.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any, Mapping
+
+import yaml
+
+from nodepool_k8s.config import build, checks, schema
+from nodepool_k8s.config.model import Config
+from nodepool_k8s.exceptions import ConfigError
+
+# (absolute path, st_mtime_ns, st_size) per file; None values when the file is missing.
+Fingerprint = tuple[tuple[str, int | None, int | None], ...]
+
+# Editors often replace a file by delete + rename; a short retry rides over that window.
+READ_ATTEMPTS = 3
+READ_RETRY_DELAY = 0.5
+
+_TOKEN = re.compile(r"%%|%\(([^()\n]*)\)s")
+_MARKER = "__nodepool_k8s_unset_{}__"
+
+
+def load_config(path: str, secure: str | None = None,
+                env: Mapping[str, str] = os.environ) -> Config:
+    """Load and validate the main file (and the secure file, if given)."""
+    text = _read(path)
+    secure_text = _read(secure) if secure is not None else None
+    sources = (os.path.abspath(path),) + ((os.path.abspath(secure),) if secure else ())
+    return _load(text, path, secure_text, secure or "<secure>", env, sources)
+
+
+def load_config_text(text: str, path: str = "<string>", secure_text: str | None = None,
+                     secure_path: str = "<secure>",
+                     env: Mapping[str, str] | None = None) -> Config:
+    """Like `load_config` for in-memory text (tests); `path` only labels the messages."""
+    return _load(text, path, secure_text, secure_path,
+                 os.environ if env is None else env, ())
+
+
+def config_fingerprint(path: str, secure: str | None = None) -> Fingerprint:
+    """A cheap value that changes when either file is edited, replaced or removed."""
+    out: list[tuple[str, int | None, int | None]] = []
+    for name in (path, secure):
+        if name is None:
+            continue
+        full = os.path.abspath(name)
+        try:
+            st = os.stat(full)
+        except OSError:
+            out.append((full, None, None))
+        else:
+            out.append((full, st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
+def substitute(text: str, env: Mapping[str, str]) -> tuple[str, dict[str, tuple[str, int]]]:
+    """Replace `%(NODEPOOL_X)s` with the environment's value and `%%` with `%`.
+
+    Returns the new text and, for every token that could not be replaced (unset, or not a
+    NODEPOOL_ variable), a unique marker -> (variable, line). Markers are only errors where
+    they survive parsing: a token inside a YAML comment is harmless, so a sample file may
+    show `%(NODEPOOL_ZK_CA)s` in commented-out sections. A lone `%` is left as it is.
+    """
+    missing: dict[str, tuple[str, int]] = {}
+
+    def replace(match: re.Match[str]) -> str:
+        if match.group(0) == "%%":
+            return "%"
+        name = match.group(1)
+        if name.startswith("NODEPOOL_") and name in env:
+            return env[name]
+        marker = _MARKER.format(len(missing))
+        missing[marker] = (name, text.count("\n", 0, match.start()) + 1)
+        return marker
+
+    return _TOKEN.sub(replace, text), missing
+
+
+# -- internals -----------------------------------------------------------------------------------
+
+
+def _read(path: str) -> str:
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            if attempt == READ_ATTEMPTS:
+                raise ConfigError("cannot read the file: it does not exist", path) from None
+            time.sleep(READ_RETRY_DELAY)
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"cannot read the file: not UTF-8 text ({exc.reason} at byte"
+                              f" {exc.start})", path) from None
+        except OSError as exc:
+            raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path) from None
+    raise AssertionError("unreachable")
+
+
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """Safe YAML loading that rejects duplicate keys (PyYAML silently keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Any:
+        first_line: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # keys merged in with `<<` may legitimately be overridden
+            key = self.construct_object(key_node, deep=True)
+            try:
+                seen = key in first_line
+            except TypeError:
+                continue  # unhashable key: the base class reports it
+            if seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first_line[key] + 1})",
+                    key_node.start_mark)
+            first_line[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = exc.problem or exc.context or "syntax error"
+        context = ""
+        if exc.context and exc.problem and exc.context_mark is not None:
+            context = (f" ({exc.context} at line {exc.context_mark.line + 1},"
+                       f" column {exc.context_mark.column + 1})")
+        return f"invalid YAML{where}: {problem}{context}"
+    return f"invalid YAML: {exc}"
+
+
+def _parse(text: str, path: str, env: Mapping[str, str]) -> Any:
+    substituted, missing = substitute(text, env)
+    try:
+        data = yaml.load(substituted, Loader=_Loader)  # noqa: S506 - a safe loader subclass
+    except yaml.YAMLError as exc:
+        raise ConfigError(_yaml_problem(exc), path) from None
+    problems = _unsubstituted(data, missing, ())
+    if problems:
+        raise ConfigError(problems, path)
+    return data
+
+
+def _unsubstituted(data: Any, missing: dict[str, tuple[str, int]],
+                   path: tuple[Any, ...]) -> list[str]:
+    if not missing:
+        return []
+    problems: list[str] = []
+    if isinstance(data, str):
+        for marker, (name, line) in missing.items():
+            if marker in data:
+                place = schema.format_path(path) or "top level"
+                if name.startswith("NODEPOOL_"):
+                    why = f"environment variable {name} is not set"
+                else:
+                    why = (f"%({name})s is not substituted: only environment variables whose"
+                           f" names start with NODEPOOL_ are (write %%({name})s for a"
+                           " literal)")
+                problems.append(f"{place}: {why} (line {line})")
+    elif isinstance(data, dict):
+        for key, value in data.items():
+            problems += _unsubstituted(key, missing, path)
+            problems += _unsubstituted(value, missing, path + (key,))
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            problems += _unsubstituted(value, missing, path + (index,))
+    return problems
+
+
+def _load(text: str, path: str, secure_text: str | None, secure_path: str,
+          env: Mapping[str, str], sources: tuple[str, ...]) -> Config:
+    data = _parse(text, path, env)
+    if data is None:
+        data = {}  # an empty file; the schema then says what is missing
+    warnings: list[str] = []
+    override: dict[str, Any] = {}
+    if secure_text is not None:
+        secure = _parse(secure_text, secure_path, env)
+        secure = {} if secure is None else secure
+        normalised, problems = schema.validate_secure(secure)
+        if not problems:
+            problems, secure_warnings = checks.check_secure(normalised)
+            warnings += [f"{secure_path}: {w}" for w in secure_warnings]
+        if problems:
+            raise ConfigError(problems, secure_path)
+        override = {k: secure[k] for k in schema.SECURE_KEYS if k in secure}
+    merged = {**data, **override} if isinstance(data, dict) else data
+    normalised, problems = schema.validate(merged)
+    if problems:
+        raise ConfigError(problems, path)
+    errors, main_warnings = checks.check(normalised, skip=override)
+    if errors:
+        raise ConfigError(errors, path)
+    warnings += [f"{path}: {w}" for w in main_warnings]
+    return build.build_config(normalised, sources=sources, warnings=tuple(warnings))

@@ -1,0 +1,459 @@
+"""The shape of a configuration file, and the sole home of its defaults.
+
+Owns: the voluptuous schemas for the main file, the secure file, both provider drivers, pools
+and both label forms; the default values every other module resolves from (`build` reads them,
+`doc/configuration.md` documents them); and the translation of voluptuous errors into
+`providers[0].pools[1].labels[2].cpu: expected number, got 'two'` lines.
+
+How it fails: `validate(data)` / `validate_secure(data)` return the list of problems (empty when
+the data fits) and never raise; every problem is collected, not only the first. The schemas
+check types and ranges only; cross-field rules live in `checks`.
+
+NB: voluptuous stops a list at its first bad item, so lists here go through `list_of`, which
+collects the errors of every item. Unknown keys are reported by `mapping` with a "did you
+mean" hint instead of voluptuous' bare "extra keys not allowed".
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Any, Callable, Iterable, Mapping
+
+from voluptuous import (
+    ALLOW_EXTRA, Invalid, Marker, MultipleInvalid, Optional, Required, Schema,
+)
+
+Validator = Callable[[Any], Any]
+
+# -- defaults (the only place they are written down) ---------------------------------------------
+
+ZK_PORT = 2181  # NB: Nodepool's code said 2281 while its docs said 2181; we follow the docs.
+ZK_TIMEOUT = 10.0
+WEBAPP_PORT = 8005
+WEBAPP_LISTEN_ADDRESS = "0.0.0.0"
+MIN_READY = 0
+MAX_READY_AGE = 0.0  # 0 = ready nodes never expire
+MAX_HOLD_AGE = 0.0  # 0 = held nodes never expire (stored as infinity)
+MAX_CONCURRENCY = 0  # 0 or negative = unlimited
+PRIORITY = 100
+LAUNCH_RETRIES = 3
+BOOT_TIMEOUT = 300.0
+LEAK_GRACE = 60.0
+API_RETRIES = 5
+API_BACKOFF = (0.2, 0.5, 1.0, 2.0, 4.0)
+API_TIMEOUT = 30.0
+IMAGE_PULL = "IfNotPresent"
+PYTHON_PATH = "auto"
+FAKE_LABEL_TYPE = "namespace"
+FAKE_LAUNCH_DELAY = 0.0
+
+DRIVERS = ("fake", "kubernetes")
+LABEL_TYPES = ("namespace", "pod")
+IMAGE_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+# Keys Nodepool's image builder reads from a shared nodepool.yaml; accepted and ignored.
+BUILDER_KEYS = ("diskimages", "elements-dir", "images-dir", "build-log-dir",
+                "build-log-retention")
+# Secure-file keys that override the main file.
+SECURE_KEYS = ("zookeeper-servers", "zookeeper-tls")
+# Nodepool's secure file may also carry diskimage env-vars; accepted and ignored.
+SECURE_IGNORED_KEYS = ("diskimages",)
+# tenant-resource-limits key -> resource name as stored in a node's `resources`.
+TENANT_LIMIT_KEYS = {"max-servers": "instances", "max-cores": "cores", "max-ram": "ram",
+                     "max-volumes": "volumes", "max-volume-gb": "volume-gb"}
+
+# -- error text ----------------------------------------------------------------------------------
+
+_SIMPLE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+def _got(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_error(expected: str, value: Any) -> Invalid:
+    hint = ""
+    if expected == "str" and isinstance(value, (bool, int, float)):
+        hint = " (quote numbers and booleans in YAML to make them strings)"
+    return Invalid(f"expected {expected}, got {_got(value)}{hint}")
+
+
+def format_path(path: Iterable[Any]) -> str:
+    """`['providers', 0, 'pools']` -> `providers[0].pools`; odd keys as `["app.k8s.io/x"]`."""
+    out = ""
+    for part in path:
+        if isinstance(part, Marker):  # voluptuous puts Required('x') itself in the path
+            part = part.schema
+        if isinstance(part, int) and not isinstance(part, bool):
+            out += f"[{part}]"
+        elif isinstance(part, str) and _SIMPLE_KEY.match(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{_got(part)}]" if not isinstance(part, str) else f'["{part}"]'
+    return out
+
+
+def _message(error: Invalid) -> str:
+    msg = error.msg
+    if msg == "required key not provided":
+        return "required key is missing"
+    return msg
+
+
+def format_errors(errors: Iterable[Invalid]) -> list[str]:
+    """One `place: message` line per error, in the order found, without repeats."""
+    lines: list[str] = []
+    for error in errors:
+        place = format_path(error.path)
+        line = f"{place}: {_message(error)}" if place else _message(error)
+        if line not in lines:
+            lines.append(line)
+    return lines
+
+
+# -- validators ----------------------------------------------------------------------------------
+
+
+def integer(minimum: int | None = None, maximum: int | None = None) -> Validator:
+    def check(value: Any) -> int:
+        # NB: bool is an int subclass; `max-servers: yes` must not read as 1.
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _type_error("int", value)
+        if minimum is not None and value < minimum:
+            raise Invalid(f"must be at least {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise Invalid(f"must be at most {maximum}, got {value}")
+        return value
+    return check
+
+
+def number(minimum: float | None = None, positive: bool = False) -> Validator:
+    """An int or float (returned as float); `positive` excludes zero."""
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _type_error("number", value)
+        if value != value:  # NaN compares unequal to itself
+            raise Invalid("must be a number, got NaN")
+        if positive and value <= 0:
+            raise Invalid(f"must be greater than 0, got {value}")
+        if minimum is not None and value < minimum:
+            raise Invalid(f"must be at least {minimum:g}, got {value}")
+        return float(value)
+    return check
+
+
+def string(allow_empty: bool = False) -> Validator:
+    def check(value: Any) -> str:
+        if not isinstance(value, str):
+            raise _type_error("str", value)
+        if not allow_empty and not value.strip():
+            raise Invalid("must not be empty")
+        return value
+    return check
+
+
+def boolean(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _type_error("bool (true or false)", value)
+    return value
+
+
+def one_of(*choices: str) -> Validator:
+    def check(value: Any) -> str:
+        if value not in choices:
+            raise Invalid(f"expected one of {', '.join(choices)}; got {_got(value)}")
+        return str(value)
+    return check
+
+
+def anything(value: Any) -> Any:
+    return value
+
+
+def list_of(item: Validator, min_items: int = 0, allow_none: bool = False) -> Validator:
+    """A list whose every item is validated; errors of all items are collected."""
+    def check(value: Any) -> list[Any]:
+        if value is None and allow_none:
+            return []
+        if not isinstance(value, list):
+            raise _type_error("list", value)
+        if len(value) < min_items:
+            raise Invalid(f"must have at least {min_items} item{'s' if min_items > 1 else ''}")
+        out: list[Any] = []
+        errors: list[Invalid] = []
+        for index, entry in enumerate(value):
+            try:
+                out.append(item(entry))
+            except Invalid as exc:
+                exc.prepend([index])
+                errors.extend(exc.errors if isinstance(exc, MultipleInvalid) else [exc])
+        if errors:
+            raise MultipleInvalid(errors)
+        return out
+    return check
+
+
+def dict_of(key: Validator, val: Validator, expected: str = "mapping") -> Validator:
+    """A mapping with validated keys and values; for open-ended maps (labels, resources)."""
+    def check(value: Any) -> dict[Any, Any]:
+        if not isinstance(value, dict):
+            raise _type_error(expected, value)
+        errors: list[Invalid] = []
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            try:
+                out[key(k)] = val(v)
+            except Invalid as exc:
+                exc.prepend([k])
+                errors.extend(exc.errors if isinstance(exc, MultipleInvalid) else [exc])
+        if errors:
+            raise MultipleInvalid(errors)
+        return out
+    return check
+
+
+def _key_name(marker: Any) -> str:
+    return str(getattr(marker, "schema", marker))
+
+
+def mapping(fields: Mapping[Any, Validator], extra: Validator | None = None,
+            unknown_hint: str = "") -> Validator:
+    """A mapping with known keys; unknown keys are errors (or go through `extra`)."""
+    schema = Schema(dict(fields), extra=ALLOW_EXTRA)
+    known = [_key_name(k) for k in fields]
+
+    def check(value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise _type_error("mapping", value)
+        errors: list[Invalid] = []
+        out: dict[str, Any] = {}
+        try:
+            out = schema(value)
+        except MultipleInvalid as exc:
+            errors.extend(exc.errors)
+        for key in value:
+            if key in known:
+                continue
+            if extra is not None:
+                try:
+                    out[key] = extra(value[key])
+                except Invalid as exc:
+                    exc.prepend([key])
+                    errors.extend(exc.errors if isinstance(exc, MultipleInvalid) else [exc])
+                continue
+            errors.append(Invalid(unknown_key_message(key, known, unknown_hint), path=[key]))
+        if errors:
+            raise MultipleInvalid(errors)
+        return {k: v for k, v in out.items() if k in known or extra is not None}
+    return check
+
+
+def unknown_key_message(key: Any, known: Iterable[str], hint: str = "") -> str:
+    message = "unknown key"
+    close = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+    if close:
+        message += f" (did you mean {close[0]!r}?)"
+    return message + (f"; {hint}" if hint else "")
+
+
+def open_mapping(required: Mapping[str, Validator]) -> Validator:
+    """A verbatim Kubernetes object (volume, mount, env entry): a few keys checked, rest kept."""
+    schema = Schema({Required(k): v for k, v in required.items()}, extra=ALLOW_EXTRA)
+
+    def check(value: Any) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise _type_error("mapping", value)
+        out: dict[str, Any] = schema(value)
+        return out
+    return check
+
+
+# -- building blocks -----------------------------------------------------------------------------
+
+_any_mapping = dict_of(string(), anything)
+_str_map = dict_of(string(), string(allow_empty=True))
+_int_map = dict_of(string(), integer(minimum=0))
+_seconds = number(minimum=0)
+_timeout = number(positive=True)
+_cpu = number(minimum=0)
+_mib = integer(minimum=0)
+
+_ZK_SERVER = mapping({
+    Required("host"): string(),
+    Optional("port"): integer(1, 65535),
+    Optional("chroot"): string(),
+})
+_ZK_TLS = mapping({
+    Required("cert"): string(),
+    Required("key"): string(),
+    Required("ca"): string(),
+})
+_ZK_KEYS: dict[Any, Validator] = {
+    Optional("zookeeper-servers"): list_of(_ZK_SERVER, min_items=1),
+    Optional("zookeeper-tls"): _ZK_TLS,
+}
+_LABEL = mapping({
+    Required("name"): string(),
+    Optional("min-ready"): integer(minimum=-1),
+    Optional("max-ready-age"): _seconds,
+})
+_WEBAPP = mapping({
+    Optional("port"): integer(0, 65535),
+    Optional("listen_address"): string(),
+})
+_TENANT = mapping(
+    {Required("tenant-name"): string(),
+     **{Optional(k): integer(minimum=0) for k in TENANT_LIMIT_KEYS}},
+    # Any other key is a custom resource limit, used as-is.
+    extra=integer(minimum=0),
+)
+
+# Label keys shared by both drivers; cpu/memory/storage feed quota for every label type.
+_LABEL_COMMON: dict[Any, Validator] = {
+    Required("name"): string(),
+    Optional("cpu"): _cpu,
+    Optional("memory"): _mib,
+    Optional("storage"): _mib,
+    Optional("extra-resources"): _int_map,
+    Optional("boot-timeout"): _timeout,
+}
+_ENV = open_mapping({"name": string()})
+_VOLUME = open_mapping({"name": string()})
+_MOUNT = open_mapping({"name": string(), "mountPath": string()})
+
+# One schema holds both forms; `checks` enforces that `spec` excludes the form A keys and
+# that `type: namespace` labels set no pod-only key, with an error per offending key.
+KUBERNETES_LABEL = mapping({
+    **_LABEL_COMMON,
+    Required("type"): one_of(*LABEL_TYPES),
+    Optional("image"): string(),
+    Optional("image-pull"): one_of(*IMAGE_PULL_POLICIES),
+    Optional("python-path"): string(),
+    Optional("shell-type"): string(),
+    Optional("cpu-limit"): _cpu,
+    Optional("memory-limit"): _mib,
+    Optional("storage-limit"): _mib,
+    Optional("gpu"): number(positive=True),
+    Optional("gpu-resource"): string(),
+    Optional("env"): list_of(_ENV),
+    Optional("node-selector"): _str_map,
+    Optional("privileged"): boolean,
+    Optional("scheduler-name"): string(),
+    Optional("volumes"): list_of(_VOLUME),
+    Optional("volume-mounts"): list_of(_MOUNT),
+    Optional("labels"): _str_map,
+    Optional("dynamic-labels"): _str_map,
+    Optional("annotations"): _str_map,
+    Optional("spec"): _any_mapping,
+})
+FAKE_LABEL = mapping({
+    **_LABEL_COMMON,
+    Optional("type"): one_of(*LABEL_TYPES),
+    Optional("launch-delay"): _seconds,
+    Optional("fail"): boolean,
+})
+
+
+def _pool(label: Validator) -> Validator:
+    return mapping({
+        Required("name"): string(),
+        Required("labels"): list_of(label),
+        Optional("max-servers"): integer(),
+        Optional("max-cores"): integer(minimum=0),
+        Optional("max-ram"): integer(minimum=0),
+        Optional("max-resources"): _int_map,
+        Optional("node-attributes"): _any_mapping,
+        Optional("priority"): integer(),
+        Optional("default-label-cpu"): _cpu,
+        Optional("default-label-memory"): _mib,
+        Optional("default-label-storage"): _mib,
+        Optional("default-label-cpu-limit"): _cpu,
+        Optional("default-label-memory-limit"): _mib,
+        Optional("default-label-storage-limit"): _mib,
+        Optional("default-label-extra-resources"): _int_map,
+        Optional("boot-timeout"): _timeout,
+    })
+
+
+def _provider(label: Validator) -> Validator:
+    return mapping({
+        Required("name"): string(),
+        Required("driver"): one_of(*DRIVERS),
+        Optional("max-concurrency"): integer(),
+        Optional("priority"): integer(),
+        Optional("context"): string(),
+        Optional("launch-retries"): integer(minimum=1),
+        Optional("max-servers"): integer(),
+        Optional("max-cores"): integer(minimum=0),
+        Optional("max-ram"): integer(minimum=0),
+        Optional("max-resources"): _int_map,
+        Required("pools"): list_of(_pool(label)),
+        Optional("boot-timeout"): _timeout,
+        Optional("leak-grace"): _seconds,
+        Optional("api-retries"): integer(minimum=0),
+        Optional("api-backoff"): list_of(_seconds, min_items=1),
+        Optional("api-timeout"): _timeout,
+    })
+
+
+_PROVIDERS = {"kubernetes": _provider(KUBERNETES_LABEL), "fake": _provider(FAKE_LABEL)}
+
+
+def provider(value: Any) -> dict[str, Any]:
+    """Dispatch on `driver`: each driver has its own label schema."""
+    if not isinstance(value, dict):
+        raise _type_error("mapping", value)
+    driver = value.get("driver")
+    if "driver" not in value:
+        errors = [Invalid("required key is missing", path=["driver"])]
+        if "name" not in value:
+            errors.insert(0, Invalid("required key is missing", path=["name"]))
+        raise MultipleInvalid(errors)
+    if driver not in _PROVIDERS:
+        raise Invalid(f"expected one of {', '.join(DRIVERS)}; got {_got(driver)}",
+                      path=["driver"])
+    result: dict[str, Any] = _PROVIDERS[driver](value)
+    return result
+
+
+MAIN = mapping({
+    Required("zookeeper-servers"): list_of(_ZK_SERVER, min_items=1),
+    Optional("zookeeper-tls"): _ZK_TLS,
+    Optional("zookeeper-timeout"): _timeout,
+    Optional("labels"): list_of(_LABEL, allow_none=True),
+    Optional("providers"): list_of(provider, allow_none=True),
+    Optional("max-hold-age"): _seconds,
+    Optional("webapp"): _WEBAPP,
+    Optional("tenant-resource-limits"): list_of(_TENANT, allow_none=True),
+    **{Optional(k): anything for k in BUILDER_KEYS},
+})
+SECURE = mapping(
+    {**_ZK_KEYS, **{Optional(k): anything for k in SECURE_IGNORED_KEYS}},
+    unknown_hint="the secure file may only set " + " and ".join(SECURE_KEYS),
+)
+
+
+def _run(schema: Validator, data: Any) -> tuple[dict[str, Any], list[str]]:
+    if not isinstance(data, dict):
+        return {}, [f"expected a mapping at the top of the file, got {type(data).__name__}"]
+    try:
+        return schema(data), []
+    except MultipleInvalid as exc:
+        return {}, format_errors(exc.errors)
+    except Invalid as exc:
+        return {}, format_errors([exc])
+
+
+def validate(data: Any) -> tuple[dict[str, Any], list[str]]:
+    """Check a parsed main file (secure keys already merged in).
+
+    Returns the normalised data (numbers as float where the schema says number, unknown
+    builder keys kept) and the problems; the data is only meaningful when there are none.
+    """
+    return _run(MAIN, data)
+
+
+def validate_secure(data: Any) -> tuple[dict[str, Any], list[str]]:
+    """Check a parsed secure file; same contract as `validate`."""
+    return _run(SECURE, data)
