@@ -8,11 +8,13 @@ sleeps a fixed time to wait for something.
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Iterator
 
 import pytest
 from kazoo.client import KazooClient
 
+from nodepool_k8s.simulator import Simulator, SimulatorConfig
 from nodepool_k8s.testing.zookeeper import ZooKeeperServer
 from tests.helpers import ZkConnection
 
@@ -74,3 +76,19 @@ def kazoo_client(zk: ZkConnection) -> Iterator[KazooClient]:
     finally:
         client.stop()
         client.close()
+
+
+# -- Kubernetes API simulator -----------------------------------------------------------------
+
+@pytest.fixture
+def k8s_sim(tmp_path: Path) -> Iterator[Simulator]:
+    """A fresh simulated Kubernetes API server: TLS on, zero delays, always stopped.
+
+    Its admin kubeconfig (context "sim") is at `k8s_sim.kubeconfig_path`.
+    """
+    sim = Simulator(SimulatorConfig(tls=True)).start()
+    try:
+        sim.write_kubeconfig(tmp_path / "kubeconfig", context="sim")
+        yield sim
+    finally:
+        sim.stop()

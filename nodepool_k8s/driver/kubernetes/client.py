@@ -1,0 +1,201 @@
+"""One provider's connection to its cluster, and every API call made through it.
+
+Owns: building the official client (kubeconfig context, or the pod's service account when
+there is no kubeconfig), keeping its logging from dumping bodies (service-account tokens
+travel in them), and `KubeClient.call`: one API call with typed errors and retries configured
+by the provider's `api_retries`/`api_backoff`/`api_timeout`. Responses are decoded to plain
+dicts (`_preload_content=False`), never to client model objects.
+
+How it fails: `connect` raises TemporaryError when no credentials can be loaded. `call`
+raises the mapped error (see `errors`) at once for permanent failures and quota refusals,
+and after the configured retries for temporary ones; each retry is logged "#i/n will retry",
+the last failure "#n/n giving up". A cancelled wait between retries raises the last error.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import urllib3.exceptions
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from kubernetes.config.config_exception import ConfigException
+
+from nodepool_k8s.config.model import ProviderConfig
+from nodepool_k8s.driver.kubernetes.errors import Conflict, is_retryable, map_api_error
+from nodepool_k8s.exceptions import NodepoolError, TemporaryError
+
+log = logging.getLogger(__name__)
+
+# A Retry-After longer than this is capped: the caller's own deadline matters more.
+MAX_RETRY_AFTER = 60.0
+DEFAULT_KUBECONFIG = "~/.kube/config"
+
+
+class _NoBodies(logging.Filter):
+    """Drop the classic client's "response body: ..." debug records (they carry tokens)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("response body")
+
+
+def _silence_body_logging() -> None:
+    rest_logger = logging.getLogger("kubernetes.client.rest")
+    if not any(isinstance(f, _NoBodies) for f in rest_logger.filters):
+        rest_logger.addFilter(_NoBodies())
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How often and how patiently one API call is repeated on a temporary error."""
+
+    retries: int = 5  # repeats after the first attempt
+    backoff: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 4.0)  # delay before repeat i (last reused)
+    timeout: float = 30.0  # per request (connect + read), seconds
+
+    @classmethod
+    def from_config(cls, config: ProviderConfig) -> "RetryPolicy":
+        return cls(retries=max(0, int(config.api_retries)),
+                   backoff=tuple(config.api_backoff) or (1.0,),
+                   timeout=float(config.api_timeout))
+
+    def delay(self, retry: int, error: NodepoolError) -> float:
+        base = self.backoff[min(retry, len(self.backoff) - 1)]
+        hinted = getattr(error, "delay", None)
+        if hinted:
+            return max(base, min(float(hinted), MAX_RETRY_AFTER))
+        return base
+
+
+def kubeconfig_paths(explicit: str | None) -> list[str]:
+    """The kubeconfig files to try: `explicit`, else $KUBECONFIG (read now, not at import)."""
+    raw = explicit or os.environ.get("KUBECONFIG") or DEFAULT_KUBECONFIG
+    return [os.path.expanduser(p) for p in raw.split(os.pathsep) if p]
+
+
+def load_configuration(context: str | None, kubeconfig: str | None,
+                       pool_maxsize: int) -> tuple[k8s.Configuration, str | None]:
+    """A fresh client Configuration and the context name actually used (None in-cluster)."""
+    _silence_body_logging()
+    # type.__call__ skips the class-level default copy, so providers never share settings.
+    configuration = type.__call__(k8s.Configuration)
+    paths = [p for p in kubeconfig_paths(kubeconfig) if os.path.exists(p)]
+    if kubeconfig and not paths:
+        # Falling back to in-cluster credentials would hide a typo in an explicit path.
+        raise TemporaryError(f"kubeconfig {kubeconfig} not found")
+    try:
+        if paths:
+            config_file = os.pathsep.join(paths)
+            _, active = k8s_config.list_kube_config_contexts(config_file)
+            used = context or (active or {}).get("name")
+            k8s_config.load_kube_config(config_file=config_file, context=context,
+                                        client_configuration=configuration,
+                                        persist_config=False)
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+            used = context
+    except (ConfigException, OSError, ValueError, KeyError, TypeError) as exc:
+        raise TemporaryError(f"cannot load Kubernetes credentials "
+                             f"(context {context!r}): {exc}") from exc
+    configuration.debug = False  # debug would make urllib3/http.client print bodies
+    if not configuration.verify_ssl:
+        # The operator chose insecure-skip-tls-verify: say so once, not on every request.
+        log.warning("TLS verification is off for context %s (%s)", used, configuration.host)
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+    configuration.connection_pool_maxsize = pool_maxsize
+    return configuration, used
+
+
+Sleeper = Callable[[float], bool]
+"""Waits up to the given seconds; returns True when the wait was cut short (cancelled)."""
+
+
+def _never_cancelled(seconds: float) -> bool:
+    threading.Event().wait(seconds)
+    return False
+
+
+class KubeClient:
+    """The API groups we use plus the retrying, error-mapping `call`."""
+
+    def __init__(self, configuration: k8s.Configuration, context: str | None,
+                 retry: RetryPolicy) -> None:
+        self.configuration = configuration
+        self.context = context
+        self.retry = retry
+        self.api_client = k8s.ApiClient(configuration)
+        self.core = k8s.CoreV1Api(self.api_client)
+        self.rbac = k8s.RbacAuthorizationV1Api(self.api_client)
+
+    @property
+    def host(self) -> str:
+        return str(self.configuration.host)
+
+    @property
+    def verify_ssl(self) -> bool:
+        return bool(self.configuration.verify_ssl)
+
+    def call(self, what: str, fn: Callable[..., Any], *args: Any,
+             sleep: Sleeper | None = None, created_ok: bool = False,
+             **kwargs: Any) -> dict[str, Any]:
+        """Run `fn(*args, **kwargs)` and return the decoded JSON body.
+
+        `created_ok`: a 409 after an earlier attempt of this same create failed in transit
+        means that attempt reached the server; it counts as success (returns {}).
+        `sleep` waits between retries and may be cut short (the launch's cancel event).
+        """
+        sleep = sleep or _never_cancelled
+        kwargs.setdefault("_request_timeout", self.retry.timeout)
+        attempts = self.retry.retries + 1
+        for attempt in range(1, attempts + 1):
+            try:
+                response = fn(*args, _preload_content=False, **kwargs)
+                try:
+                    data = response.data
+                finally:
+                    response.release_conn()
+                return json.loads(data) if data else {}
+            except Exception as exc:  # noqa: BLE001 - mapped right here
+                error = map_api_error(exc, what)
+                if error is not exc:
+                    error.__cause__ = exc
+            if created_ok and attempt > 1 and isinstance(error, Conflict):
+                log.debug("%s: already exists after a retried create; accepting", what)
+                return {}
+            if not is_retryable(error) or attempt == attempts:
+                if is_retryable(error):
+                    log.warning("%s failed: #%d/%d giving up: %s", what, attempt, attempts,
+                                error)
+                raise error
+            delay = self.retry.delay(attempt - 1, error)
+            log.info("%s failed: #%d/%d will retry in %.1fs: %s", what, attempt, attempts,
+                     delay, error)
+            if sleep(delay):
+                raise error
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def stream(self, what: str, fn: Callable[..., Any], *args: Any,
+               read_timeout: float, **kwargs: Any) -> Any:
+        """Open a watch: the raw urllib3 response (single attempt; the caller loops)."""
+        try:
+            return fn(*args, watch=True, _preload_content=False,
+                      _request_timeout=(self.retry.timeout, read_timeout), **kwargs)
+        except Exception as exc:  # noqa: BLE001 - mapped right here
+            raise map_api_error(exc, what) from exc
+
+    def close(self) -> None:
+        try:
+            self.api_client.close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            log.debug("closing the API client failed", exc_info=True)
+
+
+def connect(config: ProviderConfig, kubeconfig: str | None, pool_maxsize: int) -> KubeClient:
+    configuration, used = load_configuration(config.context, kubeconfig, pool_maxsize)
+    return KubeClient(configuration, used, RetryPolicy.from_config(config))

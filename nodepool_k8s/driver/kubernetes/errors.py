@@ -1,0 +1,130 @@
+"""Translation of Kubernetes API failures into nodepool_k8s's typed errors.
+
+Owns: `map_api_error`, the single place that looks at HTTP status codes, Status bodies and
+urllib3 exceptions, plus the few driver-local error types the shared taxonomy lacks
+(`Conflict`, `Forbidden`, `Invalid`, `Unauthorized`, `Gone`). Every error this package
+raises to its callers is a `nodepool_k8s.exceptions` type; the official client's exceptions
+are kept as `__cause__` only. Messages never include response bodies verbatim beyond the
+Status `message` (a Status never carries a token).
+
+Mapping:
+    404 -> NotFound                       409 -> Conflict (PermanentError)
+    410 -> Gone (watch resource version expired; callers re-list)
+    403 "exceeded quota" -> QuotaExceeded  403 missing default service account -> TemporaryError
+    403 other -> Forbidden                 401 -> Unauthorized
+    400/422 -> Invalid
+    429, 5xx, status 0 (TLS), urllib3/socket errors -> TemporaryError
+Retry-After (seconds) becomes `TemporaryError.delay`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+
+from nodepool_k8s.exceptions import (NodepoolError, NotFound, PermanentError,
+                                     QuotaExceeded, TemporaryError)
+
+
+class Conflict(PermanentError):
+    """409: the object already exists (or a write raced another writer)."""
+
+
+class Forbidden(PermanentError):
+    """403 for a reason other than quota: the launcher lacks a permission."""
+
+
+class Unauthorized(PermanentError):
+    """401: the launcher's credentials were rejected."""
+
+
+class Invalid(PermanentError):
+    """400/422: the API server rejected the body; retrying the same body cannot help."""
+
+
+class Gone(TemporaryError):
+    """410: a watch's resource version is too old; the caller must list again."""
+
+
+# Admission of a pod into a namespace that is seconds old can race the service-account
+# controller ("error looking up service account ns/default"); that heals by itself.
+_MISSING_DEFAULT_SA = re.compile(r"service ?account.*not found|no API token found", re.I)
+
+
+def status_message(exc: ApiException) -> str:
+    """The `message` of the Status body when there is one, else the HTTP reason."""
+    body: Any = exc.body
+    if isinstance(body, bytes):
+        body = body.decode("utf-8", errors="replace")
+    if isinstance(body, str) and body:
+        try:
+            parsed = json.loads(body)
+        except ValueError:
+            return body[:500]
+        if isinstance(parsed, dict) and parsed.get("message"):
+            return str(parsed["message"])
+    return str(exc.reason or "")
+
+
+def retry_after(exc: ApiException) -> float | None:
+    """Seconds from a Retry-After header (the API server only sends the integer form)."""
+    headers = exc.headers or {}
+    value = None
+    for key in headers:
+        if str(key).lower() == "retry-after":
+            value = headers[key]
+            break
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except (TypeError, ValueError):
+        return None
+
+
+def map_api_error(exc: BaseException, what: str) -> NodepoolError:
+    """Turn an exception from the official client into a nodepool_k8s error about `what`."""
+    if isinstance(exc, NodepoolError):
+        return exc
+    if isinstance(exc, ApiException):
+        status = int(exc.status or 0)
+        message = f"{what}: {status} {status_message(exc)}".rstrip()
+        if status == 0:
+            # The client reports TLS failures as status 0 (reason holds the SSL error).
+            return TemporaryError(f"{what}: {exc.reason}")
+        if status == 404:
+            return NotFound(message)
+        if status == 409:
+            return Conflict(message)
+        if status == 410:
+            return Gone(message)
+        if status == 403:
+            text = status_message(exc)
+            if "exceeded quota" in text:
+                return QuotaExceeded(message, delay=retry_after(exc))
+            if _MISSING_DEFAULT_SA.search(text):
+                return TemporaryError(message, delay=retry_after(exc))
+            return Forbidden(message)
+        if status == 401:
+            return Unauthorized(message)
+        if status in (400, 422):
+            return Invalid(message)
+        if status == 429 or status >= 500:
+            return TemporaryError(message, delay=retry_after(exc))
+        return PermanentError(message)
+    if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
+        # Connection refused/reset, read timeouts, protocol errors: the API may come back.
+        return TemporaryError(f"{what}: {type(exc).__name__}: {exc}")
+    if isinstance(exc, ValueError):
+        # An unparseable response body (e.g. a proxy's HTML error page).
+        return TemporaryError(f"{what}: bad response: {exc}")
+    return PermanentError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+def is_retryable(error: NodepoolError) -> bool:
+    """Whether the API call itself should be repeated (quota refusals are not)."""
+    return isinstance(error, TemporaryError) and not isinstance(error, (QuotaExceeded, Gone))

@@ -1,0 +1,316 @@
+"""Pure builders for every Kubernetes object a node needs, as plain JSON-ready dicts.
+
+Owns: naming (namespace, pod, container), ownership labels, `dynamic-labels` formatting,
+the RBAC rules per label type and the pod body for both label forms. Nothing here does I/O
+or mutates its inputs (config mappings are deep-copied into the bodies). The only failure is
+a `dynamic-labels` template that cannot be formatted: it is logged and that key skipped.
+
+Bodies are dicts, not client model objects: the classic client (kubernetes==36.0.3) sends
+dicts verbatim, and tests can compare them to what the API server stored.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import re
+from decimal import Decimal
+from typing import Any, Mapping
+
+from nodepool_k8s.config.model import PoolLabel
+from nodepool_k8s.driver.base import LaunchSpec, RequestInfo
+
+log = logging.getLogger(__name__)
+
+# -- fixed names (Zuul's executor reads `user`; operators know the rest from Nodepool) --------
+
+SERVICE_ACCOUNT = "zuul-worker"
+TOKEN_SECRET = "zuul-worker"
+ROLE_BINDING = "zuul-role"
+NAMESPACE_ROLE = "zuul"
+POD_ROLE = "zuul-restricted"
+TOKEN_SECRET_TYPE = "kubernetes.io/service-account-token"
+SA_NAME_ANNOTATION = "kubernetes.io/service-account.name"
+
+# Ownership labels: list_resources and the shared watches select on PROVIDER_LABEL.
+NODE_ID_LABEL = "nodepool_node_id"
+PROVIDER_LABEL = "nodepool_provider_name"
+POOL_LABEL = "nodepool_pool_name"
+NODE_LABEL_LABEL = "nodepool_node_label"
+
+SLEEP_COMMAND = ["/bin/sh", "-c"]
+SLEEP_ARGS = ["while true; do sleep 30; done;"]
+
+ALL_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
+READ_VERBS = ["get", "list", "watch"]
+
+# `namespace` labels: the job owns the namespace and deploys workloads into it. Least
+# privilege inside that boundary: workload kinds a CI job plausibly deploys, no RBAC objects
+# (a job cannot widen its own rights), no resourcequotas/limitranges (it cannot lift limits).
+NAMESPACE_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""],
+     "resources": ["pods", "pods/exec", "pods/log", "pods/portforward", "pods/attach",
+                   "services", "endpoints", "configmaps", "secrets",
+                   "persistentvolumeclaims"],
+     "verbs": ALL_VERBS},
+    {"apiGroups": [""], "resources": ["events"], "verbs": READ_VERBS},
+    {"apiGroups": ["apps"],
+     "resources": ["deployments", "replicasets", "statefulsets", "daemonsets"],
+     "verbs": ALL_VERBS},
+    {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ALL_VERBS},
+]
+
+# `pod` labels: the job only drives the one pod Nodepool made (Ansible's kubectl connection
+# execs into it, the executor port-forwards for log streaming, kubectl logs reads pods/log).
+POD_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": READ_VERBS},
+    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create", "get"]},
+]
+
+_DNS_LABEL_MAX = 63
+_LABEL_VALUE_MAX = 63
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+# -- naming ------------------------------------------------------------------------------------
+
+def dns_label(text: str, max_len: int = _DNS_LABEL_MAX) -> str:
+    """`text` as an RFC 1123 label: lower case, [a-z0-9-], alphanumeric at both ends."""
+    cleaned = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:max_len].strip("-")
+    return cleaned or "x"
+
+
+def label_value(value: Any) -> str:
+    """`value` as a valid label value (<= 63 chars of [A-Za-z0-9_.-], alnum at both ends)."""
+    cleaned = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(value))[:_LABEL_VALUE_MAX]
+    return cleaned.strip("_.-")
+
+
+def namespace_name(pool: str, node_id: str, attempt: int = 1, suffix: str = "") -> str:
+    """`<pool>-<node id>` on attempt 1, `<pool>-<node id>-<attempt>` afterwards.
+
+    A retry must never reuse a name whose namespace may still be Terminating (Nodepool got
+    409s there). `suffix` (random, "r" + hex) is added only if even that name is taken.
+    The pool part is shortened, never the node id, so `parse_namespace_name` still recovers
+    the id.
+    """
+    tail = "-" + dns_label(node_id)
+    if attempt > 1:
+        tail += f"-{attempt}"
+    if suffix:
+        tail += "-" + dns_label(suffix)
+    prefix = dns_label(pool, max(1, _DNS_LABEL_MAX - len(tail)))
+    return prefix + tail
+
+
+# Greedy pool, 10+ digit node id: "pool-1-0000000000-2" is pool "pool-1", attempt 2.
+_NAME_RE = re.compile(r"^(?P<pool>.+)-(?P<node>\d{10,})(?:-(?P<attempt>\d+))?"
+                      r"(?:-(?P<suffix>r[0-9a-f]+))?$")
+
+
+def parse_namespace_name(name: str) -> tuple[str, str, int] | None:
+    """(pool, node id, attempt) of a name made by `namespace_name`, or None."""
+    match = _NAME_RE.match(name)
+    if not match:
+        return None
+    return match["pool"], match["node"], int(match["attempt"] or 1)
+
+
+def pod_name(label: PoolLabel) -> str:
+    """The pod is named after the label (Zuul's executor reads it back as `pod`)."""
+    if len(label.name) <= 253 and _DNS_SUBDOMAIN.match(label.name):
+        return label.name
+    return dns_label(label.name)
+
+
+# -- labels ------------------------------------------------------------------------------------
+
+class _RequestView(dict):  # type: ignore[type-arg]
+    """The request for `str.format`: both `{request.tenant_name}` and `{request[id]}` work."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            raise AttributeError(key) from None
+
+
+def request_view(request: RequestInfo) -> _RequestView:
+    return _RequestView(
+        id=request.id, labels=list(request.labels), requestor=request.requestor,
+        requestor_data=request.requestor_data, relative_priority=request.relative_priority,
+        event_id=request.event_id, created_time=request.created_time,
+        tenant_name=request.tenant_name)
+
+
+def format_dynamic_labels(templates: Mapping[str, str], request: RequestInfo) -> dict[str, str]:
+    """Each template formatted with `request`; a template that fails is logged and skipped."""
+    view = request_view(request)
+    out: dict[str, str] = {}
+    for key, template in templates.items():
+        try:
+            out[key] = str(template).format(request=view)
+        except (KeyError, AttributeError, IndexError, ValueError, TypeError) as exc:
+            log.warning("Skipping dynamic label %s=%r for request %s: %s: %s", key, template,
+                        request.id, type(exc).__name__, exc)
+    return out
+
+
+def ownership_labels(spec: LaunchSpec) -> dict[str, str]:
+    """The four labels that mark an object as ours (and whose node it belongs to)."""
+    return {
+        NODE_ID_LABEL: label_value(spec.node_id),
+        PROVIDER_LABEL: label_value(spec.provider.name),
+        POOL_LABEL: label_value(spec.pool.name),
+        NODE_LABEL_LABEL: label_value(spec.label.name),
+    }
+
+
+def object_labels(spec: LaunchSpec) -> dict[str, str]:
+    """Label `labels` + formatted `dynamic-labels` + ownership labels (ours win)."""
+    labels = {key: label_value(value) for key, value in spec.label.labels.items()}
+    for key, value in format_dynamic_labels(spec.label.dynamic_labels, spec.request).items():
+        labels[key] = label_value(value)
+    labels.update(ownership_labels(spec))
+    return labels
+
+
+def provider_selector(provider_name: str) -> str:
+    return f"{PROVIDER_LABEL}={label_value(provider_name)}"
+
+
+# -- namespace and access objects --------------------------------------------------------------
+
+def _meta(name: str, labels: Mapping[str, str], namespace: str | None = None,
+          annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "labels": dict(labels)}
+    if namespace is not None:
+        meta["namespace"] = namespace
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta
+
+
+def namespace_body(name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(name, labels)}
+
+
+def service_account_body(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": _meta(SERVICE_ACCOUNT, labels, namespace)}
+
+
+def token_secret_body(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    """A legacy token secret: since k8s 1.24 the token controller fills it only on request."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": TOKEN_SECRET_TYPE,
+            "metadata": _meta(TOKEN_SECRET, labels, namespace,
+                              {SA_NAME_ANNOTATION: SERVICE_ACCOUNT})}
+
+
+def role_name(label: PoolLabel) -> str:
+    return POD_ROLE if label.type == "pod" else NAMESPACE_ROLE
+
+
+def role_rules(label: PoolLabel) -> list[dict[str, Any]]:
+    return copy.deepcopy(POD_RULES if label.type == "pod" else NAMESPACE_RULES)
+
+
+def role_body(namespace: str, label: PoolLabel, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": _meta(role_name(label), labels, namespace),
+            "rules": role_rules(label)}
+
+
+def role_binding_body(namespace: str, label: PoolLabel,
+                      labels: Mapping[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": _meta(ROLE_BINDING, labels, namespace),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                        "name": role_name(label)},
+            "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
+                          "namespace": namespace}]}
+
+
+# -- pod -----------------------------------------------------------------------------------------
+
+def plain(value: Any) -> Any:
+    """A deep copy as plain JSON types (config mappings may be read-only views or tuples)."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
+    return copy.deepcopy(value)
+
+
+def quantity(value: float) -> str:
+    """A number as a Kubernetes quantity string: 2.0 -> "2", 0.5 -> "0.5"."""
+    if float(value).is_integer():
+        return str(int(value))
+    return format(Decimal(str(value)).normalize(), "f")
+
+
+def container_resources(label: PoolLabel) -> dict[str, dict[str, str]]:
+    """requests/limits: cpu as given, memory `<n>Mi`, ephemeral-storage `<n>M`, gpu in both."""
+    requests: dict[str, str] = {}
+    limits: dict[str, str] = {}
+    if label.cpu is not None:
+        requests["cpu"] = quantity(label.cpu)
+    if label.memory is not None:
+        requests["memory"] = f"{int(label.memory)}Mi"
+    if label.storage is not None:
+        requests["ephemeral-storage"] = f"{int(label.storage)}M"
+    if label.cpu_limit is not None:
+        limits["cpu"] = quantity(label.cpu_limit)
+    if label.memory_limit is not None:
+        limits["memory"] = f"{int(label.memory_limit)}Mi"
+    if label.storage_limit is not None:
+        limits["ephemeral-storage"] = f"{int(label.storage_limit)}M"
+    if label.gpu is not None and label.gpu_resource:
+        # Extended resources must be equal in requests and limits.
+        requests[label.gpu_resource] = limits[label.gpu_resource] = quantity(label.gpu)
+    resources: dict[str, dict[str, str]] = {}
+    if requests:
+        resources["requests"] = requests
+    if limits:
+        resources["limits"] = limits
+    return resources
+
+
+def pod_spec(label: PoolLabel) -> dict[str, Any]:
+    """Form B: the configured spec, deep-copied verbatim. Form A: one sleeping container."""
+    if label.spec is not None:
+        return plain(label.spec)  # type: ignore[no-any-return]
+    container: dict[str, Any] = {
+        "name": dns_label(label.name),
+        "image": label.image,
+        "imagePullPolicy": label.image_pull,
+        "command": list(SLEEP_COMMAND),
+        "args": list(SLEEP_ARGS),
+    }
+    if label.env:
+        container["env"] = plain(label.env)
+    resources = container_resources(label)
+    if resources:
+        container["resources"] = resources
+    if label.volume_mounts:
+        container["volumeMounts"] = plain(label.volume_mounts)
+    if label.privileged is not None:
+        container["securityContext"] = {"privileged": bool(label.privileged)}
+    # restartPolicy belongs inside the spec (Nodepool put it beside it, where it is ignored):
+    # a sleeping CI container that dies must surface as a failed pod, not restart quietly.
+    spec: dict[str, Any] = {"containers": [container], "restartPolicy": "Never"}
+    if label.node_selector:
+        spec["nodeSelector"] = plain(label.node_selector)
+    if label.scheduler_name:
+        spec["schedulerName"] = label.scheduler_name
+    if label.volumes:
+        spec["volumes"] = plain(label.volumes)
+    return spec
+
+
+def pod_body(namespace: str, label: PoolLabel, labels: Mapping[str, str]) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": _meta(pod_name(label), labels, namespace, dict(label.annotations)),
+            "spec": pod_spec(label)}

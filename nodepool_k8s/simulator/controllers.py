@@ -1,0 +1,410 @@
+"""Background controllers: pod lifecycle, service-account tokens, namespace/pod deletion.
+
+Owns: what a real cluster does on its own after an API call —
+- scheduler + kubelet: Pending -> scheduled on a node (spec.nodeName, PodScheduled) ->
+  Running (podIP, hostIP, startTime, ready containerStatuses); or stuck Pending with
+  PodScheduled=False/Unschedulable (selector matches no node, or the unschedulable fault),
+  or with containers waiting in ErrImagePull -> ImagePullBackOff (image-pull fault);
+- token controller: fills data.token / ca.crt / namespace of service-account-token Secrets;
+- namespace controller: removes a Terminating namespace's contents, then the namespace;
+- graceful pod deletion: removes a pod whose deletionTimestamp is set after a delay.
+
+Event driven: the store calls `on_event` (under its lock) for every change; that only
+schedules work on the shared `Scheduler` thread. Each step re-reads the object and checks its
+uid, so steps for objects deleted or re-created meanwhile are dropped. `reconsider()` re-runs
+steps blocked by a fault (called when faults or nodes change), e.g. unschedulable pods get
+scheduled once the fault is turned off. A failing step is logged by the scheduler and skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import itertools
+import logging
+import secrets
+import threading
+from typing import Any, Callable
+
+from nodepool_k8s.simulator import errors
+from nodepool_k8s.simulator.auth import TokenAuthority
+from nodepool_k8s.simulator.config import SimulatorConfig
+from nodepool_k8s.simulator.faults import FaultInjector
+from nodepool_k8s.simulator.resources import by_plural
+from nodepool_k8s.simulator.store import ADDED, MODIFIED, Event, Obj, Store, now_rfc3339
+from nodepool_k8s.simulator.timers import Scheduler
+from nodepool_k8s.simulator.validation import SA_NAME_ANNOTATION, SA_TOKEN_TYPE
+
+log = logging.getLogger(__name__)
+
+PODS, NAMESPACES, SECRETS, SAS, NODES = (by_plural(p) for p in (
+    "pods", "namespaces", "secrets", "serviceaccounts", "nodes"))
+SA_UID_ANNOTATION = "kubernetes.io/service-account.uid"
+NO_TLS_CA = "# the simulator runs without TLS; there is no CA certificate\n"
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+def node_object(name: str, labels: dict[str, str], index: int,
+                kubelet_version: str) -> Obj:
+    """A Ready node with plenty of capacity, as the simulator's fake kubelet reports it."""
+    all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                  "kubernetes.io/arch": "amd64", **labels}
+    capacity = {"cpu": "16", "memory": "65536Mi", "pods": "110",
+                "ephemeral-storage": "100Gi"}
+    now = now_rfc3339()
+    return {
+        "metadata": {"name": name, "labels": all_labels},
+        "spec": {},
+        "status": {
+            "capacity": dict(capacity), "allocatable": dict(capacity),
+            "addresses": [{"type": "InternalIP", "address": f"10.0.0.{index + 1}"},
+                          {"type": "Hostname", "address": name}],
+            "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+                            "message": "kubelet is posting ready status",
+                            "lastHeartbeatTime": now, "lastTransitionTime": now}],
+            "nodeInfo": {"kubeletVersion": kubelet_version, "operatingSystem": "linux",
+                         "architecture": "amd64", "containerRuntimeVersion": "sim://1.0",
+                         "kernelVersion": "sim", "osImage": "nodepool-k8s simulator",
+                         "machineID": "", "systemUUID": "", "bootID": "",
+                         "kubeProxyVersion": kubelet_version},
+        },
+    }
+
+
+def _set_condition(status: dict[str, Any], ctype: str, value: str, reason: str | None = None,
+                   message: str | None = None) -> None:
+    conditions = status.setdefault("conditions", [])
+    for condition in conditions:
+        if condition.get("type") == ctype:
+            if condition.get("status") != value:
+                condition["lastTransitionTime"] = now_rfc3339()
+            condition["status"] = value
+            break
+    else:
+        condition = {"type": ctype, "status": value, "lastProbeTime": None,
+                     "lastTransitionTime": now_rfc3339()}
+        conditions.append(condition)
+    for field, text in (("reason", reason), ("message", message)):
+        if text:
+            condition[field] = text
+        else:
+            condition.pop(field, None)
+
+
+def _containers(pod: Obj) -> list[dict[str, Any]]:
+    return [c for c in (pod.get("spec") or {}).get("containers") or [] if isinstance(c, dict)]
+
+
+def _waiting_statuses(pod: Obj, reasons: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+    """containerStatuses with every container waiting; `reasons` maps name -> (reason, msg)."""
+    statuses = []
+    for c in _containers(pod):
+        reason, message = reasons.get(c["name"], ("ContainerCreating", ""))
+        waiting: dict[str, Any] = {"reason": reason}
+        if message:
+            waiting["message"] = message
+        statuses.append({"name": c["name"], "image": c.get("image", ""), "imageID": "",
+                         "ready": False, "started": False, "restartCount": 0,
+                         "state": {"waiting": waiting}, "lastState": {}})
+    return statuses
+
+
+def _selector_matches(pod: Obj, node: Obj) -> bool:
+    labels = node["metadata"].get("labels") or {}
+    spec = pod.get("spec") or {}
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return False
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if terms:
+        return any(_term_matches(term, labels) for term in terms)
+    return True
+
+
+def _term_matches(term: dict[str, Any], labels: dict[str, str]) -> bool:
+    for expr in term.get("matchExpressions") or []:
+        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
+        present, value = key in labels, labels.get(key)
+        ok = {"In": present and value in values,
+              "NotIn": not present or value not in values,
+              "Exists": present, "DoesNotExist": not present}.get(op, False)
+        if not ok:
+            return False
+    return True
+
+
+class Controllers:
+    def __init__(self, store: Store, scheduler: Scheduler, faults: FaultInjector,
+                 authority: TokenAuthority, config: SimulatorConfig,
+                 ca_pem: str | None) -> None:
+        self.store = store
+        self.scheduler = scheduler
+        self.faults = faults
+        self.authority = authority
+        self.config = config
+        self.ca_pem = ca_pem or NO_TLS_CA
+        self._ip_lock = threading.Lock()
+        self._next_ip = itertools.count(2)
+        self._node_turn = itertools.count()
+        # Terminating namespaces whose removal the namespace_delete_hang fault held back.
+        self._hung: set[tuple[str, str]] = set()
+        self._hung_lock = threading.Lock()
+
+    def start(self) -> None:
+        self.store.subscribe(self.on_event)
+
+    def later(self, delay: float, step: Callable[[], None]) -> None:
+        self.scheduler.call_later(delay, step)
+
+    # -- dispatch (runs under the store lock: only schedule here) ----------------------------
+    def on_event(self, event: Event) -> None:
+        obj, meta = event.obj, event.obj["metadata"]
+        ns, name, uid = meta.get("namespace"), meta["name"], meta["uid"]
+        if event.resource == "pods" and event.type == ADDED:
+            if (obj.get("spec") or {}).get("nodeName"):
+                self.later(self.config.start_delay, lambda: self._start_pod(ns, name, uid))
+            else:
+                self.later(self.config.schedule_delay, lambda: self._schedule_pod(ns, name, uid))
+        elif event.resource == "pods" and event.type == MODIFIED:
+            if meta.get("deletionTimestamp") and not (event.old or {}).get(
+                    "metadata", {}).get("deletionTimestamp"):
+                self.later(self.config.pod_delete_delay,
+                           lambda: self._remove(PODS.plural, ns, name, uid))
+        elif event.resource == "secrets" and event.type in (ADDED, MODIFIED):
+            if self._wants_token(obj):
+                self.later(self.config.token_delay, lambda: self._fill_token(ns, name, uid))
+        elif event.resource == "serviceaccounts" and event.type == ADDED:
+            # Secrets created before their service account get filled once it exists.
+            self.later(self.config.token_delay, lambda: self._fill_tokens_for(ns, name))
+        elif event.resource == "namespaces" and event.type == ADDED:
+            if self.config.namespace_defaults:
+                self.later(0, lambda: self._namespace_defaults(name, uid))
+        elif event.resource == "namespaces" and event.type == MODIFIED:
+            if meta.get("deletionTimestamp") and not (event.old or {}).get(
+                    "metadata", {}).get("deletionTimestamp"):
+                self.later(self.config.namespace_delete_delay,
+                           lambda: self._finalize_namespace(name, uid))
+        elif event.resource == "nodes" and event.type in (ADDED, MODIFIED):
+            self.later(0, self.reconsider)
+
+    def reconsider(self) -> None:
+        """Retry everything a fault may have been holding back (runs on the scheduler)."""
+        for pod in self.store.list(PODS.plural)[0]:
+            meta, status = pod["metadata"], pod.get("status") or {}
+            if meta.get("deletionTimestamp") or status.get("phase") != "Pending":
+                continue
+            ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
+            if not (pod.get("spec") or {}).get("nodeName") and any(
+                    c.get("type") == "PodScheduled" and c.get("status") == "False"
+                    for c in status.get("conditions") or []):
+                self.later(0, functools.partial(self._schedule_pod, ns, name, uid))
+            elif self._pull_failures(pod) == {} and any(
+                    (s.get("state") or {}).get("waiting", {}).get("reason")
+                    in ("ErrImagePull", "ImagePullBackOff")
+                    for s in status.get("containerStatuses") or []):
+                self.later(0, functools.partial(self._start_pod, ns, name, uid))
+        with self._hung_lock:
+            hung, self._hung = self._hung, set()
+        for name, uid in hung:
+            self.later(0, functools.partial(self._finalize_namespace, name, uid))
+
+    # -- pods -------------------------------------------------------------------------------
+    def _live_pod(self, ns: str, name: str, uid: str) -> Obj | None:
+        pod = self.store.get(PODS.plural, ns, name)
+        if pod is None or pod["metadata"]["uid"] != uid or pod["metadata"].get(
+                "deletionTimestamp"):
+            return None
+        return pod
+
+    def _pick_node(self, pod: Obj) -> tuple[Obj | None, str]:
+        nodes = self.store.list(NODES.plural)[0]
+        ready = [n for n in nodes if not (n.get("spec") or {}).get("unschedulable")]
+        total = len(nodes)
+        if self.faults.faults.unschedulable:
+            return None, (f"0/{total} nodes are available: {total} Insufficient cpu. "
+                          f"preemption: 0/{total} nodes are available: {total} No preemption "
+                          "victims found for incoming pod.")
+        candidates = [n for n in ready if _selector_matches(pod, n)]
+        if not candidates:
+            return None, (f"0/{total} nodes are available: {total} node(s) didn't match Pod's "
+                          f"node affinity/selector. preemption: 0/{total} nodes are available: "
+                          f"{total} Preemption is not helpful for scheduling.")
+        return candidates[next(self._node_turn) % len(candidates)], ""
+
+    def _schedule_pod(self, ns: str, name: str, uid: str) -> None:
+        pod = self._live_pod(ns, name, uid)
+        if pod is None or (pod.get("spec") or {}).get("nodeName") or (
+                pod.get("status") or {}).get("phase") != "Pending":
+            return
+        node, why = self._pick_node(pod)
+        if node is None:
+            def unschedulable(draft: Obj) -> None:
+                _set_condition(draft.setdefault("status", {}), "PodScheduled", "False",
+                               "Unschedulable", why)
+            self.store.mutate(PODS, ns, name, unschedulable, uid)
+            return  # reconsider() retries when faults or nodes change
+        node_name = node["metadata"]["name"]
+
+        def bind(draft: Obj) -> None:
+            draft.setdefault("spec", {})["nodeName"] = node_name
+            status = draft.setdefault("status", {})
+            _set_condition(status, "PodScheduled", "True")
+            status["containerStatuses"] = _waiting_statuses(draft, {})
+        if self.store.mutate(PODS, ns, name, bind, uid) is not None:
+            self.later(self.config.start_delay, lambda: self._start_pod(ns, name, uid))
+
+    def _pull_failures(self, pod: Obj) -> dict[str, str]:
+        return {c["name"]: c.get("image", "") for c in _containers(pod)
+                if self.faults.image_pull_fails(str(c.get("image", "")))}
+
+    def _start_pod(self, ns: str, name: str, uid: str) -> None:
+        pod = self._live_pod(ns, name, uid)
+        if pod is None or (pod.get("status") or {}).get("phase") != "Pending":
+            return
+        node_name = (pod.get("spec") or {}).get("nodeName")
+        if not node_name:
+            return
+        failures = self._pull_failures(pod)
+        if failures:
+            self._image_pull_failed(ns, name, uid, failures)
+            return
+        node = self.store.get(NODES.plural, None, node_name)
+        host_ip = "10.0.0.1"
+        if node is not None:
+            for address in (node.get("status") or {}).get("addresses") or []:
+                if address.get("type") == "InternalIP":
+                    host_ip = address["address"]
+        pod_ip = self._allocate_ip()
+        started = now_rfc3339()
+
+        def run(draft: Obj) -> None:
+            status = draft.setdefault("status", {})
+            status.update({"phase": "Running", "hostIP": host_ip, "hostIPs": [{"ip": host_ip}],
+                           "podIP": pod_ip, "podIPs": [{"ip": pod_ip}]})
+            status.setdefault("startTime", started)
+            for ctype in ("PodReadyToStartContainers", "Initialized", "Ready",
+                          "ContainersReady", "PodScheduled"):
+                _set_condition(status, ctype, "True")
+            status["containerStatuses"] = [self._running_status(c, started)
+                                           for c in _containers(draft)]
+        self.store.mutate(PODS, ns, name, run, uid)
+
+    @staticmethod
+    def _running_status(container: dict[str, Any], started: str) -> dict[str, Any]:
+        image = str(container.get("image", ""))
+        digest = hashlib.sha256(image.encode()).hexdigest()
+        return {"name": container["name"], "image": image,
+                "imageID": f"{image.split('@')[0]}@sha256:{digest}",
+                "containerID": f"containerd://{secrets.token_hex(32)}",
+                "ready": True, "started": True, "restartCount": 0,
+                "state": {"running": {"startedAt": started}}, "lastState": {}}
+
+    def _image_pull_failed(self, ns: str, name: str, uid: str, failures: dict[str, str]) -> None:
+        def pull_error(draft: Obj) -> None:
+            reasons = {cname: ("ErrImagePull",
+                               f'failed to pull and unpack image "{image}": failed to resolve '
+                               f'reference "{image}": not found (simulated)')
+                       for cname, image in failures.items()}
+            draft.setdefault("status", {})["containerStatuses"] = _waiting_statuses(
+                draft, reasons)
+        if self.store.mutate(PODS, ns, name, pull_error, uid) is None:
+            return
+
+        def back_off() -> None:
+            def set_backoff(draft: Obj) -> None:
+                reasons = {cname: ("ImagePullBackOff", f'Back-off pulling image "{image}"')
+                           for cname, image in failures.items()}
+                draft.setdefault("status", {})["containerStatuses"] = _waiting_statuses(
+                    draft, reasons)
+            pod = self._live_pod(ns, name, uid)
+            if pod is not None and (pod.get("status") or {}).get("phase") == "Pending":
+                self.store.mutate(PODS, ns, name, set_backoff, uid)
+        self.later(self.config.image_pull_backoff_delay, back_off)
+
+    def _allocate_ip(self) -> str:
+        with self._ip_lock:
+            n = next(self._next_ip) % (254 * 254)
+        return f"10.244.{n // 254}.{n % 254 + 1}"
+
+    def _remove(self, resource: str, ns: str | None, name: str, uid: str) -> None:
+        try:
+            self.store.delete(by_plural(resource), ns, name, uid)
+        except errors.ApiError:
+            pass  # already gone
+
+    # -- service-account tokens -------------------------------------------------------------
+    @staticmethod
+    def _wants_token(secret: Obj) -> bool:
+        annotations = secret["metadata"].get("annotations") or {}
+        return (secret.get("type") == SA_TOKEN_TYPE and bool(annotations.get(SA_NAME_ANNOTATION))
+                and not (secret.get("data") or {}).get("token"))
+
+    def _fill_tokens_for(self, ns: str, sa_name: str) -> None:
+        for secret in self.store.list(SECRETS.plural, ns)[0]:
+            annotations = secret["metadata"].get("annotations") or {}
+            if self._wants_token(secret) and annotations.get(SA_NAME_ANNOTATION) == sa_name:
+                self._fill_token(ns, secret["metadata"]["name"], secret["metadata"]["uid"])
+
+    def _fill_token(self, ns: str, name: str, uid: str) -> None:
+        with self.store.lock:
+            secret = self.store.get(SECRETS.plural, ns, name)
+            if secret is None or secret["metadata"]["uid"] != uid or not self._wants_token(
+                    secret):
+                return
+            sa_name = secret["metadata"]["annotations"][SA_NAME_ANNOTATION]
+            sa = self.store.get(SAS.plural, ns, sa_name)
+            if sa is None:
+                return  # filled when the service account appears (see on_event)
+            sa_uid = sa["metadata"]["uid"]
+            token = self.authority.issue_secret_token(ns, sa_name, sa_uid, name, uid)
+
+            def fill(draft: Obj) -> None:
+                draft["metadata"].setdefault("annotations", {})[SA_UID_ANNOTATION] = sa_uid
+                data = draft.get("data") or {}
+                data.update({"token": _b64(token), "ca.crt": _b64(self.ca_pem),
+                             "namespace": _b64(ns)})
+                draft["data"] = data
+            self.store.mutate(SECRETS, ns, name, fill, uid)
+
+    # -- namespaces -------------------------------------------------------------------------
+    def _namespace_defaults(self, name: str, uid: str) -> None:
+        with self.store.lock:
+            ns = self.store.get(NAMESPACES.plural, None, name)
+            if ns is None or ns["metadata"]["uid"] != uid or ns["metadata"].get(
+                    "deletionTimestamp"):
+                return
+            for resource, obj in (
+                    (SAS, {"metadata": {"name": "default", "namespace": name}}),
+                    (by_plural("configmaps"),
+                     {"metadata": {"name": "kube-root-ca.crt", "namespace": name},
+                      "data": {"ca.crt": self.ca_pem}})):
+                try:
+                    self.store.create(resource, obj)
+                except errors.ApiError:
+                    pass  # the user created it first
+
+    def _finalize_namespace(self, name: str, uid: str) -> None:
+        if self.faults.faults.namespace_delete_hang:
+            with self._hung_lock:  # stays Terminating; reconsider() retries when faults change
+                self._hung.add((name, uid))
+            return
+        with self.store.lock:
+            ns = self.store.get(NAMESPACES.plural, None, name)
+            if ns is None or ns["metadata"]["uid"] != uid or not ns["metadata"].get(
+                    "deletionTimestamp"):
+                return
+            for resource, obj_name in self.store.namespaced_keys(name):
+                self._remove_any(resource, name, obj_name)
+            self._remove_any(NAMESPACES.plural, None, name)
+
+    def _remove_any(self, resource: str, ns: str | None, name: str) -> None:
+        try:
+            self.store.delete(by_plural(resource), ns, name)
+        except errors.ApiError:
+            pass

@@ -1,0 +1,80 @@
+"""Fixtures for driver tests: a simulated cluster per test and providers connected to it.
+
+The official client always talks HTTPS to the simulator (nodepool_k8s.simulator); nothing
+of the client is mocked. Providers get the kubeconfig path explicitly, so tests never
+depend on the process environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.config.model import PoolLabel, ProviderConfig
+from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
+from nodepool_k8s.simulator import Simulator, SimulatorConfig
+from tests.helpers import wait_for
+from tests.kubernetes.factories import make_provider
+
+FAST = KubernetesSettings(unschedulable_grace=30.0, delete_timeout=10.0, cleanup_timeout=10.0,
+                          watch_timeout=30, wait_tick=0.02)
+
+
+def fast_config(**kw: Any) -> SimulatorConfig:
+    kw.setdefault("tls", True)
+    for key in ("schedule_delay", "start_delay", "token_delay", "namespace_delete_delay"):
+        kw.setdefault(key, 0)
+    return SimulatorConfig(**kw)
+
+
+@pytest.fixture
+def make_sim() -> Iterator[Callable[..., Simulator]]:
+    started: list[Simulator] = []
+
+    def factory(**kw: Any) -> Simulator:
+        sim = Simulator(fast_config(**kw)).start()
+        started.append(sim)
+        return sim
+
+    yield factory
+    for sim in started:
+        sim.stop()
+
+
+@pytest.fixture
+def sim(k8s_sim: Simulator) -> Simulator:
+    """The suite-wide simulator fixture (TLS, zero delays); `make_sim` for other settings."""
+    return k8s_sim
+
+
+ProviderFactory = Callable[..., KubernetesProvider]
+
+
+@pytest.fixture
+def make_k8s_provider(tmp_path: Any) -> Iterator[ProviderFactory]:
+    providers: list[KubernetesProvider] = []
+
+    def factory(sim: Simulator, *labels: PoolLabel, clock: Clock = SYSTEM_CLOCK,
+                settings: KubernetesSettings = FAST, config: ProviderConfig | None = None,
+                kubeconfig: str | None = None, **provider_kw: Any) -> KubernetesProvider:
+        if kubeconfig is None:
+            kubeconfig = sim.write_kubeconfig(tmp_path / f"kubeconfig-{len(providers)}",
+                                              context="sim")
+        config = config or make_provider(*labels, **provider_kw)
+        provider = KubernetesProvider(config, clock=clock, kubeconfig=kubeconfig,
+                                      settings=settings)
+        providers.append(provider)
+        provider.start()
+        wait_for(provider.watches_synced, message="the provider's watches to sync")
+        return provider
+
+    yield factory
+    for provider in providers:
+        provider.stop()
+
+
+@pytest.fixture
+def provider(sim: Simulator, make_k8s_provider: ProviderFactory) -> KubernetesProvider:
+    return make_k8s_provider(sim)

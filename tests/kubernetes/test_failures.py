@@ -1,0 +1,346 @@
+"""Launch failures against injected simulator faults.
+
+Aspects: API errors are retried then succeed (and give up as TemporaryError), Retry-After is
+honoured, request timeouts are retried; ErrImagePull/ImagePullBackOff fail fast with their
+reason; Unschedulable fails after its grace (moved by a ManualClock); quota 403 →
+QuotaExceeded; a boot timeout; cancel stops a launch promptly; a failed attempt leaves no
+namespace behind; a retry uses a fresh namespace name; a taken name falls back to a random
+suffix; tokens never reach the logs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.exceptions import LaunchError, QuotaExceeded, TemporaryError
+from nodepool_k8s.simulator import Simulator
+from tests.helpers import wait_for
+from tests.kubernetes.conftest import FAST, ProviderFactory
+from tests.kubernetes.factories import make_label, make_spec
+
+OURS = "nodepool_provider_name=kubespray"
+POD = make_label("pod-fedora", image="docker.io/fedora:40", boot_timeout=60)
+BAD_POD = make_label("pod-bad", image="registry.example/bad/image:1", boot_timeout=60)
+NS = make_label("k8s-namespace", "namespace", boot_timeout=60)
+
+
+def _no_namespaces_left(sim: Simulator) -> bool:
+    return not sim.list("namespaces", label_selector=OURS)
+
+
+def _launch(provider: Any, label: str, cancel: threading.Event | None = None,
+            **kw: Any) -> Any:
+    return provider.launch(make_spec(provider.config, label, **kw),
+                           cancel or threading.Event())
+
+
+# -- API errors --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("verb,resource", [("create", "namespaces"), ("create", "secrets"),
+                                           ("create", "rolebindings"), ("create", "pods")])
+def test_api_errors_are_retried(sim: Simulator, make_k8s_provider: ProviderFactory,
+                                verb: str, resource: str,
+                                caplog: pytest.LogCaptureFixture) -> None:
+    provider = make_k8s_provider(sim, POD, api_retries=3)
+    sim.fail_next(verb, resource, count=2, code=503)
+    with caplog.at_level(logging.INFO):
+        result = _launch(provider, "pod-fedora")
+    assert result.external_id == "main-0000000000"
+    assert "#1/4 will retry" in caplog.text and "#2/4 will retry" in caplog.text
+    assert sim.counters[f"{verb} {resource}"] == 3
+
+
+def test_api_errors_beyond_retries_raise_temporary_and_clean_up(
+        sim: Simulator, make_k8s_provider: ProviderFactory,
+        caplog: pytest.LogCaptureFixture) -> None:
+    provider = make_k8s_provider(sim, POD, api_retries=2)
+    sim.fail_next("create", "roles", count=5, code=500)
+    with pytest.raises(TemporaryError) as info:
+        _launch(provider, "pod-fedora")
+    assert not isinstance(info.value, QuotaExceeded)
+    assert "#3/3 giving up" in caplog.text
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+def test_retry_after_is_honoured(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS, api_backoff=(0.01,))
+    sim.fail_next("create", "serviceaccounts", count=1, code=429)
+    started = time.monotonic()
+    _launch(provider, "k8s-namespace")
+    assert time.monotonic() - started >= 1.0  # the simulator sends Retry-After: 1
+
+
+def test_timed_out_creates_are_retried_and_their_409_accepted(
+        sim: Simulator, make_k8s_provider: ProviderFactory,
+        caplog: pytest.LogCaptureFixture) -> None:
+    # The simulator applies each create, then answers too late: the retry meets a 409 for
+    # the object our own first attempt made, which must count as success.
+    provider = make_k8s_provider(sim, NS, api_timeout=0.3, api_retries=1)
+    sim.set_faults(timeout_rate=1.0, timeout_seconds=1.0)
+    with caplog.at_level(logging.DEBUG, logger="nodepool_k8s"):
+        result = _launch(provider, "k8s-namespace")
+    assert result.external_id == "main-0000000000"
+    assert "ReadTimeoutError" in caplog.text
+    assert "already exists after a retried create" in caplog.text
+
+
+def test_timeouts_beyond_retries_raise_temporary(sim: Simulator,
+                                                 make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS, api_timeout=0.3, api_retries=0)
+    sim.set_faults(timeout_rate=1.0, timeout_seconds=1.0)
+    with pytest.raises(TemporaryError):
+        _launch(provider, "k8s-namespace")
+    sim.set_faults(timeout_rate=0.0)
+    assert _launch(provider, "k8s-namespace", node_id="0000000001").external_id
+    # The first attempt's namespace reached the server; its deletion did too.
+    wait_for(lambda: sim.get("namespaces", "main-0000000000") is None,
+             message="the first namespace to be removed")
+
+
+def test_forbidden_is_not_retried(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS)
+    sim.fail_next("create", "roles", count=1, code=403)
+    with pytest.raises(LaunchError) as info:
+        _launch(provider, "k8s-namespace")
+    assert info.value.reason == "Forbidden" and not info.value.retryable
+    assert sim.counters["create roles"] == 1
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+# -- pod failures ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("backoff_delay,reasons", [
+    (0.0, {"ErrImagePull", "ImagePullBackOff"}), (30.0, {"ErrImagePull"})])
+def test_image_pull_failure_fails_fast(make_sim: Any, make_k8s_provider: ProviderFactory,
+                                       backoff_delay: float, reasons: set[str]) -> None:
+    sim = make_sim(image_pull_backoff_delay=backoff_delay)
+    sim.set_faults(image_pull_fail=("*bad*",))
+    provider = make_k8s_provider(sim, BAD_POD)
+    started = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        _launch(provider, "pod-bad")
+    assert info.value.reason in reasons
+    assert info.value.retryable
+    assert time.monotonic() - started < 10  # boot_timeout is 60
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+def test_unschedulable_fails_after_grace(sim: Simulator,
+                                         make_k8s_provider: ProviderFactory) -> None:
+    clock = ManualClock()
+    provider = make_k8s_provider(sim, POD, clock=clock)  # grace 30 s, boot_timeout 60 s
+    sim.set_faults(unschedulable=True)
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            _launch(provider, "pod-fedora")
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+
+    def unschedulable() -> bool:
+        pod = sim.get("pods", "pod-fedora", "main-0000000000")
+        conditions = ((pod or {}).get("status") or {}).get("conditions") or []
+        return any(c.get("reason") == "Unschedulable" for c in conditions)
+
+    wait_for(unschedulable, message="the pod to be unschedulable")
+    # Inside the grace period the launch keeps waiting. (The driver starts the grace when it
+    # first sees the condition: at the latest at +20 s here.)
+    clock.advance(20)
+    thread.join(0.3)
+    assert thread.is_alive()
+    clock.advance(31)  # +51 s: past any grace start, before the 60 s boot timeout
+    thread.join(10)
+    assert not thread.is_alive()
+    error = outcome["error"]
+    assert isinstance(error, LaunchError) and error.reason == "Unschedulable"
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+def test_failed_pod_fails_the_attempt(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
+    sim = make_sim(start_delay=3600)
+    provider = make_k8s_provider(sim, POD)
+    cancel = threading.Event()
+    outcome: dict[str, BaseException] = {}
+
+    def run() -> None:
+        try:
+            _launch(provider, "pod-fedora", cancel=cancel)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+             message="the pod to exist")
+    sim.patch("pods", "pod-fedora", {"status": {"phase": "Failed", "reason": "Evicted"}},
+              namespace="main-0000000000")
+    thread.join(10)
+    cancel.set()
+    error = outcome["error"]
+    assert isinstance(error, LaunchError) and error.reason == "PodFailed"
+    assert "Evicted" in str(error)
+
+
+def test_quota_exceeded(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, POD)
+    sim.set_faults(quota_exceeded=True)
+    with pytest.raises(QuotaExceeded):
+        _launch(provider, "pod-fedora")
+    assert sim.counters["create pods"] == 1  # not retried
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+def test_boot_timeout(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
+    sim = make_sim(token_delay=3600)
+    clock = ManualClock()
+    provider = make_k8s_provider(sim, NS, clock=clock)
+    outcome: dict[str, BaseException] = {}
+    progressed = threading.Event()
+
+    def run() -> None:
+        try:
+            provider.launch(make_spec(provider.config, "k8s-namespace"), threading.Event(),
+                            progress=lambda _: progressed.set())
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert progressed.wait(10)
+    clock.advance(61)
+    thread.join(10)
+    error = outcome["error"]
+    assert isinstance(error, LaunchError) and error.reason == "BootTimeout"
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
+    sim = make_sim(start_delay=3600)
+    provider = make_k8s_provider(sim, POD)
+    cancel = threading.Event()
+    outcome: dict[str, BaseException] = {}
+    progressed = threading.Event()
+
+    def run() -> None:
+        try:
+            provider.launch(make_spec(provider.config, "pod-fedora"), cancel,
+                            progress=lambda _: progressed.set())
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert progressed.wait(10)
+    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+             message="the pod to exist")
+    started = time.monotonic()
+    cancel.set()
+    thread.join(5)
+    assert time.monotonic() - started < 2
+    error = outcome["error"]
+    assert isinstance(error, LaunchError) and error.reason == "Cancelled"
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+def test_cancel_before_start(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(LaunchError) as info:
+        _launch(provider, "k8s-namespace", cancel=cancel)
+    assert info.value.reason == "Cancelled"
+    assert _no_namespaces_left(sim)
+
+
+# -- naming across attempts --------------------------------------------------------------------
+
+def test_retry_uses_fresh_namespace_name(make_sim: Any,
+                                         make_k8s_provider: ProviderFactory) -> None:
+    sim = make_sim(namespace_delete_delay=3600)  # the first namespace stays Terminating
+    sim.set_faults(image_pull_fail=("*bad*",))
+    provider = make_k8s_provider(sim, BAD_POD, POD,
+                                 settings=dataclasses.replace(FAST, cleanup_timeout=0.2))
+    with pytest.raises(LaunchError):
+        _launch(provider, "pod-bad", attempt=1)
+    first = sim.get("namespaces", "main-0000000000")
+    assert first is None or first["status"]["phase"] == "Terminating"
+    result = _launch(provider, "pod-fedora", attempt=2)
+    assert result.external_id == "main-0000000000-2"
+
+
+def test_taken_name_falls_back_to_random_suffix(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS)
+    first = _launch(provider, "k8s-namespace")
+    again = _launch(provider, "k8s-namespace")  # same node id and attempt: name is taken
+    assert again.external_id != first.external_id
+    assert again.external_id.startswith("main-0000000000-")
+    # The namespace we did not create is left alone.
+    assert sim.get("namespaces", first.external_id) is not None
+
+
+def test_failed_attempt_leaves_nothing_behind(sim: Simulator,
+                                              make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, BAD_POD)
+    sim.set_faults(image_pull_fail=("*bad*",))
+    with pytest.raises(LaunchError):
+        _launch(provider, "pod-bad")
+    assert _no_namespaces_left(sim)  # confirmed before launch returned
+    assert not sim.list("pods", label_selector=OURS)
+    assert not sim.list("secrets", label_selector=OURS)
+
+
+# -- secrets in logs ---------------------------------------------------------------------------
+
+def test_tokens_never_logged(sim: Simulator, make_k8s_provider: ProviderFactory,
+                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    for name in ("kubernetes", "urllib3", "nodepool_k8s"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    provider = make_k8s_provider(sim, NS, POD)
+    sim.fail_next("get", "secrets", count=1, code=500)
+    ns_result = _launch(provider, "k8s-namespace")
+    pod_result = _launch(provider, "pod-fedora", node_id="0000000001")
+    logging.getLogger("test").info("result %s %r", pod_result, ns_result)
+    provider.delete(ns_result.external_id)
+    tokens = [r.connection_port["token"] for r in (ns_result, pod_result)]
+    secrets = [s["data"]["token"] for s in sim.list("secrets", label_selector=OURS)]
+    text = caplog.text + "".join(str(r.__dict__) for r in caplog.records)
+    assert caplog.records  # debug logging really was on
+    for secret in tokens + secrets:
+        assert secret not in text
+
+
+def test_cancel_during_api_retries_reports_cancelled(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS, api_retries=5, api_backoff=(30.0,))
+    sim.fail_next("create", "namespaces", count=10, code=503)
+    cancel = threading.Event()
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _launch(provider, "k8s-namespace", cancel=cancel)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: sim.counters.get("create namespaces", 0) >= 1,
+             message="the first create")
+    cancel.set()
+    thread.join(5)
+    assert not thread.is_alive()  # the 30 s backoff was cut short
+    [error] = outcome
+    assert isinstance(error, LaunchError) and error.reason == "Cancelled"

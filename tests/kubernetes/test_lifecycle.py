@@ -1,0 +1,232 @@
+"""Deletion, listing for the leak sweeper, and the shared watches' resilience.
+
+Aspects: delete confirms the namespace is gone (missing = success, Terminating = just wait),
+a hanging deletion raises TemporaryError after its timeout and succeeds once it completes,
+API errors on delete are raised, not swallowed; list_resources returns only this provider's
+namespaces with node id, creation time and deleting flag; the shared watches survive a
+history compaction (410), broken watch requests and keep one stream per kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
+from nodepool_k8s.exceptions import TemporaryError
+from nodepool_k8s.simulator import Simulator
+from tests.helpers import wait_for
+from tests.kubernetes.conftest import FAST, ProviderFactory
+from tests.kubernetes.factories import make_label, make_spec
+
+NS = make_label("k8s-namespace", "namespace")
+POD = make_label("pod-fedora", image="docker.io/fedora:40")
+
+
+def _launch(provider: KubernetesProvider, label: str = "k8s-namespace", **kw: Any) -> Any:
+    return provider.launch(make_spec(provider.config, label, **kw), threading.Event())
+
+
+def _admin_core(sim: Simulator, tmp_path: Any) -> k8s.CoreV1Api:
+    from kubernetes import config as k8s_config
+    path = sim.write_kubeconfig(tmp_path / "admin-kubeconfig")
+    api_client = k8s_config.new_client_from_config(config_file=path, persist_config=False)
+    return k8s.CoreV1Api(api_client)
+
+
+# -- delete ------------------------------------------------------------------------------------
+
+def test_delete_waits_until_gone(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
+    sim = make_sim(namespace_delete_delay=0.3)
+    provider = make_k8s_provider(sim, NS)
+    result = _launch(provider)
+    provider.delete(result.external_id)
+    assert sim.get("namespaces", result.external_id) is None
+    assert sim.list("secrets", result.external_id) == []
+
+
+def test_delete_missing_namespace_is_success(sim: Simulator,
+                                             make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS)
+    provider.delete("main-9999999999")
+
+
+def test_concurrent_deletes_both_wait(make_sim: Any,
+                                      make_k8s_provider: ProviderFactory) -> None:
+    # The second DELETE meets a namespace that is already Terminating.
+    sim = make_sim(namespace_delete_delay=0.3)
+    provider = make_k8s_provider(sim, NS)
+    result = _launch(provider)
+    finished: list[str] = []
+
+    def run() -> None:
+        provider.delete(result.external_id)
+        finished.append(result.external_id)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert len(finished) == 2
+    assert sim.get("namespaces", result.external_id) is None
+
+
+def test_hanging_deletion_raises_then_succeeds(sim: Simulator,
+                                               make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS,
+                                 settings=dataclasses.replace(FAST, delete_timeout=0.5))
+    result = _launch(provider)
+    sim.set_faults(namespace_delete_hang=True)
+    started = time.monotonic()
+    with pytest.raises(TemporaryError):
+        provider.delete(result.external_id)
+    assert time.monotonic() - started < 3
+    assert sim.get("namespaces", result.external_id)["status"]["phase"] == "Terminating"
+    sim.set_faults(namespace_delete_hang=False)
+    provider.delete(result.external_id)
+    assert sim.get("namespaces", result.external_id) is None
+
+
+def test_delete_errors_are_raised_not_swallowed(sim: Simulator,
+                                                make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS, api_retries=1)
+    result = _launch(provider)
+    sim.fail_next("delete", "namespaces", count=2, code=500)
+    with pytest.raises(TemporaryError):
+        provider.delete(result.external_id)
+    assert sim.get("namespaces", result.external_id)["status"]["phase"] == "Active"
+    sim.fail_next("delete", "namespaces", count=1, code=403)
+    with pytest.raises(TemporaryError):
+        provider.delete(result.external_id)
+    provider.delete(result.external_id)
+    assert sim.get("namespaces", result.external_id) is None
+
+
+def test_delete_survives_a_broken_confirmation_watch(sim: Simulator,
+                                                     make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS)
+    result = _launch(provider)
+    sim.set_faults(namespace_delete_hang=True)
+    sim.fail_next("watch", "namespaces", count=1, code=500)
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            provider.delete(result.external_id)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: sim.counters.get("watch namespaces", 0) >= 2,
+             message="the confirmation watch to be reopened")
+    sim.set_faults(namespace_delete_hang=False)
+    thread.join(10)
+    assert outcome == [None]
+
+
+# -- list_resources ----------------------------------------------------------------------------
+
+def test_list_resources_sees_only_ours(sim: Simulator, make_k8s_provider: ProviderFactory,
+                                       tmp_path: Any) -> None:
+    provider = make_k8s_provider(sim, NS)
+    other = make_k8s_provider(sim, NS, name="other-provider")
+    mine = [_launch(provider, node_id=f"000000000{i}") for i in range(3)]
+    theirs = _launch(other, node_id="0000000007")
+    _admin_core(sim, tmp_path).create_namespace(
+        {"metadata": {"name": "main-0000000008", "labels": {"team": "x"}}})
+    before = time.time()
+
+    resources = sorted(provider.list_resources(), key=lambda r: r.external_id)
+    assert [r.external_id for r in resources] == [r.external_id for r in mine]
+    assert [r.node_id for r in resources] == ["0000000000", "0000000001", "0000000002"]
+    assert all(r.provider == "kubespray" and not r.deleting for r in resources)
+    assert all(r.created is not None and abs(r.created - before) < 60 for r in resources)
+    assert resources[0].metadata["nodepool_pool_name"] == "main"
+    assert [r.external_id for r in other.list_resources()] == [theirs.external_id]
+
+
+def test_list_resources_flags_terminating(make_sim: Any,
+                                          make_k8s_provider: ProviderFactory) -> None:
+    sim = make_sim(namespace_delete_delay=3600)
+    provider = make_k8s_provider(sim, NS,
+                                 settings=dataclasses.replace(FAST, delete_timeout=0.2))
+    result = _launch(provider)
+    with pytest.raises(TemporaryError):
+        provider.delete(result.external_id)
+    [resource] = provider.list_resources()
+    assert resource.deleting
+
+
+def test_list_resources_errors_are_temporary(sim: Simulator,
+                                             make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS, api_retries=0)
+    sim.fail_next("list", "namespaces", count=1, code=403)
+    with pytest.raises(TemporaryError):
+        provider.list_resources()
+    sim.fail_next("list", "namespaces", count=1, code=500)
+    with pytest.raises(TemporaryError):
+        provider.list_resources()
+
+
+# -- shared watches ----------------------------------------------------------------------------
+
+def test_one_watch_per_kind_for_many_launches(sim: Simulator,
+                                              make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS, POD)
+    results: list[Any] = []
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results.append(_launch(provider, "pod-fedora", node_id=f"{i:010d}"))
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors and len(results) == 20
+    assert sim.open_watches == 2  # pods and secrets, shared by every launch
+    assert sim.counters.get("get pods", 0) == 0 and sim.counters.get("get secrets", 0) == 0
+
+
+def test_watches_list_again_on_410(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS,
+                                 settings=dataclasses.replace(FAST, watch_timeout=1))
+    sim.reset_counters()
+    sim.fail_next("watch", "secrets", count=1, code=410)
+    # The watch ends after 1 s; resuming is refused with 410 Gone, so the cache is rebuilt.
+    wait_for(lambda: sim.counters.get("list secrets", 0) >= 1, timeout=10,
+             message="the secret watch to list again")
+    assert _launch(provider).external_id
+
+
+def test_watches_recover_from_errors(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS, POD,
+                                 settings=dataclasses.replace(FAST, watch_timeout=1))
+    sim.fail_next("watch", "secrets", count=2, code=500)
+    sim.fail_next("watch", "pods", count=2, code=500)
+    wait_for(lambda: sim.counters.get("watch secrets", 0) >= 3, timeout=15,
+             message="the secret watch to be re-established")
+    assert _launch(provider, "pod-fedora").external_id
+
+
+def test_stop_ends_watch_threads(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS)
+    assert sim.open_watches == 2
+    started = time.monotonic()
+    provider.stop()
+    assert time.monotonic() - started < 5
+    assert not [t for t in threading.enumerate() if t.name.startswith("k8s-watch-")
+                and t.is_alive()]
+    wait_for(lambda: sim.open_watches == 0, message="the watches to close")

@@ -1,0 +1,284 @@
+"""KubernetesProvider against the simulated cluster, through the official client over HTTPS.
+
+Aspects: the LaunchResult/connection data Zuul reads for both label types (token equals the
+secret's decoded token, ca_crt only when TLS is verified, pod/host_id for kubectl), objects
+created in the cluster (names, labels, RBAC, pod spec per key, form B), API calls per node,
+the RBAC the token really gets, start/stop.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from nodepool_k8s.driver.base import RequestInfo
+from nodepool_k8s.driver.kubernetes import manifests
+from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
+from nodepool_k8s.exceptions import TemporaryError
+from nodepool_k8s.simulator import Simulator
+from tests.kubernetes.conftest import ProviderFactory
+from tests.kubernetes.factories import make_label, make_provider, make_spec
+
+POD_LABEL = make_label(
+    "pod-fedora", image="docker.io/fedora:40", image_pull="Always", cpu=2, memory=1024,
+    storage=10, cpu_limit=4, memory_limit=2048, storage_limit=20, gpu=1.0,
+    gpu_resource="nvidia.com/gpu", env=({"name": "FOO", "value": "bar"},),
+    node_selector={"kubernetes.io/hostname": "sim-node-1"}, scheduler_name="default-scheduler",
+    privileged=True, volumes=({"name": "cache", "emptyDir": {}},),
+    volume_mounts=({"name": "cache", "mountPath": "/cache"},), labels={"team": "ci"},
+    dynamic_labels={"tenant": "{request.tenant_name}"}, annotations={"owner": "ci"},
+    python_path="/usr/bin/python3", shell_type="bash", extra_resources={"licenses": 1})
+NS_LABEL = make_label("k8s-namespace", "namespace", cpu=1, memory=512,
+                      labels={"team": "ci"})
+FORM_B = make_label("pod-raw", spec={"containers": [
+    {"name": "main", "image": "busybox", "command": ["sleep", "infinity"]}]},
+    labels={"kind": "raw"}, annotations={"note": "verbatim"})
+
+
+def _decoded_token(sim: Simulator, namespace: str) -> str:
+    secret = sim.get("secrets", "zuul-worker", namespace)
+    assert secret is not None
+    return base64.b64decode(secret["data"]["token"]).decode()
+
+
+def _launch(provider: KubernetesProvider, label: str, **kw: Any) -> Any:
+    seen: list[str] = []
+    result = provider.launch(make_spec(provider.config, label, **kw), threading.Event(),
+                             progress=seen.append)
+    assert seen == [result.external_id]
+    return result
+
+
+def test_namespace_launch_result(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS_LABEL)
+    result = _launch(provider, "k8s-namespace")
+    assert result.external_id == "main-0000000000"
+    assert result.connection_type == "namespace"
+    assert result.interface_ip is None and result.host_id is None
+    assert result.cloud == "sim"
+    assert result.python_path == "auto" and result.shell_type is None
+    assert result.resources == {"instances": 1, "cores": 1, "ram": 512}
+    secret = sim.get("secrets", "zuul-worker", "main-0000000000")
+    assert dict(result.connection_port) == {
+        "name": "main-0000000000", "namespace": "main-0000000000", "host": sim.url,
+        "skiptls": False, "token": _decoded_token(sim, "main-0000000000"),
+        "user": "zuul-worker", "ca_crt": secret["data"]["ca.crt"],
+    }
+    assert result.connection_port["host"].startswith("https://")
+    assert base64.b64decode(result.connection_port["ca_crt"]).decode() == sim.ca_pem
+    assert "<redacted>" in repr(result) and result.connection_port["token"] not in repr(result)
+
+
+def test_namespace_objects(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS_LABEL)
+    _launch(provider, "k8s-namespace", node_id="0000000005")
+    ns = sim.get("namespaces", "main-0000000005")
+    assert ns is not None
+    labels = ns["metadata"]["labels"]
+    keys = ("team", "nodepool_node_id", "nodepool_provider_name", "nodepool_pool_name",
+            "nodepool_node_label")
+    assert {k: labels[k] for k in keys} == {
+        "team": "ci", "nodepool_node_id": "0000000005", "nodepool_provider_name": "kubespray",
+        "nodepool_pool_name": "main", "nodepool_node_label": "k8s-namespace"}
+    assert sim.get("serviceaccounts", "zuul-worker", "main-0000000005") is not None
+    secret = sim.get("secrets", "zuul-worker", "main-0000000005")
+    assert secret["type"] == "kubernetes.io/service-account-token"
+    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == \
+        "zuul-worker"
+    role = sim.get("roles", "zuul", "main-0000000005")
+    assert role["rules"] == manifests.NAMESPACE_RULES
+    binding = sim.get("rolebindings", "zuul-role", "main-0000000005")
+    assert binding["roleRef"]["name"] == "zuul"
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "zuul-worker",
+                                    "namespace": "main-0000000005"}]
+    assert sim.list("pods", "main-0000000005") == []
+
+
+def test_pod_launch_result_and_spec(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, POD_LABEL)
+    result = _launch(provider, "pod-fedora", node_id="0000000001")
+    ns = "main-0000000001"
+    assert result.connection_type == "kubectl"
+    assert result.interface_ip == "pod-fedora"
+    assert result.connection_port["pod"] == "pod-fedora"
+    assert result.connection_port["token"] == _decoded_token(sim, ns)
+    assert result.host_id == "sim-node-1"
+    assert result.python_path == "/usr/bin/python3" and result.shell_type == "bash"
+    assert result.resources == {"instances": 1, "cores": 2, "ram": 1024,
+                                "ephemeral-storage": 10, "nvidia.com/gpu": 1, "licenses": 1}
+    pod = sim.get("pods", "pod-fedora", ns)
+    assert pod["status"]["phase"] == "Running"
+    assert pod["metadata"]["labels"]["tenant"] == "tenant-1"
+    assert pod["metadata"]["labels"]["nodepool_node_id"] == "0000000001"
+    assert pod["metadata"]["annotations"]["owner"] == "ci"
+    spec = pod["spec"]
+    assert spec["restartPolicy"] == "Never"
+    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "sim-node-1"}
+    assert spec["schedulerName"] == "default-scheduler"
+    assert spec["volumes"][0]["name"] == "cache"
+    container = spec["containers"][0]
+    assert container["name"] == "pod-fedora"
+    assert container["image"] == "docker.io/fedora:40"
+    assert container["imagePullPolicy"] == "Always"
+    assert container["command"] == ["/bin/sh", "-c"]
+    assert container["args"] == ["while true; do sleep 30; done;"]
+    assert container["env"] == [{"name": "FOO", "value": "bar"}]
+    assert container["securityContext"] == {"privileged": True}
+    assert container["volumeMounts"] == [{"name": "cache", "mountPath": "/cache"}]
+    assert container["resources"]["requests"] == {
+        "cpu": "2", "memory": "1024Mi", "ephemeral-storage": "10M", "nvidia.com/gpu": "1"}
+    assert container["resources"]["limits"] == {
+        "cpu": "4", "memory": "2048Mi", "ephemeral-storage": "20M", "nvidia.com/gpu": "1"}
+    role = sim.get("roles", "zuul-restricted", ns)
+    assert role["rules"] == manifests.POD_RULES
+    assert sim.get("rolebindings", "zuul-role", ns)["roleRef"]["name"] == "zuul-restricted"
+
+
+def test_form_b_pod_spec_is_verbatim(sim: Simulator,
+                                     make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, FORM_B)
+    result = _launch(provider, "pod-raw")
+    pod = sim.get("pods", "pod-raw", result.external_id)
+    assert pod["spec"]["containers"][0]["command"] == ["sleep", "infinity"]
+    assert pod["metadata"]["annotations"] == {"note": "verbatim"}
+    assert pod["metadata"]["labels"]["kind"] == "raw"
+    assert FORM_B.spec == {"containers": [
+        {"name": "main", "image": "busybox", "command": ["sleep", "infinity"]}]}
+
+
+def test_api_calls_per_node(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS_LABEL, POD_LABEL)
+    sim.reset_counters()
+    result = _launch(provider, "k8s-namespace")
+    assert sim.counters["total"] == 5, sim.counters
+    sim.reset_counters()
+    _launch(provider, "pod-fedora", node_id="0000000001")
+    assert sim.counters["total"] == 6, sim.counters
+    sim.reset_counters()
+    provider.delete(result.external_id)
+    assert sim.counters["total"] <= 2, sim.counters
+
+
+def test_skiptls_omits_ca(sim: Simulator, make_k8s_provider: ProviderFactory,
+                          tmp_path: Any) -> None:
+    document = sim.kubeconfig(context="insecure")
+    cluster = document["clusters"][0]["cluster"]
+    del cluster["certificate-authority-data"]
+    cluster["insecure-skip-tls-verify"] = True
+    path = tmp_path / "insecure.yaml"
+    path.write_text(yaml.safe_dump(document))
+    provider = make_k8s_provider(sim, NS_LABEL, kubeconfig=str(path), context="insecure")
+    result = _launch(provider, "k8s-namespace")
+    assert result.connection_port["skiptls"] is True
+    assert "ca_crt" not in result.connection_port
+    assert result.cloud == "insecure"
+
+
+def test_context_defaults_to_current(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS_LABEL, context=None)
+    assert _launch(provider, "k8s-namespace").cloud == "sim"
+
+
+def test_dynamic_label_from_request(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    label = make_label("ns-dyn", "namespace", dynamic_labels={"event": "{request.event_id}",
+                                                              "broken": "{request.nope}"})
+    provider = make_k8s_provider(sim, label)
+    result = _launch(provider, "ns-dyn", request=RequestInfo(id="100-0000000001",
+                                                             event_id="abc123"))
+    labels = sim.get("namespaces", result.external_id)["metadata"]["labels"]
+    assert labels["event"] == "abc123"
+    assert "broken" not in labels
+
+
+def _token_client(sim: Simulator, token: str, tmp_path: Any) -> k8s.CoreV1Api:
+    ca = tmp_path / "ca.pem"
+    ca.write_text(sim.ca_pem)
+    configuration = k8s.Configuration()
+    configuration.host = sim.url
+    configuration.ssl_ca_cert = str(ca)
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return k8s.CoreV1Api(k8s.ApiClient(configuration))
+
+
+def _allowed(call: Any) -> bool:
+    try:
+        call()
+        return True
+    except k8s.ApiException as exc:
+        assert exc.status == 403, exc
+        return False
+
+
+def test_token_gets_exactly_the_role(make_sim: Any, make_k8s_provider: ProviderFactory,
+                                     tmp_path: Any) -> None:
+    sim = make_sim(enforce_rbac=True)
+    provider = make_k8s_provider(sim, NS_LABEL, POD_LABEL)
+    ns_node = _launch(provider, "k8s-namespace")
+    pod_node = _launch(provider, "pod-fedora", node_id="0000000001")
+    ns_api = _token_client(sim, ns_node.connection_port["token"], tmp_path)
+    pod_api = _token_client(sim, pod_node.connection_port["token"], tmp_path)
+    cm = {"metadata": {"name": "cm"}, "data": {"a": "b"}}
+    ns, pod_ns = ns_node.external_id, pod_node.external_id
+
+    assert _allowed(lambda: ns_api.list_namespaced_pod(ns))
+    assert _allowed(lambda: ns_api.create_namespaced_config_map(ns, cm))
+    assert not _allowed(lambda: ns_api.list_namespaced_pod(pod_ns))  # other namespaces: no
+
+    assert _allowed(lambda: pod_api.list_namespaced_pod(pod_ns))
+    assert _allowed(lambda: pod_api.read_namespaced_pod("pod-fedora", pod_ns))
+    assert not _allowed(lambda: pod_api.create_namespaced_config_map(pod_ns, cm))
+    assert not _allowed(lambda: pod_api.delete_namespaced_pod("pod-fedora", pod_ns))
+
+
+def test_start_and_stop_are_idempotent(sim: Simulator, tmp_path: Any) -> None:
+    provider = KubernetesProvider(make_provider(NS_LABEL),
+                                  kubeconfig=sim.write_kubeconfig(tmp_path / "kc"))
+    with pytest.raises(TemporaryError):
+        provider.launch(make_spec(provider.config, "k8s-namespace"), threading.Event())
+    provider.start()
+    provider.start()
+    provider.stop()
+    provider.stop()
+    with pytest.raises(TemporaryError):
+        provider.list_resources()
+
+
+def test_kubeconfig_from_environment(sim: Simulator, tmp_path: Any,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # $KUBECONFIG is read at start(), not when the kubernetes package was imported.
+    monkeypatch.setenv("KUBECONFIG", sim.write_kubeconfig(tmp_path / "env-kubeconfig"))
+    provider = KubernetesProvider(make_provider(NS_LABEL))
+    provider.start()
+    try:
+        assert provider.list_resources() == []
+    finally:
+        provider.stop()
+
+
+def test_no_kubeconfig_falls_back_to_in_cluster(tmp_path: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    provider = KubernetesProvider(make_provider(NS_LABEL))
+    with pytest.raises(TemporaryError, match="credentials"):
+        provider.start()
+
+
+def test_unknown_context_is_temporary_error(sim: Simulator, tmp_path: Any) -> None:
+    provider = KubernetesProvider(make_provider(NS_LABEL, context="nope"),
+                                  kubeconfig=sim.write_kubeconfig(tmp_path / "kc"))
+    with pytest.raises(TemporaryError):
+        provider.start()
+
+
+def test_quota_for_label_and_cloud_limits(sim: Simulator,
+                                          make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, POD_LABEL)
+    assert provider.quota_for_label(POD_LABEL) == POD_LABEL.quota()
+    limits = provider.cloud_limits()
+    assert limits["instances"] == float("inf") and limits["anything"] == float("inf")

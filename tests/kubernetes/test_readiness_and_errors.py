@@ -1,0 +1,188 @@
+"""Pure verdicts and error mapping.
+
+Aspects: token extraction (missing data, decoding), pod verdicts (running, fatal waiting
+reasons, failed phases, unschedulable grace on an injected clock, deletion), the status code
+→ error type table with Retry-After, and the retry policy's delays.
+"""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+import urllib3
+from kubernetes.client.exceptions import ApiException
+
+from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.driver.kubernetes import errors
+from nodepool_k8s.driver.kubernetes.client import RetryPolicy
+from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_secret
+from nodepool_k8s.exceptions import (LaunchError, NotFound, PermanentError, QuotaExceeded,
+                                     TemporaryError)
+
+
+def b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+# -- token -------------------------------------------------------------------------------------
+
+def test_token_waits_for_both_keys() -> None:
+    assert token_from_secret(None) is None
+    assert token_from_secret({"data": {}}) is None
+    assert token_from_secret({"data": {"token": b64("t")}}) is None
+    assert token_from_secret({"data": {"ca.crt": b64("ca")}}) is None
+
+
+def test_token_is_decoded_and_ca_kept_base64() -> None:
+    token = token_from_secret({"data": {"token": b64("secret-token"), "ca.crt": b64("PEM")}})
+    assert token == Token(token="secret-token", ca_crt=b64("PEM"))
+
+
+def test_bad_token_fails() -> None:
+    with pytest.raises(LaunchError) as info:
+        token_from_secret({"data": {"token": "!!!", "ca.crt": "x"}})
+    assert info.value.reason == "BadToken"
+
+
+# -- pod ---------------------------------------------------------------------------------------
+
+def _pod(phase: str = "Pending", waiting: str | None = None,
+         conditions: list[dict] | None = None, init: bool = False) -> dict:
+    status: dict = {"phase": phase, "conditions": conditions or []}
+    if waiting:
+        key = "initContainerStatuses" if init else "containerStatuses"
+        status[key] = [{"name": "c", "state": {"waiting": {"reason": waiting,
+                                                           "message": "details"}}}]
+    return {"metadata": {"name": "p"}, "spec": {"nodeName": "node-1"}, "status": status}
+
+
+def test_pod_running_is_ready() -> None:
+    check = PodCheck("ns/p", ManualClock())
+    assert check(None) is None
+    assert check(_pod("Pending")) is None
+    pod = _pod("Running")
+    assert check(pod) is pod
+
+
+@pytest.mark.parametrize("reason", ["ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                                    "CreateContainerConfigError"])
+@pytest.mark.parametrize("init", [False, True])
+def test_fatal_waiting_reasons_fail_at_once(reason: str, init: bool) -> None:
+    with pytest.raises(LaunchError) as info:
+        PodCheck("ns/p", ManualClock())(_pod(waiting=reason, init=init))
+    assert info.value.reason == reason
+    assert "details" in str(info.value)
+
+
+def test_container_creating_keeps_waiting() -> None:
+    assert PodCheck("ns/p", ManualClock())(_pod(waiting="ContainerCreating")) is None
+
+
+@pytest.mark.parametrize("phase", ["Failed", "Succeeded"])
+def test_finished_pod_fails(phase: str) -> None:
+    with pytest.raises(LaunchError) as info:
+        PodCheck("ns/p", ManualClock())(_pod(phase))
+    assert info.value.reason == "PodFailed"
+
+
+def test_unschedulable_fails_only_after_grace() -> None:
+    clock = ManualClock()
+    check = PodCheck("ns/p", clock, unschedulable_grace=30)
+    pod = _pod(conditions=[{"type": "PodScheduled", "status": "False",
+                            "reason": "Unschedulable", "message": "0/3 nodes"}])
+    assert check(pod) is None
+    clock.advance(29)
+    assert check(pod) is None
+    clock.advance(1)
+    with pytest.raises(LaunchError) as info:
+        check(pod)
+    assert info.value.reason == "Unschedulable"
+    assert "0/3 nodes" in str(info.value)
+
+
+def test_unschedulable_grace_restarts_when_scheduling_recovers() -> None:
+    clock = ManualClock()
+    check = PodCheck("ns/p", clock, unschedulable_grace=10)
+    stuck = _pod(conditions=[{"type": "PodScheduled", "status": "False",
+                              "reason": "Unschedulable"}])
+    assert check(stuck) is None
+    clock.advance(8)
+    assert check(_pod()) is None
+    clock.advance(8)
+    assert check(stuck) is None
+
+
+def test_pod_vanishing_after_being_seen_fails() -> None:
+    check = PodCheck("ns/p", ManualClock())
+    check(_pod())
+    with pytest.raises(LaunchError) as info:
+        check(None)
+    assert info.value.reason == "PodDeleted"
+
+
+# -- error mapping -----------------------------------------------------------------------------
+
+class _Resp:
+    def __init__(self, status: int, message: str, headers: dict | None = None) -> None:
+        self.status = status
+        self.reason = "Reason"
+        self.data = ('{"kind":"Status","message":%s}' % repr(message).replace("'", '"')).encode()
+        self._headers = headers or {}
+
+    def getheaders(self) -> dict:
+        return self._headers
+
+
+def _api(status: int, message: str = "m", headers: dict | None = None) -> ApiException:
+    return ApiException(http_resp=_Resp(status, message, headers))
+
+
+@pytest.mark.parametrize("status,message,expected", [
+    (404, "not found", NotFound),
+    (409, "already exists", errors.Conflict),
+    (410, "too old", errors.Gone),
+    (403, 'pods "x" is forbidden: exceeded quota: q, requested: cpu=2', QuotaExceeded),
+    (403, 'pods "x" is forbidden: error looking up service account ns/default: '
+          'serviceaccount "default" not found', TemporaryError),
+    (403, "forbidden: cannot create pods", errors.Forbidden),
+    (401, "Unauthorized", errors.Unauthorized),
+    (422, "invalid", errors.Invalid),
+    (400, "bad", errors.Invalid),
+    (429, "slow down", TemporaryError),
+    (500, "boom", TemporaryError),
+    (503, "unavailable", TemporaryError),
+    (418, "teapot", PermanentError),
+])
+def test_status_mapping(status: int, message: str, expected: type) -> None:
+    error = errors.map_api_error(_api(status, message), "create pod ns/x")
+    assert type(error) is expected
+    assert str(error).startswith("create pod ns/x: ")
+
+
+def test_retryability() -> None:
+    assert errors.is_retryable(errors.map_api_error(_api(500), "x"))
+    assert errors.is_retryable(errors.map_api_error(_api(429), "x"))
+    assert not errors.is_retryable(errors.map_api_error(_api(403, "exceeded quota"), "x"))
+    assert not errors.is_retryable(errors.map_api_error(_api(404), "x"))
+    assert not errors.is_retryable(errors.map_api_error(_api(410), "x"))
+
+
+def test_retry_after_becomes_delay() -> None:
+    error = errors.map_api_error(_api(429, headers={"Retry-After": "3"}), "x")
+    assert isinstance(error, TemporaryError) and error.delay == 3.0
+
+
+def test_transport_errors_are_temporary() -> None:
+    for exc in (urllib3.exceptions.MaxRetryError(None, "/", "refused"),
+                urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"),
+                ConnectionResetError("reset"), ApiException(status=0, reason="SSLError")):
+        assert type(errors.map_api_error(exc, "x")) is TemporaryError
+
+
+def test_retry_policy_delays_honour_retry_after() -> None:
+    policy = RetryPolicy(retries=3, backoff=(0.1, 0.5), timeout=1)
+    assert policy.delay(0, TemporaryError("x")) == 0.1
+    assert policy.delay(5, TemporaryError("x")) == 0.5
+    assert policy.delay(0, TemporaryError("x", delay=2)) == 2
+    assert policy.delay(0, TemporaryError("x", delay=1000)) == 60.0
