@@ -1,0 +1,178 @@
+"""An in-memory provider, selectable in a real configuration with `driver: fake`.
+
+Owns: a simulated cloud for engine tests, the demo and benchmarks. A launch "creates" a
+resource named like a Kubernetes namespace (`<pool>-<node id>`, `-<attempt>` appended on
+retries), reports its external id through `progress` at once, then waits the label's
+`fake-launch-delay` on the cancel event (never sleep-polling) and succeeds, unless the label
+has `fake-fail` or an error was injected with `fail_next`. Every call is recorded.
+
+State is per instance unless a `FakeCloud` is shared (two in-process launchers can then see
+the same resources, e.g. for leak tests). Nothing here persists across processes.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.config.model import PoolLabel, ProviderConfig
+from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec
+from nodepool_k8s.exceptions import LaunchError
+from nodepool_k8s.model import Resources
+
+FAKE_API = "https://fake-k8s.invalid:6443"
+
+
+@dataclass
+class FakeResource:
+    external_id: str
+    node_id: str | None
+    provider: str
+    created: float
+    deleting: bool = False
+
+
+@dataclass
+class FakeCloud:
+    """The resources of one or more fake providers."""
+
+    resources: dict[str, FakeResource] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class FakeProvider:
+    def __init__(self, config: ProviderConfig, clock: Clock = SYSTEM_CLOCK,
+                 cloud: FakeCloud | None = None) -> None:
+        self.config = config
+        self.name = config.name
+        self.clock = clock
+        self.cloud = cloud or FakeCloud()
+        self.calls: list[tuple[str, Any]] = []
+        self._failures: dict[str, list[Exception]] = {}
+        self._lock = threading.Lock()
+        self.started = False
+        self.launching = 0
+        # Optional hook run inside launch after the resource exists (tests use it to pause).
+        self.on_launch: Callable[[LaunchSpec], None] | None = None
+
+    # -- test controls --------------------------------------------------------------------
+    def fail_next(self, count: int = 1, exc: Exception | None = None,
+                  op: str = "launch") -> None:
+        """The next `count` calls of `op` (launch, delete, list) raise `exc`."""
+        error = exc or LaunchError("injected failure", reason="Injected")
+        with self._lock:
+            self._failures.setdefault(op, []).extend([error] * count)
+
+    def _injected(self, op: str) -> Exception | None:
+        with self._lock:
+            queue = self._failures.get(op)
+            return queue.pop(0) if queue else None
+
+    def add_resource(self, external_id: str, node_id: str | None,
+                     created: float | None = None) -> None:
+        """Make a resource appear as if created by a launcher (e.g. a leak)."""
+        with self.cloud.lock:
+            self.cloud.resources[external_id] = FakeResource(
+                external_id, node_id, self.name,
+                self.clock.time() if created is None else created)
+
+    def resource_ids(self) -> set[str]:
+        with self.cloud.lock:
+            return {r.external_id for r in self.cloud.resources.values()
+                    if r.provider == self.name}
+
+    def call_names(self) -> list[str]:
+        with self._lock:
+            return [name for name, _ in self.calls]
+
+    def _record(self, name: str, arg: Any) -> None:
+        with self._lock:
+            self.calls.append((name, arg))
+
+    # -- Provider -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._record("start", None)
+        self.started = True
+
+    def stop(self) -> None:
+        self._record("stop", None)
+        self.started = False
+
+    def launch(self, spec: LaunchSpec, cancel: threading.Event,
+               progress: Callable[[str], None] | None = None) -> LaunchResult:
+        self._record("launch", spec)
+        with self._lock:
+            self.launching += 1
+        try:
+            return self._launch(spec, cancel, progress)
+        finally:
+            with self._lock:
+                self.launching -= 1
+
+    def _launch(self, spec: LaunchSpec, cancel: threading.Event,
+                progress: Callable[[str], None] | None) -> LaunchResult:
+        injected = self._injected("launch")
+        if injected is not None:
+            raise injected
+        suffix = f"-{spec.attempt}" if spec.attempt > 1 else ""
+        external_id = f"{spec.pool.name}-{spec.node_id}{suffix}"
+        self.add_resource(external_id, spec.node_id)
+        if progress is not None:
+            progress(external_id)
+        if self.on_launch is not None:
+            self.on_launch(spec)
+        label = spec.label
+        if cancel.wait(label.fake_launch_delay) if label.fake_launch_delay > 0 \
+                else cancel.is_set():
+            self._remove(external_id)
+            raise LaunchError("launch cancelled", reason="Cancelled")
+        if label.fake_fail:
+            self._remove(external_id)
+            raise LaunchError(f"label {label.name} is configured to fail", reason="FakeFail")
+        return self._result(external_id, label)
+
+    def _result(self, external_id: str, label: PoolLabel) -> LaunchResult:
+        connection: dict[str, Any] = {
+            "name": external_id, "namespace": external_id, "host": FAKE_API,
+            "skiptls": True, "token": "fake-token", "user": "zuul-worker"}
+        if label.type == "pod":
+            connection["pod"] = label.name
+            return LaunchResult(external_id=external_id, connection_type="kubectl",
+                                connection_port=connection, interface_ip=label.name,
+                                host_id="fake-k8s-node", cloud="fake",
+                                python_path=label.python_path, shell_type=label.shell_type,
+                                resources=self.quota_for_label(label).as_dict())
+        return LaunchResult(external_id=external_id, connection_type="namespace",
+                            connection_port=connection, cloud="fake",
+                            python_path=label.python_path, shell_type=label.shell_type,
+                            resources=self.quota_for_label(label).as_dict())
+
+    def _remove(self, external_id: str) -> None:
+        with self.cloud.lock:
+            self.cloud.resources.pop(external_id, None)
+
+    def delete(self, external_id: str) -> None:
+        self._record("delete", external_id)
+        injected = self._injected("delete")
+        if injected is not None:
+            raise injected
+        self._remove(external_id)
+
+    def list_resources(self) -> Sequence[CloudResource]:
+        self._record("list", None)
+        injected = self._injected("list")
+        if injected is not None:
+            raise injected
+        with self.cloud.lock:
+            return [CloudResource(external_id=r.external_id, node_id=r.node_id,
+                                  provider=r.provider, created=r.created,
+                                  deleting=r.deleting)
+                    for r in self.cloud.resources.values() if r.provider == self.name]
+
+    def quota_for_label(self, label: PoolLabel) -> Resources:
+        return label.quota()
+
+    def cloud_limits(self) -> Resources:
+        return Resources.limits()

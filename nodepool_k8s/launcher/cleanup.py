@@ -1,0 +1,276 @@
+"""Cleanup: everything that returns resources and requests after someone stopped caring.
+
+Owns, for nodes of this launcher's providers (decisions in `plan.node_cleanup`):
+- deleting unlocked nodes in used / in-use / building / failed / deleting / deleted /
+  aborted, stale `init` nodes, ready nodes past `max-ready-age`, held nodes past
+  min(`hold_expiration`, `max-hold-age`) (through the deleter);
+- de-allocating ready nodes whose request vanished (cancellation), so they are reused;
+- resetting lost requests: `pending` with nobody holding the lock goes back to `requested`
+  with `nodes: []` and its nodes de-allocated (their launcher died);
+- removing node znodes without data and request-lock dirs older than 8 h with no request;
+- the leak sweep (see leaks.py).
+
+Event-driven: node changes (data or lock contenders) mark that node dirty and wake the
+worker; a request deletion dirties the nodes allocated to it; a component disappearing
+(another launcher died) triggers the lost-request check. A full pass runs at
+`cleanup_interval`, and timed work (expiries, retries, sweeps) sets the next deadline. All
+steps are idempotent; each is isolated so one failing step does not stop the others.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Callable
+
+from nodepool_k8s import model
+from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.launcher.deleter import NodeDeleter
+from nodepool_k8s.launcher.leaks import LeakSweeper
+from nodepool_k8s.launcher.worker import Worker
+from nodepool_k8s.model import Node
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.txn import Txn
+
+
+class CleanupWorker(Worker):
+    def __init__(self, engine: Engine, deleter: NodeDeleter) -> None:
+        super().__init__("CleanupWorker", engine.clock)
+        self.engine = engine
+        self.deleter = deleter
+        self.leaks = LeakSweeper(engine, deleter)
+        self._dirty: set[str] = set()
+        self._dirty_lock = threading.Lock()
+        self._next_full = -math.inf
+        self._next_recheck = math.inf
+        self._lost_due = True
+        self._lock_dir_seen: dict[str, float] = {}
+
+    # -- cache listeners (quick, on the cache thread) -------------------------------------
+    def on_node_event(self, kind: str, node_id: str) -> None:
+        if kind in ("changed", "lock", "removed"):
+            with self._dirty_lock:
+                self._dirty.add(node_id)
+            self.wake()
+
+    def on_request_event(self, kind: str, request_id: str) -> None:
+        if kind == "removed":
+            nodes = self.engine.node_cache.allocated_to(request_id)
+            if nodes:
+                with self._dirty_lock:
+                    self._dirty.update(nodes)
+                self.wake()
+
+    def on_component_event(self, kind: str, key: str) -> None:
+        if kind == "removed":
+            self._lost_due = True
+            self.wake()
+
+    def request_full_pass(self) -> None:
+        self._next_full = -math.inf
+        self._lost_due = True
+        self.wake()
+
+    # -- the pass -------------------------------------------------------------------------
+    def run_once(self) -> float | None:
+        if not self.engine.acting:
+            return None
+        now = self.clock.time()
+        full = now >= self._next_full or now >= self._next_recheck
+        if full:
+            self._next_full = now + self.engine.settings.cleanup_interval
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        dirty.update(self.deleter.due_retries())
+        ids = self.engine.node_cache.ids() if full else list(dirty)
+        self._step("nodes", lambda: self._nodes(ids, now, full))
+        self._step("empty nodes", lambda: self._empty_nodes(now))
+        if full or self._lost_due:
+            self._lost_due = False
+            self._step("lost requests", self._lost_requests)
+        if full:
+            self._step("request-lock dirs", lambda: self._lock_dirs(now))
+        self._step("leak sweep", lambda: self.leaks.sweep_due(now))
+        return min(self._next_full, self._next_recheck, self.deleter.next_retry(),
+                   self.leaks.next_due())
+
+    def _step(self, name: str, fn: Callable[[], None]) -> None:
+        """Run one cleanup task; a failure is logged and does not stop the others."""
+        try:
+            fn()
+        except errors.ZkConnectionError as exc:
+            self.log.warning("Cleanup step %s interrupted: %s", name, exc)
+        except Exception:
+            self.log.exception("Cleanup step %s failed", name)
+
+    def _verdict(self, node: plan.NodeFacts, now: float, locked: bool) -> plan.NodeVerdict:
+        allocated = node.allocated_to
+        exists = not (node.state == model.READY and allocated
+                      and allocated not in self.engine.request_cache)
+        return plan.node_cleanup(node, now=now, locked=locked, config=self.engine.config,
+                                 request_exists=exists,
+                                 stale_init_age=self.engine.settings.stale_init_age)
+
+    def _nodes(self, ids: list[str], now: float, full: bool) -> None:
+        ours = set(self.engine.config.providers)
+        cache = self.engine.node_cache
+        next_check = math.inf
+        candidates: list[str] = []
+        for node_id in ids:
+            node = cache.get(node_id)
+            if node is None or node.provider not in ours or self.deleter.busy(node_id):
+                continue
+            verdict = self._verdict(node, now, locked=False)
+            next_check = min(next_check, verdict.recheck_at)
+            # Between full passes trust the cache's lock view (its events tell us when a
+            # node is unlocked); a full pass checks every candidate against ZooKeeper.
+            if verdict.action is not plan.CleanupAction.NONE \
+                    and (full or not cache.is_locked(node_id)):
+                candidates.append(node_id)
+        # The cache shows a node and its lock contenders as separate znodes, so it can
+        # briefly look unlocked: read both fresh (batched) before spending a lock attempt.
+        for node_id, fresh, locked in self.engine.nodes.read_with_locks(candidates):
+            if fresh is None:
+                continue
+            verdict = self._verdict(fresh, now, locked)
+            if verdict.action is plan.CleanupAction.DELETE:
+                self.deleter.submit(node_id, verdict.reason, self._still_deletable)
+            elif verdict.action is plan.CleanupAction.DEALLOCATE:
+                self._deallocate(node_id)
+        if full:
+            self._next_recheck = next_check
+            self._reconcile()
+        else:
+            self._next_recheck = min(self._next_recheck, next_check)
+
+    def _reconcile(self) -> None:
+        """Evict cache entries ZooKeeper no longer has (a safety net for missed events)."""
+        engine = self.engine
+        for cache, store, path in ((engine.node_cache, engine.nodes, paths.node_path),
+                                   (engine.request_cache, engine.requests,
+                                    paths.request_path)):
+            present = set(store.ids())
+            for key in [k for k in cache.ids() if k not in present]:
+                if engine.zk.exists(path(key)) is None:
+                    self.log.warning("Evicting %s from the cache: it no longer exists", key)
+                    cache.evict(key)
+
+    def _still_deletable(self, node: Node) -> bool:
+        """Re-check under the lock (we hold it, so `locked` is False for this purpose)."""
+        verdict = plan.node_cleanup(node, now=self.clock.time(), locked=False,
+                                    config=self.engine.config, request_exists=True,
+                                    stale_init_age=self.engine.settings.stale_init_age)
+        return verdict.action is plan.CleanupAction.DELETE
+
+    def _deallocate(self, node_id: str) -> None:
+        engine = self.engine
+        cached = engine.node_cache.get(node_id)
+        if cached is None or not cached.allocated_to \
+                or engine.requests.exists(cached.allocated_to):
+            return
+        got = engine.nodes.lock_and_read(node_id)
+        if got is None:
+            return
+        lock, node = got
+        try:
+            request_id = node.allocated_to
+            if node.state != model.READY or not request_id \
+                    or engine.requests.exists(request_id):
+                return
+            node.set(allocated_to=None)
+            engine.nodes.store_and_release(node, lock)
+            self.log.info("[node: %s] De-allocated ready node: request %s is gone", node_id,
+                          request_id)
+        finally:
+            if not lock.released:
+                lock.release()
+
+    def _empty_nodes(self, now: float) -> None:
+        for node_id in self.engine.node_cache.empty_ids():
+            found = self.engine.zk.get(paths.node_path(node_id))
+            if found is None or found[0]:
+                continue
+            if now - found[1].mtime < self.engine.settings.empty_node_age:
+                self._next_recheck = min(self._next_recheck,
+                                         found[1].mtime + self.engine.settings.empty_node_age)
+                continue
+            self.engine.nodes.delete_unlocked(node_id)
+            self.log.info("Removed node znode %s without data", node_id)
+
+    def _lost_requests(self) -> None:
+        engine = self.engine
+        for request in engine.request_cache.requests():
+            if request.state != model.PENDING or engine.stopping.is_set():
+                continue
+            if engine.requests.lock_contenders(request.id):
+                continue  # somebody is working on it
+            got = engine.requests.lock_and_read(request.id)
+            if got is None:
+                continue
+            lock, fresh = got
+            try:
+                if fresh.state == model.PENDING:
+                    self._reset(fresh, lock)
+            finally:
+                if not lock.released:
+                    lock.release()
+
+    def _reset(self, request: model.NodeRequest, lock: HeldLock) -> None:
+        engine = self.engine
+        txn = Txn()
+        node_locks: list[HeldLock] = []
+        try:
+            node_ids = set(engine.node_cache.allocated_to(request.id)) | set(request.nodes)
+            for node_id in sorted(node_ids):
+                got = engine.nodes.lock_and_read(node_id)
+                if got is None:
+                    continue
+                node_lock, node = got
+                node_locks.append(node_lock)
+                if node.allocated_to == request.id and node.state == model.INIT:
+                    node.state, node.state_time = model.DELETING, self.clock.time()
+                elif node.allocated_to == request.id and node.state == model.READY:
+                    node.set(allocated_to=None)
+                else:
+                    # Building etc.: unlocked, so the node cleanup deletes it anyway.
+                    node_lock.release_in(txn)
+                    continue
+                engine.nodes.add_store(txn, node, node_lock, release=True)
+            request.state, request.state_time = model.REQUESTED, self.clock.time()
+            request.nodes = []
+            engine.requests.add_store(txn, request, lock, release=True)
+            txn.commit(engine.zk)
+            lock.mark_released()
+            for node_lock in node_locks:
+                node_lock.mark_released()
+            self.log.info("[e: %s] [node_request: %s] Reset lost request to requested",
+                          request.event_id, request.id)
+        finally:
+            for node_lock in node_locks:
+                if not node_lock.released:
+                    node_lock.release()
+
+    def _lock_dirs(self, now: float) -> None:
+        engine = self.engine
+        max_age = engine.settings.lock_dir_max_age
+        present = set(engine.requests.lock_dir_ids())
+        for request_id in list(self._lock_dir_seen):
+            if request_id not in present:
+                del self._lock_dir_seen[request_id]
+        for request_id in present:
+            if request_id in engine.request_cache:
+                continue
+            # Stat each dir once; look again only when it may have become old enough.
+            seen = self._lock_dir_seen.get(request_id)
+            if seen is not None and now - seen < max_age:
+                continue
+            stat = engine.zk.exists(paths.request_lock_path(request_id))
+            if stat is None:
+                continue
+            self._lock_dir_seen[request_id] = stat.mtime
+            if now - stat.mtime >= max_age \
+                    and engine.requests.delete_orphan_lock_dir(request_id, now - max_age):
+                self._lock_dir_seen.pop(request_id, None)
+                self.log.info("Removed orphaned request-lock dir %s", request_id)

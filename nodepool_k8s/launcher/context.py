@@ -1,0 +1,88 @@
+"""The shared state of one launcher process, built by the daemon and handed to workers.
+
+Owns: references to the ZooKeeper client, stores, caches, registry and quota guard, the
+current configuration (swapped atomically on reload), the live providers, the clock, stats
+and engine settings, plus a few derived views every worker needs (registered pools, quota
+fallbacks, usage). It holds no threads and makes no decisions; workers take what they need
+from it instead of reaching into each other.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from nodepool_k8s import quota
+from nodepool_k8s.clock import Clock
+from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
+from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.launcher.plan import PoolInfo
+from nodepool_k8s.launcher.settings import EngineSettings
+from nodepool_k8s.model import Resources
+from nodepool_k8s.stats import Stats
+from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.quota_guard import QuotaGuard, usage_record
+from nodepool_k8s.zk.registry import ComponentRegistry
+from nodepool_k8s.zk.requests import RequestStore
+
+
+class Engine:
+    def __init__(self, zk: ZkClient, config: Config, *, clock: Clock, stats: Stats,
+                 settings: EngineSettings, hostname: str | None = None) -> None:
+        self.zk = zk
+        self._config = config
+        self.clock = clock
+        self.stats = stats
+        self.settings = settings
+        self.nodes = NodeStore(zk)
+        self.requests = RequestStore(zk)
+        self.node_cache = NodeCache(zk)
+        self.request_cache = RequestCache(zk)
+        self.components = ComponentCache(zk)
+        self.registry = ComponentRegistry(zk, hostname)
+        self.guard = QuotaGuard(zk)
+        self.providers: dict[str, Provider] = {}
+        self.stopping = threading.Event()
+        # Called when capacity may have freed or new work may exist (set by the daemon).
+        self.wake_all: Callable[[], None] = lambda: None
+        # Asks the deleter to remove a node (set by the daemon).
+        self.request_delete: Callable[[str, str], bool] = lambda node_id, reason: False
+
+    @property
+    def config(self) -> Config:
+        return self._config
+
+    def set_config(self, config: Config) -> None:
+        self._config = config
+
+    @property
+    def acting(self) -> bool:
+        """Workers act only while connected and not shutting down."""
+        return self.zk.connected and not self.stopping.is_set()
+
+    def provider_config(self, name: str | None) -> ProviderConfig | None:
+        return self._config.providers.get(name or "")
+
+    def pool_config(self, provider: str | None, pool: str | None) -> PoolConfig | None:
+        prov = self.provider_config(provider)
+        return prov.pools.get(pool or "") if prov else None
+
+    def label_quota(self, node: quota.NodeUsage) -> Resources | None:
+        """The quota a node's label counts for, for nodes without `resources`."""
+        pool = self.pool_config(node.provider, node.pool)
+        label = pool.labels.get(node.label or "") if pool else None
+        return label.quota() if label else None
+
+    def registered_pools(self) -> list[PoolInfo]:
+        return [PoolInfo(id=c.id, provider=c.provider_name, labels=c.supported_labels,
+                         priority=c.priority, paused=c.paused)
+                for c in self.components.pools() if c.id]
+
+    def cached_usage(self) -> list[quota.UsageRecord]:
+        return [usage_record(n, self.label_quota) for n in self.node_cache.nodes()]
+
+    def usage(self) -> list[quota.UsageRecord]:
+        """Authoritative usage (see zk.quota_guard); call after reading guard versions."""
+        return self.guard.usage(self.node_cache, self.label_quota)

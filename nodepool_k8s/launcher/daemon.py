@@ -1,0 +1,345 @@
+"""The composition root: builds one launcher process and runs it until stopped.
+
+Owns the wiring and the lifecycle, nothing else: the ZooKeeper client, the caches, the
+component registry, providers (from `driver.registry`), one launch pool per provider, one
+`PoolWorker` per (provider, pool), the cleanup and min-ready workers and the deleter; cache
+events wake the workers; session events stop and resume them; `reload(config)` adds,
+replaces and removes providers and pools; `stop()` shuts down gracefully (stop taking work,
+cancel launches, hand pending requests back, release locks, unregister, close the session).
+
+What other components use: `ready` (True once serving), `reader` (a `ZkReader` for
+read-only views), `node_cache` / `request_cache` / `component_cache`, `reload(config)`,
+`wake_all()`, and `engine` (shared state: config, providers, stats, clock).
+
+Failure modes: `start` blocks until ZooKeeper is reachable (retrying, logging every 10 s)
+and returns False if `stop` was requested meanwhile; a provider that fails to start is
+logged and retried in the background, its pools stay idle until then; a lost session stops
+all activity and, on reconnect, registers the components again and re-syncs the caches.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import Callable
+
+from nodepool_k8s import model
+from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.config.model import Config, ProviderConfig
+from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.driver.registry import make_provider
+from nodepool_k8s.exceptions import NodepoolError
+from nodepool_k8s.launcher.cleanup import CleanupWorker
+from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.launcher.deleter import NodeDeleter
+from nodepool_k8s.launcher.launch import LaunchPool
+from nodepool_k8s.launcher.min_ready import MinReadyWorker
+from nodepool_k8s.launcher.pool_worker import PoolWorker
+from nodepool_k8s.launcher.settings import EngineSettings
+from nodepool_k8s.model import Node
+from nodepool_k8s.stats import Stats
+from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
+from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
+from nodepool_k8s.zk.reader import ZkReader
+from nodepool_k8s.zk.registry import Registration
+
+log = logging.getLogger("nodepool_k8s.NodePool")
+
+ProviderFactory = Callable[[ProviderConfig, Clock], Provider]
+PoolKey = tuple[str, str]
+CACHE_SYNC_TIMEOUT = 60.0
+PROVIDER_RETRY = 30.0
+
+
+class Launcher:
+    def __init__(self, config: Config, *, clock: Clock = SYSTEM_CLOCK,
+                 stats: Stats | None = None, settings: EngineSettings | None = None,
+                 provider_factory: ProviderFactory = make_provider,
+                 hostname: str | None = None, fqdn: str | None = None) -> None:
+        self.zk = ZkClient(ZkSettings.from_config(config))
+        self.engine = Engine(self.zk, config, clock=clock, stats=stats or Stats(),
+                             settings=settings or EngineSettings(),
+                             hostname=hostname or socket.gethostname())
+        self.engine.wake_all = self.wake_all
+        self.engine.request_delete = self._request_delete
+        self.provider_factory = provider_factory
+        self.fqdn = fqdn
+        self.deleter = NodeDeleter(self.engine, self.engine.settings.delete_workers)
+        self.cleanup = CleanupWorker(self.engine, self.deleter)
+        self.deleter.on_done = self.cleanup.wake
+        self.min_ready = MinReadyWorker(self.engine)
+        self.pool_workers: dict[PoolKey, PoolWorker] = {}
+        self.launch_pools: dict[str, LaunchPool] = {}
+        self._failed_providers: set[str] = set()
+        self._registration: Registration | None = None
+        self._registered_epoch = 0
+        self._ready = threading.Event()
+        self._components_changed = threading.Condition()
+        self._stop = threading.Event()
+        self._lock = threading.RLock()
+        self._retry_thread: threading.Thread | None = None
+
+    # -- what other components use ---------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready.is_set()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    @property
+    def config(self) -> Config:
+        return self.engine.config
+
+    @property
+    def reader(self) -> ZkReader:
+        return ZkReader(self.zk)
+
+    @property
+    def node_cache(self) -> NodeCache:
+        return self.engine.node_cache
+
+    @property
+    def request_cache(self) -> RequestCache:
+        return self.engine.request_cache
+
+    @property
+    def component_cache(self) -> ComponentCache:
+        return self.engine.components
+
+    @property
+    def providers(self) -> dict[str, Provider]:
+        return self.engine.providers
+
+    def wake_all(self) -> None:
+        for worker in list(self.pool_workers.values()):
+            worker.wake()
+        self.cleanup.wake()
+        self.min_ready.wake()
+
+    # -- start ----------------------------------------------------------------------------
+    def start(self, stop: threading.Event | None = None) -> bool:
+        """Connect and start every worker; False if `stop` was set before connecting."""
+        if stop is not None:
+            self._stop = stop
+        if not self.zk.start(self._stop):
+            return False
+        engine = self.engine
+        self._registered_epoch = self.zk.epoch
+        self.zk.add_listener(self._on_session)
+        for cache in (engine.components, engine.node_cache, engine.request_cache):
+            cache.start()
+        for cache in (engine.components, engine.node_cache, engine.request_cache):
+            if not cache.wait_synced(CACHE_SYNC_TIMEOUT):
+                log.warning("%s did not finish its initial sync in %.0fs", cache.name,
+                            CACHE_SYNC_TIMEOUT)
+        self._registration = engine.registry.register_launcher("initializing")
+        engine.node_cache.add_listener(self._on_node_event)
+        engine.request_cache.add_listener(self._on_request_event)
+        engine.components.add_listener(self._on_component_event)
+        with self._lock:
+            for name, provider_cfg in engine.config.providers.items():
+                self._start_provider(provider_cfg)
+            for key in self._wanted_pools(engine.config):
+                self._start_pool(key)
+        self.cleanup.start()
+        self.min_ready.start()
+        engine.registry.update(self._registration, state="running")
+        # Like Nodepool, consider ourselves ready once our own pools are visible in the
+        # registry cache: decisions such as "every pool declined" rely on it.
+        own = {w.id for w in self.pool_workers.values()}
+        with self._components_changed:
+            if not self._components_changed.wait_for(
+                    lambda: own <= {c.id for c in engine.components.pools()},
+                    CACHE_SYNC_TIMEOUT):
+                log.warning("Own pool components not visible after %.0fs", CACHE_SYNC_TIMEOUT)
+        self._ready.set()
+        log.info("Launcher running with %d pool(s)", len(self.pool_workers))
+        return True
+
+    @staticmethod
+    def _wanted_pools(config: Config) -> list[PoolKey]:
+        return [(p.name, pool) for p in config.providers.values() for pool in p.pools]
+
+    def _start_provider(self, provider_cfg: ProviderConfig) -> bool:
+        name = provider_cfg.name
+        try:
+            provider = self.provider_factory(provider_cfg, self.engine.clock)
+            provider.start()
+        except NodepoolError as exc:
+            log.error("Provider %s failed to start (%s); retrying in the background", name,
+                      exc)
+            self._failed_providers.add(name)
+            self._ensure_retry_thread()
+            return False
+        workers = provider_cfg.max_concurrency if provider_cfg.max_concurrency > 0 \
+            else self.engine.settings.launch_workers
+        old_pool = self.launch_pools.get(name)
+        old_provider = self.engine.providers.get(name)
+        self.launch_pools[name] = LaunchPool(name, workers)
+        self.engine.providers[name] = provider
+        self._failed_providers.discard(name)
+        for (prov, _), worker in self.pool_workers.items():
+            if prov == name:
+                worker.launches = self.launch_pools[name]
+        if old_provider is not None and old_pool is not None:
+            self._retire(old_provider, old_pool)
+        return True
+
+    def _retire(self, provider: Provider, pool: LaunchPool) -> None:
+        """Stop a replaced provider once the launches it is running have returned."""
+        def run() -> None:
+            pool.shutdown(wait=True)
+            try:
+                provider.stop()
+            except Exception:
+                log.exception("Error stopping replaced provider %s", provider.name)
+        threading.Thread(target=run, name=f"retire-{provider.name}", daemon=True).start()
+
+    def _ensure_retry_thread(self) -> None:
+        if self._retry_thread is not None and self._retry_thread.is_alive():
+            return
+
+        def run() -> None:
+            while not self._stop.wait(PROVIDER_RETRY) and self._failed_providers:
+                with self._lock:
+                    for name in sorted(self._failed_providers):
+                        provider_cfg = self.engine.config.providers.get(name)
+                        if provider_cfg is None:
+                            self._failed_providers.discard(name)
+                        elif self._start_provider(provider_cfg):
+                            self.wake_all()
+        self._retry_thread = threading.Thread(target=run, name="provider-retry", daemon=True)
+        self._retry_thread.start()
+
+    def _start_pool(self, key: PoolKey) -> None:
+        provider, pool = key
+        launches = self.launch_pools.get(provider) or LaunchPool(
+            provider, self.engine.settings.launch_workers)
+        self.launch_pools.setdefault(provider, launches)
+        worker = PoolWorker(self.engine, provider, pool, launches, fqdn=self.fqdn)
+        worker.register()
+        self.pool_workers[key] = worker
+        worker.start()
+
+    def _stop_pool(self, key: PoolKey) -> None:
+        worker = self.pool_workers.pop(key)
+        worker.stop()
+        worker.join(self.engine.settings.stop_timeout)
+        worker.shutdown_handlers(self.engine.settings.stop_timeout)
+        worker.unregister()
+
+    # -- events ---------------------------------------------------------------------------
+    def _on_node_event(self, kind: str, node_id: str) -> None:
+        self.cleanup.on_node_event(kind, node_id)
+        if kind in ("removed", "changed", "synced", "reconnected"):
+            for worker in list(self.pool_workers.values()):
+                worker.wake()
+            self.min_ready.wake()
+
+    def _on_request_event(self, kind: str, request_id: str) -> None:
+        self.cleanup.on_request_event(kind, request_id)
+        for worker in list(self.pool_workers.values()):
+            worker.wake()
+        self.min_ready.wake()
+
+    def _on_component_event(self, kind: str, key: str) -> None:
+        with self._components_changed:
+            self._components_changed.notify_all()
+        self.cleanup.on_component_event(kind, key)
+        for worker in list(self.pool_workers.values()):
+            worker.wake()
+
+    def _on_session(self, state: ConnectionState, epoch: int) -> None:
+        """Runs on the ZooKeeper state thread (may use ZooKeeper)."""
+        if self.engine.stopping.is_set():
+            return
+        if state is ConnectionState.LOST:
+            self.engine.registry.forget_paths()
+            for worker in list(self.pool_workers.values()):
+                worker.cancel_launches()
+                worker.wake()
+        elif state is ConnectionState.CONNECTED:
+            if epoch != self._registered_epoch:
+                try:
+                    self.engine.registry.reregister_all()
+                    self._registered_epoch = epoch
+                except NodepoolError as exc:
+                    log.warning("Could not re-register components yet: %s", exc)
+                self.cleanup.request_full_pass()
+            self.wake_all()
+
+    def _request_delete(self, node_id: str, reason: str) -> bool:
+        return self.deleter.submit(node_id, reason, _ready_and_unallocated)
+
+    # -- reload ---------------------------------------------------------------------------
+    def reload(self, config: Config) -> None:
+        """Switch to `config`: providers and pools are added, replaced or removed."""
+        with self._lock:
+            old = self.engine.config
+            self.engine.set_config(config)
+            wanted = set(self._wanted_pools(config))
+            for key in [k for k in self.pool_workers if k not in wanted]:
+                self._stop_pool(key)
+            for name in [n for n in self.engine.providers if n not in config.providers]:
+                provider = self.engine.providers.pop(name)
+                launches = self.launch_pools.pop(name, None)
+                if launches is not None:
+                    self._retire(provider, launches)
+                else:
+                    provider.stop()
+            for name, provider_cfg in config.providers.items():
+                if name not in self.engine.providers or old.providers.get(name) != provider_cfg:
+                    self._start_provider(provider_cfg)
+            for key in sorted(wanted - set(self.pool_workers)):
+                self._start_pool(key)
+        log.info("Configuration reloaded: %d pool(s)", len(self.pool_workers))
+        self.wake_all()
+
+    # -- stop -----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Graceful stop. Idempotent."""
+        engine = self.engine
+        if engine.stopping.is_set():
+            return
+        log.info("Stopping launcher")
+        self._ready.clear()
+        engine.stopping.set()
+        self._stop.set()
+        with self._lock:
+            workers = list(self.pool_workers.values())
+            for worker in workers:
+                worker.stop()
+            for worker in workers:
+                worker.join(engine.settings.stop_timeout)
+            connected = self.zk.connected
+            for worker in workers:
+                if connected:
+                    worker.shutdown_handlers(engine.settings.stop_timeout)
+                else:
+                    worker.drop_handlers("stopping without a ZooKeeper connection")
+            self.cleanup.stop()
+            self.min_ready.stop()
+            self.cleanup.join(engine.settings.stop_timeout)
+            self.min_ready.join(engine.settings.stop_timeout)
+            self.deleter.shutdown(wait=False)
+            for launches in self.launch_pools.values():
+                launches.shutdown(wait=False)
+            try:
+                engine.registry.unregister_all()
+            except NodepoolError as exc:
+                log.debug("unregister failed: %s", exc)
+            for cache in (engine.request_cache, engine.node_cache, engine.components):
+                cache.stop()
+            for provider in list(engine.providers.values()):
+                try:
+                    provider.stop()
+                except Exception:
+                    log.exception("Error stopping provider %s", provider.name)
+            self.zk.stop()
+        log.info("Launcher stopped")
+
+
+def _ready_and_unallocated(node: Node) -> bool:
+    return node.state == model.READY and not node.allocated_to

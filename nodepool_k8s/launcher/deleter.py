@@ -1,0 +1,170 @@
+"""Deleting nodes and leaked cloud resources, on a bounded pool of threads.
+
+Owns: the node deletion protocol and its retries. For a node: lock it (non-blocking),
+re-read, re-check that it should still go (`check`), write `deleting`, have the provider
+delete the resource (which returns once it is gone), then remove the znode with its lock in
+one transaction (`deleted` is written first only when another contender waits). A node
+whose resource could not be confirmed gone keeps its znode and is retried later with
+backoff: nothing is forgotten. Leaked resources (no node) go through `delete_leak`.
+
+Idempotent: a node already being deleted by this process is not submitted twice; another
+launcher holding the lock simply makes this attempt a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from nodepool_k8s import logconfig, model
+from nodepool_k8s.exceptions import TemporaryError, ZkSessionLost
+from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.model import Node
+from nodepool_k8s.zk.errors import ZkConnectionError
+
+log = logging.getLogger("nodepool_k8s.NodeDeleter")
+
+Check = Callable[[Node], bool]
+
+
+class NodeDeleter:
+    def __init__(self, engine: Engine, workers: int) -> None:
+        self.engine = engine
+        self._executor = ThreadPoolExecutor(max_workers=workers,
+                                            thread_name_prefix="deleter")
+        self._lock = threading.Lock()
+        self._in_flight: set[str] = set()
+        self._retry: dict[str, tuple[float, float]] = {}  # key -> (due time, last delay)
+        self.deleted = 0
+        self.leaks_deleted = 0
+        # Called after a deletion completed or failed (the cleanup worker re-evaluates).
+        self.on_done: Callable[[], None] = lambda: None
+
+    # -- scheduling -----------------------------------------------------------------------
+    def _claim(self, key: str) -> bool:
+        with self._lock:
+            if key in self._in_flight:
+                return False
+            due = self._retry.get(key)
+            if due is not None and due[0] > self.engine.clock.time():
+                return False
+            self._in_flight.add(key)
+            return True
+
+    def _release(self, key: str, failed: bool) -> None:
+        settings = self.engine.settings
+        with self._lock:
+            self._in_flight.discard(key)
+            if failed:
+                last = self._retry.get(key, (0.0, 0.0))[1]
+                delay = min(settings.delete_retry_max,
+                            last * 2 if last else settings.delete_retry)
+                self._retry[key] = (self.engine.clock.time() + delay, delay)
+            else:
+                self._retry.pop(key, None)
+        self.on_done()
+
+    def busy(self, node_id: str) -> bool:
+        with self._lock:
+            return node_id in self._in_flight
+
+    def next_retry(self) -> float:
+        with self._lock:
+            return min((due for due, _ in self._retry.values()), default=math.inf)
+
+    def due_retries(self) -> list[str]:
+        now = self.engine.clock.time()
+        with self._lock:
+            return [k for k, (due, _) in self._retry.items()
+                    if due <= now and not k.startswith("leak:")]
+
+    def submit(self, node_id: str, reason: str, check: Check | None = None) -> bool:
+        """Delete node `node_id` in the background; False if already in progress/backoff."""
+        if not self._claim(node_id):
+            return False
+        self._executor.submit(self._delete_node, node_id, reason, check)
+        return True
+
+    def delete_leak(self, provider_name: str, external_id: str) -> bool:
+        key = f"leak:{provider_name}:{external_id}"
+        if not self._claim(key):
+            return False
+        self._executor.submit(self._delete_leak, key, provider_name, external_id)
+        return True
+
+    def shutdown(self, wait: bool) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=True)
+
+    # -- work -----------------------------------------------------------------------------
+    def _delete_node(self, node_id: str, reason: str, check: Check | None) -> None:
+        failed = False
+        try:
+            failed = not self._delete_node_locked(node_id, reason, check)
+        except (ZkSessionLost, ZkConnectionError) as exc:
+            if not self.engine.stopping.is_set():
+                log.warning("[node: %s] Deletion interrupted: %s", node_id, exc)
+            failed = True
+        except Exception:
+            log.exception("[node: %s] Unexpected error while deleting", node_id)
+            failed = True
+        finally:
+            self._release(node_id, failed)
+
+    def _delete_node_locked(self, node_id: str, reason: str, check: Check | None) -> bool:
+        engine = self.engine
+        if not engine.acting:
+            return True
+        got = engine.nodes.lock_and_read(node_id)
+        if got is None:
+            return True  # gone, or someone else holds it
+        lock, node = got
+        nlog = logconfig.annotate(log, node_id=node_id)
+        try:
+            if check is not None and not check(node):
+                return True
+            if node.state == model.DELETED or node.provider is None:
+                return engine.nodes.delete(node, lock)
+            provider = engine.providers.get(node.provider)
+            if provider is None:
+                return True  # not one of ours (any more)
+            if node.state != model.DELETING:
+                node.state, node.state_time = model.DELETING, engine.clock.time()
+                engine.nodes.store(node, lock)
+            if node.external_id:
+                try:
+                    provider.delete(node.external_id)
+                except TemporaryError as exc:
+                    nlog.warning("Could not delete %s yet (%s); will retry",
+                                 node.external_id, exc)
+                    return False
+            if not engine.nodes.delete(node, lock):
+                nlog.info("Node is contended; left in state deleted for the next pass")
+                return False
+            with self._lock:
+                self.deleted += 1
+            nlog.info("Deleted node %s (%s)", node.external_id or "", reason)
+            return True
+        finally:
+            if not lock.released:
+                lock.release()
+
+    def _delete_leak(self, key: str, provider_name: str, external_id: str) -> None:
+        failed = False
+        try:
+            provider = self.engine.providers.get(provider_name)
+            if provider is not None:
+                provider.delete(external_id)
+                self.engine.stats.leaked_nodes(provider_name)
+                with self._lock:
+                    self.leaks_deleted += 1
+                log.info("Deleted leaked resource %s of provider %s", external_id,
+                         provider_name)
+        except Exception as exc:
+            log.warning("Could not delete leaked resource %s of provider %s: %s",
+                        external_id, provider_name, exc)
+            failed = True
+        finally:
+            self._release(key, failed)

@@ -1,0 +1,484 @@
+"""One accepted request, from `pending` to `fulfilled` (or declined), as a re-entrant state
+machine driven by its pool worker's passes.
+
+Owns: the nodes of one request. Each slot (one per entry of `node_types`, order kept, so
+`nodes` lines up with `node_types`) is satisfied by reusing a ready node of the pool or by
+creating a node and launching it; the handler pauses at quota and resumes when capacity
+frees; it finishes with exactly one transaction that writes every node and the request and
+releases every lock (fulfilled, declined, or the request was cancelled).
+
+ZooKeeper writes per new node: the guarded create (one transaction for all nodes of the
+request), lock + `building` (one transaction), the external id (driver progress) and a
+share of the final transaction.
+
+Failure modes: a launch that fails after its retries declines the request for this pool
+(`failed` once every registered pool declined); the cloud refusing for quota aborts the
+node and pauses; a vanished request releases the nodes unallocated for reuse; a lost
+session abandons everything without writing (locks vanished with it; cleanup and the
+lost-request reset of any launcher recover).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Callable
+
+from nodepool_k8s import logconfig, model, quota
+from nodepool_k8s.config.model import PoolConfig, ProviderConfig, TenantLimit
+from nodepool_k8s.driver.base import LaunchResult, Provider
+from nodepool_k8s.launcher import launch as launching
+from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.txn import Txn
+
+CONTENTION = "contention"
+# Outcomes of the final transaction.
+DONE, GONE, RETRY = "done", "gone", "retry"
+
+
+class SlotState(enum.Enum):
+    NEED = "need"
+    LAUNCHING = "launching"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass
+class Slot:
+    index: int
+    label: str
+    state: SlotState = SlotState.NEED
+    node: Node | None = None
+    lock: HeldLock | None = None
+    future: "Future[launching.LaunchOutcome] | None" = None
+    result: LaunchResult | None = None
+    reused: bool = False
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    pool_id: str
+    provider: str
+    pool: str
+
+
+class RequestHandler:
+    def __init__(self, engine: Engine, ref: PoolRef, provider: Provider,
+                 launches: launching.LaunchPool, request: NodeRequest, lock: HeldLock,
+                 registered_ids: Callable[[], set[str]], wake: Callable[[], None]) -> None:
+        self.engine = engine
+        self.ref = ref
+        self.provider = provider
+        self.launches = launches
+        self.request = request
+        self.lock = lock
+        self.registered_ids = registered_ids
+        self.wake = wake
+        self.cancel = threading.Event()
+        self.slots = [Slot(i, label) for i, label in enumerate(request.node_types)]
+        self.paused = False
+        self.done = False
+        self.retry_at: float | None = None
+        # Which limit keeps a paused handler waiting ("pool", "provider", "tenant", ...).
+        self.blocked_scope: str | None = None
+        base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
+        self.log = logconfig.annotate(base, request.event_id, request.id)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def advance(self, may_allocate: bool = True) -> bool:
+        """Move forward as far as possible; True while waiting for capacity."""
+        if self.done:
+            return False
+        if not self.lock.valid:
+            self.abandon("the ZooKeeper session expired")
+            return False
+        self._collect()
+        if any(s.state is SlotState.LAUNCHING for s in self.slots):
+            return False
+        if self._request_gone():
+            self._finish_cancelled()
+            return False
+        if any(s.state is SlotState.FAILED for s in self.slots):
+            self._decline("a node launch failed")
+            return False
+        needed = [s for s in self.slots if s.state is SlotState.NEED]
+        if not needed:
+            self._fulfil()
+            return False
+        configs = self._configs()
+        if configs is None:
+            self._decline("the pool is no longer configured")
+            return False
+        provider_cfg, pool_cfg = configs
+        reason = plan.decline_reason(self.request, pool_cfg, provider_cfg,
+                                     self.provider.cloud_limits())
+        if reason:
+            self._decline(reason)
+            return False
+        if not may_allocate or (self.retry_at is not None
+                                and self.engine.clock.time() < self.retry_at):
+            self.paused = True
+            return True
+        self.retry_at = None
+        verdict = self._allocate(needed, provider_cfg, pool_cfg)
+        if verdict:
+            if self.paused:
+                self.log.info("Resuming: capacity is available")
+            self.paused = False
+            if not any(s.state is SlotState.NEED or s.state is SlotState.LAUNCHING
+                       for s in self.slots):
+                self._fulfil()
+            return False
+        if verdict.scope == CONTENTION:
+            self.wake()
+            return False
+        if plan.is_min_ready(self.request):
+            self._decline(f"at quota ({verdict.describe()})")
+            return False
+        if not self.paused:
+            self.log.info("Pausing: %s", verdict.describe())
+        self.paused = True
+        self.blocked_scope = verdict.scope
+        return True
+
+    def abandon(self, why: str) -> None:
+        """Stop without writing: our locks are gone with the session."""
+        self.cancel.set()
+        if not self.done:
+            self.log.warning("Abandoning request: %s", why)
+        self.done = True
+
+    def shutdown(self, timeout: float) -> None:
+        """Graceful stop: cancel launches, put the request back to `requested`, unlock."""
+        self.cancel.set()
+        for slot in self.slots:
+            if slot.future is not None:
+                try:
+                    slot.future.result(timeout)
+                except Exception:
+                    pass
+        if self.done or not self.lock.valid:
+            self.done = True
+            return
+        txn = Txn()
+        held: list[HeldLock] = []
+        for slot in self.slots:
+            if slot.node is None or slot.lock is None or not slot.lock.valid:
+                continue
+            if slot.reused:
+                slot.node.set(allocated_to=None)
+                self.engine.nodes.add_store(txn, slot.node, slot.lock, release=True)
+            else:
+                slot.lock.release_in(txn)
+            held.append(slot.lock)
+        self.request.state = model.REQUESTED
+        self.request.state_time = self.engine.clock.time()
+        self.request.nodes = []
+        try:
+            self.engine.requests.add_store(txn, self.request, self.lock, release=True)
+            txn.commit(self.engine.zk)
+            self.log.info("Returned request to the queue on shutdown")
+        except Exception as exc:
+            self.log.warning("Could not return request on shutdown: %s", exc)
+            for lock in held + [self.lock]:
+                lock.release()
+        for lock in held + [self.lock]:
+            lock.mark_released()
+        self.done = True
+
+    @property
+    def next_deadline(self) -> float | None:
+        return self.retry_at
+
+    # -- internals ------------------------------------------------------------------------
+    def _configs(self) -> tuple[ProviderConfig, PoolConfig] | None:
+        provider = self.engine.provider_config(self.ref.provider)
+        pool = provider.pools.get(self.ref.pool) if provider else None
+        return (provider, pool) if provider and pool else None
+
+    def _request_gone(self) -> bool:
+        if self.request.id in self.engine.request_cache:
+            return False
+        return not self.engine.requests.exists(self.request.id)
+
+    def _node_log(self, node: Node) -> logging.LoggerAdapter[logging.Logger]:
+        return logconfig.annotate(self.log.logger, self.request.event_id, self.request.id,
+                                  node.id)
+
+    def _collect(self) -> None:
+        for slot in self.slots:
+            if slot.state is not SlotState.LAUNCHING or slot.future is None \
+                    or not slot.future.done():
+                continue
+            try:
+                outcome = slot.future.result()
+            except Exception as exc:  # run() catches everything; be defensive anyway
+                outcome = launching.LaunchOutcome(launching.FAILED, error=repr(exc))
+            slot.future = None
+            if outcome.kind == launching.READY:
+                slot.state, slot.result = SlotState.READY, outcome.result
+            elif outcome.kind == launching.ABORTED:
+                self._finish_node(slot, model.ABORTED)
+                slot.state, slot.node, slot.lock = SlotState.NEED, None, None
+                self.retry_at = self.engine.clock.time() + self.engine.settings.quota_retry
+            else:
+                if outcome.kind == launching.CANCELLED and not self.lock.valid:
+                    return  # advance() abandons on the next check
+                self._finish_node(slot, model.FAILED)
+                slot.state = SlotState.FAILED
+                assert slot.node is not None
+                self._node_log(slot.node).warning("Launch failed: %s", outcome.error)
+
+    def _finish_node(self, slot: Slot, state: str) -> None:
+        """Write a node's final state and unlock it (cleanup deletes it later)."""
+        node, lock = slot.node, slot.lock
+        if node is None or lock is None or not lock.valid:
+            return
+        node.state, node.state_time = state, self.engine.clock.time()
+        try:
+            self.engine.nodes.store_and_release(node, lock)
+        except (errors.LockLost, errors.NoNodeError, errors.VersionConflict) as exc:
+            self._node_log(node).warning("Could not mark node %s: %s", state, exc)
+            lock.release()
+
+    def _allocate(self, needed: list[Slot], provider_cfg: ProviderConfig,
+                  pool_cfg: PoolConfig) -> quota.Verdict:
+        if self.request.reuse:
+            self._reuse(needed)
+        remaining = [s for s in needed if s.state is SlotState.NEED]
+        if not remaining:
+            return quota.FITS
+        need = quota.demand([s.label for s in remaining], pool_cfg)
+        tenant = self.request.tenant_name
+        tenant_limit = self.engine.config.tenant_resource_limits.get(tenant) if tenant else None
+        # A cheap look at the cache first: while paused this is all a pass costs.
+        verdict = self._check(need, self.engine.cached_usage(), provider_cfg, pool_cfg,
+                              tenant_limit)
+        if not verdict:
+            return verdict
+        guards = [paths.provider_guard_path(provider_cfg.name)]
+        if tenant_limit is not None and tenant:
+            guards.append(paths.tenant_guard_path(tenant))
+        for _ in range(self.engine.settings.guard_attempts):
+            versions = self.engine.guard.read(guards)
+            verdict = self._check(need, self.engine.usage(), provider_cfg, pool_cfg,
+                                  tenant_limit)
+            if not verdict:
+                return verdict
+            new_nodes = [self._new_node(s.label, pool_cfg) for s in remaining]
+            txn = Txn()
+            self.engine.guard.add_bumps(txn, versions)
+            indexes = [NodeStore.add_create(txn, node) for node in new_nodes]
+            try:
+                results = txn.commit(self.engine.zk)
+            except errors.TxnFailed as exc:
+                if self.engine.guard.is_conflict(exc, versions):
+                    continue  # another launcher created nodes meanwhile: decide again
+                raise exc.cause from exc
+            for slot, node, index in zip(remaining, new_nodes, indexes):
+                node.id, node.version = NodeStore.created_id(results[index]), 0
+                slot.node = node
+            self._start_launches(remaining, provider_cfg, pool_cfg)
+            return quota.FITS
+        return quota.Verdict(False, CONTENTION, ())
+
+    def _check(self, need: model.Resources, records: list[quota.UsageRecord],
+               provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
+               tenant_limit: TenantLimit | None) -> quota.Verdict:
+        verdict = quota.check(
+            need, pool_usage=quota.total(records, provider=provider_cfg.name,
+                                         pool=pool_cfg.name),
+            provider_usage=quota.total(records, provider=provider_cfg.name),
+            pool=pool_cfg, provider=provider_cfg, cloud_limits=self.provider.cloud_limits())
+        if verdict and tenant_limit is not None:
+            verdict = quota.check_tenant(
+                need, quota.total(records, tenant=self.request.tenant_name), tenant_limit)
+        return verdict
+
+    def _new_node(self, label: str, pool_cfg: PoolConfig) -> Node:
+        now = self.engine.clock.time()
+        node = Node(id="", state=model.INIT, state_time=now, type=[label])
+        attributes = dict(pool_cfg.node_attributes) if pool_cfg.node_attributes else None
+        node.set(provider=self.ref.provider, pool=self.ref.pool, launcher=self.ref.pool_id,
+                 allocated_to=self.request.id, tenant_name=self.request.tenant_name,
+                 requestor=self.request.requestor, attributes=attributes,
+                 resources=self.provider.quota_for_label(pool_cfg.labels[label]).as_dict(),
+                 created_time=now)
+        return node
+
+    def _start_launches(self, slots: list[Slot], provider_cfg: ProviderConfig,
+                        pool_cfg: PoolConfig) -> None:
+        for slot in slots:
+            node = slot.node
+            assert node is not None
+            try:
+                lock = self.engine.nodes.lock_new(node, model.BUILDING,
+                                                  self.engine.clock.time())
+            except Exception:
+                slot.node = None  # left in `init`, unlocked: stale-init cleanup removes it
+                raise
+            if lock is None:
+                self._node_log(node).warning("Someone else locked our new node; replacing it")
+                slot.node = None
+                self.wake()
+                continue
+            slot.lock, slot.state = lock, SlotState.LAUNCHING
+            job = launching.NodeLaunch(
+                provider=self.provider, provider_config=provider_cfg, pool=pool_cfg,
+                label=pool_cfg.labels[slot.label], request=self.request, node=node,
+                lock=lock, nodes=self.engine.nodes, cancel=self.cancel,
+                stats=self.engine.stats, log=self._node_log(node))
+            self._node_log(node).info("Launching %s node", slot.label)
+            slot.future = self.launches.submit(job.run, self.wake)
+
+    def _reuse(self, needed: list[Slot]) -> None:
+        cache = self.engine.node_cache
+        candidates = sorted(
+            (n for n in cache.nodes()
+             if n.state == model.READY and not n.allocated_to
+             and n.provider == self.ref.provider and n.pool == self.ref.pool
+             and not cache.is_locked(n.id)),
+            key=lambda n: (n.state_time or 0.0, n.id))
+        taken: set[str] = set()
+        for slot in needed:
+            for candidate in candidates:
+                if candidate.id in taken or candidate.label != slot.label:
+                    continue
+                taken.add(candidate.id)
+                got = self.engine.nodes.lock_and_read(candidate.id)
+                if got is None:
+                    continue
+                lock, node = got
+                if node.state != model.READY or node.allocated_to \
+                        or node.provider != self.ref.provider or node.pool != self.ref.pool \
+                        or node.label != slot.label:
+                    lock.release()
+                    continue
+                node.set(allocated_to=self.request.id, tenant_name=self.request.tenant_name,
+                         requestor=self.request.requestor)
+                try:
+                    self.engine.nodes.store(node, lock)
+                except (errors.LockLost, errors.NoNodeError, errors.VersionConflict):
+                    lock.release()
+                    continue
+                slot.node, slot.lock, slot.state, slot.reused = node, lock, SlotState.READY, True
+                self._node_log(node).info("Reusing ready node for %s", slot.label)
+                break
+
+    def _final_txn(self, *, allocated: bool) -> tuple[Txn, list[HeldLock]]:
+        """Every ready node: written `ready` (allocated or not) and unlocked."""
+        txn = Txn()
+        locks: list[HeldLock] = []
+        now = self.engine.clock.time()
+        for slot in self.slots:
+            if slot.state is not SlotState.READY or slot.node is None or slot.lock is None:
+                continue
+            node = slot.node
+            if not slot.reused and slot.result is not None:
+                launching.apply_result(node, slot.result)
+                node.state, node.state_time = model.READY, now
+            if not allocated:
+                node.set(allocated_to=None)
+            self.engine.nodes.add_store(txn, node, slot.lock, release=True)
+            locks.append(slot.lock)
+        return txn, locks
+
+    def _commit_final(self, txn: Txn, locks: list[HeldLock], with_request: bool) -> str:
+        """Commit the final transaction: DONE, GONE (request vanished) or RETRY."""
+        try:
+            txn.commit(self.engine.zk)
+        except errors.TxnFailed as exc:
+            return self._final_failed(exc, locks)
+        for lock in locks:
+            lock.mark_released()
+        if with_request:
+            self.lock.mark_released()
+        return DONE
+
+    def _final_failed(self, exc: errors.TxnFailed, locks: list[HeldLock]) -> str:
+        if exc.path == paths.request_path(self.request.id):
+            if isinstance(exc.cause, errors.NoNodeError):
+                return GONE
+            if isinstance(exc.cause, errors.VersionConflict):
+                # Nobody should write a request we hold locked; adopt what is there
+                # (keeping our decision) and write it again on the next pass.
+                fresh = self.engine.requests.get(self.request.id)
+                if fresh is None:
+                    return GONE
+                self.request.version = fresh.version
+                self.request.relative_priority = fresh.relative_priority
+                self.request.extra = fresh.extra
+                self.wake()
+                return RETRY
+        for slot in self.slots:
+            if slot.node is not None and exc.path == paths.node_path(slot.node.id) \
+                    and isinstance(exc.cause, errors.NoNodeError):
+                # Someone removed a node we held (e.g. an operator): replace it.
+                self._node_log(slot.node).warning("Node vanished while locked; replacing it")
+                if slot.lock is not None:
+                    slot.lock.release()
+                slot.state, slot.node, slot.lock = SlotState.NEED, None, None
+                slot.result, slot.reused = None, False
+                self.wake()
+                return RETRY
+        if exc.path.endswith(tuple(lock.node for lock in locks + [self.lock])):
+            self.abandon("a lock vanished before the final write")
+            return DONE
+        raise exc.cause from exc
+
+    def _fulfil(self) -> None:
+        txn, locks = self._final_txn(allocated=True)
+        self.request.nodes = [s.node.id for s in self.slots if s.node is not None]
+        self.request.state = model.FULFILLED
+        self.request.state_time = self.engine.clock.time()
+        self.engine.requests.add_store(txn, self.request, self.lock, release=True)
+        if self._settle(self._commit_final(txn, locks, with_request=True),
+                        "Fulfilled request with nodes %s", self.request.nodes) == RETRY:
+            self.request.state = model.PENDING
+
+    def _decline(self, reason: str) -> None:
+        txn, locks = self._final_txn(allocated=False)
+        saved = (list(self.request.declined_by), self.request.state, list(self.request.nodes))
+        registered = self.registered_ids() | {self.ref.pool_id}
+        state = plan.record_decline(self.request, self.ref.pool_id, registered,
+                                    self.engine.clock.time())
+        self.engine.requests.add_store(txn, self.request, self.lock, release=True)
+        if self._settle(self._commit_final(txn, locks, with_request=True),
+                        "Declined request (%s); request is now %s", reason, state) == RETRY:
+            self.request.declined_by, self.request.state, self.request.nodes = saved
+
+    def _settle(self, outcome: str, message: str, *args: object) -> str:
+        """Act on the outcome of the final transaction (see `_commit_final`)."""
+        if outcome == GONE:
+            self._finish_cancelled()
+        elif outcome == DONE and not self.done:
+            self.done = True
+            self.log.info(message, *args)
+        return outcome
+
+    def _finish_cancelled(self) -> None:
+        """The requestor deleted the request: keep its ready nodes, unallocated, for reuse.
+
+        Only called once no launch is running: launches of a cancelled request finish,
+        so their nodes can serve the next request.
+        """
+        txn, locks = self._final_txn(allocated=False)
+        try:
+            if len(txn):
+                self._commit_final(txn, locks, with_request=False)
+        finally:
+            for slot in self.slots:
+                if slot.lock is not None and not slot.lock.released:
+                    slot.lock.release()
+            self.lock.release()
+        self.done = True
+        self.log.info("Request was cancelled; released %d ready node(s) for reuse",
+                      len(locks))

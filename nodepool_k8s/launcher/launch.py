@@ -1,0 +1,177 @@
+"""Running node launches: a bounded thread pool per provider and the retry policy.
+
+Owns: calling `provider.launch` for one node (attempt after attempt, up to the provider's
+`launch-retries`), recording the external id on the node as soon as the driver reports it
+(so a crash leaves a traceable record), classifying the outcome and reporting
+`nodepool.launch.*` stats. Launches run on a `LaunchPool`: at most `max-concurrency`
+threads per provider (or `launch_workers` when unlimited), never one thread per node.
+
+Outcomes: `ready` (with the LaunchResult), `failed` (every attempt failed, or a
+non-retryable error), `aborted` (the cloud refused for quota: not a failure, the request
+waits for capacity), `cancelled` (shutdown or session loss set the cancel event). This
+module writes only the external id; the request handler writes every state change.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from nodepool_k8s import stats
+from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
+from nodepool_k8s.driver.base import LaunchResult, LaunchSpec, Provider, RequestInfo
+from nodepool_k8s.exceptions import LaunchError, QuotaExceeded, TemporaryError
+from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.nodes import NodeStore
+
+READY = "ready"
+FAILED = "failed"
+ABORTED = "aborted"
+CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    kind: str
+    result: LaunchResult | None = None
+    error: str = ""
+    attempts: int = 0
+
+
+class LaunchPool:
+    """The bounded set of launch threads of one provider (shared by its pools)."""
+
+    def __init__(self, provider: str, workers: int) -> None:
+        self.provider = provider
+        self.workers = workers
+        self._executor = ThreadPoolExecutor(max_workers=workers,
+                                            thread_name_prefix=f"launch-{provider}")
+        self._lock = threading.Lock()
+        self._in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def submit(self, fn: Callable[[], LaunchOutcome],
+               done: Callable[[], None]) -> "Future[LaunchOutcome]":
+        with self._lock:
+            self._in_flight += 1
+
+        def run() -> LaunchOutcome:
+            try:
+                return fn()
+            finally:
+                with self._lock:
+                    self._in_flight -= 1
+                done()
+
+        return self._executor.submit(run)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=False)
+
+
+def apply_result(node: Node, result: LaunchResult) -> None:
+    """Copy what the driver reported onto the node record (written at fulfilment)."""
+    node.set(external_id=result.external_id, connection_type=result.connection_type,
+             connection_port=result.connection_port, interface_ip=result.interface_ip,
+             host_id=result.host_id, cloud=result.cloud, python_path=result.python_path,
+             shell_type=result.shell_type, driver_data=result.driver_data)
+    if result.resources:
+        node.set(resources=dict(result.resources))
+    if result.hostname:
+        node.set(hostname=result.hostname)
+    if result.username:
+        node.set(username=result.username)
+
+
+def request_info(request: NodeRequest) -> RequestInfo:
+    return RequestInfo(id=request.id, labels=tuple(request.node_types),
+                       requestor=request.requestor, requestor_data=request.requestor_data,
+                       relative_priority=request.relative_priority,
+                       event_id=request.event_id, created_time=request.created_time,
+                       tenant_name=request.tenant_name)
+
+
+@dataclass
+class NodeLaunch:
+    """Everything one launch needs; `run` executes on a LaunchPool thread."""
+
+    provider: Provider
+    provider_config: ProviderConfig
+    pool: PoolConfig
+    label: PoolLabel
+    request: NodeRequest
+    node: Node
+    lock: HeldLock
+    nodes: NodeStore
+    cancel: threading.Event
+    stats: stats.Stats
+    log: logging.LoggerAdapter[logging.Logger]
+
+    def _progress(self, external_id: str) -> None:
+        if self.node.external_id == external_id:
+            return
+        self.node.set(external_id=external_id)
+        try:
+            self.nodes.store(self.node, self.lock)
+        except Exception as exc:
+            # Without the lock nothing we do for this node counts any more: stop early.
+            self.log.warning("Could not record external id %s: %s", external_id, exc)
+            if not self.lock.valid:
+                self.cancel.set()
+
+    def run(self) -> LaunchOutcome:
+        started = time.monotonic()
+        outcome = self._attempts()
+        result = {READY: stats.RESULT_READY, ABORTED: stats.RESULT_QUOTA}.get(outcome.kind)
+        if result is None:
+            if outcome.kind == CANCELLED:
+                result = stats.RESULT_ZKSESSION if not self.lock.valid \
+                    else stats.RESULT_UNKNOWN
+            else:
+                result = stats.RESULT_NODEPOOL if outcome.error.startswith("LaunchError") \
+                    else stats.RESULT_UNKNOWN
+        self.stats.launch(self.provider_config.name, self.request.requestor, result,
+                          (time.monotonic() - started) * 1000.0)
+        return outcome
+
+    def _attempts(self) -> LaunchOutcome:
+        attempts = max(1, self.provider_config.launch_retries)
+        error = ""
+        for attempt in range(1, attempts + 1):
+            if self.cancel.is_set():
+                return LaunchOutcome(CANCELLED, attempts=attempt - 1)
+            spec = LaunchSpec(node_id=self.node.id, provider=self.provider_config,
+                              pool=self.pool, label=self.label,
+                              request=request_info(self.request), attempt=attempt)
+            try:
+                result = self.provider.launch(spec, self.cancel, self._progress)
+                self.log.info("Node launched as %s (attempt %d)", result.external_id, attempt)
+                return LaunchOutcome(READY, result, attempts=attempt)
+            except QuotaExceeded as exc:
+                self.log.info("Cloud refused the launch for quota: %s", exc)
+                return LaunchOutcome(ABORTED, error=f"QuotaExceeded: {exc}",
+                                     attempts=attempt)
+            except LaunchError as exc:
+                if self.cancel.is_set():
+                    return LaunchOutcome(CANCELLED, attempts=attempt)
+                error = f"LaunchError({exc.reason}): {exc}"
+                self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
+                if not exc.retryable:
+                    break
+            except TemporaryError as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+                self.log.exception("Launch attempt %d/%d failed unexpectedly", attempt,
+                                   attempts)
+        return LaunchOutcome(FAILED, error=error, attempts=attempts)

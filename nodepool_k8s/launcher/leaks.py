@@ -1,0 +1,97 @@
+"""The leak sweep: cloud resources of our providers that no node accounts for.
+
+Owns: comparing `provider.list_resources()` with the node records and deciding what is
+leaked. A resource is leaked when its node does not exist (checked in ZooKeeper, not only
+in the cache) or when the node names another resource and is past its launch. It is deleted
+only after it was seen leaked on two sweeps and the first sighting (or the resource's own
+creation time) is at least the provider's `leak-grace` ago, so a launch that has created its
+namespace but not yet recorded the external id is never swept (Nodepool deleted on a single
+sighting). Deletions go through the deleter; `nodepool.provider.<p>.leaked.nodes` counts them.
+
+Failure: a provider that cannot be listed (TemporaryError) is skipped until the next sweep.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Sequence
+
+from nodepool_k8s import model
+from nodepool_k8s.launcher import plan
+from nodepool_k8s.driver.base import CloudResource
+from nodepool_k8s.exceptions import NodepoolError
+from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.launcher.deleter import NodeDeleter
+
+log = logging.getLogger("nodepool_k8s.LeakSweeper")
+
+IN_PROGRESS = frozenset({model.INIT, model.BUILDING})
+
+
+class LeakSweeper:
+    def __init__(self, engine: Engine, deleter: NodeDeleter) -> None:
+        self.engine = engine
+        self.deleter = deleter
+        # (provider, external id) -> (first sighting, number of sweeps it was seen leaked)
+        self._seen: dict[tuple[str, str], tuple[float, int]] = {}
+        self._next: dict[str, float] = {}
+        self.leaks_found = 0
+
+    def next_due(self) -> float:
+        return min(self._next.values(), default=math.inf)
+
+    def sweep_due(self, now: float) -> None:
+        interval = self.engine.settings.leak_sweep_interval
+        for name, provider in list(self.engine.providers.items()):
+            if self._next.get(name, -math.inf) > now:
+                continue
+            self._next[name] = now + interval
+            try:
+                resources = provider.list_resources()
+            except NodepoolError as exc:
+                log.warning("Could not list resources of provider %s: %s", name, exc)
+                continue
+            self.sweep(name, resources, now)
+        for name in [n for n in self._next if n not in self.engine.providers]:
+            del self._next[name]
+
+    def _is_leaked(self, resource: CloudResource) -> bool:
+        if resource.deleting:
+            return False
+        if resource.node_id is None:
+            return True
+        node: plan.NodeFacts | None = self.engine.node_cache.get(resource.node_id)
+        if node is None:
+            node = self.engine.nodes.get(resource.node_id)
+        if node is None:
+            return True
+        if node.external_id == resource.external_id:
+            return False
+        # A launch may have created a new attempt's resource before recording it.
+        return node.state not in IN_PROGRESS
+
+    def sweep(self, provider_name: str, resources: Sequence[CloudResource],
+              now: float) -> None:
+        provider_cfg = self.engine.provider_config(provider_name)
+        grace = provider_cfg.leak_grace if provider_cfg else 60.0
+        current: set[tuple[str, str]] = set()
+        for resource in resources:
+            if not self._is_leaked(resource):
+                continue
+            key = (provider_name, resource.external_id)
+            current.add(key)
+            first, sightings = self._seen.get(key, (now, 0))
+            sightings += 1
+            self._seen[key] = (first, sightings)
+            if sightings == 1:
+                log.info("Resource %s of provider %s looks leaked (node %s); deleting it if "
+                         "still leaked on a later sweep %.0fs from now", resource.external_id,
+                         provider_name, resource.node_id, grace)
+                continue
+            created_long_ago = resource.created is not None and now - resource.created >= grace
+            if now - first >= grace or created_long_ago:
+                if self.deleter.delete_leak(provider_name, resource.external_id):
+                    self.leaks_found += 1
+        for key in [k for k in self._seen if k[0] == provider_name and k not in current]:
+            del self._seen[key]

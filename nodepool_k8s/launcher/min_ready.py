@@ -1,0 +1,155 @@
+"""min-ready: keep spare ready nodes per label, without duplicates across launchers.
+
+Owns: creating min-ready requests (priority `900`, requestor `NodePool:min-ready`,
+`reuse: false`, ephemeral, with every key Zuul's reader indexes) for labels this launcher
+serves, and finishing the ones this session created: a fulfilled one has its nodes
+de-allocated and is deleted in one transaction; a failed one (at capacity) is deleted and
+the label backs off before trying again.
+
+No duplicates with several launchers: every launcher decides under the min-ready guard
+(see zk.quota_guard): read the guard version, count outstanding min-ready requests from an
+authoritative child listing and spare nodes (`plan.min_ready_shortfall`), then create the
+missing requests in the same transaction that bumps the guard. Two launchers deciding at
+once conflict on the guard; the loser re-counts and sees the winner's requests. Nodepool
+let every launcher create its own (over-provisioning).
+"""
+
+from __future__ import annotations
+
+import math
+
+from nodepool_k8s import model
+from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.launcher.worker import Worker
+from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.nodes import encode as encode_node
+from nodepool_k8s.zk.requests import RequestStore, min_ready_request
+from nodepool_k8s.zk.txn import Txn
+
+
+class MinReadyWorker(Worker):
+    def __init__(self, engine: Engine) -> None:
+        super().__init__("MinReadyWorker", engine.clock)
+        self.engine = engine
+        self._backoff: dict[str, tuple[float, float]] = {}  # label -> (until, delay)
+        self.created = 0
+
+    def run_once(self) -> float | None:
+        if not self.engine.acting:
+            return None
+        now = self.clock.time()
+        self._finish_own(now)
+        wanted = self._wanted()
+        if not wanted:
+            return None
+        ready = {label: count for label, count in wanted.items()
+                 if self._backoff.get(label, (-math.inf, 0.0))[0] <= now}
+        if ready and self._shortfall(ready, self.engine.request_cache.requests()):
+            self._create(ready, now)
+        until = [u for label, (u, _) in self._backoff.items() if label in wanted and u > now]
+        return min(until) if until else None
+
+    def _wanted(self) -> dict[str, int]:
+        config = self.engine.config
+        served = {label for provider in config.providers.values()
+                  for pool in provider.pools.values() if not pool.disabled
+                  for label in pool.labels}
+        return {name: label.min_ready for name, label in config.labels.items()
+                if label.min_ready > 0 and name in served}
+
+    def _shortfall(self, wanted: dict[str, int],
+                   requests: list[NodeRequest]) -> dict[str, int]:
+        nodes = self.engine.node_cache.nodes()
+        short = {label: plan.min_ready_shortfall(label, count, nodes, requests)
+                 for label, count in wanted.items()}
+        return {label: n for label, n in short.items() if n > 0}
+
+    def _authoritative_requests(self) -> list[NodeRequest]:
+        """Every existing min-ready request (cache data, plus a fetch of what it lacks)."""
+        store, cache = self.engine.requests, self.engine.request_cache
+        prefix = model.MIN_READY_PRIORITY + "-"
+        found: list[NodeRequest] = []
+        missing: list[str] = []
+        for request_id in store.ids():
+            if not request_id.startswith(prefix):
+                continue
+            cached = cache.get(request_id)
+            if cached is None:
+                missing.append(request_id)
+            else:
+                found.append(cached)
+        for path, item in self.engine.zk.get_many([paths.request_path(i) for i in missing]):
+            if item is not None:
+                request = request_codec.parse(paths.basename(path), item[0], item[1].version)
+                if request is not None:
+                    found.append(request)
+        return found
+
+    def _create(self, wanted: dict[str, int], now: float) -> None:
+        guard = self.engine.guard
+        for _ in range(self.engine.settings.guard_attempts):
+            versions = guard.read([paths.MIN_READY_GUARD])
+            short = self._shortfall(wanted, self._authoritative_requests())
+            if not short:
+                return
+            txn = Txn()
+            guard.add_bumps(txn, versions)
+            for label, count in sorted(short.items()):
+                for _ in range(count):
+                    RequestStore.add_create(txn, min_ready_request(label, now),
+                                            model.MIN_READY_PRIORITY, ephemeral=True)
+            try:
+                txn.commit(self.engine.zk)
+            except errors.TxnFailed as exc:
+                if guard.is_conflict(exc, versions):
+                    continue
+                raise exc.cause from exc
+            self.created += sum(short.values())
+            self.log.info("Created min-ready requests: %s", short)
+            return
+
+    def _finish_own(self, now: float) -> None:
+        engine = self.engine
+        session = engine.zk.session_id
+        for request in engine.request_cache.requests():
+            if not plan.is_min_ready(request) or request.state not in (model.FULFILLED,
+                                                                       model.FAILED):
+                continue
+            if engine.request_cache.owner(request.id) != session:
+                continue
+            found = engine.requests.get_with_stat(request.id)
+            if found is None:
+                continue
+            fresh, stat = found
+            txn = Txn()
+            if fresh.state == model.FULFILLED:
+                for label in fresh.node_types:
+                    self._backoff.pop(label, None)
+                # Nobody locks a node allocated to a fulfilled min-ready request; the
+                # versioned write still refuses if the node changed since we read it.
+                for node_id in fresh.nodes:
+                    node = engine.nodes.get(node_id)
+                    if node is not None and node.allocated_to == fresh.id:
+                        node.set(allocated_to=None)
+                        txn.set(paths.node_path(node_id), encode_node(node), node.version)
+            else:
+                self._back_off(fresh, now)
+            engine.requests.delete_own_min_ready(txn, fresh, stat)
+            try:
+                txn.commit(engine.zk)
+            except errors.TxnFailed as exc:
+                self.log.info("Could not finish min-ready request %s yet: %s", fresh.id, exc)
+                self.wake()
+
+    def _back_off(self, request: NodeRequest, now: float) -> None:
+        settings = self.engine.settings
+        for label in request.node_types:
+            _, last = self._backoff.get(label, (0.0, 0.0))
+            delay = min(settings.min_ready_backoff_max,
+                        last * 2 if last else settings.min_ready_backoff)
+            self._backoff[label] = (now + delay, delay)
+            self.log.info("min-ready request for %s failed; next attempt in %.0fs", label,
+                          delay)

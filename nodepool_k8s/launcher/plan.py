@@ -1,0 +1,243 @@
+"""Pure decisions of the launcher: which request a pool takes, what cleanup does to a node,
+how many min-ready requests are missing. No I/O, no clocks (time is an argument).
+
+Owns the rules of the Nodepool protocol's request handling (nodepool-protocol.md §2.3 and
+B1.3-B1.6) as functions of plain values, so they are unit-tested exhaustively and the
+workers only act on their verdicts:
+
+- `order` sorts requests for one pool: labels it lacks, priority prefix, relative
+  priority, sequence;
+- `triage` says SKIP (not ours to touch now), DECLINE (this pool can never serve it) or
+  ACCEPT, yielding to a preferred provider and to higher-priority pools that are not paused;
+- `decline_reason` lists why a pool can never serve a request (disabled, label not served,
+  does not fit the pool or provider limits even when empty); `record_decline` applies a
+  decline (`failed` only once every registered pool declined);
+- `node_cleanup` decides delete / deallocate / nothing for one node, with the time it
+  should be looked at again;
+- `min_ready_shortfall` counts how many spare nodes of a label are missing.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any, Iterable, Protocol, Sequence
+
+from nodepool_k8s import model, quota
+from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
+from nodepool_k8s.model import NodeRequest, Resources
+
+
+class NodeFacts(Protocol):
+    """What decisions read from a node: a full `model.Node` or the cache's record."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def state_time(self) -> Any: ...
+
+    @property
+    def label(self) -> str | None: ...
+
+    @property
+    def allocated_to(self) -> Any: ...
+
+    @property
+    def hold_expiration(self) -> Any: ...
+
+    @property
+    def external_id(self) -> Any: ...
+
+
+@dataclass(frozen=True)
+class PoolInfo:
+    """A registered pool component, as the decline/yield logic needs it."""
+
+    id: str
+    provider: str | None
+    labels: frozenset[str]
+    priority: int = 100
+    paused: bool = False
+
+
+class Verdict(enum.Enum):
+    SKIP = "skip"
+    DECLINE = "decline"
+    ACCEPT = "accept"
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str = ""
+
+
+def lacking(request: NodeRequest, labels: Iterable[str]) -> int:
+    have = set(labels)
+    return sum(1 for label in set(request.node_types) if label not in have)
+
+
+def order(requests: Iterable[NodeRequest], labels: Iterable[str]) -> list[NodeRequest]:
+    have = frozenset(labels)
+    return sorted(requests, key=lambda r: (lacking(r, have), r.sort_key()))
+
+
+def decline_reason(request: NodeRequest, pool: PoolConfig, provider: ProviderConfig,
+                   cloud_limits: Resources | None = None) -> str | None:
+    if pool.disabled:
+        return "pool is disabled"
+    missing = sorted({label for label in request.node_types if label not in pool.labels})
+    if missing:
+        return f"label(s) not served by this pool: {', '.join(missing)}"
+    verdict = quota.never_fits(quota.demand(request.node_types, pool), pool, provider,
+                               cloud_limits)
+    if not verdict:
+        return f"it would exceed quota even with no nodes ({verdict.describe()})"
+    return None
+
+
+def triage(request: NodeRequest, me: PoolInfo, pool: PoolConfig, provider: ProviderConfig,
+           registered: Sequence[PoolInfo], cloud_limits: Resources | None = None) -> Decision:
+    if request.state != model.REQUESTED:
+        return Decision(Verdict.SKIP, f"state is {request.state}")
+    if me.id in request.declined_by:
+        return Decision(Verdict.SKIP, "already declined by this pool")
+    wanted = set(request.node_types)
+    others = [p for p in registered if p.id != me.id and p.id not in request.declined_by
+              and wanted <= p.labels]
+    if request.provider and request.provider != provider.name \
+            and any(p.provider == request.provider for p in others):
+        return Decision(Verdict.SKIP, f"yielding to preferred provider {request.provider}")
+    if any(p.priority < pool.priority and not p.paused for p in others):
+        return Decision(Verdict.SKIP, "yielding to a higher-priority pool")
+    if lacking(request, pool.labels) and others:
+        return Decision(Verdict.SKIP, "leaving it to pools that serve every label")
+    reason = decline_reason(request, pool, provider, cloud_limits)
+    if reason:
+        return Decision(Verdict.DECLINE, reason)
+    return Decision(Verdict.ACCEPT)
+
+
+def all_declined(declined_by: Iterable[str], registered_ids: Iterable[str]) -> bool:
+    """Fail only when every currently registered pool has declined."""
+    return set(registered_ids) <= set(declined_by)
+
+
+def record_decline(request: NodeRequest, pool_id: str, registered_ids: set[str],
+                   now: float) -> str:
+    """Record on `request` that `pool_id` declined it: `failed` once every registered pool
+    declined, else back to `requested` (with `nodes` emptied). Returns the new state."""
+    if pool_id not in request.declined_by:
+        request.declined_by.append(pool_id)
+    request.state = model.FAILED if all_declined(request.declined_by, registered_ids) \
+        else model.REQUESTED
+    request.state_time = now
+    request.nodes = []
+    return request.state
+
+
+# -- cleanup ------------------------------------------------------------------------------
+
+class CleanupAction(enum.Enum):
+    NONE = "none"
+    DELETE = "delete"
+    DEALLOCATE = "deallocate"
+
+
+# Unlocked nodes in these states belong to nobody any more.
+ORPHAN_STATES = frozenset({model.USED, model.IN_USE, model.BUILDING, model.FAILED,
+                           model.DELETING, model.DELETED, model.ABORTED})
+
+
+@dataclass(frozen=True)
+class NodeVerdict:
+    action: CleanupAction
+    reason: str = ""
+    # When nothing is due now: the epoch time at which this node may become due.
+    recheck_at: float = math.inf
+
+
+NOTHING = NodeVerdict(CleanupAction.NONE)
+
+
+def hold_limit(node: NodeFacts, max_hold_age: float) -> float:
+    """Seconds a held node may stay: min(hold_expiration, max-hold-age); <=0 means none."""
+    limit = max_hold_age if max_hold_age > 0 else math.inf
+    expiration = node.hold_expiration
+    if isinstance(expiration, (int, float)) and not isinstance(expiration, bool) \
+            and expiration > 0:
+        limit = min(limit, float(expiration))
+    return limit
+
+
+def node_cleanup(node: NodeFacts, *, now: float, locked: bool, config: Config,
+                 request_exists: bool, stale_init_age: float) -> NodeVerdict:
+    """What cleanup should do to `node` of one of our providers (locked = has contenders)."""
+    if locked:
+        return NOTHING
+    since = node.state_time if isinstance(node.state_time, (int, float)) else now
+    state = node.state
+    if state in ORPHAN_STATES:
+        return NodeVerdict(CleanupAction.DELETE, f"unlocked node in state {state}")
+    if state == model.INIT:
+        due = since + stale_init_age
+        if now >= due:
+            return NodeVerdict(CleanupAction.DELETE, "stale init node")
+        return NodeVerdict(CleanupAction.NONE, recheck_at=due)
+    if state == model.READY:
+        if node.allocated_to:
+            if not request_exists:
+                return NodeVerdict(CleanupAction.DEALLOCATE,
+                                   f"request {node.allocated_to} is gone")
+            return NOTHING
+        label = config.labels.get(node.label or "")
+        if label is not None and label.max_ready_age > 0:
+            due = since + label.max_ready_age
+            if now >= due:
+                return NodeVerdict(CleanupAction.DELETE, "max-ready-age reached")
+            return NodeVerdict(CleanupAction.NONE, recheck_at=due)
+        return NOTHING
+    if state == model.HOLD:
+        limit = hold_limit(node, config.max_hold_age)
+        if math.isinf(limit):
+            return NOTHING
+        due = since + limit
+        if now >= due:
+            return NodeVerdict(CleanupAction.DELETE, "hold expired")
+        return NodeVerdict(CleanupAction.NONE, recheck_at=due)
+    return NOTHING
+
+
+# -- min-ready ------------------------------------------------------------------------------
+
+def is_min_ready(request: NodeRequest) -> bool:
+    return request.requestor == model.MIN_READY_REQUESTOR
+
+
+def counts_as_spare(node: NodeFacts, label: str) -> bool:
+    """A ready node of `label` nobody uses: unallocated, or held by a min-ready request."""
+    if node.state != model.READY or node.label != label:
+        return False
+    return not node.allocated_to or node.allocated_to.startswith(
+        model.MIN_READY_PRIORITY + "-")
+
+
+def min_ready_shortfall(label: str, min_ready: int, nodes: Iterable[NodeFacts],
+                        requests: Iterable[NodeRequest]) -> int:
+    """How many min-ready requests to add for `label` (never negative).
+
+    Spare nodes count once whether their min-ready request still exists or not (nodes
+    allocated to a min-ready request count as spares, the fulfilled request does not), so
+    a reader that sees the request deletion before the de-allocation counts the same.
+    """
+    if min_ready <= 0:
+        return 0
+    spare = sum(1 for node in nodes if counts_as_spare(node, label))
+    outstanding = sum(1 for r in requests if is_min_ready(r) and r.node_types == [label]
+                      and r.state in (model.REQUESTED, model.PENDING))
+    return max(0, min_ready - spare - outstanding)

@@ -1,0 +1,260 @@
+"""One worker per (provider, pool): takes requests and drives their handlers.
+
+Owns: the pool's component registration (labels, priority, paused), its request handlers,
+and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.2-2.3):
+
+1. advance handlers in request-priority order; a handler waiting for capacity stops the
+   ones behind it from taking capacity first (paused requests are served in order);
+2. while any handler waits, the pool is paused: it accepts nothing new, but still declines
+   what it can never serve, and asks for the oldest unused ready node to be deleted so a
+   pool full of idle nodes of other labels cannot wedge;
+3. walk the cached requests in pool order; `plan.triage` decides; tenant limits defer;
+   then lock and decline or accept. A request nobody has locked yet (its lock dir does
+   not exist) is locked and written in one versioned transaction, the version standing in
+   for the re-read; otherwise: lock without blocking, re-read, decide again, write.
+
+Passes are triggered by cache events, launch completions and deadlines; there is no sleep
+per request and no fixed tick. Failure: a pass that raises is logged and retried; a lost
+session abandons every handler without writing (see handler.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+from nodepool_k8s import model, quota
+from nodepool_k8s.config.model import PoolConfig, ProviderConfig
+from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
+from nodepool_k8s.launcher.launch import LaunchPool
+from nodepool_k8s.launcher.worker import Worker
+from nodepool_k8s.model import NodeRequest, Resources
+from nodepool_k8s.zk import errors
+from nodepool_k8s.zk.registry import Registration, pool_worker_id
+
+
+def copy_request(request: NodeRequest) -> NodeRequest:
+    """A private copy of a cached request (cache objects are shared and never mutated)."""
+    return NodeRequest.from_dict(request.id, request.to_dict(), version=request.version)
+
+
+class PoolWorker(Worker):
+    def __init__(self, engine: Engine, provider: str, pool: str, launches: LaunchPool,
+                 fqdn: str | None = None) -> None:
+        super().__init__(f"PoolWorker.{provider}-{pool}", engine.clock)
+        self.engine = engine
+        self.ref = PoolRef(pool_worker_id(provider, pool, fqdn), provider, pool)
+        self.id = self.ref.pool_id
+        self.launches = launches
+        self.handlers: dict[str, RequestHandler] = {}
+        self.registration: Registration | None = None
+        self._epoch = engine.zk.epoch
+        self._last_reclaim = -math.inf
+
+    # -- registration ---------------------------------------------------------------------
+    def register(self) -> None:
+        pool = self.engine.pool_config(self.ref.provider, self.ref.pool)
+        labels = sorted(pool.labels) if pool else []
+        self.registration = self.engine.registry.register_pool(
+            self.id, self.ref.provider, self.ref.pool, labels,
+            pool.priority if pool else 100)
+
+    def unregister(self) -> None:
+        if self.registration is not None:
+            self.engine.registry.unregister(self.registration)
+            self.registration = None
+
+    @property
+    def paused(self) -> bool:
+        return any(h.paused for h in self.handlers.values())
+
+    # -- the pass -------------------------------------------------------------------------
+    def run_once(self) -> float | None:
+        engine = self.engine
+        if engine.zk.epoch != self._epoch:
+            self._epoch = engine.zk.epoch
+            self.drop_handlers("the ZooKeeper session expired")
+        if not engine.acting:
+            return None
+        provider_cfg = engine.provider_config(self.ref.provider)
+        pool_cfg = provider_cfg.pools.get(self.ref.pool) if provider_cfg else None
+        provider = engine.providers.get(self.ref.provider)
+        if provider_cfg is None or pool_cfg is None or provider is None:
+            return None
+        registered = self._registered(pool_cfg)
+        paused = self._advance_handlers()
+        scopes = {h.blocked_scope for h in self.handlers.values() if h.paused}
+        if scopes & {quota.SCOPE_POOL, quota.SCOPE_PROVIDER, quota.SCOPE_CLOUD}:
+            self._reclaim(whole_provider=bool(scopes - {quota.SCOPE_POOL}))
+        paused = self._assign(provider_cfg, pool_cfg, provider, registered, paused)
+        if self.registration is not None:
+            # Other pools yield to us only while we are not paused: keep it current.
+            engine.registry.update(self.registration, paused=paused,
+                                   supported_labels=sorted(pool_cfg.labels),
+                                   priority=pool_cfg.priority)
+        deadlines = [h.next_deadline for h in self.handlers.values()
+                     if h.next_deadline is not None]
+        return min(deadlines) if deadlines else None
+
+    def _registered(self, pool_cfg: PoolConfig) -> list[plan.PoolInfo]:
+        pools = [p for p in self.engine.registered_pools() if p.id != self.id]
+        # Our own entry may not be visible in the cache yet: we are registered regardless.
+        pools.append(plan.PoolInfo(self.id, self.ref.provider, frozenset(pool_cfg.labels),
+                                   pool_cfg.priority, self.paused))
+        return pools
+
+    def registered_ids(self) -> set[str]:
+        return {p.id for p in self.engine.registered_pools()} | {self.id}
+
+    def _advance_handlers(self) -> bool:
+        may_allocate = True
+        for handler in sorted(self.handlers.values(), key=lambda h: h.request.sort_key()):
+            if handler.advance(may_allocate=may_allocate):
+                may_allocate = False
+        for request_id in [k for k, h in self.handlers.items() if h.done]:
+            del self.handlers[request_id]
+        return self.paused
+
+    def _assign(self, provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
+                provider: Provider, registered: list[plan.PoolInfo], paused: bool) -> bool:
+        me = next(p for p in registered if p.id == self.id)
+        cloud = provider.cloud_limits()
+        tenant_usage: list[quota.UsageRecord] | None = None
+        for request in plan.order(self.engine.request_cache.requests(), pool_cfg.labels):
+            if self.engine.stopping.is_set():
+                break
+            if request.id in self.handlers or request.state != model.REQUESTED \
+                    or self.id in request.declined_by:
+                continue
+            decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
+            if decision.verdict is plan.Verdict.SKIP:
+                continue
+            if decision.verdict is plan.Verdict.ACCEPT:
+                if paused or self._at_concurrency(provider_cfg):
+                    continue
+                if tenant_usage is None:
+                    tenant_usage = self.engine.cached_usage()
+                if not self._tenant_fits(request, pool_cfg, tenant_usage):
+                    continue  # over the tenant's limit: defer, neither decline nor pause
+            handler = self._take(request, decision, provider, me, pool_cfg, provider_cfg,
+                                 registered, cloud, paused)
+            if handler is not None:
+                self.handlers[handler.request.id] = handler
+                if handler.advance(may_allocate=True):
+                    paused = True
+                if handler.done:
+                    del self.handlers[handler.request.id]
+        return paused
+
+    def _take(self, request: NodeRequest, decision: plan.Decision, provider: Provider,
+              me: plan.PoolInfo, pool_cfg: PoolConfig, provider_cfg: ProviderConfig,
+              registered: list[plan.PoolInfo], cloud: Resources,
+              paused: bool) -> RequestHandler | None:
+        """Lock the request and decline or accept it; the accepted one's handler."""
+        requests = self.engine.requests
+        # Fast path (most requests): nobody ever locked it, so its lock dir does not exist;
+        # lock + write (+ unlock for a decline) is one transaction, versioned against the
+        # copy we decided on (which stands in for the re-read after locking).
+        fresh = copy_request(request)
+        decline_reason = decision.reason if decision.verdict is plan.Verdict.DECLINE else None
+        self._prepare(fresh, decline_reason)
+        try:
+            lock = requests.store_fresh(fresh, release=decline_reason is not None)
+        except (errors.NoNodeError, errors.VersionConflict):
+            return None  # it changed meanwhile; the cache event brings us back
+        if lock is None:
+            # Somebody locked it before: the ordinary way, lock, re-read, decide again.
+            got = requests.lock_and_read(request.id)
+            if got is None:
+                return None
+            lock, fresh = got
+            try:
+                decision = plan.triage(fresh, me, pool_cfg, provider_cfg, registered, cloud)
+                if decision.verdict is plan.Verdict.SKIP \
+                        or (decision.verdict is plan.Verdict.ACCEPT and paused):
+                    lock.release()
+                    return None
+                decline_reason = decision.reason \
+                    if decision.verdict is plan.Verdict.DECLINE else None
+                self._prepare(fresh, decline_reason)
+                requests.store(fresh, lock, release=decline_reason is not None)
+            except Exception:
+                if not lock.released:
+                    lock.release()
+                raise
+        if decline_reason is not None:
+            self.log.info("[e: %s] [node_request: %s] Declined (%s); request is now %s",
+                          fresh.event_id, fresh.id, decline_reason, fresh.state)
+            return None
+        handler = RequestHandler(self.engine, self.ref, provider, self.launches, fresh,
+                                 lock, self.registered_ids, self.wake)
+        handler.log.info("Accepted request for %s", fresh.node_types)
+        return handler
+
+    def _prepare(self, request: NodeRequest, decline_reason: str | None) -> None:
+        now = self.engine.clock.time()
+        if decline_reason is not None:
+            plan.record_decline(request, self.id, self.registered_ids(), now)
+        else:
+            request.state, request.state_time = model.PENDING, now
+
+    def _at_concurrency(self, provider_cfg: ProviderConfig) -> bool:
+        limit = provider_cfg.max_concurrency
+        return limit > 0 and self.launches.in_flight >= limit
+
+    def _tenant_fits(self, request: NodeRequest, pool_cfg: PoolConfig,
+                     usage: list[quota.UsageRecord]) -> bool:
+        tenant = request.tenant_name
+        limit = self.engine.config.tenant_resource_limits.get(tenant) if tenant else None
+        if limit is None:
+            return True
+        need = quota.demand(request.node_types, pool_cfg)
+        return bool(quota.check_tenant(need, quota.total(usage, tenant=tenant), limit))
+
+    def _reclaim(self, whole_provider: bool) -> None:
+        """At quota: delete the oldest unused ready node, one at a time.
+
+        Only nodes that count against the limit in the way help: this pool's for a pool
+        limit, any pool's of the provider for a provider (or cloud) limit.
+        """
+        now = self.clock.time()
+        if now - self._last_reclaim < self.engine.settings.reclaim_interval:
+            return
+        cache = self.engine.node_cache
+        scope = [n for n in cache.nodes() if n.provider == self.ref.provider
+                 and (whole_provider or n.pool == self.ref.pool)]
+        if any(n.state == model.DELETING for n in scope):
+            return
+        idle = [n for n in scope if n.state == model.READY and not n.allocated_to
+                and not cache.is_locked(n.id)]
+        if not idle:
+            return
+        oldest = min(idle, key=lambda n: (n.state_time or 0.0, n.id))
+        if self.engine.request_delete(oldest.id, "making room at quota"):
+            self._last_reclaim = now
+            self.log.info("[node: %s] Deleting the oldest unused ready node to make room",
+                          oldest.id)
+
+    # -- stopping -------------------------------------------------------------------------
+    def drop_handlers(self, why: str) -> None:
+        for handler in self.handlers.values():
+            handler.abandon(why)
+        self.handlers.clear()
+
+    def cancel_launches(self) -> None:
+        """Session lost: tell running launches to give up (thread-safe)."""
+        for handler in list(self.handlers.values()):
+            handler.cancel.set()
+
+    def shutdown_handlers(self, timeout: float) -> None:
+        """Called after the thread stopped: return requests, release locks."""
+        for handler in list(self.handlers.values()):
+            handler.cancel.set()
+        for handler in list(self.handlers.values()):
+            try:
+                handler.shutdown(timeout)
+            except Exception:
+                self.log.exception("Error while returning request %s", handler.request.id)
+        self.handlers.clear()

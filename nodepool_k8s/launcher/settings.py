@@ -1,0 +1,73 @@
+"""Engine timing and sizing knobs that are not part of the Nodepool configuration file.
+
+Owns: the defaults of intervals, ages, backoffs and worker-pool sizes, in one frozen
+dataclass with a comment per field. The daemon takes an `EngineSettings`; operators, tests
+and benchmarks may override fields from the environment (`NODEPOOL_K8S_<FIELD>` in upper
+case, e.g. `NODEPOOL_K8S_CLEANUP_INTERVAL=5`). A malformed value raises ConfigError.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Mapping
+
+from nodepool_k8s.exceptions import ConfigError
+
+ENV_PREFIX = "NODEPOOL_K8S_"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    # Periodic safety net of the cleanup worker (lost requests, orphaned lock dirs, a full
+    # scan of nodes); most cleanup is triggered by cache events well before this.
+    cleanup_interval: float = 60.0
+    # How often each provider's resources are compared with ZooKeeper (leak sweep).
+    leak_sweep_interval: float = 60.0
+    # An unlocked `init` node older than this is abandoned (its creator died before locking).
+    stale_init_age: float = 60.0
+    # Request-lock dirs without a request are removed after this many seconds (Nodepool: 8 h).
+    lock_dir_max_age: float = 8 * 3600.0
+    # Empty node znodes (no data) are removed once older than this.
+    empty_node_age: float = 5.0
+    # Launch threads per provider when the provider's max-concurrency is unlimited (<= 0).
+    launch_workers: int = 32
+    # Threads deleting nodes and leaked resources (provider.delete blocks until gone).
+    delete_workers: int = 8
+    # After a failed deletion (TemporaryError) retry after this many seconds, doubling up to
+    # `delete_retry_max`.
+    delete_retry: float = 5.0
+    delete_retry_max: float = 300.0
+    # After the cloud refused a launch for quota (node aborted), wait this long before the
+    # paused request tries again.
+    quota_retry: float = 5.0
+    # At quota, the pool deletes its oldest unused ready node (one at a time: never while
+    # another node of the pool is deleting), and at most once per this many seconds.
+    reclaim_interval: float = 0.0
+    # After a min-ready request failed, wait before creating another for that label
+    # (doubling up to `min_ready_backoff_max`).
+    min_ready_backoff: float = 5.0
+    min_ready_backoff_max: float = 120.0
+    # Optimistic quota decisions retry this many times on concurrent changes per pass.
+    guard_attempts: int = 20
+    # On graceful stop, wait this long for cancelled launches to return.
+    stop_timeout: float = 30.0
+
+    def replace(self, **changes: float | int) -> "EngineSettings":
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "EngineSettings":
+        env = os.environ if env is None else env
+        changes: dict[str, float | int] = {}
+        for f in dataclasses.fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper())
+            if raw is None:
+                continue
+            try:
+                changes[f.name] = int(raw) if f.type in (int, "int") else float(raw)
+            except ValueError:
+                raise ConfigError(f"{ENV_PREFIX}{f.name.upper()}: not a number: {raw!r}") \
+                    from None
+        return cls(**changes)  # type: ignore[arg-type]

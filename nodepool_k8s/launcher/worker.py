@@ -1,0 +1,76 @@
+"""A long-lived worker thread that sleeps until woken or until its next deadline.
+
+Owns: the loop every engine worker shares. `wake()` (from cache listeners, other workers,
+the session supervisor) runs the next pass at once; passes coalesce, so a burst of events
+costs one pass. `run_once()` returns the epoch time of the next timed work (or None) and the
+loop waits exactly until then: no fixed sleep tick. A pass that raises is logged with its
+traceback and retried after a short backoff; the thread never dies silently.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+
+from nodepool_k8s.clock import Clock
+
+# Upper bound of one wait, so a worker re-evaluates even if a deadline computation was off.
+MAX_WAIT = 60.0
+ERROR_BACKOFF = 1.0
+
+
+class Worker:
+    def __init__(self, name: str, clock: Clock) -> None:
+        self.name = name
+        self.clock = clock
+        self.log = logging.getLogger(f"nodepool_k8s.{name}")
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.passes = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+        self._thread.start()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def join(self, timeout: float | None = None) -> None:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run_once(self) -> float | None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        self.log.debug("%s started", self.name)
+        while not self._stop.is_set():
+            self._wake.clear()
+            try:
+                deadline = self.run_once()
+            except Exception:
+                self.log.exception("%s pass failed; retrying", self.name)
+                deadline = self.clock.time() + ERROR_BACKOFF
+            self.passes += 1
+            if self._stop.is_set():
+                break
+            timeout = MAX_WAIT
+            if deadline is not None and not math.isinf(deadline):
+                # A small floor keeps a deadline that is already due from spinning the CPU.
+                timeout = min(MAX_WAIT, max(0.005, deadline - self.clock.time()))
+            self._wake.wait(timeout)
+        self.log.debug("%s stopped", self.name)

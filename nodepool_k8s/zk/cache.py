@@ -1,0 +1,348 @@
+"""Event-driven read caches of nodes (with lock contenders), requests and components.
+
+Owns: what the engine knows about ZooKeeper between reads. Nodes and requests are mirrored
+by `mirror.ChildMirror` (plain one-shot watches, one thread, tombstones against stale
+results); nodes are kept as slim `CachedNode` records (the fields decisions need, strings
+interned) so ten thousand nodes cost a few MB. The small `/nodepool/components` tree uses
+kazoo's TreeCache, with a guard against its stale-result "ghosts".
+
+Listeners are called on the cache's thread with `(kind, key)` (kind: changed, removed,
+lock, synced, reconnected); they must be quick (set an event, no ZooKeeper calls). Reads
+return snapshots and are safe from any thread. A cache can lag: find candidates here, then
+lock and re-read before acting. Unusable znodes are logged with their path and skipped
+(empty node znodes are remembered for cleanup).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Generic, Mapping, TypeVar
+
+from kazoo.recipe.cache import TreeCache, TreeEvent
+
+from nodepool_k8s import model
+from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.mirror import ChildMirror, Listener
+
+log = logging.getLogger("nodepool_k8s.zk.cache")
+
+_STATES = frozenset(model.NODE_STATES)
+T = TypeVar("T")
+
+
+def _interned(value: Any) -> Any:
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+class CachedNode:
+    """The decision-relevant part of a node record (see `model.Node` for the whole)."""
+
+    __slots__ = ("id", "state", "state_time", "type", "provider", "pool", "allocated_to",
+                 "tenant_name", "resources", "external_id", "hold_expiration", "launcher",
+                 "version")
+
+    def __init__(self, node_id: str, data: Mapping[str, Any], version: int) -> None:
+        node_type = data.get("type") or []
+        if isinstance(node_type, str):
+            node_type = [node_type]
+        self.id = node_id
+        self.state: str = _interned(data["state"])
+        self.state_time = data.get("state_time")
+        self.type: tuple[str, ...] = tuple(_interned(t) for t in node_type)
+        self.provider = _interned(data.get("provider"))
+        self.pool = _interned(data.get("pool"))
+        self.allocated_to = data.get("allocated_to")
+        self.tenant_name = _interned(data.get("tenant_name"))
+        self.resources = data.get("resources")
+        self.external_id = data.get("external_id")
+        self.hold_expiration = data.get("hold_expiration")
+        self.launcher = _interned(data.get("launcher"))
+        self.version = version
+
+    @property
+    def label(self) -> str | None:
+        return self.type[0] if self.type else None
+
+    def __repr__(self) -> str:
+        return (f"CachedNode({self.id}, {self.state}, {self.type}, provider={self.provider}, "
+                f"allocated_to={self.allocated_to})")
+
+    @classmethod
+    def decode(cls, node_id: str, raw: bytes, stat: Any) -> "CachedNode | None":
+        try:
+            data = model.loads(raw)
+            if data.get("state") not in _STATES:
+                raise ValueError(f"unknown node state {data.get('state')!r}")
+            return cls(node_id, data, stat.version)
+        except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            log.warning("Skipping malformed node %s: %s", paths.node_path(node_id), exc)
+            return None
+
+
+class _MirroredCache(Generic[T]):
+    """Lifecycle and listener plumbing shared by the caches built on a ChildMirror."""
+
+    name = "cache"
+    _mirror: ChildMirror[T]
+
+    def start(self) -> None:
+        self._mirror.start()
+
+    def stop(self) -> None:
+        self._mirror.stop()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self._mirror.wait_synced(timeout)
+
+    @property
+    def synced(self) -> bool:
+        return self._mirror.synced
+
+    def add_listener(self, listener: Listener) -> None:
+        self._mirror.add_listener(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        self._mirror.remove_listener(listener)
+
+    def evict(self, key: str) -> None:
+        """Forget an entry ZooKeeper no longer has (found by a reconciliation)."""
+        self._mirror.evict(key)
+
+    def ids(self) -> list[str]:
+        with self._mirror._lock:
+            return list(self._mirror.items)
+
+
+class NodeCache(_MirroredCache[CachedNode]):
+    """Nodes by id, with their lock contenders (a cheap "probably locked")."""
+
+    name = "node cache"
+
+    def __init__(self, zk: ZkClient) -> None:
+        self._by_request: dict[str, set[str]] = {}
+        self._mirror: ChildMirror[CachedNode] = ChildMirror(
+            zk, paths.NODES, CachedNode.decode, name="node-cache", accept=paths.is_node_id,
+            with_locks=True, lock_expected=lambda n: n.state == model.INIT,
+            on_change=self._index)
+
+    def _index(self, node_id: str, old: CachedNode | None, new: CachedNode | None) -> None:
+        before = old.allocated_to if old is not None else None
+        after = new.allocated_to if new is not None else None
+        if before == after:
+            return
+        if isinstance(before, str) and before in self._by_request:
+            self._by_request[before].discard(node_id)
+            if not self._by_request[before]:
+                del self._by_request[before]
+        if isinstance(after, str):
+            self._by_request.setdefault(after, set()).add(node_id)
+
+    def get(self, node_id: str) -> CachedNode | None:
+        with self._mirror._lock:
+            return self._mirror.items.get(node_id)
+
+    def nodes(self) -> list[CachedNode]:
+        with self._mirror._lock:
+            return list(self._mirror.items.values())
+
+    def allocated_to(self, request_id: str) -> list[str]:
+        """Ids of cached nodes whose `allocated_to` is `request_id`."""
+        with self._mirror._lock:
+            return list(self._by_request.get(request_id, ()))
+
+    def is_locked(self, node_id: str) -> bool:
+        """Probably locked: some contender znode exists under `<node>/lock`."""
+        with self._mirror._lock:
+            return bool(self._mirror.contenders.get(node_id))
+
+    def empty_ids(self) -> list[str]:
+        with self._mirror._lock:
+            return list(self._mirror.empty)
+
+    def __len__(self) -> int:
+        with self._mirror._lock:
+            return len(self._mirror.items)
+
+
+@dataclass(frozen=True)
+class _CachedRequest:
+    request: NodeRequest
+    owner: int  # ephemeral owner session (0 for persistent requests)
+
+
+class RequestCache(_MirroredCache[_CachedRequest]):
+    """Requests by id, with the session that owns each ephemeral request."""
+
+    name = "request cache"
+
+    def __init__(self, zk: ZkClient) -> None:
+        self._mirror: ChildMirror[_CachedRequest] = ChildMirror(
+            zk, paths.REQUESTS, self._decode, name="request-cache",
+            accept=paths.is_request_id)
+
+    @staticmethod
+    def _decode(request_id: str, raw: bytes, stat: Any) -> _CachedRequest | None:
+        request = request_codec.parse(request_id, raw, stat.version)
+        return _CachedRequest(request, stat.ephemeralOwner) if request is not None else None
+
+    def get(self, request_id: str) -> NodeRequest | None:
+        with self._mirror._lock:
+            item = self._mirror.items.get(request_id)
+        return item.request if item else None
+
+    def requests(self) -> list[NodeRequest]:
+        with self._mirror._lock:
+            return [item.request for item in self._mirror.items.values()]
+
+    def owner(self, request_id: str) -> int | None:
+        with self._mirror._lock:
+            item = self._mirror.items.get(request_id)
+        return item.owner if item else None
+
+    def __contains__(self, request_id: object) -> bool:
+        with self._mirror._lock:
+            return request_id in self._mirror.items
+
+
+@dataclass(frozen=True)
+class Component:
+    """A registered component (`/nodepool/components/<kind>/<name>`)."""
+
+    kind: str
+    znode: str
+    hostname: str | None
+    state: str | None
+    data: dict[str, Any]
+
+    @property
+    def id(self) -> str | None:
+        value = self.data.get("id")
+        return value if isinstance(value, str) else None
+
+    @property
+    def provider_name(self) -> str | None:
+        return self.data.get("provider_name")
+
+    @property
+    def supported_labels(self) -> frozenset[str]:
+        labels = self.data.get("supported_labels") or []
+        return frozenset(x for x in labels if isinstance(x, str))
+
+    @property
+    def priority(self) -> int:
+        value = self.data.get("priority", 100)
+        return value if isinstance(value, int) else 100
+
+    @property
+    def paused(self) -> bool:
+        return bool(self.data.get("paused", False))
+
+
+def decode_component(kind: str, znode: str, raw: bytes) -> Component | None:
+    try:
+        data = json.loads(raw.decode("utf8")) if raw else None
+    except (ValueError, UnicodeDecodeError):
+        data = None
+    if not isinstance(data, dict):
+        log.warning("Skipping malformed component %s/%s/%s", paths.COMPONENTS, kind, znode)
+        return None
+    return Component(kind=kind, znode=znode, hostname=data.get("hostname"),
+                     state=data.get("state"), data=data)
+
+
+class ComponentCache:
+    """Registered launcher and pool components (a small two-level tree: TreeCache)."""
+
+    name = "component cache"
+
+    def __init__(self, zk: ZkClient) -> None:
+        self.zk = zk
+        self._lock = threading.RLock()
+        self._components: dict[tuple[str, str], Component] = {}
+        self._listeners: list[Listener] = []
+        self._tree: TreeCache | None = None
+        self._synced = threading.Event()
+
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def start(self) -> None:
+        tree = TreeCache(self.zk.kazoo, paths.COMPONENTS)
+        tree.listen(self._on_event)
+        tree.listen_fault(lambda exc: log.warning("component cache error: %r", exc))
+        self._tree = tree
+        tree.start()
+
+    def stop(self) -> None:
+        tree, self._tree = self._tree, None
+        if tree is not None:
+            self._synced.clear()
+            tree.close()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self._synced.wait(timeout)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def _notify(self, kind: str, key: str) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(kind, key)
+            except Exception:
+                log.exception("component cache listener failed")
+
+    def _attached(self, path: str) -> bool:
+        """False for TreeCache "ghosts": a stale read result applied after the deletion
+        (TreeCache handles deletions and read results on different threads)."""
+        tree = self._tree
+        if tree is None:
+            return False
+        parent, name = path.rsplit("/", 1)
+        for _ in range(5):
+            try:
+                children = tree.get_children(parent)
+            except RuntimeError:  # changed by the other thread while we read it
+                continue
+            return children is not None and name in children
+        return True
+
+    def _on_event(self, event: TreeEvent) -> None:
+        etype = event.event_type
+        if etype == TreeEvent.INITIALIZED:
+            self._synced.set()
+            self._notify("synced", "")
+            return
+        if etype not in (TreeEvent.NODE_ADDED, TreeEvent.NODE_UPDATED, TreeEvent.NODE_REMOVED):
+            return
+        data = event.event_data
+        parts = data.path[len(paths.COMPONENTS):].strip("/").split("/")
+        if len(parts) != 2:
+            return
+        key = (parts[0], parts[1])
+        removed = etype == TreeEvent.NODE_REMOVED or not self._attached(data.path)
+        component = None if removed else decode_component(parts[0], parts[1], data.data)
+        with self._lock:
+            if component is None:
+                self._components.pop(key, None)
+            else:
+                self._components[key] = component
+        self._notify("removed" if removed else "changed", "/".join(parts))
+
+    def components(self, kind: str | None = None) -> list[Component]:
+        with self._lock:
+            return [c for (k, _), c in self._components.items() if kind is None or k == kind]
+
+    def pools(self) -> list[Component]:
+        return [c for c in self.components("pool") if c.id]
+
+    def launchers(self) -> list[Component]:
+        return self.components("launcher")

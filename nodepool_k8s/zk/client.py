@@ -1,0 +1,363 @@
+"""The ZooKeeper connection: kazoo set-up, session tracking and typed primitive operations.
+
+Owns: one `KazooClient` built from the configuration (plain or TLS, chroot, session timeout =
+`zookeeper-timeout`), the initial connect (retried forever with a log line at most every
+10 s), the connection state the rest of the launcher sees, and thin wrappers around the
+primitive operations that translate kazoo exceptions into `zk.errors` types and count writes.
+
+Connection states: `CONNECTED`, `SUSPENDED` (connection dropped, session may survive: stop
+acting, locks may still be ours), `LOST` (session expired: every ephemeral znode and lock of
+ours is gone). `epoch` increases on every LOST, so a holder of a lock taken in an older epoch
+knows it no longer owns it. State listeners are called on a dedicated thread, in order, so
+they may perform ZooKeeper operations (kazoo's own listener thread must never block).
+
+Failure modes: reads retry through connection loss for up to one session timeout, then raise
+`ZkConnectionError`; writes are never retried here (a lost reply would make a retry unsafe)
+and raise `ZkConnectionError` when the connection drops under them.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import queue
+import threading
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, TypeVar
+
+from kazoo import exceptions as kex
+from kazoo.client import KazooClient
+from kazoo.protocol.states import KazooState, ZnodeStat
+from kazoo.retry import KazooRetry
+
+from nodepool_k8s.config.model import Config, ZkTls
+from nodepool_k8s.zk import errors, multiread
+
+log = logging.getLogger("nodepool_k8s.zk.client")
+
+T = TypeVar("T")
+
+
+class ConnectionState(enum.Enum):
+    CONNECTED = "connected"
+    SUSPENDED = "suspended"
+    LOST = "lost"
+
+
+@dataclass(frozen=True)
+class Stat:
+    """The znode metadata the launcher uses (times in seconds)."""
+
+    version: int
+    cversion: int
+    ctime: float
+    mtime: float
+    mzxid: int
+    ephemeral_owner: int
+    num_children: int
+
+    @classmethod
+    def of(cls, stat: ZnodeStat) -> "Stat":
+        return cls(version=stat.version, cversion=stat.cversion, ctime=stat.ctime / 1000.0,
+                   mtime=stat.mtime / 1000.0, mzxid=stat.mzxid,
+                   ephemeral_owner=stat.ephemeralOwner, num_children=stat.numChildren)
+
+
+@dataclass(frozen=True)
+class ZkSettings:
+    hosts: str
+    timeout: float = 10.0
+    tls: ZkTls | None = None
+    connect_attempt_timeout: float = 10.0
+    retry_log_interval: float = 10.0
+
+    @classmethod
+    def from_config(cls, config: Config) -> "ZkSettings":
+        return cls(hosts=config.zk_hosts(), timeout=config.zookeeper_timeout,
+                   tls=config.zookeeper_tls)
+
+
+class WriteCounter:
+    """Counts write requests (a multi counts once) and individual write operations."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.ops = 0
+
+    def add(self, ops: int = 1) -> None:
+        with self._lock:
+            self.requests += 1
+            self.ops += ops
+
+    def snapshot(self) -> tuple[int, int]:
+        with self._lock:
+            return self.requests, self.ops
+
+
+StateListener = Callable[[ConnectionState, int], None]
+
+
+def translate(exc: Exception) -> Exception:
+    """Map a kazoo exception to our typed errors (unknown ones pass through)."""
+    if isinstance(exc, kex.NoNodeError):
+        return errors.NoNodeError(str(exc) or "no node")
+    if isinstance(exc, kex.BadVersionError):
+        return errors.VersionConflict(str(exc) or "bad version")
+    if isinstance(exc, kex.NodeExistsError):
+        return errors.NodeExistsError(str(exc) or "node exists")
+    if isinstance(exc, kex.NotEmptyError):
+        return errors.NotEmptyError(str(exc) or "not empty")
+    if isinstance(exc, (kex.SessionExpiredError, kex.ConnectionClosedError)):
+        return errors.ZkSessionLost(str(exc) or "session lost")
+    if isinstance(exc, (kex.ConnectionLoss, kex.OperationTimeoutError, kex.ZookeeperError,
+                        kex.KazooException)):
+        return errors.ZkConnectionError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+class ZkClient:
+    """A started-once connection to ZooKeeper for one launcher process (or CLI run)."""
+
+    def __init__(self, settings: ZkSettings) -> None:
+        self.settings = settings
+        self._kazoo: KazooClient | None = None
+        self._connected = threading.Event()
+        self._epoch = 0
+        self._state_lock = threading.Lock()
+        self._listeners: list[StateListener] = []
+        self._events: queue.Queue[tuple[ConnectionState, int] | None] = queue.Queue()
+        self._dispatcher: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.writes = WriteCounter()
+        self._batch = multiread.BatchReader()
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def _make_kazoo(self, hosts: str) -> KazooClient:
+        kw: dict[str, Any] = {}
+        tls = self.settings.tls
+        if tls is not None:
+            kw.update(use_ssl=True, ca=tls.ca, certfile=tls.cert, keyfile=tls.key,
+                      verify_certs=True)
+        return KazooClient(
+            hosts=hosts, timeout=self.settings.timeout,
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
+            **kw)
+
+    def start(self, stop: threading.Event | None = None) -> bool:
+        """Connect, retrying until connected (True) or `stop` is set (False)."""
+        stop = stop or self._stopping
+        last_log = -1e9
+        attempt = 0
+        while not stop.is_set():
+            attempt += 1
+            client = self._make_kazoo(self.settings.hosts)
+            try:
+                with warnings.catch_warnings():
+                    # kazoo warns about a missing chroot; _ensure_chroot creates it.
+                    warnings.filterwarnings("ignore", message="No chroot path exists")
+                    client.start(timeout=self.settings.connect_attempt_timeout)
+            except Exception as exc:
+                try:
+                    client.close()
+                except Exception:
+                    pass
+                now = time.monotonic()
+                if now - last_log >= self.settings.retry_log_interval:
+                    log.warning("Retrying ZooKeeper connection to %s (attempt %d): %s",
+                                self.settings.hosts, attempt, exc or type(exc).__name__)
+                    last_log = now
+                stop.wait(1.0)
+                continue
+            self._kazoo = client
+            self._ensure_chroot()
+            client.add_listener(self._on_kazoo_state)
+            self._connected.set()
+            self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
+                                                name="zk-state-dispatcher")
+            self._dispatcher.start()
+            log.info("Connected to ZooKeeper at %s (session timeout %.1fs)",
+                     self.settings.hosts, self.settings.timeout)
+            return True
+        return False
+
+    def _ensure_chroot(self) -> None:
+        """A configured chroot that does not exist yet is created (from outside it)."""
+        assert self._kazoo is not None
+        chroot = self._kazoo.chroot
+        if not chroot or self._kazoo.exists("/") is not None:
+            return
+        outside = self._make_kazoo(self.settings.hosts.split("/", 1)[0])
+        outside.start(timeout=self.settings.connect_attempt_timeout)
+        try:
+            outside.ensure_path(chroot)
+        finally:
+            outside.stop()
+            outside.close()
+
+    def stop(self) -> None:
+        """Close the session (ephemeral znodes vanish at once). Idempotent."""
+        self._stopping.set()
+        client, self._kazoo = self._kazoo, None
+        self._connected.clear()
+        if client is not None:
+            try:
+                client.remove_listener(self._on_kazoo_state)
+                client.stop()
+                client.close()
+            except Exception as exc:
+                log.debug("error while closing ZooKeeper client: %s", exc)
+        self._events.put(None)
+        if self._dispatcher is not None and self._dispatcher is not threading.current_thread():
+            self._dispatcher.join(5)
+
+    # -- state ----------------------------------------------------------------------------
+    @property
+    def kazoo(self) -> KazooClient:
+        if self._kazoo is None:
+            raise errors.ZkSessionLost("ZooKeeper client is not started")
+        return self._kazoo
+
+    @property
+    def connected(self) -> bool:
+        return self._connected.is_set()
+
+    @property
+    def epoch(self) -> int:
+        return self._epoch
+
+    @property
+    def session_id(self) -> int | None:
+        client = self._kazoo
+        if client is None:
+            return None
+        cid = client.client_id
+        return cid[0] if cid else None
+
+    def wait_connected(self, timeout: float | None = None) -> bool:
+        return self._connected.wait(timeout)
+
+    def add_listener(self, listener: StateListener) -> None:
+        with self._state_lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: StateListener) -> None:
+        with self._state_lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    def _on_kazoo_state(self, state: str) -> None:
+        # Runs on kazoo's connection thread: record and hand over, never block here.
+        if state == KazooState.CONNECTED:
+            self._connected.set()
+            self._events.put((ConnectionState.CONNECTED, self._epoch))
+        elif state == KazooState.SUSPENDED:
+            self._connected.clear()
+            self._events.put((ConnectionState.SUSPENDED, self._epoch))
+        elif state == KazooState.LOST:
+            self._connected.clear()
+            self._epoch += 1
+            if not self._stopping.is_set():
+                log.warning("ZooKeeper session lost (epoch now %d)", self._epoch)
+            self._events.put((ConnectionState.LOST, self._epoch))
+
+    def _dispatch(self) -> None:
+        while True:
+            item = self._events.get()
+            if item is None:
+                return
+            state, epoch = item
+            if state is not ConnectionState.LOST and self._stopping.is_set():
+                continue
+            with self._state_lock:
+                listeners = list(self._listeners)
+            for listener in listeners:
+                try:
+                    listener(state, epoch)
+                except Exception:
+                    log.exception("ZooKeeper state listener failed")
+
+    # -- primitive operations ----------------------------------------------------------------
+    def _read(self, fn: Callable[[], T]) -> T:
+        """Run a read, retrying through connection loss for up to one session timeout."""
+        deadline = time.monotonic() + max(self.settings.timeout, 1.0)
+        while True:
+            try:
+                return fn()
+            except (kex.ConnectionLoss, kex.OperationTimeoutError) as exc:
+                if time.monotonic() >= deadline or self._stopping.is_set():
+                    raise errors.ZkConnectionError(f"read failed: {exc!r}") from exc
+                self._connected.wait(0.5)
+            except kex.KazooException as exc:
+                raise translate(exc) from exc
+
+    def get(self, path: str) -> tuple[bytes, Stat] | None:
+        try:
+            data, stat = self._read(lambda: self.kazoo.get(path))
+        except errors.NoNodeError:
+            return None
+        return data, Stat.of(stat)
+
+    def exists(self, path: str) -> Stat | None:
+        stat = self._read(lambda: self.kazoo.exists(path))
+        return Stat.of(stat) if stat is not None else None
+
+    def watch_exists(self, path: str, callback: Callable[[Any], None]) -> Stat | None:
+        """`exists` that also leaves a one-shot watch calling `callback(event)`."""
+        stat = self._read(lambda: self.kazoo.exists(path, watch=callback))
+        return Stat.of(stat) if stat is not None else None
+
+    def get_children(self, path: str) -> list[str] | None:
+        try:
+            return list(self._read(lambda: self.kazoo.get_children(path)))
+        except errors.NoNodeError:
+            return None
+
+    def get_many(self, paths: list[str]) -> Iterator[tuple[str, tuple[bytes, Stat] | None]]:
+        """Many gets in few round trips (multiRead, or pipelined); None for missing znodes."""
+        try:
+            results = self._batch.read_many(self.kazoo, [(multiread.GET, p) for p in paths])
+        except kex.KazooException as exc:
+            raise translate(exc) from exc
+        for path, found in zip(paths, results):
+            yield path, ((found[0], Stat.of(found[1])) if found is not None else None)
+
+    def read_many(self, ops: list[tuple[str, str]]) -> list[Any]:
+        """Batched raw reads (see multiread.py): (data, ZnodeStat) / children / None."""
+        try:
+            return self._batch.read_many(self.kazoo, ops)
+        except kex.KazooException as exc:
+            raise translate(exc) from exc
+
+    def _write(self, fn: Callable[[], T], ops: int = 1) -> T:
+        self.writes.add(ops)
+        try:
+            return fn()
+        except kex.KazooException as exc:
+            raise translate(exc) from exc
+
+    def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
+               sequence: bool = False, makepath: bool = False) -> str:
+        created: str = self._write(lambda: self.kazoo.create(
+            path, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath))
+        return created
+
+    def set(self, path: str, data: bytes, version: int = -1) -> Stat:
+        return Stat.of(self._write(lambda: self.kazoo.set(path, data, version=version)))
+
+    def delete(self, path: str, version: int = -1, recursive: bool = False) -> None:
+        self._write(lambda: self.kazoo.delete(path, version=version, recursive=recursive))
+
+    def ensure_path(self, path: str) -> None:
+        """Create `path` and missing parents; no write when it already exists."""
+        if self.exists(path) is None:
+            try:
+                self.create(path, b"", makepath=True)
+            except errors.NodeExistsError:
+                pass
+
+    def transaction(self) -> Any:
+        """A kazoo TransactionRequest (used only by `zk.txn`)."""
+        return self.kazoo.transaction()

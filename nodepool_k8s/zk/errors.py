@@ -1,0 +1,55 @@
+"""ZooKeeper outcomes as domain errors, so no layer above `zk` ever sees a kazoo exception.
+
+Owns: the typed errors the stores raise. `ZkConnectionError` (and `ZkSessionLost`) are
+temporary: the same operation may succeed after the session is back. `NoNodeError`,
+`VersionConflict` and `NodeExistsError` report the state of the tree. `LockLost` means a
+write was refused because our lock contender znode is gone (session expired): the caller
+must stop acting on that object.
+"""
+
+from __future__ import annotations
+
+from nodepool_k8s.exceptions import NodepoolError, NotFound, TemporaryError, ZkSessionLost
+
+__all__ = ["NodepoolError", "ZkSessionLost", "ZkConnectionError", "NoNodeError",
+           "VersionConflict", "NodeExistsError", "NotEmptyError", "LockLost", "TxnFailed"]
+
+
+class ZkConnectionError(TemporaryError):
+    """The request could not be completed because the connection dropped."""
+
+
+class NoNodeError(NotFound):
+    """The znode does not exist (any more)."""
+
+
+class VersionConflict(TemporaryError):
+    """Someone else changed the znode since we read it."""
+
+
+class NodeExistsError(NodepoolError):
+    """The znode already exists."""
+
+
+class NotEmptyError(NodepoolError):
+    """The znode has children."""
+
+
+class LockLost(ZkSessionLost):
+    """Our lock contender znode is gone; someone else may own the object now."""
+
+
+class TxnFailed(NodepoolError):
+    """A multi-op transaction was rolled back.
+
+    `index` and `path` name the first operation ZooKeeper refused, `cause` is its error
+    (one of the classes above), `kind` the operation (`create`, `set`, `delete`, `check`).
+    """
+
+    def __init__(self, index: int, kind: str, path: str, cause: NodepoolError) -> None:
+        super().__init__(f"transaction op #{index} ({kind} {path}) failed: "
+                         f"{type(cause).__name__}: {cause}")
+        self.index = index
+        self.kind = kind
+        self.path = path
+        self.cause = cause

@@ -1,0 +1,180 @@
+"""Exclusive locks in the kazoo `Lock` recipe format, as Zuul and Nodepool take them.
+
+Owns: acquiring and releasing a lock dir's contender znode. The wire format is the recipe's:
+an ephemeral sequential child `<uuid4hex>__lock__<seq10>` under the lock dir; the contender
+with the lowest sequence holds the lock; a waiter watches its predecessor only. Interoperates
+with `kazoo.recipe.lock.Lock` (used by Zuul) in both directions.
+
+Why not kazoo's `Lock` object itself: the launcher needs the contender path to guard writes
+in transactions ("only if my contender still exists") and to release a lock in the same
+transaction as the final write, and it must never recreate a deleted node's znode through
+`ensure_path` of `<node>/lock` (kazoo's recipe does that, leaving empty node znodes).
+
+Failure modes: `acquire` returns None when the lock is held by someone else (non-blocking)
+or not obtained in time; it raises `NoNodeError` when the lock's parent znode is gone (for
+node locks: the node was deleted) and `ZkConnectionError`/`ZkSessionLost` when ZooKeeper is
+unreachable (its own contender is then removed on a best-effort basis).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.txn import Txn
+
+log = logging.getLogger("nodepool_k8s.zk.locks")
+
+_CONTENDER = re.compile(r"__lock__(-?\d{10})$")
+
+
+@dataclass
+class HeldLock:
+    """A lock we hold: the lock dir, our contender name and the session epoch it lives in."""
+
+    zk: ZkClient
+    path: str
+    node: str
+    epoch: int
+    released: bool = field(default=False)
+
+    @property
+    def child_path(self) -> str:
+        return f"{self.path}/{self.node}"
+
+    @property
+    def valid(self) -> bool:
+        """False once released or when the session that created it has expired."""
+        return not self.released and self.zk.epoch == self.epoch
+
+    def guard(self, txn: Txn) -> None:
+        """Make `txn` fail unless our contender still exists (we still hold the lock)."""
+        txn.check(self.child_path)
+
+    def release_in(self, txn: Txn) -> None:
+        """Release as part of `txn`; call `mark_released` after it committed."""
+        txn.delete(self.child_path)
+
+    def mark_released(self) -> None:
+        self.released = True
+
+    def release(self) -> None:
+        """Delete our contender. Idempotent; a lock of an expired session is already gone."""
+        if self.released:
+            return
+        self.released = True
+        if self.zk.epoch != self.epoch:
+            return
+        try:
+            self.zk.delete(self.child_path)
+        except errors.NoNodeError:
+            pass
+        except (errors.ZkConnectionError, errors.ZkSessionLost) as exc:
+            # If the session survives, the contender would stay: retry once connected.
+            log.warning("could not release lock %s (%s); retrying", self.child_path, exc)
+            if self.zk.wait_connected(self.zk.settings.timeout) and self.zk.epoch == self.epoch:
+                try:
+                    self.zk.delete(self.child_path)
+                except errors.NoNodeError:
+                    pass
+
+
+def add_fresh_lock(txn: Txn, path: str) -> str:
+    """Queue creating lock dir `path` together with our contender in it.
+
+    Valid only as part of a transaction: if the dir does not exist yet, nobody else can be
+    contending, so the transaction takes the lock and does its other writes atomically (one
+    write instead of a create, a get_children and the writes). The contender is named like
+    the first one kazoo's recipe would create (`<uuid>__lock__0000000000`). If the dir
+    already exists the transaction fails with NodeExistsError on `path`: use `acquire`.
+    Returns the contender's name.
+    """
+    node = f"{uuid.uuid4().hex}{paths.LOCK_NODE_NAME}{0:010d}"
+    txn.create(path, b"")
+    txn.create(f"{path}/{node}", b"", ephemeral=True)
+    return node
+
+
+def contenders(children: list[str]) -> list[str]:
+    """Lock contender names, lowest sequence (the holder) first."""
+    found = [(m.group(1), c) for c in children if (m := _CONTENDER.search(c))]
+    return [c for _, c in sorted(found)]
+
+
+def _predecessor(children: list[str], own: str) -> str | None:
+    own_seq = paths.lock_sequence(own)
+    lower = [(m.group(1), c) for c in children
+             if (m := _CONTENDER.search(c)) and m.group(1) < own_seq]
+    return max(lower)[1] if lower else None
+
+
+def acquire(zk: ZkClient, path: str, *, blocking: bool = False, timeout: float | None = None,
+            makepath: bool = True, identifier: str = "") -> HeldLock | None:
+    """Take the lock at `path`; None if not obtained (held elsewhere / timed out).
+
+    `makepath=False` (node locks) refuses to create missing parents: a deleted node then
+    raises NoNodeError instead of being resurrected as an empty znode.
+    """
+    epoch = zk.epoch
+    prefix = uuid.uuid4().hex + paths.LOCK_NODE_NAME
+    data = identifier.encode("utf8")
+    node = _create_contender(zk, path, prefix, data, makepath)
+    held = HeldLock(zk, path, node, epoch)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    try:
+        while True:
+            children = zk.get_children(path) or []
+            if node not in children:
+                raise errors.LockLost(f"own lock contender {path}/{node} vanished")
+            pred = _predecessor(children, node)
+            if pred is None:
+                return held
+            if not blocking:
+                break
+            woke = threading.Event()
+            if zk.watch_exists(f"{path}/{pred}", lambda _e: woke.set()) is None:
+                continue
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                break
+            if not woke.wait(remaining) and deadline is not None \
+                    and time.monotonic() >= deadline:
+                break
+    except BaseException:
+        held.release()
+        raise
+    held.release()
+    return None
+
+
+def _create_contender(zk: ZkClient, path: str, prefix: str, data: bytes,
+                      makepath: bool) -> str:
+    target = f"{path}/{prefix}"
+    for _ in range(2):
+        try:
+            created = zk.create(target, data, ephemeral=True, sequence=True)
+            return paths.basename(created)
+        except errors.NoNodeError:
+            if not makepath:
+                # Create only the lock dir itself; its parent must exist.
+                try:
+                    zk.create(path, b"")
+                except errors.NodeExistsError:
+                    pass
+            else:
+                zk.ensure_path(path)
+        except errors.ZkConnectionError:
+            # The create may have succeeded without us hearing back: find it by prefix.
+            if not zk.wait_connected(zk.settings.timeout):
+                raise
+            for child in zk.get_children(path) or []:
+                if child.startswith(prefix):
+                    return child
+            raise
+    raise errors.ZkConnectionError(f"could not create lock contender under {path}")

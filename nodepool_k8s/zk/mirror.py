@@ -1,0 +1,324 @@
+"""A lean, event-driven mirror of one znode's children (and, optionally, of each child's
+lock contenders), built on plain one-shot kazoo watches.
+
+Owns: keeping `items` (child name -> decoded record) and `contenders` (child name -> lock
+contender names under `<child>/lock`) in step with ZooKeeper, and telling listeners about
+every change. Why not kazoo's TreeCache: it keeps raw bytes, a stat and a tree node for
+every znode (about 10 KB per Nodepool node including our record, 136 MB RSS at 10,000
+nodes), re-walks with two requests per znode (12 s at 10,000 nodes), and applies a deletion
+seen on kazoo's event thread while an older read result is still queued on its own thread,
+which resurrects deleted znodes ("ghosts").
+
+How it stays correct: all state changes run on one thread, fed by watch callbacks and read
+completions. kazoo delivers those on two different threads, so their relative order is not
+the server's: a deleted child is remembered (a tombstone; names of sequential znodes never
+come back) and any later read result for it is ignored; data results older (by mzxid) than
+what is stored are ignored. kazoo drops every watch on a connection loss, so after each
+reconnect the mirror re-reads everything (one pipelined request per watched znode).
+
+Failure modes: read errors other than "no node" are logged and the child is re-read at the
+next resync; listeners that raise are logged. Decoders return None for unusable data (they
+log the path); such children are remembered as `unusable` (with "empty" separately, for
+cleanup).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+from typing import Any, Callable, Generic, TypeVar
+
+from kazoo import exceptions as kex
+from kazoo.protocol.states import EventType
+
+from nodepool_k8s.zk import locks
+from nodepool_k8s.zk.client import ConnectionState, ZkClient
+
+log = logging.getLogger("nodepool_k8s.zk.mirror")
+
+T = TypeVar("T")
+Decoder = Callable[[str, bytes, Any], "T | None"]
+Listener = Callable[[str, str], None]
+"""`listener(kind, key)`: kind "changed", "removed", "lock", or "synced"/"reconnected"."""
+
+TOMBSTONE_TTL = 300.0
+MAX_IN_FLIGHT = 256
+NO_CONTENDERS: frozenset[str] = frozenset()
+
+
+class ChildMirror(Generic[T]):
+    def __init__(self, zk: ZkClient, root: str, decode: Decoder[T], *, name: str,
+                 accept: Callable[[str], bool], with_locks: bool = False,
+                 lock_expected: Callable[[T], bool] = lambda record: True,
+                 on_change: Callable[[str, "T | None", "T | None"], None] | None = None
+                 ) -> None:
+        """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
+        `on_change(key, old, new)` maintains derived indexes (called under the lock)."""
+        self.zk = zk
+        self.root = root
+        self.name = name
+        self._decode = decode
+        self._accept = accept
+        self._with_locks = with_locks
+        self._lock_expected = lock_expected
+        self._on_change = on_change
+        self.items: dict[str, T] = {}
+        self.contenders: dict[str, frozenset[str]] = {}
+        self.empty: set[str] = set()
+        self._mzxid: dict[str, int] = {}
+        self._dead: dict[str, float] = {}
+        self._lock = threading.RLock()
+        self._tasks: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]] | None] = \
+            queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._listeners: list[Listener] = []
+        self._synced = threading.Event()
+        self._pending = 0
+        self._backlog: collections.deque[str] = collections.deque()
+        self._resyncing = False
+        self.events = 0
+
+    # -- public ---------------------------------------------------------------------------
+    def add_listener(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}", daemon=True)
+        self._thread.start()
+        self.zk.add_listener(self._on_state)
+        self._submit(self._resync)
+
+    def stop(self) -> None:
+        self.zk.remove_listener(self._on_state)
+        self._tasks.put(None)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(5)
+        self._synced.clear()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self._synced.wait(timeout)
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    def evict(self, key: str) -> None:
+        """Forget a child ZooKeeper no longer has (found by a reconciliation)."""
+        self._submit(self._remove, key)
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self._tasks.put((fn, args))
+
+    def _run(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            fn, args = task
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("%s: error while applying a change", self.name)
+
+    def _notify(self, kind: str, key: str) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(kind, key)
+            except Exception:
+                log.exception("%s listener failed", self.name)
+
+    def _on_state(self, state: ConnectionState, epoch: int) -> None:
+        if state is ConnectionState.CONNECTED:
+            self._submit(self._resync)
+            self._notify("reconnected", "")
+        elif state is ConnectionState.LOST:
+            self._synced.clear()
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{key}"
+
+    def _lock_path(self, key: str) -> str:
+        return f"{self.root}/{key}/lock"
+
+    def _key_of(self, path: str) -> str:
+        return path[len(self.root) + 1:].split("/", 1)[0]
+
+    def _is_dead(self, key: str) -> bool:
+        return key in self._dead
+
+    # -- watches (kazoo's threads: enqueue only) ------------------------------------------
+    def _root_watch(self, event: Any) -> None:
+        self._submit(self._refresh_root)
+
+    def _data_watch(self, event: Any) -> None:
+        key = self._key_of(event.path)
+        if event.type == EventType.DELETED:
+            self._submit(self._remove, key)
+        else:
+            self._submit(self._fetch, key, False, False)
+
+    def _lock_watch(self, event: Any) -> None:
+        self._submit(self._fetch_lock, self._key_of(event.path))
+
+    # -- reads ----------------------------------------------------------------------------
+    def _resync(self) -> None:
+        """Re-read everything and re-arm every watch (kazoo drops them on disconnect)."""
+        if not self.zk.connected:
+            return
+        try:
+            children = self.zk.kazoo.get_children(self.root, watch=self._root_watch)
+        except kex.NoNodeError:
+            self.zk.ensure_path(self.root)
+            self._submit(self._resync)
+            return
+        except kex.KazooException as exc:
+            log.warning("%s: resync failed (%s); waiting for the connection", self.name, exc)
+            return
+        present = {c for c in children if self._accept(c)}
+        with self._lock:
+            gone = [k for k in self.items if k not in present] + \
+                [k for k in self.empty if k not in present]
+        for key in gone:
+            self._remove(key)
+        self._resyncing = True
+        self._pending = 0
+        self._backlog = collections.deque(sorted(present))
+        self._pump()
+        if self._pending == 0:
+            self._finish_sync()
+
+    def _pump(self) -> None:
+        """Issue queued resync reads, at most MAX_IN_FLIGHT at a time: answers carry the
+        whole znode, and ten thousand of them in flight at once would set the process's
+        memory high-water mark."""
+        while self._backlog and self._pending < MAX_IN_FLIGHT:
+            self._fetch(self._backlog.popleft(), counted=True)
+
+    def _finish_sync(self) -> None:
+        self._resyncing = False
+        self._synced.set()
+        self._notify("synced", "")
+
+    def _refresh_root(self) -> None:
+        try:
+            children = self.zk.kazoo.get_children(self.root, watch=self._root_watch)
+        except kex.KazooException as exc:
+            log.debug("%s: root listing failed (%s); resync follows reconnect", self.name, exc)
+            return
+        present = {c for c in children if self._accept(c)}
+        with self._lock:
+            known = set(self.items) | self.empty
+        for key in known - present:
+            self._remove(key)
+        for key in sorted(present - known):
+            if not self._is_dead(key):
+                self._fetch(key)
+
+    def _fetch(self, key: str, counted: bool = False, with_lock: bool = True) -> None:
+        if self._is_dead(key):
+            return
+        if counted:
+            self._pending += 1
+        result = self.zk.kazoo.get_async(self._path(key), watch=self._data_watch)
+        result.rawlink(lambda r: self._submit(self._on_data, key, r, counted))
+        if self._with_locks and with_lock:
+            self._fetch_lock(key)
+
+    def _fetch_lock(self, key: str) -> None:
+        if self._is_dead(key):
+            return
+        result = self.zk.kazoo.get_children_async(self._lock_path(key),
+                                                  watch=self._lock_watch)
+        result.rawlink(lambda r: self._submit(self._on_lock, key, r))
+
+    # -- results (mirror thread) ----------------------------------------------------------
+    def _on_data(self, key: str, result: Any, counted: bool) -> None:
+        try:
+            self._apply_data(key, result)
+        finally:
+            if counted:
+                self._pending -= 1
+                self._pump()
+                if self._pending <= 0 and self._resyncing and not self._backlog:
+                    self._finish_sync()
+
+    def _apply_data(self, key: str, result: Any) -> None:
+        if self._is_dead(key):
+            return
+        try:
+            data, stat = result.get_nowait()
+        except kex.NoNodeError:
+            self._remove(key)
+            return
+        except kex.KazooException as exc:
+            log.debug("%s: reading %s failed (%s)", self.name, key, exc)
+            return
+        if stat.mzxid < self._mzxid.get(key, -1):
+            return  # an older answer overtaken by a newer one
+        self.events += 1
+        record = self._decode(key, data, stat) if data else None
+        with self._lock:
+            self._mzxid[key] = stat.mzxid
+            old = self.items.pop(key, None)
+            if not data:
+                self.empty.add(key)
+            else:
+                self.empty.discard(key)
+                if record is not None:
+                    self.items[key] = record
+            if self._on_change is not None:
+                self._on_change(key, old, record)
+        self._notify("changed", key)
+
+    def _on_lock(self, key: str, result: Any) -> None:
+        if self._is_dead(key):
+            return
+        try:
+            children = result.get_nowait()
+        except kex.NoNodeError:
+            with self._lock:
+                record = self.items.get(key)
+                live = record is not None or key in self.empty
+            if live and (record is None or self._lock_expected(record)):
+                # No lock dir yet (a node still in `init`): watch for its creation. Not for
+                # other nodes: a missing lock dir there means the node is being deleted,
+                # and a watch on a path that never comes back would linger.
+                self.zk.kazoo.exists_async(self._lock_path(key), watch=self._lock_watch)
+            children = []
+        except kex.KazooException as exc:
+            log.debug("%s: reading the lock of %s failed (%s)", self.name, key, exc)
+            return
+        held = frozenset(locks.contenders(list(children))) or NO_CONTENDERS
+        with self._lock:
+            if self.contenders.get(key, NO_CONTENDERS) == held:
+                return
+            if held:
+                self.contenders[key] = held
+            else:
+                self.contenders.pop(key, None)
+        self._notify("lock", key)
+
+    def _remove(self, key: str) -> None:
+        now = time.monotonic()
+        self._dead[key] = now
+        if len(self._dead) > 1000:
+            for dead in [k for k, t in self._dead.items() if now - t > TOMBSTONE_TTL]:
+                del self._dead[dead]
+        with self._lock:
+            old = self.items.pop(key, None)
+            existed = old is not None or key in self.empty
+            if old is not None and self._on_change is not None:
+                self._on_change(key, old, None)
+            self.empty.discard(key)
+            self.contenders.pop(key, None)
+            self._mzxid.pop(key, None)
+        if existed:
+            self._notify("removed", key)

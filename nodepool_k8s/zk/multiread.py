@@ -1,0 +1,135 @@
+"""Batched reads: ZooKeeper's `multiRead` (3.6+), which kazoo 2.11 does not offer.
+
+Owns: the wire encoding of a multiRead request (opcode 22: a list of getData/getChildren
+operations framed like a multi) and its response, and `read_many`, which reads thousands of
+znodes in a handful of round trips. kazoo sends each ordinary request with its own wake-up
+of the connection thread (about 0.1 ms each on a small machine), so 20,000 pipelined reads
+take seconds; batched, ten thousand nodes with their lock dirs list in a fraction of that.
+
+Unlike a write multi, a multiRead is not all-or-nothing: each operation has its own result,
+and a missing znode yields `None` for that entry only. A server without multiRead (older
+than 3.6) answers with an error; `read_many` then falls back to pipelined single reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import namedtuple
+from typing import Any, Iterable, Sequence
+
+from kazoo import exceptions as kex
+from kazoo.exceptions import EXCEPTIONS
+from kazoo.protocol.paths import _prefix_root
+from kazoo.protocol.serialization import (GetChildren, GetData, MultiHeader, int_struct,
+                                          multiheader_struct, read_buffer, read_string,
+                                          stat_struct)
+from kazoo.protocol.states import ZnodeStat
+
+log = logging.getLogger("nodepool_k8s.zk.multiread")
+
+GET = "get"
+CHILDREN = "children"
+BATCH = 500
+
+ReadResult = Any  # (bytes, ZnodeStat) for GET, list[str] for CHILDREN, None when missing
+
+
+class MultiRead(namedtuple("MultiRead", "operations")):
+    """A multiRead request; `operations` are kazoo GetData/GetChildren records."""
+
+    type = 22
+
+    def serialize(self) -> bytearray:
+        b = bytearray()
+        for op in self.operations:
+            b.extend(MultiHeader(op.type, False, -1).serialize() + op.serialize())
+        b.extend(multiheader_struct.pack(-1, True, -1))
+        return b
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> list[ReadResult]:
+        results: list[ReadResult] = []
+        while True:
+            op_type, done, err = multiheader_struct.unpack_from(data, offset)
+            offset += multiheader_struct.size
+            if done:
+                return results
+            if op_type == GetData.type:
+                value, offset = read_buffer(data, offset)
+                stat = ZnodeStat._make(stat_struct.unpack_from(data, offset))
+                offset += stat_struct.size
+                results.append((value or b"", stat))
+            elif op_type == GetChildren.type:
+                count = int_struct.unpack_from(data, offset)[0]
+                offset += int_struct.size
+                children = []
+                for _ in range(max(count, 0)):
+                    child, offset = read_string(data, offset)
+                    children.append(child)
+                results.append(children)
+            else:  # error result for this operation
+                code = int_struct.unpack_from(data, offset)[0]
+                offset += int_struct.size
+                results.append(EXCEPTIONS[code]())
+
+
+class MultiReadUnsupported(Exception):
+    pass
+
+
+def _batch(client: Any, ops: Sequence[tuple[str, str]]) -> list[ReadResult]:
+    records = [GetData(_prefix_root(client.chroot, path), None) if kind == GET
+               else GetChildren(_prefix_root(client.chroot, path), None)
+               for kind, path in ops]
+    async_result = client.handler.async_result()
+    client._call(MultiRead(records), async_result)
+    try:
+        results = async_result.get()
+    except (kex.UnimplementedError, kex.MarshallingError, kex.BadArgumentsError) as exc:
+        raise MultiReadUnsupported(str(exc)) from exc
+    out: list[ReadResult] = []
+    for result in results:
+        if isinstance(result, kex.NoNodeError):
+            out.append(None)
+        elif isinstance(result, Exception):
+            raise result
+        else:
+            out.append(result)
+    return out
+
+
+def _pipelined(client: Any, ops: Sequence[tuple[str, str]]) -> list[ReadResult]:
+    pending = [client.get_async(path) if kind == GET else client.get_children_async(path)
+               for kind, path in ops]
+    out: list[ReadResult] = []
+    for result in pending:
+        try:
+            value = result.get()
+        except kex.NoNodeError:
+            value = None
+        out.append(list(value) if isinstance(value, list) else value)
+    return out
+
+
+class BatchReader:
+    """Reads many znodes; remembers whether the server supports multiRead."""
+
+    def __init__(self) -> None:
+        self.supported: bool | None = None
+
+    def read_many(self, client: Any, ops: Iterable[tuple[str, str]],
+                  batch: int = BATCH) -> list[ReadResult]:
+        ops = list(ops)
+        if self.supported is False:
+            return _pipelined(client, ops)
+        out: list[ReadResult] = []
+        for start in range(0, len(ops), batch):
+            chunk = ops[start:start + batch]
+            try:
+                out.extend(_batch(client, chunk))
+                self.supported = True
+            except MultiReadUnsupported as exc:
+                log.info("ZooKeeper has no multiRead (%s); using pipelined reads", exc)
+                self.supported = False
+                return out + _pipelined(client, ops[start:])
+        return out

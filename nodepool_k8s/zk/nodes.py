@@ -1,0 +1,232 @@
+"""The node store: `/nodepool/nodes/<id>` records and their locks.
+
+Owns: reading node records tolerantly (missing, empty, malformed or unknown-state znodes are
+logged with their path and reported as None), creating nodes with 10-digit sequential ids,
+locking them (`/nodepool/nodes/<id>/lock`, re-reading after the lock is taken), and every
+node write. Writes are guarded: each one is a transaction that also checks that our lock
+contender still exists, so the launcher can never write a node while someone else (Zuul)
+holds its lock, and a write after session loss fails instead of clobbering.
+
+Failure modes: `LockLost` (our contender is gone), `NoNodeError` (node deleted),
+`VersionConflict` (changed behind our back, re-read), `ZkConnectionError`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from nodepool_k8s import model
+from nodepool_k8s.model import Node
+from nodepool_k8s.zk import errors, locks, multiread, paths
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.txn import Txn
+
+log = logging.getLogger("nodepool_k8s.zk.nodes")
+
+
+def parse(node_id: str, data: bytes, version: int = -1) -> Node | None:
+    """Decode a node znode; None (logged) when the data is unusable."""
+    try:
+        return Node.from_dict(node_id, model.loads(data), version=version)
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        log.warning("Skipping malformed node %s: %s", paths.node_path(node_id), exc)
+        return None
+
+
+def encode(node: Node) -> bytes:
+    return model.dumps(node.to_dict())
+
+
+def raise_for(exc: errors.TxnFailed, lock_paths: set[str]) -> None:
+    """Turn a failed guarded transaction into the error the caller branches on."""
+    if exc.path in lock_paths and exc.kind in ("check", "delete"):
+        raise errors.LockLost(f"lock contender {exc.path} is gone") from exc
+    raise exc.cause from exc
+
+
+class NodeStore:
+    def __init__(self, zk: ZkClient) -> None:
+        self.zk = zk
+
+    # -- reads ---------------------------------------------------------------------------
+    def ids(self) -> list[str]:
+        return [c for c in (self.zk.get_children(paths.NODES) or []) if paths.is_node_id(c)]
+
+    def get(self, node_id: str) -> Node | None:
+        found = self.zk.get(paths.node_path(node_id))
+        if found is None:
+            return None
+        data, stat = found
+        return parse(node_id, data, stat.version)
+
+    def is_empty(self, node_id: str) -> bool:
+        found = self.zk.get(paths.node_path(node_id))
+        return found is not None and not found[0]
+
+    def read_with_locks(self, ids: list[str]) -> list[tuple[str, Node | None, bool]]:
+        """Fresh data and "has lock contenders" of many nodes in few round trips."""
+        if not ids:
+            return []
+        ops: list[tuple[str, str]] = []
+        for node_id in ids:
+            ops += [(multiread.GET, paths.node_path(node_id)),
+                    (multiread.CHILDREN, paths.node_lock_path(node_id))]
+        results = self.zk.read_many(ops)
+        out: list[tuple[str, Node | None, bool]] = []
+        for index, node_id in enumerate(ids):
+            found, children = results[2 * index], results[2 * index + 1]
+            node = parse(node_id, found[0], found[1].version) if found and found[0] else None
+            out.append((node_id, node, bool(locks.contenders(children or []))))
+        return out
+
+    def contenders(self, node_id: str) -> list[str]:
+        return locks.contenders(self.zk.get_children(paths.node_lock_path(node_id)) or [])
+
+    # -- locks ---------------------------------------------------------------------------
+    def lock(self, node_id: str, *, blocking: bool = False,
+             timeout: float | None = None) -> HeldLock | None:
+        try:
+            return locks.acquire(self.zk, paths.node_lock_path(node_id), blocking=blocking,
+                                 timeout=timeout, makepath=False)
+        except errors.NoNodeError:
+            return None
+
+    def lock_and_read(self, node_id: str, *, blocking: bool = False,
+                      timeout: float | None = None) -> tuple[HeldLock, Node] | None:
+        """Lock, then read fresh data; None (lock released) if locked elsewhere or gone."""
+        held = self.lock(node_id, blocking=blocking, timeout=timeout)
+        if held is None:
+            return None
+        try:
+            node = self.get(node_id)
+        except Exception:
+            held.release()
+            raise
+        if node is None:
+            held.release()
+            return None
+        return held, node
+
+    # -- writes --------------------------------------------------------------------------
+    @staticmethod
+    def add_create(txn: Txn, node: Node) -> int:
+        """Queue the sequential create of `node`; its id comes from the commit result."""
+        return txn.create(paths.NODE_CREATE_PREFIX, encode(node), sequence=True)
+
+    @staticmethod
+    def created_id(result: str) -> str:
+        return paths.basename(result)
+
+    def lock_new(self, node: Node, new_state: str, state_time: float) -> HeldLock | None:
+        """Lock a node we just created and move it out of `init`, in one transaction.
+
+        Creates the lock dir and our contender and writes `new_state` atomically. Returns
+        None when someone else got to the lock first (the node is then left alone).
+        """
+        lock_dir = paths.node_lock_path(node.id)
+        epoch = self.zk.epoch
+        old_state, old_time = node.state, node.state_time
+        node.state, node.state_time = new_state, state_time
+        txn = Txn()
+        contender = locks.add_fresh_lock(txn, lock_dir)
+        set_idx = txn.set(paths.node_path(node.id), encode(node), version=node.version)
+        try:
+            results = txn.commit(self.zk)
+        except errors.TxnFailed as exc:
+            node.state, node.state_time = old_state, old_time
+            if isinstance(exc.cause, errors.NodeExistsError):
+                # Someone is contending already: fall back to an ordinary attempt.
+                held = self.lock(node.id)
+                if held is None:
+                    return None
+                node.state, node.state_time = new_state, state_time
+                try:
+                    self.store(node, held)
+                except Exception:
+                    node.state, node.state_time = old_state, old_time
+                    held.release()
+                    raise
+                return held
+            raise exc.cause from exc
+        node.version = results[set_idx].version
+        return HeldLock(self.zk, lock_dir, contender, epoch)
+
+    def store(self, node: Node, held: HeldLock) -> None:
+        """Write the whole node, only while we hold its lock (and at the version we read)."""
+        txn = Txn()
+        idx = self.add_store(txn, node, held)
+        try:
+            results = txn.commit(self.zk)
+        except errors.TxnFailed as exc:
+            raise_for(exc, {held.child_path})
+        node.version = results[idx].version
+
+    def store_and_release(self, node: Node, held: HeldLock) -> None:
+        """Write the node and release our lock in one transaction."""
+        txn = Txn()
+        idx = self.add_store(txn, node, held, release=True)
+        try:
+            results = txn.commit(self.zk)
+        except errors.TxnFailed as exc:
+            raise_for(exc, {held.child_path})
+        node.version = results[idx].version
+        held.mark_released()
+
+    def add_store(self, txn: Txn, node: Node, held: HeldLock | None,
+                  release: bool = False) -> int:
+        """Queue a guarded write of `node` (and optionally the release of its lock).
+
+        Returns the index of the set op; after commit, copy `results[i].version` into
+        `node.version` (see `apply_versions`).
+        """
+        if held is not None:
+            if not held.valid:
+                raise errors.LockLost(f"lock on node {node.id} is no longer ours")
+            if not release:
+                held.guard(txn)
+        idx = txn.set(paths.node_path(node.id), encode(node), version=node.version)
+        if held is not None and release:
+            held.release_in(txn)
+        return idx
+
+    def delete(self, node: Node, held: HeldLock, attempts: int = 5) -> bool:
+        """Remove a node we hold locked, with its lock, in one transaction.
+
+        Another launcher's non-blocking lock attempt briefly adds a contender, which makes
+        the lock dir non-empty: then `deleted` is written (whoever gets the lock next sees
+        it and just removes the znode, as Nodepool does) and the transaction is retried.
+        If contenders keep appearing, our lock is released and False returned: the node
+        stays in `deleted` for the next cleanup pass. True once the znode is gone.
+        """
+        lock_dir = paths.node_lock_path(node.id)
+        for _ in range(attempts):
+            txn = Txn()
+            held.release_in(txn)
+            txn.delete(lock_dir)
+            txn.delete(paths.node_path(node.id))
+            try:
+                txn.commit(self.zk)
+                held.mark_released()
+                return True
+            except errors.TxnFailed as exc:
+                if exc.path == held.child_path:
+                    raise errors.LockLost(f"lock on node {node.id} is no longer ours") from exc
+                if exc.path == paths.node_path(node.id) \
+                        and isinstance(exc.cause, errors.NoNodeError):
+                    held.release()
+                    return True
+                if not isinstance(exc.cause, errors.NotEmptyError):
+                    raise exc.cause from exc
+            if node.state != model.DELETED:
+                node.state = model.DELETED
+                self.store(node, held)
+        held.release()
+        return False
+
+    def delete_unlocked(self, node_id: str) -> None:
+        """Remove a znode that holds no usable record (empty data), with its subtree."""
+        try:
+            self.zk.delete(paths.node_path(node_id), recursive=True)
+        except errors.NoNodeError:
+            pass

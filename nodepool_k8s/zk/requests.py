@@ -1,0 +1,184 @@
+"""The request store: `/nodepool/requests/<prio>-<seq>` records and their locks.
+
+Owns: reading requests tolerantly (unusable znodes are logged with their path and skipped),
+request locks at `/nodepool/requests-lock/<id>` (never under the request znode), guarded
+versioned writes that keep every key the requestor wrote, creating our own min-ready
+requests (ephemeral, carrying every key Zuul's reader indexes), and the few deletions a
+launcher may do: its own min-ready requests and orphaned lock dirs.
+
+It never deletes another requestor's request and never creates a child under a request.
+
+Failure modes: as `zk.nodes` (LockLost, NoNodeError when the request was deleted,
+VersionConflict, ZkConnectionError).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from nodepool_k8s import model
+from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.zk import errors, locks, paths
+from nodepool_k8s.zk.client import Stat, ZkClient
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.nodes import raise_for
+from nodepool_k8s.zk.txn import Txn
+
+log = logging.getLogger("nodepool_k8s.zk.requests")
+
+
+def parse(request_id: str, data: bytes, version: int = -1) -> NodeRequest | None:
+    """Decode a request znode; None (logged) when the data is unusable."""
+    try:
+        return NodeRequest.from_dict(request_id, model.loads(data), version=version)
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        log.warning("Skipping malformed request %s: %s", paths.request_path(request_id), exc)
+        return None
+
+
+def encode(request: NodeRequest) -> bytes:
+    return model.dumps(request.to_dict())
+
+
+def min_ready_request(label: str, now: float) -> NodeRequest:
+    """A min-ready request: every key Zuul's `NodeRequest.fromDict` indexes is present."""
+    return NodeRequest(id="", state=model.REQUESTED, state_time=now, node_types=[label],
+                       reuse=False, requestor=model.MIN_READY_REQUESTOR,
+                       requestor_data=None, provider=None, relative_priority=0,
+                       event_id=uuid.uuid4().hex, created_time=now, tenant_name=None)
+
+
+class RequestStore:
+    def __init__(self, zk: ZkClient) -> None:
+        self.zk = zk
+
+    # -- reads ---------------------------------------------------------------------------
+    def ids(self) -> list[str]:
+        return [c for c in (self.zk.get_children(paths.REQUESTS) or [])
+                if paths.is_request_id(c)]
+
+    def get(self, request_id: str) -> NodeRequest | None:
+        found = self.get_with_stat(request_id)
+        return found[0] if found else None
+
+    def get_with_stat(self, request_id: str) -> tuple[NodeRequest, Stat] | None:
+        found = self.zk.get(paths.request_path(request_id))
+        if found is None:
+            return None
+        data, stat = found
+        request = parse(request_id, data, stat.version)
+        return (request, stat) if request is not None else None
+
+    def exists(self, request_id: str) -> bool:
+        return self.zk.exists(paths.request_path(request_id)) is not None
+
+    def lock_contenders(self, request_id: str) -> list[str]:
+        return locks.contenders(
+            self.zk.get_children(paths.request_lock_path(request_id)) or [])
+
+    # -- locks ---------------------------------------------------------------------------
+    def lock(self, request_id: str, *, blocking: bool = False,
+             timeout: float | None = None) -> HeldLock | None:
+        return locks.acquire(self.zk, paths.request_lock_path(request_id),
+                             blocking=blocking, timeout=timeout, makepath=True)
+
+    def lock_and_read(self, request_id: str) -> tuple[HeldLock, NodeRequest] | None:
+        """Non-blocking lock, then a fresh read; None (lock released) if busy or gone."""
+        held = self.lock(request_id)
+        if held is None:
+            return None
+        try:
+            request = self.get(request_id)
+        except Exception:
+            held.release()
+            raise
+        if request is None:
+            held.release()
+            return None
+        return held, request
+
+    # -- writes --------------------------------------------------------------------------
+    def add_store(self, txn: Txn, request: NodeRequest, held: HeldLock,
+                  release: bool = False) -> int:
+        """Queue a guarded, versioned write of the whole request (all requestor keys kept)."""
+        if not held.valid:
+            raise errors.LockLost(f"lock on request {request.id} is no longer ours")
+        if not release:
+            held.guard(txn)
+        idx = txn.set(paths.request_path(request.id), encode(request),
+                      version=request.version)
+        if release:
+            held.release_in(txn)
+        return idx
+
+    def store(self, request: NodeRequest, held: HeldLock, release: bool = False) -> None:
+        txn = Txn()
+        idx = self.add_store(txn, request, held, release)
+        try:
+            results = txn.commit(self.zk)
+        except errors.TxnFailed as exc:
+            raise_for(exc, {held.child_path})
+        request.version = results[idx].version
+        if release:
+            held.mark_released()
+
+    def store_fresh(self, request: NodeRequest, *, release: bool) -> HeldLock | None:
+        """Lock a request whose lock dir does not exist yet and write it, in one transaction.
+
+        The versioned write stands in for the re-read after locking: it fails if the
+        request changed since `request` was read. With `release` the lock is taken and
+        given back in the same transaction (a decline). Returns the held lock (or a
+        released one), None when the lock dir already exists (use `lock_and_read`).
+        Raises NoNodeError / VersionConflict when the request is gone or changed.
+        """
+        lock_dir = paths.request_lock_path(request.id)
+        epoch = self.zk.epoch
+        txn = Txn()
+        contender = locks.add_fresh_lock(txn, lock_dir)
+        idx = txn.set(paths.request_path(request.id), encode(request), version=request.version)
+        if release:
+            txn.delete(f"{lock_dir}/{contender}")
+        try:
+            results = txn.commit(self.zk)
+        except errors.TxnFailed as exc:
+            if exc.path == lock_dir and isinstance(exc.cause, errors.NodeExistsError):
+                return None
+            if exc.path == lock_dir and isinstance(exc.cause, errors.NoNodeError):
+                self.zk.ensure_path(paths.REQUEST_LOCKS)
+                return None
+            raise exc.cause from exc
+        request.version = results[idx].version
+        return HeldLock(self.zk, lock_dir, contender, epoch, released=release)
+
+    @staticmethod
+    def add_create(txn: Txn, request: NodeRequest, priority: str, *,
+                   ephemeral: bool) -> int:
+        return txn.create(paths.request_create_prefix(priority), encode(request),
+                          ephemeral=ephemeral, sequence=True)
+
+    def delete_own_min_ready(self, txn: Txn, request: NodeRequest, stat: Stat) -> None:
+        """Queue deleting a min-ready request this session created (the only kind we may)."""
+        if request.requestor != model.MIN_READY_REQUESTOR \
+                or stat.ephemeral_owner != self.zk.session_id:
+            raise PermissionError(f"request {request.id} is not our own min-ready request")
+        txn.delete(paths.request_path(request.id), version=stat.version)
+
+    # -- request-lock dirs ---------------------------------------------------------------
+    def lock_dir_ids(self) -> list[str]:
+        return self.zk.get_children(paths.REQUEST_LOCKS) or []
+
+    def delete_orphan_lock_dir(self, request_id: str, older_than: float) -> bool:
+        """Delete `/nodepool/requests-lock/<id>` if its request is gone, it has no contenders
+        and it was created before `older_than` (epoch seconds)."""
+        path = paths.request_lock_path(request_id)
+        stat = self.zk.exists(path)
+        if stat is None or stat.num_children or stat.mtime > older_than:
+            return False
+        if self.exists(request_id):
+            return False
+        try:
+            self.zk.delete(path, version=stat.version)
+        except (errors.NoNodeError, errors.NotEmptyError, errors.VersionConflict):
+            return False
+        return True

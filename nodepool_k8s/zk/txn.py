@@ -1,0 +1,122 @@
+"""Multi-operation transactions: several writes that succeed or fail together.
+
+Owns: `Txn`, a small builder over ZooKeeper's `multi`. The launcher uses it to make each
+protocol step one atomic write, for example "set the node ready and release its lock", or
+"bump the provider's quota guard and create the node znodes". A transaction counts as one
+write request (and one ZooKeeper txn) however many operations it holds.
+
+Failure: `commit` raises `TxnFailed` naming the first refused operation and its typed cause
+(`NoNodeError`, `VersionConflict`, `NodeExistsError`, `NotEmptyError`); nothing was applied
+then. Connection trouble raises `ZkConnectionError`: the outcome is unknown and the caller
+must re-read before deciding anything.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo import exceptions as kex
+from kazoo.protocol.paths import _prefix_root
+from kazoo.protocol.serialization import Create
+from kazoo.protocol.states import ZnodeStat
+from kazoo.security import OPEN_ACL_UNSAFE
+
+from nodepool_k8s.zk import errors
+from nodepool_k8s.zk.client import Stat, ZkClient, translate
+
+
+@dataclass(frozen=True)
+class Op:
+    kind: str  # create | set | delete | check
+    path: str
+    data: bytes = b""
+    version: int = -1
+    ephemeral: bool = False
+    sequence: bool = False
+
+
+class Txn:
+    def __init__(self) -> None:
+        self.ops: list[Op] = []
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
+               sequence: bool = False) -> int:
+        self.ops.append(Op("create", path, data, ephemeral=ephemeral, sequence=sequence))
+        return len(self.ops) - 1
+
+    def set(self, path: str, data: bytes, version: int = -1) -> int:
+        self.ops.append(Op("set", path, data, version=version))
+        return len(self.ops) - 1
+
+    def delete(self, path: str, version: int = -1) -> int:
+        self.ops.append(Op("delete", path, version=version))
+        return len(self.ops) - 1
+
+    def check(self, path: str, version: int = -1) -> int:
+        """Require `path` to exist (with `version`, unless -1) at commit time."""
+        self.ops.append(Op("check", path, version=version))
+        return len(self.ops) - 1
+
+    def commit(self, zk: ZkClient) -> list[Any]:
+        """Apply all operations atomically; returns per-op results (created paths, stats)."""
+        if not self.ops:
+            return []
+        if len(self.ops) == 1:
+            return [self._single(zk, self.ops[0])]
+        tx = zk.transaction()
+        for op in self.ops:
+            if op.kind == "create":
+                # kazoo's TransactionRequest.create normalises away a trailing "/", so a
+                # sequential create of "/nodepool/nodes/" would make "/nodepool/nodes<seq>";
+                # build the request with the trailing slash kept, as KazooClient.create does.
+                flags = (1 if op.ephemeral else 0) | (2 if op.sequence else 0)
+                acl = zk.kazoo.default_acl or OPEN_ACL_UNSAFE
+                tx.operations.append(Create(
+                    _prefix_root(zk.kazoo.chroot, op.path, trailing=op.sequence), op.data,
+                    acl, flags))
+            elif op.kind == "set":
+                tx.set_data(op.path, op.data, version=op.version)
+            elif op.kind == "delete":
+                tx.delete(op.path, version=op.version)
+            else:
+                tx.check(op.path, op.version)
+        zk.writes.add(len(self.ops))
+        try:
+            results = tx.commit()
+        except kex.KazooException as exc:
+            raise translate(exc) from exc
+        for index, result in enumerate(results):
+            if isinstance(result, Exception) and not isinstance(result, kex.RolledBackError):
+                op = self.ops[index]
+                cause = translate(result)
+                if not isinstance(cause, errors.NodepoolError):
+                    cause = errors.ZkConnectionError(repr(result))
+                raise errors.TxnFailed(index, op.kind, op.path, cause)
+        if any(isinstance(r, Exception) for r in results):
+            raise errors.TxnFailed(0, self.ops[0].kind, self.ops[0].path,
+                                   errors.ZkConnectionError("transaction rolled back"))
+        return [Stat.of(r) if isinstance(r, ZnodeStat) else r for r in results]
+
+    @staticmethod
+    def _single(zk: ZkClient, op: Op) -> Any:
+        try:
+            if op.kind == "create":
+                return zk.create(op.path, op.data, ephemeral=op.ephemeral, sequence=op.sequence)
+            if op.kind == "set":
+                return zk.set(op.path, op.data, op.version)
+            if op.kind == "delete":
+                zk.delete(op.path, op.version)
+                return True
+            stat = zk.exists(op.path)
+            if stat is None:
+                raise errors.NoNodeError(op.path)
+            if op.version != -1 and stat.version != op.version:
+                raise errors.VersionConflict(op.path)
+            return True
+        except (errors.NoNodeError, errors.VersionConflict, errors.NodeExistsError,
+                errors.NotEmptyError) as exc:
+            raise errors.TxnFailed(0, op.kind, op.path, exc) from exc

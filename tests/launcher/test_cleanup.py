@@ -1,0 +1,266 @@
+"""Cleanup and recovery end to end, with the manual clock for every age and expiry.
+
+Aspects: max-ready-age; holds (hold_expiration, max-hold-age, none); reuse of ready nodes;
+cancellation before and during a launch (nodes kept ready, unallocated, and reused); lost
+pending requests reset; launch retries and final failure; malformed and empty znodes;
+deletion that fails temporarily is retried and never forgotten; leaked resources are
+deleted only after two sightings a grace period apart; orphaned request-lock dirs; a
+session expiry in the middle of a launch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from kazoo.client import KazooClient
+
+from nodepool_k8s import model
+from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.exceptions import LaunchError, TemporaryError
+from nodepool_k8s.launcher.daemon import Launcher
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.testing_client import ZuulClient
+from tests.helpers import ZkConnection, wait_for
+from tests.launcher.conftest import LauncherFactory
+from tests.sessions import expire_session
+
+CONFIG = """
+labels:
+  - name: small
+    max-ready-age: 600
+  - name: slow
+max-hold-age: {max_hold_age}
+providers:
+  - name: fake
+    driver: fake
+    launch-retries: 3
+    leak-grace: 100
+    pools:
+      - name: main
+        max-servers: 10
+        labels:
+          - name: small
+            type: namespace
+          - name: slow
+            type: namespace
+            launch-delay: {slow}
+"""
+
+
+def body(max_hold_age: int = 0, slow: float = 0.5) -> str:
+    return CONFIG.format(max_hold_age=max_hold_age, slow=slow)
+
+
+def fulfilled(zuul: ZuulClient, request_id: str) -> list[str]:
+    result = zuul.wait(request_id, 20)
+    assert result is not None and result["state"] == "fulfilled", result
+    return list(result["nodes"])
+
+
+def idle_node(zuul: ZuulClient, label: str = "small") -> str:
+    """A ready, unallocated node: Zuul cancels a request after it was fulfilled."""
+    request_id = zuul.submit([label])
+    node_id = fulfilled(zuul, request_id)[0]
+    zuul.cancel(request_id)
+    wait_for(lambda: (zuul.get_node(node_id) or {}).get("allocated_to", "x") is None, 15,
+             message="node de-allocated")
+    return node_id
+
+
+def advance(launcher: Launcher, clock: ManualClock, seconds: float) -> None:
+    clock.advance(seconds)
+    launcher.cleanup.request_full_pass()
+
+
+def test_max_ready_age(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    clock = ManualClock(start=time.time())
+    launcher = launchers(body(), clock=clock)
+    node_id = idle_node(zuul)
+    advance(launcher, clock, 599)
+    passes = launcher.cleanup.passes
+    wait_for(lambda: launcher.cleanup.passes > passes)
+    assert zuul.get_node(node_id) is not None
+    advance(launcher, clock, 2)
+    wait_for(lambda: zuul.get_node(node_id) is None, 15, message="expired node deleted")
+
+
+def hold(zuul: ZuulClient, expiration: int | None) -> str:
+    request_id = zuul.submit(["small"])
+    fulfilled(zuul, request_id)
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    zuul.hold(nodeset, hold_expiration=expiration)
+    return nodeset.nodes[0].id
+
+
+def test_hold_expiration(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    clock = ManualClock(start=time.time())
+    launcher = launchers(body(), clock=clock)
+    expiring, forever = hold(zuul, 100), hold(zuul, None)
+    advance(launcher, clock, 50)
+    passes = launcher.cleanup.passes
+    wait_for(lambda: launcher.cleanup.passes > passes)
+    assert zuul.get_node(expiring)["state"] == "hold"  # type: ignore[index]
+    advance(launcher, clock, 60)
+    wait_for(lambda: zuul.get_node(expiring) is None, 15, message="held node expired")
+    advance(launcher, clock, 10**6)
+    passes = launcher.cleanup.passes
+    wait_for(lambda: launcher.cleanup.passes > passes)
+    assert zuul.get_node(forever)["state"] == "hold"  # type: ignore[index]
+
+
+def test_max_hold_age(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    clock = ManualClock(start=time.time())
+    launcher = launchers(body(max_hold_age=30), clock=clock)
+    node_id = hold(zuul, 100)
+    advance(launcher, clock, 31)
+    wait_for(lambda: zuul.get_node(node_id) is None, 15, message="max-hold-age")
+
+
+def test_reuse_ready_node(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launcher = launchers(body())
+    node_id = idle_node(zuul)
+    launches = launcher.providers["fake"].call_names().count("launch")  # type: ignore
+    request_id = zuul.submit(["small"])
+    assert fulfilled(zuul, request_id) == [node_id]
+    assert launcher.providers["fake"].call_names().count("launch") == launches  # type: ignore
+    node = zuul.get_node(node_id)
+    assert node is not None and node["allocated_to"] == request_id
+    assert node["requestor"] == zuul.system_id
+    other = zuul.submit(["slow"])
+    assert fulfilled(zuul, other) != [node_id]
+
+
+def test_cancel_during_launch_keeps_node_for_reuse(launchers: LauncherFactory,
+                                                   zuul: ZuulClient) -> None:
+    launcher = launchers(body(slow=0.5))
+    request_id = zuul.submit(["slow"])
+    wait_for(lambda: launcher.node_cache.ids(), 10, message="node created")
+    node_id = launcher.node_cache.ids()[0]
+    zuul.cancel(request_id)
+    wait_for(lambda: (zuul.get_node(node_id) or {}).get("state") == "ready"
+             and zuul.get_node(node_id)["allocated_to"] is None,  # type: ignore[index]
+             15, message="cancelled node kept ready")
+    again = zuul.submit(["slow"])
+    assert fulfilled(zuul, again) == [node_id]
+
+
+def test_lost_pending_request_is_reset(zk: ZkConnection, launchers: LauncherFactory,
+                                       zuul: ZuulClient, kazoo_client: KazooClient) -> None:
+    request_id = zuul.submit(["small"])
+    # A launcher died after accepting it and creating (not yet locking) a node.
+    body_ = zuul.get_request(request_id)
+    assert body_ is not None
+    body_.update(state="pending", declined_by=[], nodes=[], reuse=True)
+    kazoo_client.set(paths.request_path(request_id), json.dumps(body_).encode())
+    orphan = {"state": "init", "type": ["small"], "provider": "fake", "pool": "main",
+              "allocated_to": request_id, "state_time": 1.0}
+    kazoo_client.create(paths.NODE_CREATE_PREFIX, json.dumps(orphan).encode(), sequence=True,
+                        makepath=True)
+    launchers(body())
+    nodes = fulfilled(zuul, request_id)
+    assert nodes != ["0000000000"]
+    wait_for(lambda: zuul.get_node("0000000000") is None, 15, message="orphan init removed")
+
+
+def test_launch_retries_then_success(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launcher = launchers(body())
+    fake = launcher.providers["fake"]
+    fake.fail_next(2, LaunchError("boom"))  # type: ignore[attr-defined]
+    node_id = fulfilled(zuul, zuul.submit(["small"]))[0]
+    assert fake.call_names().count("launch") == 3  # type: ignore[attr-defined]
+    assert zuul.get_node(node_id)["external_id"] == f"main-{node_id}-3"  # type: ignore
+
+
+def test_launch_failure_fails_request(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launcher = launchers(body())
+    launcher.providers["fake"].fail_next(3, LaunchError("boom"))  # type: ignore[attr-defined]
+    request_id = zuul.submit(["small", "small"])
+    result = zuul.wait(request_id, 20)
+    assert result is not None and result["state"] == "failed" and result["nodes"] == []
+    # The failed node is deleted; the good one stays, ready and unallocated, for reuse.
+    wait_for(lambda: [n.state for n in launcher.node_cache.nodes()] == ["ready"], 15,
+             message="failed node deleted")
+    assert launcher.node_cache.nodes()[0].allocated_to is None
+    keys = launcher.engine.stats.backend.keys("incr")  # type: ignore[attr-defined]
+    assert "nodepool.launch.error.nodepool" in keys
+
+
+def test_malformed_znodes_are_skipped(launchers: LauncherFactory, zuul: ZuulClient,
+                                      kazoo_client: KazooClient) -> None:
+    kazoo_client.ensure_path(paths.NODES)
+    kazoo_client.ensure_path(paths.REQUESTS)
+    kazoo_client.create(paths.request_path("200-0000000100"), b"{not json")
+    kazoo_client.create(paths.request_path("200-0000000101"), b'{"state": "weird"}')
+    kazoo_client.create(paths.request_path("200-0000000102"), b"")
+    kazoo_client.create(paths.node_path("0000000100"), b"{junk")
+    kazoo_client.create(paths.node_path("0000000101"), b'{"state": "nope"}')
+    kazoo_client.create(paths.node_path("0000000102"), b"")
+    launcher = launchers(body())
+    fulfilled(zuul, zuul.submit(["small"]))
+    wait_for(lambda: kazoo_client.exists(paths.node_path("0000000102")) is None, 15,
+             message="empty node znode removed")
+    assert kazoo_client.get(paths.request_path("200-0000000100"))[0] == b"{not json"
+    assert all(w.alive for w in launcher.pool_workers.values())
+
+
+def test_failed_delete_is_retried(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launcher = launchers(body())
+    fake = launcher.providers["fake"]
+    fake.fail_next(2, TemporaryError("api down"), op="delete")  # type: ignore[attr-defined]
+    request_id, [node_id] = zuul.run_build(["small"])
+    wait_for(lambda: zuul.get_node(node_id) is None, 20, message="deleted after retries")
+    assert fake.call_names().count("delete") == 3  # type: ignore[attr-defined]
+    assert fake.resource_ids() == set()  # type: ignore[attr-defined]
+
+
+def test_leak_sweep_needs_two_sightings(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    clock = ManualClock(start=time.time())
+    launcher = launchers(body(), clock=clock)
+    fake = launcher.providers["fake"]
+    fake.add_resource("main-0000000999", "0000000999")  # type: ignore[attr-defined]
+    sweeper = launcher.cleanup.leaks
+    now = clock.time()
+    sweeper.sweep("fake", fake.list_resources(), now)
+    sweeper.sweep("fake", fake.list_resources(), now + 50)
+    assert "main-0000000999" in fake.resource_ids()  # type: ignore[attr-defined]
+    sweeper.sweep("fake", fake.list_resources(), now + 101)
+    wait_for(lambda: "main-0000000999" not in fake.resource_ids(), 10)  # type: ignore
+    keys = launcher.engine.stats.backend.keys("incr")  # type: ignore[attr-defined]
+    assert "nodepool.provider.fake.leaked.nodes" in keys
+    # A resource whose node exists is not a leak.
+    request_id, nodes = zuul.submit(["small"]), None
+    nodes = fulfilled(zuul, request_id)
+    for offset in (200, 400):
+        sweeper.sweep("fake", fake.list_resources(), now + offset)
+    assert f"main-{nodes[0]}" in fake.resource_ids()  # type: ignore[attr-defined]
+
+
+def test_orphan_request_lock_dirs(launchers: LauncherFactory, zuul: ZuulClient,
+                                  kazoo_client: KazooClient) -> None:
+    clock = ManualClock(start=time.time())
+    launcher = launchers(body(), clock=clock)
+    request_id, _ = zuul.run_build(["small"])
+    assert kazoo_client.exists(paths.request_lock_path(request_id)) is not None
+    advance(launcher, clock, 3600)
+    passes = launcher.cleanup.passes
+    wait_for(lambda: launcher.cleanup.passes > passes)
+    assert kazoo_client.exists(paths.request_lock_path(request_id)) is not None
+    advance(launcher, clock, 8 * 3600)
+    wait_for(lambda: kazoo_client.exists(paths.request_lock_path(request_id)) is None, 15)
+
+
+def test_session_expiry_mid_launch(zk: ZkConnection, launchers: LauncherFactory,
+                                   zuul: ZuulClient) -> None:
+    launcher = launchers(body(slow=1.0))
+    request_id = zuul.submit(["slow"])
+    wait_for(lambda: launcher.node_cache.ids(), 10, message="launch started")
+    first_node = launcher.node_cache.ids()[0]
+    expire_session(zk, launcher.zk)
+    nodes = fulfilled(zuul, request_id)
+    assert nodes != [first_node]
+    wait_for(lambda: zuul.get_node(first_node) is None, 20, message="abandoned node deleted")
+    node = zuul.get_node(nodes[0])
+    assert node is not None and node["state"] == model.READY
+    assert len(launcher.component_cache.pools()) == 1

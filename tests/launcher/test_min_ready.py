@@ -1,0 +1,147 @@
+"""min-ready: spare ready nodes appear, are reused and replenished, are never duplicated
+when two launchers serve the label, and min-ready requests are declined (not paused) at
+capacity."""
+
+from __future__ import annotations
+
+import json
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from nodepool_k8s import model
+from nodepool_k8s.launcher.daemon import Launcher
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.testing_client import ZuulClient
+from tests.helpers import wait_for
+from tests.launcher.conftest import LauncherFactory
+from tests.launcher.util import NodeCounter
+
+MIN_READY = """
+labels:
+  - name: small
+    min-ready: {count}
+providers:
+  - name: fake
+    driver: fake
+    pools:
+      - name: main
+        max-servers: {max_servers}
+        labels:
+          - name: small
+            type: namespace
+            launch-delay: 0.02
+"""
+
+
+def spares(client: KazooClient) -> list[str]:
+    out = []
+    for child in client.get_children(paths.NODES):
+        try:
+            body = json.loads(client.get(paths.node_path(child))[0])
+        except Exception:
+            continue
+        if body["state"] == model.READY and not body["allocated_to"] \
+                and body["type"] == ["small"]:
+            out.append(child)
+    return out
+
+
+def min_ready_requests(client: KazooClient) -> list[str]:
+    return [r for r in client.get_children(paths.REQUESTS) if r.startswith("900-")]
+
+
+def settle(launcher: Launcher, client: KazooClient, count: int) -> None:
+    """Wait until there are `count` spares and no min-ready request, and it stays so
+    while the min-ready worker makes more passes."""
+    def done() -> bool:
+        return len(spares(client)) == count and not min_ready_requests(client)
+
+    def stable() -> bool:
+        if not done():
+            return False
+        for _ in range(3):
+            passes = launcher.min_ready.passes
+            launcher.min_ready.wake()
+            wait_for(lambda: launcher.min_ready.passes > passes, 10)
+        return done()
+
+    wait_for(stable, 30, interval=0.05, message=f"{count} spares, no min-ready request")
+
+
+def test_min_ready_creates_and_replenishes(launchers: LauncherFactory, zuul: ZuulClient,
+                                           kazoo_client: KazooClient) -> None:
+    launcher = launchers(MIN_READY.format(count=2, max_servers=10))
+    settle(launcher, kazoo_client, 2)
+    before = set(spares(kazoo_client))
+    request_id = zuul.submit(["small"])
+    body = zuul.wait(request_id)
+    assert body is not None and body["state"] == "fulfilled"
+    assert body["nodes"][0] in before  # a spare was reused, not launched
+    settle(launcher, kazoo_client, 2)
+    assert set(spares(kazoo_client)) != before
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+
+
+def test_min_ready_request_format(launchers: LauncherFactory,
+                                  kazoo_client: KazooClient) -> None:
+    captured: list[dict] = []  # type: ignore[type-arg]
+
+    kazoo_client.ensure_path(paths.REQUESTS)
+
+    @kazoo_client.ChildrenWatch(paths.REQUESTS)
+    def watch(children: list[str]) -> None:
+        for child in children:
+            if child.startswith("900-"):
+                try:
+                    data, stat = kazoo_client.get(paths.request_path(child))
+                except Exception:
+                    continue
+                captured.append({**json.loads(data), "_ephemeral": bool(stat.ephemeralOwner)})
+
+    launcher = launchers(MIN_READY.format(count=1, max_servers=10))
+    settle(launcher, kazoo_client, 1)
+    assert captured
+    body = captured[0]
+    for key in ("requestor", "requestor_data", "node_types", "provider", "state",
+                "state_time", "event_id"):
+        assert key in body
+    assert body["requestor"] == "NodePool:min-ready" and body["reuse"] is False
+    assert body["node_types"] == ["small"] and body["_ephemeral"]
+
+
+def test_two_launchers_no_duplicates(launchers: LauncherFactory,
+                                     kazoo_client: KazooClient) -> None:
+    counter = NodeCounter(kazoo_client)
+    body = MIN_READY.format(count=3, max_servers=10)
+    first = launchers(body)
+    second = launchers(body)
+    settle(first, kazoo_client, 3)
+    settle(second, kazoo_client, 3)
+    assert counter.max_labels["small"] == 3
+    assert first.min_ready.created + second.min_ready.created == 3
+
+
+def test_min_ready_declined_at_capacity(launchers: LauncherFactory,
+                                        kazoo_client: KazooClient) -> None:
+    counter = NodeCounter(kazoo_client)
+    launcher = launchers(MIN_READY.format(count=3, max_servers=2))
+    wait_for(lambda: len(spares(kazoo_client)) == 2, 20)
+    # A third min-ready request is declined (it fails: one pool), deleted, and backed off.
+    wait_for(lambda: launcher.min_ready.created >= 3, 20)
+
+    def pending() -> bool:
+        for request_id in min_ready_requests(kazoo_client):
+            try:
+                data = kazoo_client.get(paths.request_path(request_id))[0]
+            except NoNodeError:
+                continue
+            if json.loads(data).get("state") == "pending":
+                return True
+        return False
+
+    wait_for(lambda: not pending(), 10)
+    assert not any(c.paused for c in launcher.component_cache.pools())
+    assert counter.max_labels["small"] == 2

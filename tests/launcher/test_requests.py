@@ -1,0 +1,238 @@
+"""Request handling end to end, with a client that behaves exactly like Zuul.
+
+Aspects: a single-label build from submission to deletion of the used node; every node key
+Zuul reads; multi-label requests keep `node_types` order (duplicates too); unknown labels
+fail; priority prefix, relative priority (incl. Zuul's revision) and sequence order the
+work; provider preference and pool priority; requestor_data survives byte-for-value; no
+znode is ever created under a request; stats for launches.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from kazoo.client import KazooClient
+
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.testing_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
+from tests.helpers import wait_for
+from tests.launcher.conftest import LauncherFactory
+
+ATTRS = """
+labels:
+  - name: small
+  - name: large
+providers:
+  - name: fake
+    driver: fake
+    pools:
+      - name: main
+        max-servers: 10
+        node-attributes:
+          executor-zone: zone-a
+        labels:
+          - name: small
+            type: namespace
+          - name: large
+            type: pod
+            cpu: 2
+            memory: 1024
+"""
+
+
+class ChildWatch:
+    """Records any child ever created under any request znode (there must be none)."""
+
+    def __init__(self, client: KazooClient) -> None:
+        self.client = client
+        self.children: list[str] = []
+        self._watched: set[str] = set()
+        client.ensure_path(paths.REQUESTS)
+        client.ChildrenWatch(paths.REQUESTS, self._requests)
+
+    def _requests(self, names: list[str]) -> None:
+        for name in names:
+            if name not in self._watched:
+                self._watched.add(name)
+                path = paths.request_path(name)
+
+                def watch(children: list[str], path: str = path) -> None:
+                    self.children.extend(f"{path}/{c}" for c in children)
+                try:
+                    self.client.ChildrenWatch(path, watch)
+                except Exception:
+                    pass
+
+
+def test_single_label_lifecycle(launchers: LauncherFactory, zuul: ZuulClient,
+                                kazoo_client: KazooClient) -> None:
+    watch = ChildWatch(kazoo_client)
+    launcher = launchers(ATTRS)
+    request_id = zuul.submit(["small"], tenant_name="tenant-1")
+    submitted = zuul.get_request(request_id)
+    body = zuul.wait(request_id)
+    assert body is not None and body["state"] == "fulfilled"
+    assert body["requestor_data"] == submitted["requestor_data"]
+    assert body["requestor_data"]["span_info"]["trace_id"] == BIG_TRACE_ID
+    assert body["requestor_data"]["span_info"]["span_id"] == BIG_SPAN_ID
+    assert body["declined_by"] == [] and body["reuse"] is True
+    assert len(body["nodes"]) == 1
+    node = zuul.get_node(body["nodes"][0])
+    assert node is not None
+    pool_ids = [c.id for c in launcher.component_cache.pools()]
+    assert node["state"] == "ready" and node["type"] == ["small"]
+    assert node["provider"] == "fake" and node["pool"] == "main"
+    assert node["launcher"] in pool_ids
+    assert node["allocated_to"] == request_id and node["tenant_name"] == "tenant-1"
+    assert node["requestor"] == zuul.system_id
+    assert node["attributes"] == {"executor-zone": "zone-a"}
+    assert node["resources"] == {"instances": 1, "cores": 0, "ram": 0}
+    assert node["connection_type"] == "namespace" and node["external_id"] == f"main-{node_id(body)}"
+    conn = node["connection_port"]
+    assert {"host", "skiptls", "token", "user", "namespace"} <= set(conn)
+    assert node["ssh_port"] == conn
+    assert not kazoo_client.get_children(paths.node_lock_path(body["nodes"][0]))
+    nodeset = zuul.accept(request_id)
+    assert zuul.get_request(request_id) is None
+    zuul.use(nodeset)
+    in_use = zuul.get_node(nodeset.nodes[0].id)
+    assert in_use is not None and in_use["state"] == "in-use" and in_use["id"] == node_id(body)
+    zuul.release(nodeset)
+    wait_for(lambda: zuul.get_node(nodeset.nodes[0].id) is None, 15, message="node deleted")
+    assert launcher.providers["fake"].resource_ids() == set()  # type: ignore[attr-defined]
+    assert watch.children == []
+    timings = launcher.engine.stats.backend.keys("timing")  # type: ignore[attr-defined]
+    assert "nodepool.launch.ready" in timings
+    assert "nodepool.launch.provider.fake.ready" in timings
+    assert f"nodepool.launch.requestor.{zuul.system_id}.ready" in timings
+
+
+def node_id(body: dict) -> str:  # type: ignore[type-arg]
+    return str(body["nodes"][0])
+
+
+def test_multi_label_order_kept(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launchers(ATTRS)
+    types = ["large", "small", "large", "small", "small"]
+    request_id = zuul.submit(types)
+    body = zuul.wait(request_id)
+    assert body is not None and body["state"] == "fulfilled"
+    assert len(body["nodes"]) == len(set(body["nodes"])) == 5
+    for label, nid in zip(types, body["nodes"]):
+        node = zuul.get_node(nid)
+        assert node is not None and node["type"] == [label]
+        assert node["connection_type"] == ("kubectl" if label == "large" else "namespace")
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+
+
+def test_unknown_label_fails(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launcher = launchers(ATTRS)
+    request_id = zuul.submit(["small", "no-such-label"])
+    body = zuul.wait(request_id)
+    assert body is not None and body["state"] == "failed" and body["nodes"] == []
+    assert body["declined_by"] == [c.id for c in launcher.component_cache.pools()]
+    assert launcher.node_cache.ids() == []
+
+
+def test_priority_order(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    limited = ATTRS.replace("max-servers: 10", "max-servers: 1")
+    order: list[str] = []
+    ids = {
+        "low": zuul.submit(["small"], priority="300"),
+        "rel5": zuul.submit(["small"], priority="200", relative_priority=5),
+        "rel3": zuul.submit(["small"], priority="200", relative_priority=3),
+        "high": zuul.submit(["small"], priority="100"),
+        "revised": zuul.submit(["small"], priority="200", relative_priority=9),
+    }
+    # Zuul revises a request's relative priority while nobody holds its lock.
+    assert zuul.revise_priority(ids["revised"], 1)
+    launchers(limited)
+    by_id = {v: k for k, v in ids.items()}
+    for _ in ids:
+        done = wait_for(lambda: next((rid for rid in ids.values() if rid not in
+                                      [ids[o] for o in order] and
+                                      (zuul.get_request(rid) or {}).get("state") ==
+                                      "fulfilled"), None), 20, message="next fulfilment")
+        order.append(by_id[done])
+        nodeset = zuul.accept(done)
+        zuul.use(nodeset)
+        zuul.release(nodeset)
+    assert order == ["high", "revised", "rel3", "rel5", "low"]
+
+
+TWO_PROVIDERS = """
+labels:
+  - name: small
+providers:
+  - name: fake-a
+    driver: fake
+    pools:
+      - name: main
+        labels:
+          - name: small
+            type: namespace
+  - name: fake-b
+    driver: fake
+    priority: {b_priority}
+    pools:
+      - name: main
+        labels:
+          - name: small
+            type: namespace
+"""
+
+
+def test_provider_preference(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launchers(TWO_PROVIDERS.format(b_priority=100))
+    for wanted in ("fake-b", "fake-a", "fake-b"):
+        request_id = zuul.submit(["small"], provider=wanted)
+        body = zuul.wait(request_id)
+        assert body is not None and body["state"] == "fulfilled"
+        node = zuul.get_node(body["nodes"][0])
+        assert node is not None and node["provider"] == wanted
+        zuul.cancel(request_id)
+
+
+def test_pool_priority(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launchers(TWO_PROVIDERS.format(b_priority=10))
+    for _ in range(3):
+        request_id = zuul.submit(["small"])
+        body = zuul.wait(request_id)
+        assert body is not None and body["state"] == "fulfilled"
+        node = zuul.get_node(body["nodes"][0])
+        assert node is not None and node["provider"] == "fake-b"
+        zuul.cancel(request_id)
+
+
+def test_many_concurrent_builds(launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launchers(ATTRS.replace("max-servers: 10", "max-servers: 4"))
+    errors: list[BaseException] = []
+
+    def build() -> None:
+        try:
+            zuul.run_build(["small", "large"], timeout=60)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(90)
+    assert not errors
+
+
+def test_zuul_written_keys_preserved_on_every_write(launchers: LauncherFactory,
+                                                    zuul: ZuulClient,
+                                                    kazoo_client: KazooClient) -> None:
+    launchers(ATTRS)
+    request_id = zuul.submit(["small"], provider=None, event_id="evt-1")
+    before = json.loads(kazoo_client.get(paths.request_path(request_id))[0])
+    body = zuul.wait(request_id)
+    assert body is not None
+    for key, value in before.items():
+        if key not in ("state", "state_time"):
+            assert body[key] == value, key

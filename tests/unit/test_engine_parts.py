@@ -1,0 +1,124 @@
+"""Small engine parts without ZooKeeper: the statsd facade (null and real UDP), engine
+settings from the environment, the fake provider's controls, the driver registry and the
+launcher command's configuration errors."""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+import pytest
+
+from nodepool_k8s import stats
+from nodepool_k8s.cmd import launcher as launcher_cmd
+from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
+from nodepool_k8s.driver import registry
+from nodepool_k8s.driver.base import LaunchSpec, RequestInfo
+from nodepool_k8s.driver.fake import FakeProvider
+from nodepool_k8s.exceptions import ConfigError, LaunchError, TemporaryError
+from nodepool_k8s.launcher.settings import EngineSettings
+
+
+def test_stats_null_when_unconfigured() -> None:
+    facade = stats.from_env({})
+    facade.launch("p", "zuul", stats.RESULT_READY, 12.5)  # no error, nothing sent
+    facade.leaked_nodes("p")
+
+
+def test_stats_udp_names() -> None:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.settimeout(5)
+    port = sock.getsockname()[1]
+    facade = stats.from_env({"STATSD_HOST": "127.0.0.1", "STATSD_PORT": str(port)})
+    facade.launch("kube", "zuul.example:1", stats.RESULT_READY, 42)
+    facade.leaked_nodes("kube")
+    packets = {sock.recv(4096).decode() for _ in range(7)}
+    sock.close()
+    assert "nodepool.launch.ready:42.000000|ms" in packets
+    assert "nodepool.launch.ready:1|c" in packets
+    assert "nodepool.launch.provider.kube.ready:1|c" in packets
+    assert "nodepool.launch.requestor.zuul_example_1.ready:1|c" in packets
+    assert "nodepool.provider.kube.leaked.nodes:1|c" in packets
+
+
+def test_stats_never_raise() -> None:
+    class Broken:
+        def timing(self, *a: object) -> None:
+            raise OSError("down")
+
+        incr = gauge = timing
+
+    stats.Stats(Broken()).launch("p", None, stats.RESULT_UNKNOWN, 1)  # type: ignore[arg-type]
+
+
+def test_settings_from_env() -> None:
+    settings = EngineSettings.from_env({"NODEPOOL_K8S_CLEANUP_INTERVAL": "2.5",
+                                        "NODEPOOL_K8S_LAUNCH_WORKERS": "4"})
+    assert settings.cleanup_interval == 2.5 and settings.launch_workers == 4
+    with pytest.raises(ConfigError):
+        EngineSettings.from_env({"NODEPOOL_K8S_STALE_INIT_AGE": "soon"})
+
+
+def provider_config(**label_kw: object) -> ProviderConfig:
+    label = PoolLabel(name="small", type="namespace", **label_kw)  # type: ignore[arg-type]
+    pool = PoolConfig(name="main", provider="fake", labels={"small": label})
+    return ProviderConfig(name="fake", driver="fake", pools={"main": pool})
+
+
+def spec(config: ProviderConfig, attempt: int = 1) -> LaunchSpec:
+    pool = config.pools["main"]
+    return LaunchSpec(node_id="0000000007", provider=config, pool=pool,
+                      label=pool.labels["small"], request=RequestInfo(id="200-0000000001"),
+                      attempt=attempt)
+
+
+def test_fake_provider_launch_fail_cancel_delete() -> None:
+    config = provider_config()
+    fake = FakeProvider(config)
+    seen: list[str] = []
+    result = fake.launch(spec(config), threading.Event(), seen.append)
+    assert seen == ["main-0000000007"] and result.connection_type == "namespace"
+    assert result.connection_port["namespace"] == "main-0000000007"
+    assert fake.resource_ids() == {"main-0000000007"}
+    fake.fail_next(1, TemporaryError("api down"), op="delete")
+    with pytest.raises(TemporaryError):
+        fake.delete("main-0000000007")
+    fake.delete("main-0000000007")
+    fake.delete("main-0000000007")  # missing is success
+    fake.fail_next(1)
+    with pytest.raises(LaunchError):
+        fake.launch(spec(config, attempt=2), threading.Event())
+    assert fake.launch(spec(config, attempt=2), threading.Event()).external_id == \
+        "main-0000000007-2"
+    slow = provider_config(fake_launch_delay=60.0)
+    cancel = threading.Event()
+    cancel.set()
+    with pytest.raises(LaunchError) as info:
+        FakeProvider(slow).launch(spec(slow), cancel)
+    assert info.value.reason == "Cancelled"
+    failing = provider_config(fake_fail=True)
+    with pytest.raises(LaunchError):
+        FakeProvider(failing).launch(spec(failing), threading.Event())
+    assert fake.call_names().count("launch") == 3
+
+
+def test_driver_registry() -> None:
+    provider = registry.make_provider(provider_config())
+    assert isinstance(provider, FakeProvider)
+    assert set(registry.DRIVERS) == {"fake", "kubernetes"}
+    bad = ProviderConfig(name="x", driver="nope", pools={})
+    with pytest.raises(ConfigError):
+        registry.make_provider(bad)
+
+
+def test_launcher_command_rejects_bad_config(tmp_path: object,
+                                             capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    # Keep the test process's logging (and pytest's capture) as it is.
+    monkeypatch.setattr(launcher_cmd.logconfig, "setup", lambda *a, **k: None)
+    path = f"{tmp_path}/broken.yaml"
+    with open(path, "w") as f:
+        f.write("providers: [oops\n")
+    assert launcher_cmd.main(["-c", path]) == 1
+    assert "broken.yaml" in capsys.readouterr().err

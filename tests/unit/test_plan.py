@@ -1,0 +1,171 @@
+"""Pure launcher decisions: request ordering, triage (yield, decline, accept), the
+"every registered pool declined" rule, node cleanup verdicts (ages, holds, orphans,
+deallocation) and the min-ready shortfall."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from nodepool_k8s import model
+from nodepool_k8s.config.model import (Config, LabelConfig, PoolConfig, PoolLabel,
+                                       ProviderConfig, ZkServer)
+from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.plan import PoolInfo, Verdict
+from nodepool_k8s.model import Node, NodeRequest
+
+NOW = 1_700_000_000.0
+
+
+def pool(labels: tuple[str, ...] = ("a", "b"), **kw: object) -> PoolConfig:
+    return PoolConfig(name="main", provider="p",
+                      labels={n: PoolLabel(name=n, type="namespace") for n in labels},
+                      **kw)  # type: ignore[arg-type]
+
+
+def provider(p: PoolConfig, name: str = "p", **kw: object) -> ProviderConfig:
+    return ProviderConfig(name=name, driver="fake", pools={p.name: p}, **kw)  # type: ignore
+
+
+def req(rid: str = "200-0000000001", types: tuple[str, ...] = ("a",), **kw: object) \
+        -> NodeRequest:
+    return NodeRequest(id=rid, node_types=list(types), **kw)  # type: ignore[arg-type]
+
+
+ME = PoolInfo("me", "p", frozenset({"a", "b"}), 100)
+
+
+def triage(r: NodeRequest, registered: list[PoolInfo], p: PoolConfig | None = None,
+           me: PoolInfo = ME) -> plan.Decision:
+    p = p or pool()
+    return plan.triage(r, me, p, provider(p), [me] + registered)
+
+
+def test_order_by_lacking_then_priority_then_relative_then_sequence() -> None:
+    requests = [req("300-0000000001"), req("100-0000000009", relative_priority=5),
+                req("100-0000000008", relative_priority=5), req("100-0000000003",
+                                                                relative_priority=1),
+                req("099-0000000010", types=("x",)), req("200-0000000002")]
+    ordered = [r.id for r in plan.order(requests, {"a"})]
+    assert ordered == ["100-0000000003", "100-0000000008", "100-0000000009",
+                       "200-0000000002", "300-0000000001", "099-0000000010"]
+
+
+def test_skip_states_and_own_declines() -> None:
+    assert triage(req(state=model.PENDING), []).verdict is Verdict.SKIP
+    assert triage(req(declined_by=["me"]), []).verdict is Verdict.SKIP
+    assert triage(req(), []).verdict is Verdict.ACCEPT
+
+
+def test_yield_to_preferred_provider_only_if_it_is_a_candidate() -> None:
+    other = PoolInfo("o", "q", frozenset({"a"}), 100)
+    assert triage(req(provider="q"), [other]).verdict is Verdict.SKIP
+    assert triage(req(provider="q", declined_by=["o"]), [other]).verdict is Verdict.ACCEPT
+    assert triage(req(provider="zzz"), [other]).verdict is Verdict.ACCEPT
+    assert triage(req(provider="p"), [other]).verdict is Verdict.ACCEPT
+
+
+def test_yield_to_higher_priority_unless_paused() -> None:
+    better = PoolInfo("o", "q", frozenset({"a"}), 50)
+    assert triage(req(), [better]).verdict is Verdict.SKIP
+    paused = PoolInfo("o", "q", frozenset({"a"}), 50, paused=True)
+    assert triage(req(), [paused]).verdict is Verdict.ACCEPT
+    worse = PoolInfo("o", "q", frozenset({"a"}), 200)
+    assert triage(req(), [worse]).verdict is Verdict.ACCEPT
+    lacks = PoolInfo("o", "q", frozenset({"b"}), 50)
+    assert triage(req(), [lacks]).verdict is Verdict.ACCEPT
+
+
+def test_decline_unknown_label_but_leave_it_to_pools_that_have_it() -> None:
+    decision = triage(req(types=("a", "zzz")), [])
+    assert decision.verdict is Verdict.DECLINE and "zzz" in decision.reason
+    has_it = PoolInfo("o", "q", frozenset({"a", "zzz"}), 100)
+    assert triage(req(types=("a", "zzz")), [has_it]).verdict is Verdict.SKIP
+
+
+def test_decline_disabled_and_impossible() -> None:
+    assert triage(req(), [], pool(max_servers=0)).reason == "pool is disabled"
+    decision = triage(req(types=("a", "a", "a")), [], pool(max_servers=2))
+    assert decision.verdict is Verdict.DECLINE and "quota" in decision.reason
+    p = pool()
+    prov = provider(p, max_servers=1)
+    decision = plan.triage(req(types=("a", "b")), ME, p, prov, [ME])
+    assert decision.verdict is Verdict.DECLINE
+
+
+def test_all_declined() -> None:
+    assert plan.all_declined(["a", "b"], {"a", "b"})
+    assert plan.all_declined(["a", "b", "gone"], {"a", "b"})
+    assert not plan.all_declined(["a"], {"a", "b"})
+
+
+def config(**labels: LabelConfig) -> Config:
+    return Config(zookeeper_servers=(ZkServer("h"),), labels=labels, max_hold_age=math.inf)
+
+
+def node(state: str, since: float = NOW, **fields: object) -> Node:
+    n = Node(id="0000000001", state=state, state_time=since, type=["a"])
+    n.set(provider="p", **fields)
+    return n
+
+
+def verdict(n: Node, cfg: Config | None = None, locked: bool = False,
+            exists: bool = True, now: float = NOW) -> plan.NodeVerdict:
+    return plan.node_cleanup(n, now=now, locked=locked, config=cfg or config(),
+                             request_exists=exists, stale_init_age=60)
+
+
+@pytest.mark.parametrize("state", sorted(plan.ORPHAN_STATES))
+def test_unlocked_orphans_are_deleted_locked_never(state: str) -> None:
+    assert verdict(node(state)).action is plan.CleanupAction.DELETE
+    assert verdict(node(state), locked=True).action is plan.CleanupAction.NONE
+
+
+def test_stale_init() -> None:
+    v = verdict(node(model.INIT, NOW - 30))
+    assert v.action is plan.CleanupAction.NONE and v.recheck_at == NOW + 30
+    assert verdict(node(model.INIT, NOW - 60)).action is plan.CleanupAction.DELETE
+
+
+def test_max_ready_age() -> None:
+    cfg = config(a=LabelConfig("a", max_ready_age=100))
+    v = verdict(node(model.READY, NOW - 40), cfg)
+    assert v.action is plan.CleanupAction.NONE and v.recheck_at == NOW + 60
+    assert verdict(node(model.READY, NOW - 100), cfg).action is plan.CleanupAction.DELETE
+    allocated = node(model.READY, NOW - 1000, allocated_to="200-0000000001")
+    assert verdict(allocated, cfg).action is plan.CleanupAction.NONE
+    assert verdict(node(model.READY, NOW - 10**6)).action is plan.CleanupAction.NONE
+
+
+def test_deallocate_when_request_gone() -> None:
+    n = node(model.READY, allocated_to="200-0000000001")
+    assert verdict(n, exists=False).action is plan.CleanupAction.DEALLOCATE
+    assert verdict(n, exists=True).action is plan.CleanupAction.NONE
+
+
+def test_hold_limits() -> None:
+    held = node(model.HOLD, NOW - 50, hold_expiration=100)
+    assert verdict(held).recheck_at == NOW + 50
+    assert verdict(held, now=NOW + 50).action is plan.CleanupAction.DELETE
+    cfg = Config(zookeeper_servers=(ZkServer("h"),), max_hold_age=30)
+    assert verdict(held, cfg).action is plan.CleanupAction.DELETE
+    forever = node(model.HOLD, NOW - 10**6, hold_expiration=0)
+    assert verdict(forever).action is plan.CleanupAction.NONE
+    assert plan.hold_limit(node(model.HOLD, hold_expiration=-5), 0) == math.inf
+    assert plan.hold_limit(node(model.HOLD, hold_expiration=None), 20) == 20
+
+
+def test_min_ready_shortfall_counts_spares_once() -> None:
+    spare = node(model.READY)
+    held_by_min_ready = node(model.READY, allocated_to="900-0000000004")
+    in_use = node(model.READY, allocated_to="200-0000000005")
+    outstanding = req("900-0000000006", requestor=model.MIN_READY_REQUESTOR)
+    fulfilled = req("900-0000000004", requestor=model.MIN_READY_REQUESTOR,
+                    state=model.FULFILLED)
+    zuul = req("200-0000000007")
+    assert plan.min_ready_shortfall("a", 5, [spare, held_by_min_ready, in_use],
+                                    [outstanding, fulfilled, zuul]) == 2
+    assert plan.min_ready_shortfall("a", 1, [spare], []) == 0
+    assert plan.min_ready_shortfall("b", 1, [spare], [outstanding]) == 1
+    assert plan.min_ready_shortfall("a", 0, [], []) == 0
