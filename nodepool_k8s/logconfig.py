@@ -47,13 +47,18 @@ def setup(path: str | None = None, debug: bool = False) -> None:
         raise ConfigError(f"invalid logging configuration: {exc}", path) from exc
 
 
-class _Annotated(logging.LoggerAdapter):  # type: ignore[type-arg]
+class _Annotated(logging.LoggerAdapter[logging.Logger]):
+    def __init__(self, logger: logging.Logger, prefix: str) -> None:
+        super().__init__(logger, {})
+        self.prefix = prefix
+
     def process(self, msg: Any, kwargs: MutableMapping[str, Any]) -> tuple[Any, Any]:
-        return f"{self.extra['prefix']}{msg}", kwargs
+        return f"{self.prefix}{msg}", kwargs
 
 
 def annotate(logger: logging.Logger, event_id: str | None = None,
-             request_id: str | None = None, node_id: str | None = None) -> logging.LoggerAdapter:  # type: ignore[type-arg]
+             request_id: str | None = None,
+             node_id: str | None = None) -> logging.LoggerAdapter[logging.Logger]:
     parts = []
     if event_id:
         parts.append(f"[e: {event_id}]")
@@ -62,4 +67,4 @@ def annotate(logger: logging.Logger, event_id: str | None = None,
     if node_id:
         parts.append(f"[node: {node_id}]")
     prefix = " ".join(parts) + (" " if parts else "")
-    return _Annotated(logger, {"prefix": prefix})
+    return _Annotated(logger, prefix)

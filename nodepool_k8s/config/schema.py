@@ -95,7 +95,7 @@ def format_path(path: Iterable[Any]) -> str:
 
 
 def _message(error: Invalid) -> str:
-    msg = error.msg
+    msg = str(error.msg)
     if msg == "required key not provided":
         return "required key is missing"
     return msg
