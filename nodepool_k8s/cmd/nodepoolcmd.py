@@ -4,18 +4,28 @@ Owns: argument parsing (global `-c/--config`, `-s/--secure`, `--debug`, `--versi
 subcommand table. Each subcommand is one `_add_<name>(subparsers)` function that registers its
 parser and sets `func` to a `cmd_<name>(args) -> int` handler; add new ones to `SUBCOMMANDS`.
 
+The handlers of the ZooKeeper commands live in `commands_list` (list, request-list,
+label-list, info: read-only) and `commands_node` (delete, hold); `common` opens the session.
+
 How it fails: handlers return the exit status (0 success, 1 failure) and print problems to
-stderr; `main` never lets a `NodepoolError` escape as a traceback. argparse usage errors exit 2.
+stderr; `main` never lets a `NodepoolError` escape as a traceback (ZooKeeper unreachable,
+unknown node, locked node, invalid configuration: one line, exit 1). argparse usage errors
+exit 2; Ctrl-C exits 130; a closed pipe on stdout exits 1 quietly.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
-from typing import Any, Callable, Sequence
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
 
 from nodepool_k8s import __version__
+from nodepool_k8s.cmd import common
+from nodepool_k8s.cmd.commands_list import cmd_info, cmd_label_list, cmd_list, cmd_request_list
+from nodepool_k8s.cmd.commands_node import cmd_delete, cmd_hold
 from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.exceptions import ConfigError, NodepoolError
 
@@ -46,9 +56,91 @@ def _add_config_validate(subparsers: Subparsers) -> None:
     parser.set_defaults(func=cmd_config_validate)
 
 
+def _add_list(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "list", help="list nodes",
+        description="List every node: ID, Provider, Label, Server ID, Public IPv4, IPv6,"
+                    " State, Age, Locked. Secrets (a Kubernetes node's connection data)"
+                    " are shown as 'redacted'.")
+    parser.add_argument("--detail", action="store_true",
+                        help="add Pool, Hostname, Private IPv4, AZ, Username, Port, Launcher,"
+                             " Allocated To, Hold Job, Comment, User Data, Driver Data")
+    common.add_json_option(parser)
+    parser.set_defaults(func=cmd_list)
+
+
+def _add_delete(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "delete", help="delete a node",
+        description="Mark a node 'deleting' (its launcher deletes it), or with --now delete"
+                    " its resource and record here. Nodes locked by another client (Zuul"
+                    " holds the lock while a job runs) are refused unless --force is given.")
+    parser.add_argument("id", help="node id (leading zeros may be omitted)")
+    parser.add_argument("--now", action="store_true",
+                        help="delete the resource through the configured provider and remove"
+                             " the node record, in the foreground")
+    parser.add_argument("--force", action="store_true",
+                        help="break the lock of another client (a running job loses the node)")
+    _add_lock_timeout(parser)
+    parser.set_defaults(func=cmd_delete)
+
+
+def _add_hold(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "hold", help="hold a node",
+        description="Put a node in state 'hold' so it is kept (until max-hold-age) for"
+                    " inspection. Nodes locked by another client are refused.")
+    parser.add_argument("id", help="node id (leading zeros may be omitted)")
+    parser.add_argument("--reason", default=None,
+                        help="stored as the node's comment (shown by list --detail)")
+    _add_lock_timeout(parser)
+    parser.set_defaults(func=cmd_hold)
+
+
+def _add_lock_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--lock-timeout", type=float, default=common.LOCK_TIMEOUT,
+                        metavar="SECONDS",
+                        help=f"how long to wait for the node lock (default:"
+                             f" {common.LOCK_TIMEOUT:g})")
+
+
+def _add_request_list(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "request-list", help="list node requests",
+        description="List node requests: Request ID, Priority (relative priority), State,"
+                    " Requestor, Node Types, Nodes, Declined By, Event ID.")
+    common.add_json_option(parser)
+    parser.set_defaults(func=cmd_request_list)
+
+
+def _add_label_list(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "label-list", help="list the labels running pools serve",
+        description="List the labels that the registered (running) pools support.")
+    common.add_json_option(parser)
+    parser.set_defaults(func=cmd_label_list)
+
+
+def _add_info(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "info", help="show a provider's nodes and registered pools",
+        description="Show the nodes of PROVIDER (ID, Server ID, State, Label, Pool) and the"
+                    " pools registered for it (Pool, Pool ID, Hostname, Supported Labels,"
+                    " Paused, State).")
+    parser.add_argument("provider", help="provider name")
+    common.add_json_option(parser)
+    parser.set_defaults(func=cmd_info)
+
+
 # Each entry registers one subcommand.
 SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     _add_config_validate,
+    _add_list,
+    _add_delete,
+    _add_hold,
+    _add_request_list,
+    _add_label_list,
+    _add_info,
 ]
 
 
@@ -79,11 +171,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with _quiet_connection_logs(not args.debug):
+        try:
+            return int(args.func(args))
+        except NodepoolError as exc:
+            print(f"nodepool {args.command}: {exc}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"nodepool {args.command}: interrupted", file=sys.stderr)
+            return 130
+        except BrokenPipeError:
+            # `nodepool list | head`: the reader is gone. Silence the flush at exit too.
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            except (OSError, ValueError):  # stdout is not a file descriptor (tests)
+                pass
+            return 1
+
+
+# Connection retries are logged by kazoo and our client once per attempt; a command reports
+# the outcome in one line instead (`--debug` shows them).
+_CHATTY_LOGGERS = ("kazoo", "nodepool_k8s.zk.client")
+
+
+@contextmanager
+def _quiet_connection_logs(quiet: bool) -> Iterator[None]:
+    # Restored afterwards: `main` also runs inside other processes (tests).
+    saved = {name: logging.getLogger(name).level for name in _CHATTY_LOGGERS}
+    if quiet:
+        for name in _CHATTY_LOGGERS:
+            logging.getLogger(name).setLevel(logging.CRITICAL)
     try:
-        return int(args.func(args))
-    except NodepoolError as exc:
-        print(f"nodepool {args.command}: {exc}", file=sys.stderr)
-        return 1
+        yield
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
 
 
 if __name__ == "__main__":

@@ -79,7 +79,10 @@ def break_lock(zk: ZkClient, path: str, identifier: str = "") -> BrokenLock:
             ahead = _ahead_of(zk.get_children(path) or [], node)
             if not ahead:
                 return BrokenLock(held, tuple(removed))
-            for contender in ahead:
+            # Nearest first, the holder last: a waiter acts only when its predecessor
+            # vanishes, and by then its own contender is gone, so it re-queues behind us.
+            # Holder first would let the next waiter believe it got the lock.
+            for contender in reversed(ahead):
                 try:
                     zk.delete(f"{path}/{contender}")
                     removed.append(contender)

@@ -1,0 +1,191 @@
+"""The `nodepool` subcommands that change a node: delete and hold.
+
+Owns: the operator's side of the node lock protocol. Every change is made while holding the
+node's lock (`/nodepool/nodes/<id>/lock`, the kazoo recipe Zuul and the launchers use), on
+a copy re-read after locking, with a versioned write; the lock is then released.
+
+- `delete`: lock (waiting up to `--lock-timeout`, 5 s), write `deleting`, unlock; the
+  launcher serving the node's provider deletes the resource and the znode (it removes
+  unlocked `deleting` nodes). `--now` does that work here instead: the provider is built
+  from the configuration, the resource deleted, then the znode removed with its lock.
+- A node whose lock is held by someone else (Zuul holds it for the whole job, a launcher
+  while building or deleting) is refused, naming the reason. `--force` breaks that lock
+  (see `zk.admin.break_lock`): the holder's lock contender is removed, the node is locked
+  by us, re-read and marked `deleting`. The holder is not asked: a running job loses its
+  node; a launcher notices at its next write (its writes check its lock) and stops.
+- `hold`: lock, write `hold` with the reason as `comment`, unlock. Nodes being deleted
+  and nodes locked by someone else are refused; there is no `--force`.
+
+How it fails: `CliError` for unknown ids, locked nodes, a provider missing from the
+configuration (`--now`) and a resource that could not be deleted (the node then stays
+`deleting`, unlocked, so its launcher retries). Lock-protocol errors from `zk` propagate as
+`NodepoolError`s; the lock is always released on the way out.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from nodepool_k8s import model, status
+from nodepool_k8s.cmd import common
+from nodepool_k8s.cmd.common import CliError, Session
+from nodepool_k8s.config.model import ProviderConfig
+from nodepool_k8s.driver import registry
+from nodepool_k8s.exceptions import NodepoolError, NotFound
+from nodepool_k8s.model import Node
+from nodepool_k8s.zk import admin, paths
+from nodepool_k8s.zk.locks import HeldLock
+
+GONE_STATES = (model.DELETING, model.DELETED)
+DEFAULT_HOLD_REASON = "held with nodepool hold"
+
+
+@dataclass
+class Locked:
+    """A node we hold locked, freshly read."""
+
+    node: Node
+    lock: HeldLock
+
+
+# -- shared ------------------------------------------------------------------------------------
+
+def _locked_by_other(node_id: str) -> str:
+    return f"node {node_id} is locked by another client (in use?)"
+
+
+def _require_node(s: Session, node_id: str) -> Node:
+    """The node's record; unknown ids and unreadable records raise."""
+    node = s.nodes.get(node_id)
+    if node is not None:
+        return node
+    if s.zk.exists(paths.node_path(node_id)) is None:
+        raise CliError(f"node {node_id} not found")
+    raise CliError(f"node {node_id} has an unreadable record (empty or not a node); it"
+                   " cannot be changed with this command")
+
+
+def _lock(s: Session, node_id: str, timeout: float) -> Locked | None:
+    """Lock and re-read; None when someone else kept the lock. Unknown ids raise."""
+    got = s.nodes.lock_and_read(node_id, blocking=True, timeout=timeout)
+    if got is not None:
+        return Locked(got[1], got[0])
+    _require_node(s, node_id)  # raises unless it exists: then it is locked elsewhere
+    return None
+
+
+def _force_lock(s: Session, node_id: str) -> Locked:
+    """Take the lock from its holder (delete --force) and re-read the node under it."""
+    try:
+        broken = admin.break_lock(s.zk, paths.node_lock_path(node_id))
+    except NotFound as exc:  # the lock dir's parent, the node, is gone
+        raise CliError(f"node {node_id} not found") from exc
+    if broken.removed:
+        common.warn(f"node {node_id}: broke the lock held by another client (removed "
+                    f"{len(broken.removed)} lock contender(s)); its holder loses the node")
+    node = s.nodes.get(node_id)
+    if node is None:
+        broken.held.release()
+        _require_node(s, node_id)  # names the problem (gone, unreadable)
+        raise CliError(f"node {node_id} changed while it was being locked; try again")
+    return Locked(node, broken.held)
+
+
+def _print_node(node: Node, locked: bool = False) -> None:
+    rows = [status.node_row(status.NodeView(node, locked), common.now())]
+    common.emit(rows, status.NODE_COLUMNS, as_json=False)
+
+
+def _mark(node: Node, state: str) -> None:
+    node.state, node.state_time = state, common.now()
+
+
+# -- delete ------------------------------------------------------------------------------------
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    node_id = common.node_id(args.id)
+    with common.session(args) as s:
+        seen = _require_node(s, node_id)
+        if args.now:
+            # Refuse before touching the node when the resource could not be deleted here.
+            _provider_config(s, seen)
+        locked = _lock(s, node_id, args.lock_timeout)
+        if locked is None:
+            if not args.force:
+                raise CliError(f"{_locked_by_other(node_id)}; use --force to delete it anyway")
+            locked = _force_lock(s, node_id)
+        try:
+            node = locked.node
+            if args.now:
+                _delete_now(s, locked)
+            elif node.state not in GONE_STATES:  # else already on its way: no write
+                _mark(node, model.DELETING)
+                s.nodes.store_and_release(node, locked.lock)
+        finally:
+            locked.lock.release()
+    _print_node(node)
+    return 0
+
+
+def _provider_config(s: Session, node: Node) -> ProviderConfig | None:
+    """The configured provider whose resource `--now` must delete (None: nothing to delete)."""
+    if node.provider is None or not node.external_id or node.state == model.DELETED:
+        return None
+    provider = s.config.providers.get(node.provider)
+    if provider is None:
+        raise CliError(
+            f"node {node.id} belongs to provider {node.provider!r}, which is not in the"
+            f" configuration {s.config.sources[0] if s.config.sources else ''}; --now needs"
+            " it to delete the resource (without --now the provider's launcher deletes it)")
+    return provider
+
+
+def _delete_now(s: Session, locked: Locked) -> None:
+    """The launcher's deletion, in the foreground: `deleting`, resource, znode."""
+    node = locked.node
+    provider_config = _provider_config(s, node)
+    if provider_config is not None:
+        if node.state != model.DELETING:
+            # Recorded first, so a failure below leaves a node its launcher finishes.
+            _mark(node, model.DELETING)
+            s.nodes.store(node, locked.lock)
+        _delete_resource(provider_config, node)
+    if not s.nodes.delete(node, locked.lock):
+        common.warn(f"node {node.id}: other clients keep contending for its lock; it is left"
+                    " in state deleted for a launcher to remove")
+    _mark(node, model.DELETED)
+
+
+def _delete_resource(config: ProviderConfig, node: Node) -> None:
+    provider = registry.make_provider(config)
+    try:
+        provider.start()
+        provider.delete(node.external_id)
+    except NodepoolError as exc:  # the driver contract: TemporaryError (or a config error)
+        raise CliError(f"could not delete {node.external_id} of node {node.id} ({exc}); the"
+                       f" node stays in state deleting and its launcher retries") from exc
+    finally:
+        provider.stop()
+
+
+# -- hold --------------------------------------------------------------------------------------
+
+def cmd_hold(args: argparse.Namespace) -> int:
+    node_id = common.node_id(args.id)
+    with common.session(args) as s:
+        locked = _lock(s, node_id, args.lock_timeout)
+        if locked is None:
+            raise CliError(f"{_locked_by_other(node_id)}; cannot hold it")
+        node = locked.node
+        try:
+            if node.state in GONE_STATES:
+                raise CliError(f"node {node_id} is being deleted (state {node.state});"
+                               " cannot hold it")
+            _mark(node, model.HOLD)
+            node.set(comment=args.reason or DEFAULT_HOLD_REASON)
+            s.nodes.store_and_release(node, locked.lock)
+        finally:
+            locked.lock.release()
+    _print_node(node)
+    return 0

@@ -1,0 +1,94 @@
+"""Plumbing shared by the `nodepool` subcommands that talk to ZooKeeper.
+
+Owns: opening one short-lived ZooKeeper session from `-c/-s` (the configuration's
+`zookeeper-servers`, `zookeeper-tls` and chroot), node id normalisation, and printing
+results as a table or as JSON (the same views and keys as the web app, from `status`).
+
+How it fails: a problem the operator must fix raises `CliError` (a `NodepoolError`) whose
+message is the one line `nodepool` prints before exiting 1. An invalid configuration raises
+`ConfigError`; ZooKeeper not answering within `CONNECT_TIMEOUT` raises `ZkConnectionError`.
+Nothing here retries forever: a command either finishes or fails within seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
+
+from nodepool_k8s import status
+from nodepool_k8s.config.loader import load_config
+from nodepool_k8s.config.model import Config
+from nodepool_k8s.exceptions import NodepoolError
+from nodepool_k8s.zk import admin
+from nodepool_k8s.zk.client import ZkClient, ZkSettings
+from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.reader import NodeRow, ZkReader
+
+# Long enough for a TLS handshake to a remote ensemble, short enough that a typo in the
+# configuration does not look like a hang.
+CONNECT_TIMEOUT = 5.0
+# Nodepool's CLI waits this long for a node lock.
+LOCK_TIMEOUT = 5.0
+NODE_ID_DIGITS = 10
+
+
+class CliError(NodepoolError):
+    """A problem the operator has to act on; the message is printed as is."""
+
+
+@dataclass
+class Session:
+    """A loaded configuration with an open ZooKeeper session."""
+
+    config: Config
+    zk: ZkClient
+    reader: ZkReader
+    nodes: NodeStore
+
+
+@contextmanager
+def session(args: argparse.Namespace) -> Iterator[Session]:
+    """Load `-c/-s`, connect (bounded), yield, and always close the session."""
+    config = load_config(args.config, args.secure)
+    client = admin.connect(ZkSettings.from_config(config), CONNECT_TIMEOUT)
+    try:
+        yield Session(config, client, ZkReader(client), NodeStore(client))
+    finally:
+        client.stop()
+
+
+def node_id(text: str) -> str:
+    """Accept `3` for `0000000003`: node ids are ZooKeeper's 10-digit sequence numbers."""
+    text = text.strip()
+    if text.isdigit() and len(text) < NODE_ID_DIGITS:
+        return text.zfill(NODE_ID_DIGITS)
+    return text
+
+
+def now() -> float:
+    return time.time()
+
+
+def node_views(rows: Sequence[NodeRow]) -> list[status.NodeView]:
+    """`ZkReader` rows as the views `status` renders."""
+    return [status.NodeView(row.node, row.locked) for row in rows]
+
+
+def emit(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
+         as_json: bool) -> None:
+    """Print rows as Nodepool's table, or as the web app's JSON list."""
+    text = status.render_json(rows) if as_json else status.render_table(rows, columns)
+    sys.stdout.write(text + "\n")
+
+
+def warn(message: str) -> None:
+    print(f"warning: {message}", file=sys.stderr)
+
+
+def add_json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print JSON (the web app's keys) instead of a table")

@@ -1,0 +1,205 @@
+"""`nodepool delete`: default (the launcher deletes), --now (here, through the provider),
+refusal of nodes Zuul has locked, --force (breaking the lock), unknown ids and failures."""
+
+from __future__ import annotations
+
+import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
+
+from nodepool_k8s.clock import Clock
+from nodepool_k8s.config.model import ProviderConfig
+from nodepool_k8s.driver import registry
+from nodepool_k8s.driver.fake import FakeProvider
+from nodepool_k8s.exceptions import TemporaryError
+from nodepool_k8s.launcher.daemon import Launcher
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.testing_client import ZuulClient
+from tests.cli.conftest import (MIN_READY, Cli, fake_provider, foreign_node, in_use,
+                                lock_contenders, node_state, ready_node)
+from tests.helpers import wait_for
+from tests.launcher.conftest import LauncherFactory
+
+FAST = ("--lock-timeout", "0.2")
+
+
+def _share_cloud(monkeypatch: pytest.MonkeyPatch, launcher: Launcher) -> list[FakeProvider]:
+    """Make the CLI's fake provider see the launcher's (in-memory) cloud."""
+    built: list[FakeProvider] = []
+    cloud = fake_provider(launcher).cloud
+
+    def factory(config: ProviderConfig, clock: Clock) -> FakeProvider:
+        provider = FakeProvider(config, clock=clock, cloud=cloud)
+        built.append(provider)
+        return provider
+
+    monkeypatch.setitem(registry.DRIVERS, "fake", factory)
+    return built
+
+
+def test_default_marks_deleting_and_the_launcher_deletes(
+        cli: Cli, launchers: LauncherFactory, kazoo_client: KazooClient) -> None:
+    launcher = launchers(MIN_READY)
+    node_id = ready_node(kazoo_client)
+    external_id = f"main-{node_id}"
+    assert external_id in fake_provider(launcher).resource_ids()
+
+    result = cli("delete", node_id)
+    assert (result.code, result.err) == (0, "")
+    row = result.table()[0]
+    assert row[0] == node_id and row[6] == "deleting" and row[8] == "unlocked"
+    wait_for(lambda: kazoo_client.exists(paths.node_path(node_id)) is None,
+             message="the launcher to remove the node")
+    assert external_id not in fake_provider(launcher).resource_ids()
+
+
+def test_short_ids_are_accepted(cli: Cli, launchers: LauncherFactory,
+                                kazoo_client: KazooClient) -> None:
+    launchers(MIN_READY)
+    node_id = ready_node(kazoo_client)
+    result = cli("delete", str(int(node_id)))
+    assert result.code == 0 and result.table()[0][0] == node_id
+
+
+def test_now_deletes_resource_and_znode(cli: Cli, launchers: LauncherFactory,
+                                        kazoo_client: KazooClient,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = launchers(MIN_READY)
+    built = _share_cloud(monkeypatch, launcher)
+    node_id = ready_node(kazoo_client)
+    external_id = f"main-{node_id}"
+
+    result = cli("delete", node_id, "--now")
+    assert (result.code, result.err) == (0, "")
+    assert result.table()[0][6] == "deleted"
+    # Done in the foreground: gone when the command returns, through the CLI's provider.
+    assert kazoo_client.exists(paths.node_path(node_id)) is None
+    assert external_id not in fake_provider(launcher).resource_ids()
+    assert [p.call_names() for p in built] == [["start", "delete", "stop"]]
+    assert fake_provider(launcher).call_names().count("delete") == 0
+
+
+def test_now_failure_leaves_the_node_deleting_for_its_launcher(
+        cli: Cli, launchers: LauncherFactory, kazoo_client: KazooClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = launchers(MIN_READY)
+    cloud = fake_provider(launcher).cloud
+
+    def failing(config: ProviderConfig, clock: Clock) -> FakeProvider:
+        provider = FakeProvider(config, clock=clock, cloud=cloud)
+        provider.fail_next(op="delete", exc=TemporaryError("API unavailable"))
+        return provider
+
+    monkeypatch.setitem(registry.DRIVERS, "fake", failing)
+    node_id = ready_node(kazoo_client)
+    result = cli("delete", node_id, "--now")
+    assert result.code == 1 and result.out == ""
+    assert result.err == (f"nodepool delete: could not delete main-{node_id} of node {node_id}"
+                          " (API unavailable); the node stays in state deleting and its"
+                          " launcher retries\n")
+    # Unlocked and deleting: the launcher finishes the job.
+    wait_for(lambda: kazoo_client.exists(paths.node_path(node_id)) is None,
+             message="the launcher to remove the node")
+    assert f"main-{node_id}" not in fake_provider(launcher).resource_ids()
+
+
+def test_now_needs_the_provider_in_the_configuration(cli: Cli,
+                                                     kazoo_client: KazooClient) -> None:
+    node_id = foreign_node(kazoo_client)
+    result = cli("delete", "--now", node_id)
+    assert result.code == 1 and result.out == ""
+    assert f"node {node_id} belongs to provider 'elsewhere', which is not in the" \
+           f" configuration {cli.path}" in result.err
+    assert len(result.err.splitlines()) == 1
+    # Refused before anything changed; without --now it works (its launcher would delete).
+    assert node_state(kazoo_client, node_id) == "ready"
+    assert lock_contenders(kazoo_client, node_id) == []
+    assert cli("delete", node_id).code == 0
+    assert node_state(kazoo_client, node_id) == "deleting"
+
+
+def test_refuses_a_node_zuul_has_locked(cli: Cli, launchers: LauncherFactory,
+                                        zuul: ZuulClient, kazoo_client: KazooClient) -> None:
+    launchers()
+    nodeset = in_use(zuul, ["small"])
+    node_id = nodeset.nodes[0].id
+    for extra in ((), ("--now",)):
+        result = cli("delete", node_id, *FAST, *extra)
+        assert result.code == 1 and result.out == ""
+        assert result.err == (f"nodepool delete: node {node_id} is locked by another client"
+                              " (in use?); use --force to delete it anyway\n")
+    assert node_state(kazoo_client, node_id) == "in-use"
+    assert nodeset.nodes[0].lock.is_acquired
+    assert len(lock_contenders(kazoo_client, node_id)) == 1  # ours were removed
+    zuul.release(nodeset)
+
+
+def test_force_breaks_zuuls_lock(cli: Cli, launchers: LauncherFactory, zuul: ZuulClient,
+                                 kazoo_client: KazooClient) -> None:
+    launcher = launchers()
+    nodeset = in_use(zuul, ["small"])
+    node_id = nodeset.nodes[0].id
+    zuul_contender = lock_contenders(kazoo_client, node_id)
+
+    result = cli("delete", node_id, "--force", *FAST)
+    assert result.code == 0
+    assert result.err == (f"warning: node {node_id}: broke the lock held by another client"
+                          " (removed 1 lock contender(s)); its holder loses the node\n")
+    assert result.table()[0][6] == "deleting"
+    assert not set(zuul_contender) & set(lock_contenders(kazoo_client, node_id))
+    # Unlocked `deleting`: the launcher deletes resource and znode.
+    wait_for(lambda: kazoo_client.exists(paths.node_path(node_id)) is None,
+             message="the launcher to remove the node")
+    assert f"main-{node_id}" not in fake_provider(launcher).resource_ids()
+    # Zuul finds out when it next writes the node; it cannot resurrect it.
+    with pytest.raises(NoNodeError):
+        zuul.release(nodeset)
+    assert kazoo_client.exists(paths.node_path(node_id)) is None
+
+
+def test_force_now_on_a_locked_node(cli: Cli, launchers: LauncherFactory, zuul: ZuulClient,
+                                    kazoo_client: KazooClient,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    launcher = launchers()
+    _share_cloud(monkeypatch, launcher)
+    nodeset = in_use(zuul, ["large"])
+    node_id = nodeset.nodes[0].id
+    result = cli("delete", node_id, "--force", "--now", *FAST)
+    assert result.code == 0 and "broke the lock" in result.err
+    assert kazoo_client.exists(paths.node_path(node_id)) is None
+    assert f"main-{node_id}" not in fake_provider(launcher).resource_ids()
+    zuul.unlock(nodeset)  # Zuul's release of a vanished lock is harmless
+
+
+def test_force_on_an_unlocked_node_is_a_plain_delete(cli: Cli,
+                                                     kazoo_client: KazooClient) -> None:
+    node_id = foreign_node(kazoo_client)
+    result = cli("delete", node_id, "--force")
+    assert (result.code, result.err) == (0, "")
+    assert node_state(kazoo_client, node_id) == "deleting"
+
+
+def test_unknown_id(cli: Cli, kazoo_client: KazooClient) -> None:
+    for args in (("0000000042",), ("42", "--now"), ("42", "--force")):
+        result = cli("delete", *args)
+        assert (result.code, result.out) == (1, "")
+        assert result.err == "nodepool delete: node 0000000042 not found\n"
+    # No lock dir or node znode was created on the way.
+    assert kazoo_client.exists(paths.node_path("0000000042")) is None
+
+
+def test_deleting_twice_is_harmless(cli: Cli, kazoo_client: KazooClient) -> None:
+    node_id = foreign_node(kazoo_client)
+    assert cli("delete", node_id).code == 0
+    result = cli("delete", node_id)
+    assert result.code == 0 and result.table()[0][6] == "deleting"
+
+
+def test_unreadable_record(cli: Cli, kazoo_client: KazooClient) -> None:
+    kazoo_client.create(paths.node_path("0000000005"), b"", makepath=True)
+    for command in ("delete", "hold"):
+        result = cli(command, "5")
+        assert result.code == 1
+        assert result.err.splitlines()[-1] == (
+            f"nodepool {command}: node 0000000005 has an unreadable record (empty or not a"
+            " node); it cannot be changed with this command")

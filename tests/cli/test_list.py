@@ -1,0 +1,130 @@
+"""`nodepool list`: Nodepool's columns, --detail, --json, redaction, the Locked column and
+ten thousand nodes in one batched read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kazoo.client import KazooClient
+
+from nodepool_k8s import status
+from nodepool_k8s.cmd.nodepoolcmd import main
+from nodepool_k8s.model import Node
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.testing_client import ZuulClient
+from tests.cli.conftest import Cli, in_use
+from tests.launcher.conftest import LauncherFactory
+
+HEADERS = [h for h, _ in status.NODE_COLUMNS]
+DETAIL_HEADERS = [h for h, _ in status.NODE_DETAIL_COLUMNS]
+
+
+def _headers(out: str) -> list[str]:
+    line = next(line for line in out.splitlines() if line.startswith("|"))
+    return [cell.strip() for cell in line.strip("|").split("|")]
+
+
+def test_empty_installation(cli: Cli) -> None:
+    result = cli("list")
+    assert (result.code, result.err) == (0, "")
+    assert _headers(result.out) == HEADERS
+    assert result.table() == []
+    assert cli("list", "--json").json() == []
+
+
+def test_columns_locked_and_redacted(cli: Cli, launchers: LauncherFactory,
+                                     zuul: ZuulClient) -> None:
+    launchers()
+    busy = in_use(zuul, ["large"])  # Zuul holds its lock
+    request_id = zuul.submit(["small"])
+    body = zuul.wait(request_id)
+    assert body is not None
+    ready_id = body["nodes"][0]  # fulfilled, not yet accepted: ready and unlocked
+    busy_id = busy.nodes[0].id
+
+    result = cli("list")
+    assert result.code == 0 and result.err == ""
+    assert _headers(result.out) == HEADERS
+    rows = {row[0]: dict(zip(HEADERS, row)) for row in result.table()}
+    assert set(rows) == {busy_id, ready_id}
+    assert rows[busy_id]["Provider"] == "fake"
+    assert rows[busy_id]["Label"] == "large"
+    assert rows[busy_id]["Server ID"] == f"main-{busy_id}"
+    assert rows[busy_id]["State"] == "in-use"
+    assert rows[busy_id]["Locked"] == "locked"
+    assert rows[ready_id]["State"] == "ready"
+    assert rows[ready_id]["Locked"] == "unlocked"
+    assert rows[ready_id]["Age"].count(":") == 3  # dd:hh:mm:ss
+
+    detail = cli("list", "--detail")
+    assert _headers(detail.out) == DETAIL_HEADERS
+    drows = {row[0]: dict(zip(DETAIL_HEADERS, row)) for row in detail.table()}
+    assert drows[busy_id]["Pool"] == "main"
+    assert drows[busy_id]["Port"] == "redacted"
+    assert drows[ready_id]["Allocated To"] == request_id
+    assert json.loads(drows[busy_id]["User Data"])["zuul_system"] == zuul.system_id
+    assert "PoolWorker.fake-main" in drows[busy_id]["Launcher"]
+    assert "fake-token" not in detail.out
+
+    as_json = cli("list", "--json")
+    assert as_json.code == 0 and "fake-token" not in as_json.out
+    items = {item["id"]: item for item in as_json.json()}
+    assert items[busy_id]["connection_port"] == "redacted"
+    assert items[busy_id]["locked"] == "locked" and items[ready_id]["locked"] == "unlocked"
+    assert items[busy_id]["label"] == ["large"]
+    # The same keys as the web app's /node-list JSON.
+    assert set(items[busy_id]) == set(status.node_row(
+        status.NodeView(Node(id="0000000000", state="ready"), False), 0.0))
+    # JSON always carries every key: --detail changes nothing but the table.
+    detail_json = {item["id"]: item for item in cli("list", "--detail", "--json").json()}
+    assert set(detail_json) == set(items)
+    assert set(detail_json[busy_id]) == set(items[busy_id])
+    zuul.release(busy)
+
+
+def test_ten_thousand_nodes(cli: Cli, kazoo_client: KazooClient) -> None:
+    """Created with batched transactions; listing uses batched reads (no per-node probes)."""
+    count = 10_000
+    kazoo_client.ensure_path(paths.NODES)
+    body = json.dumps({"state": "ready", "provider": "fake", "pool": "main",
+                       "type": ["small"], "external_id": "ns", "state_time": 1.0,
+                       "connection_port": {"token": "secret-token", "host": "h"}}).encode()
+    batch = 1000
+    for start in range(0, count, batch):
+        txn = kazoo_client.transaction()
+        for index in range(start, start + batch):
+            txn.create(paths.node_path(f"{index:010d}"), body)
+        assert all(isinstance(r, str) for r in txn.commit())
+    # A few of them are locked (a contender under the lock dir).
+    locked = ["0000000007", "0000009999"]
+    for node_id in locked:
+        kazoo_client.create(f"{paths.node_lock_path(node_id)}/abc__lock__0000000000",
+                            ephemeral=True, makepath=True)
+
+    result = cli("list")
+    assert result.code == 0
+    rows = result.table()
+    assert len(rows) == count
+    assert [r[0] for r in rows] == [f"{i:010d}" for i in range(count)]
+    locked_ids = [r[0] for r in rows if r[HEADERS.index("Locked")] == "locked"]
+    assert locked_ids == locked
+
+    as_json = cli("list", "--json")
+    assert len(as_json.json()) == count
+    assert "secret-token" not in as_json.out
+
+
+def test_unusable_znodes_are_skipped(cli: Cli, kazoo_client: KazooClient) -> None:
+    kazoo_client.create(paths.node_path("0000000001"), b"", makepath=True)
+    kazoo_client.create(paths.node_path("0000000002"), b"not json")
+    kazoo_client.create(paths.node_path("0000000003"),
+                        json.dumps({"state": "ready", "type": "small"}).encode())
+    result = cli("list")
+    assert result.code == 0
+    assert [r[0] for r in result.table()] == ["0000000003"]
+
+
+def test_options_after_the_subcommand(cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list", "-c", str(cli.path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
