@@ -157,11 +157,20 @@ _NODE_DEFAULTS: dict[str, Any] = {
     "region": None, "public_ipv4": None, "private_ipv4": None, "public_ipv6": None,
     "host_id": None, "interface_ip": None, "connection_port": 22, "image_id": None,
     "launcher": None, "created_time": None, "external_id": None, "hostname": None,
-    "comment": None, "user_data": None, "hold_job": None, "host_keys": None,
+    "comment": None, "user_data": None, "hold_job": None, "host_keys": [],
     "username": None, "connection_type": None, "shell_type": None, "hold_expiration": None,
     "resources": None, "slot": None, "attributes": None, "python_path": None,
-    "tenant_name": None, "driver_data": None, "requestor": None, "node_properties": None,
+    "tenant_name": None, "driver_data": None, "requestor": None, "node_properties": {},
 }
+# Zuul's executor iterates `host_keys` (`for key in getattr(node, 'host_keys', [])`) when it
+# builds the inventory of a kubectl node: null there crashes the build. Nodepool writes an
+# empty list, and an empty dict for `node_properties` (copied into Ansible variables).
+
+
+def _fresh_defaults() -> dict[str, Any]:
+    """A copy of the defaults whose list/dict values are not shared between nodes."""
+    return {k: (type(v)() if isinstance(v, (list, dict)) else v)
+            for k, v in _NODE_DEFAULTS.items()}
 
 
 @dataclass
@@ -170,7 +179,7 @@ class Node:
     state: str = INIT
     state_time: float | None = None
     type: list[str] = field(default_factory=list)
-    fields: dict[str, Any] = field(default_factory=lambda: dict(_NODE_DEFAULTS))
+    fields: dict[str, Any] = field(default_factory=_fresh_defaults)
     extra: dict[str, Any] = field(default_factory=dict)
     version: int = -1
 
@@ -200,7 +209,7 @@ class Node:
         node_type = data.get("type") or []
         if isinstance(node_type, str):
             node_type = [node_type]
-        fields = dict(_NODE_DEFAULTS)
+        fields = _fresh_defaults()
         extra: dict[str, Any] = {}
         for key, value in data.items():
             if key in fields:

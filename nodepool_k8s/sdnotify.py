@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 
 log = logging.getLogger("nodepool_k8s.sdnotify")
 
@@ -37,12 +38,15 @@ def ready(status: str = "Serving node requests") -> bool:
     return notify(f"READY=1\nSTATUS={status}")
 
 
-def stopping() -> bool:
-    return notify("STOPPING=1")
+def stopping(status: str = "Stopping") -> bool:
+    return notify(f"STOPPING=1\nSTATUS={status}")
 
 
-def reloading() -> bool:
-    return notify("RELOADING=1")
+def reloading(status: str = "Reloading the configuration") -> bool:
+    # systemd (253+, Type=notify-reload) wants the monotonic time with RELOADING=1 to tell
+    # this reload from a later one; older versions ignore the extra field.
+    usec = time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000
+    return notify(f"RELOADING=1\nMONOTONIC_USEC={usec}\nSTATUS={status}")
 
 
 def status(text: str) -> bool:

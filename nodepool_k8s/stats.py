@@ -1,20 +1,24 @@
 """statsd reporting: one facade, every metric name in one place.
 
 Owns: the statsd client (configured from `STATSD_HOST` / `STATSD_PORT` like Nodepool, no
-prefix) and the names of the metrics the launcher emits. When `STATSD_HOST` is unset the
-facade is a null client, so callers never check for None. Sending is fire-and-forget UDP:
-a broken statsd never raises into the engine (errors are logged at debug level).
+prefix), the names of every metric the launcher emits (Nodepool's keys, so existing
+dashboards keep working) and the in-process counters the web app's `/metrics` exposes in
+Prometheus form. When `STATSD_HOST` is unset the facade is a null client, so callers never
+check for None; the Prometheus counters are kept either way. Sending is fire-and-forget
+UDP: a broken statsd never raises into the engine (errors are logged at debug level).
 
-Other reporters (gauges, the web app, Prometheus) should add their names here too, so a
-rename happens in one file.
+Names are sanitised (`.` and `:` become `_`) exactly where Nodepool does it: requestor,
+tenant and tenant-limit names. Provider, pool and label names are used as they are, as in
+Nodepool (a `.` in them adds a level to the key).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 log = logging.getLogger("nodepool_k8s.stats")
 
@@ -40,6 +44,40 @@ def launch_keys(provider: str, requestor: str | None, result: str) -> list[str]:
 
 def leaked_nodes_key(provider: str) -> str:
     return f"nodepool.provider.{provider}.leaked.nodes"
+
+
+# Gauges the stats leader reports for the whole system (see launcher/gauges.py).
+def nodes_key(state: str) -> str:
+    return f"nodepool.nodes.{state}"
+
+
+def provider_nodes_key(provider: str, state: str) -> str:
+    return f"nodepool.provider.{provider}.nodes.{state}"
+
+
+def label_nodes_key(label: str, state: str) -> str:
+    return f"nodepool.label.{label}.nodes.{state}"
+
+
+def addressable_requests_key(provider: str, pool: str) -> str:
+    return f"nodepool.provider.{provider}.pool.{pool}.addressable_requests"
+
+
+# Gauges every launcher reports for its own configuration.
+def max_servers_key(provider: str) -> str:
+    return f"nodepool.provider.{provider}.max_servers"
+
+
+def tenant_limit_key(tenant: str, limit: str) -> str:
+    return f"nodepool.tenant_limits.{sanitize(tenant)}.{sanitize(limit)}"
+
+
+# Prometheus counter families kept in process (rendered by prometheus.py for /metrics).
+PROM_LAUNCHES = "nodepool_launch_total"
+PROM_LEAKED = "nodepool_leaked_nodes_total"
+PROM_GAUGE_REPORTS = "nodepool_stats_gauge_reports_total"
+
+CounterKey = tuple[str, tuple[tuple[str, str], ...]]
 
 
 class StatsBackend(Protocol):
@@ -90,6 +128,8 @@ class Stats:
 
     def __init__(self, backend: StatsBackend | None = None) -> None:
         self.backend: StatsBackend = backend or NullBackend()
+        self._counts: dict[CounterKey, float] = {}
+        self._counts_lock = threading.Lock()
 
     def _safe(self, fn: str, key: str, value: float) -> None:
         try:
@@ -97,14 +137,57 @@ class Stats:
         except Exception as exc:  # statsd must never take the launcher down
             log.debug("statsd %s %s failed: %s", fn, key, exc)
 
+    def count(self, name: str, amount: float = 1, **labels: str) -> None:
+        """Add to an in-process (Prometheus) counter only; nothing is sent to statsd."""
+        key = (name, tuple(sorted(labels.items())))
+        with self._counts_lock:
+            self._counts[key] = self._counts.get(key, 0) + amount
+
+    def counters(self) -> dict[CounterKey, float]:
+        """A snapshot of the in-process counters, for Prometheus (`/metrics`)."""
+        with self._counts_lock:
+            return dict(self._counts)
+
     def launch(self, provider: str, requestor: str | None, result: str,
                duration_ms: float) -> None:
         for key in launch_keys(provider, requestor, result):
             self._safe("timing", key, duration_ms)
             self._safe("incr", key, 1)
+        self.count(PROM_LAUNCHES, provider=provider, result=result)
 
     def leaked_nodes(self, provider: str, count: int = 1) -> None:
         self._safe("incr", leaked_nodes_key(provider), count)
+        self.count(PROM_LEAKED, count, provider=provider)
+
+    def gauges(self, values: Mapping[str, float]) -> int:
+        """Send many gauges, batched into few packets when the client can; returns how many.
+
+        Infinite values are skipped: statsd has no way to carry them (an unlimited
+        `max_servers` is simply not reported).
+        """
+        finite = {k: v for k, v in values.items() if not math.isinf(v) and not math.isnan(v)}
+        if not finite or isinstance(self.backend, NullBackend):
+            return 0
+        backend: Any = self.backend
+        pipe = None
+        try:
+            # statsd's pipeline packs gauges into datagrams of up to 512 bytes: a few hundred
+            # gauges cost a handful of packets instead of one each.
+            pipe = backend.pipeline() if hasattr(backend, "pipeline") else None
+        except Exception as exc:
+            log.debug("statsd pipeline unavailable: %s", exc)
+        target = pipe if pipe is not None else backend
+        for key, value in sorted(finite.items()):
+            try:
+                target.gauge(key, value)
+            except Exception as exc:
+                log.debug("statsd gauge %s failed: %s", key, exc)
+        if pipe is not None:
+            try:
+                pipe.send()
+            except Exception as exc:
+                log.debug("statsd pipeline send failed: %s", exc)
+        return len(finite)
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Stats:

@@ -1,11 +1,20 @@
-"""`nodepool-launcher`: run the launcher in the foreground until SIGTERM or SIGINT.
+"""`nodepool-launcher`: run the launcher in the foreground, the way systemd expects it.
 
-Owns: argument parsing, logging set-up, loading the configuration and the signal handling
-around `launcher.daemon.Launcher`. SIGTERM and SIGINT stop gracefully (stop taking work,
-cancel launches, hand pending requests back, release locks, unregister, close the session)
-and exit 0. There is no daemonizing or pid file: systemd or a container runtime supervises.
+Owns: argument parsing, logging set-up (`-l`), loading the configuration once before
+anything starts, and turning signals into requests to `launcher.service.LauncherService`
+(which owns the process: web app, reloads, sd_notify). There is no daemonizing and no pid
+file: systemd (`Type=notify`) or a container runtime supervises.
 
-Exit status: 0 after a graceful stop, 1 when the configuration or logging set-up is invalid.
+Signals: SIGTERM, SIGINT (and SIGUSR1, as in Nodepool) stop gracefully (stop taking
+work, cancel in-flight launches and remove what they created, hand accepted requests back,
+release locks, unregister, close the session) and exit 0; a second one while stopping
+exits at once (status 1). SIGHUP reloads the configuration. SIGUSR2 logs the stack of
+every thread. The signal handlers only write the signal number to a
+pipe; a relay thread acts on it, because the service's requests take locks and a signal
+handler that takes a lock the interrupted main thread holds would deadlock.
+
+Exit status: 0 after a graceful stop; 1 when the configuration, the logging file or the web
+app's address is unusable at start, or the launcher failed unexpectedly.
 Engine tuning that is not part of nodepool.yaml comes from `NODEPOOL_K8S_*` environment
 variables (see launcher/settings.py); statsd from `STATSD_HOST`/`STATSD_PORT`.
 """
@@ -14,17 +23,20 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
+import traceback
 from types import FrameType
-from typing import Sequence
+from typing import Callable, Sequence
 
 from nodepool_k8s import __version__, logconfig
 from nodepool_k8s import stats as stats_mod
 from nodepool_k8s.exceptions import ConfigError
 
 DEFAULT_CONFIG = "/etc/nodepool/nodepool.yaml"
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
 
 log = logging.getLogger("nodepool_k8s.cmd.launcher")
 
@@ -41,43 +53,144 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-webapp", action="store_true",
                         help="do not serve the web app")
     parser.add_argument("-d", "--debug", action="store_true", help="debug logging")
+    # Nodepool's "stay in the foreground": always so here; accepted so old units still work.
+    parser.add_argument("-f", "--foreground", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--version", action="version", version=__version__)
     return parser
 
 
+class SignalRelay:
+    """Signal handlers that only write to a pipe, and a thread that acts on what arrives.
+
+    Signals that arrive before `connect` are kept and delivered to the first handler set.
+    """
+
+    def __init__(self, signals: Sequence[int]) -> None:
+        self.signals = tuple(signals)
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        self._handlers: dict[int, Callable[[int], None]] = {}
+        self._early: list[int] = []
+        self._lock = threading.Lock()
+        self._previous: dict[int, object] = {}
+        self._thread = threading.Thread(target=self._relay, name="signal-relay", daemon=True)
+
+    def install(self) -> "SignalRelay":
+        for signum in self.signals:
+            self._previous[signum] = signal.signal(signum, self._on_signal)
+        self._thread.start()
+        return self
+
+    def connect(self, handlers: dict[int, Callable[[int], None]]) -> None:
+        with self._lock:
+            self._handlers = dict(handlers)
+            early, self._early = self._early, []
+        for signum in early:
+            self._deliver(signum)
+
+    def uninstall(self) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+        os.close(self._write)  # the relay thread reads end-of-file and ends
+        if self._thread.is_alive():
+            self._thread.join(5)
+        os.close(self._read)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        try:
+            os.write(self._write, bytes([signum]))
+        except BlockingIOError:
+            pass  # a full pipe already holds plenty of pending signals
+
+    def _relay(self) -> None:
+        while True:
+            data = os.read(self._read, 64)
+            if not data:
+                return
+            for signum in data:
+                self._deliver(signum)
+
+    def _deliver(self, signum: int) -> None:
+        with self._lock:
+            handler = self._handlers.get(signum)
+            if handler is None:
+                self._early.append(signum)
+                return
+        try:
+            handler(signum)
+        except Exception:
+            log.exception("Handling signal %d failed", signum)
+
+
+def dump_stacks(signum: int) -> None:
+    """Log every thread's stack (SIGUSR2): where is it stuck?
+
+    Done in Python on the relay thread: faulthandler's C-level dump of running threads can
+    crash the process.
+    """
+    names = {t.ident: t.name for t in threading.enumerate()}
+    parts = []
+    for ident, frame in sys._current_frames().items():
+        stack = "".join(traceback.format_stack(frame))
+        parts.append(f"Thread {names.get(ident, '?')} ({ident}):\n{stack}")
+    log.warning("Stacks of %d threads (SIGUSR2):\n%s", len(parts), "\n".join(parts))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # Handlers first: until the service exists, signals are only recorded (and a SIGHUP
+    # during start-up does not kill the process, as its default action would).
+    relay = SignalRelay(STOP_SIGNALS + (signal.SIGHUP, signal.SIGUSR2)).install()
+    try:
+        return _run(args, relay)
+    finally:
+        relay.uninstall()
+
+
+def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
     try:
         logconfig.setup(args.logconfig, debug=args.debug)
-        from nodepool_k8s.config.loader import load_config
-        from nodepool_k8s.launcher.daemon import Launcher
-        from nodepool_k8s.launcher.settings import EngineSettings
+    except ConfigError as exc:
+        print(f"nodepool-launcher: {exc}", file=sys.stderr)
+        return 1
+    from nodepool_k8s.config.loader import config_fingerprint, load_config
+    from nodepool_k8s.launcher.service import LauncherService
+    from nodepool_k8s.launcher.settings import EngineSettings
 
+    try:
+        fingerprint = config_fingerprint(args.config, args.secure)
         config = load_config(args.config, args.secure)
         settings = EngineSettings.from_env()
     except ConfigError as exc:
-        print(str(exc), file=sys.stderr)
+        print(f"nodepool-launcher: invalid configuration:\n{exc}", file=sys.stderr)
         return 1
     for warning in config.warnings:
         log.warning("%s", warning)
 
-    stop = threading.Event()
+    service = LauncherService(args.config, args.secure, config, fingerprint=fingerprint,
+                              stats=stats_mod.from_env(), settings=settings,
+                              webapp=not args.no_webapp)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log.info("Received signal %d; stopping", signum)
-        stop.set()
+    def stop(signum: int) -> None:
+        if service.stopping:
+            log.warning("Received signal %d while stopping: exiting at once", signum)
+            logging.shutdown()
+            os._exit(1)
+        log.info("Received signal %d: stopping gracefully", signum)
+        service.request_stop()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    def reload(signum: int) -> None:
+        log.info("Received SIGHUP: reloading the configuration")
+        service.request_reload()
 
-    launcher = Launcher(config, stats=stats_mod.from_env(), settings=settings)
+    relay.connect({**{signum: stop for signum in STOP_SIGNALS}, signal.SIGHUP: reload,
+                   signal.SIGUSR2: dump_stacks})
     try:
-        if launcher.start(stop):
-            while not stop.wait(1.0):
-                pass
-    finally:
-        launcher.stop()
-    return 0
+        return service.run()
+    except Exception:
+        log.exception("The launcher failed")
+        return 1
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import math
 import threading
 from typing import Callable
 
-from nodepool_k8s import model
+from nodepool_k8s import logconfig, model
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.deleter import NodeDeleter
@@ -181,8 +181,8 @@ class CleanupWorker(Worker):
                 return
             node.set(allocated_to=None)
             engine.nodes.store_and_release(node, lock)
-            self.log.info("[node: %s] De-allocated ready node: request %s is gone", node_id,
-                          request_id)
+            logconfig.annotate(self.log, node_id=node_id).info(
+                "De-allocated ready node: request %s is gone", request_id)
         finally:
             if not lock.released:
                 lock.release()
@@ -245,8 +245,8 @@ class CleanupWorker(Worker):
             lock.mark_released()
             for node_lock in node_locks:
                 node_lock.mark_released()
-            self.log.info("[e: %s] [node_request: %s] Reset lost request to requested",
-                          request.event_id, request.id)
+            logconfig.annotate(self.log, request.event_id, request.id).info(
+                "Reset lost request to requested")
         finally:
             for node_lock in node_locks:
                 if not node_lock.released:

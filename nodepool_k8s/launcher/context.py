@@ -23,7 +23,7 @@ from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
-from nodepool_k8s.zk.quota_guard import QuotaGuard, usage_record
+from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
 from nodepool_k8s.zk.registry import ComponentRegistry
 from nodepool_k8s.zk.requests import RequestStore
 
@@ -80,9 +80,11 @@ class Engine:
                          priority=c.priority, paused=c.paused)
                 for c in self.components.pools() if c.id]
 
-    def cached_usage(self) -> list[quota.UsageRecord]:
-        return [usage_record(n, self.label_quota) for n in self.node_cache.nodes()]
+    def cached_usage(self, keep: Keep = None) -> list[quota.UsageRecord]:
+        """Usage from the cache, of the nodes `keep` accepts (all without it)."""
+        return [usage_record(n, self.label_quota) for n in self.node_cache.nodes()
+                if keep is None or keep(n)]
 
-    def usage(self) -> list[quota.UsageRecord]:
+    def usage(self, keep: Keep = None) -> list[quota.UsageRecord]:
         """Authoritative usage (see zk.quota_guard); call after reading guard versions."""
-        return self.guard.usage(self.node_cache, self.label_quota)
+        return self.guard.usage(self.node_cache, self.label_quota, keep)

@@ -2,7 +2,8 @@
 
 Owns the wiring and the lifecycle, nothing else: the ZooKeeper client, the caches, the
 component registry, providers (from `driver.registry`), one launch pool per provider, one
-`PoolWorker` per (provider, pool), the cleanup and min-ready workers and the deleter; cache
+`PoolWorker` per (provider, pool), the cleanup and min-ready workers, the deleter and the
+statsd gauge reporter (`gauges.GaugeReporter`, stats leader election); cache
 events wake the workers; session events stop and resume them; `reload(config)` adds,
 replaces and removes providers and pools; `stop()` shuts down gracefully (stop taking work,
 cancel launches, hand pending requests back, release locks, unregister, close the session).
@@ -20,6 +21,7 @@ all activity and, on reconnect, registers the components again and re-syncs the 
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 from typing import Callable
@@ -33,6 +35,7 @@ from nodepool_k8s.exceptions import NodepoolError
 from nodepool_k8s.launcher.cleanup import CleanupWorker
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.deleter import NodeDeleter
+from nodepool_k8s.launcher.gauges import GaugeReporter
 from nodepool_k8s.launcher.launch import LaunchPool
 from nodepool_k8s.launcher.min_ready import MinReadyWorker
 from nodepool_k8s.launcher.pool_worker import PoolWorker
@@ -69,6 +72,10 @@ class Launcher:
         self.cleanup = CleanupWorker(self.engine, self.deleter)
         self.deleter.on_done = self.cleanup.wake
         self.min_ready = MinReadyWorker(self.engine)
+        engine = self.engine
+        self.gauges = GaugeReporter(self.zk, engine.stats, engine.node_cache,
+                                    engine.request_cache, engine.components,
+                                    identifier=f"{engine.registry.hostname}-{os.getpid()}")
         self.pool_workers: dict[PoolKey, PoolWorker] = {}
         self.launch_pools: dict[str, LaunchPool] = {}
         self._failed_providers: set[str] = set()
@@ -138,6 +145,10 @@ class Launcher:
         engine.node_cache.add_listener(self._on_node_event)
         engine.request_cache.add_listener(self._on_request_event)
         engine.components.add_listener(self._on_component_event)
+        for cache in (engine.node_cache, engine.request_cache, engine.components):
+            cache.add_listener(self.gauges.changed)
+        self.gauges.start()
+        self.gauges.report_config(engine.config)
         with self._lock:
             for name, provider_cfg in engine.config.providers.items():
                 self._start_provider(provider_cfg)
@@ -233,7 +244,10 @@ class Launcher:
     # -- events ---------------------------------------------------------------------------
     def _on_node_event(self, kind: str, node_id: str) -> None:
         self.cleanup.on_node_event(kind, node_id)
-        if kind in ("removed", "changed", "synced", "reconnected"):
+        # "lock" too: the cache reports a node's data change and its unlock as separate
+        # events, so a paused pool may have looked while a released node still seemed
+        # locked (reuse, reclaim of the oldest idle node) and must look again.
+        if kind in ("removed", "changed", "lock", "synced", "reconnected"):
             for worker in list(self.pool_workers.values()):
                 worker.wake()
             self.min_ready.wake()
@@ -295,6 +309,7 @@ class Launcher:
             for key in sorted(wanted - set(self.pool_workers)):
                 self._start_pool(key)
         log.info("Configuration reloaded: %d pool(s)", len(self.pool_workers))
+        self.gauges.report_config(config)
         self.wake_all()
 
     # -- stop -----------------------------------------------------------------------------
@@ -323,6 +338,9 @@ class Launcher:
             self.min_ready.stop()
             self.cleanup.join(engine.settings.stop_timeout)
             self.min_ready.join(engine.settings.stop_timeout)
+            # Leave the stats election while the session is open: another launcher takes
+            # over at once instead of after our session times out.
+            self.gauges.stop(engine.settings.stop_timeout)
             self.deleter.shutdown(wait=False)
             for launches in self.launch_pools.values():
                 launches.shutdown(wait=False)

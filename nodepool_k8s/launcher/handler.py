@@ -157,17 +157,34 @@ class RequestHandler:
         self.done = True
 
     def shutdown(self, timeout: float) -> None:
-        """Graceful stop: cancel launches, put the request back to `requested`, unlock."""
+        """Graceful stop: cancel launches, put the request back to `requested`, unlock.
+
+        A node whose launch returned cancelled or failed has no cloud resource left (the
+        driver removed it, or labelled it for the leak sweeper): its record is removed
+        here, so a stop leaves nothing for another launcher's cleanup. A node whose launch
+        did not return in time, or finished, is unlocked in `building`; cleanup deletes it.
+        """
         self.cancel.set()
+        discarded: list[Slot] = []
         for slot in self.slots:
             if slot.future is not None:
                 try:
-                    slot.future.result(timeout)
+                    outcome = slot.future.result(timeout)
                 except Exception:
-                    pass
+                    continue
+                if outcome.kind in (launching.CANCELLED, launching.FAILED) and not slot.reused:
+                    discarded.append(slot)
         if self.done or not self.lock.valid:
             self.done = True
             return
+        for slot in discarded:
+            if slot.node is None or slot.lock is None or not slot.lock.valid:
+                continue
+            try:
+                if self.engine.nodes.delete(slot.node, slot.lock):
+                    self._node_log(slot.node).info("Removed the node of a cancelled launch")
+            except Exception as exc:  # cleanup of any launcher removes it later
+                self._node_log(slot.node).warning("Could not remove node on shutdown: %s", exc)
         txn = Txn()
         held: list[HeldLock] = []
         for slot in self.slots:
@@ -259,8 +276,14 @@ class RequestHandler:
         need = quota.demand([s.label for s in remaining], pool_cfg)
         tenant = self.request.tenant_name
         tenant_limit = self.engine.config.tenant_resource_limits.get(tenant) if tenant else None
+
+        def counts(node: quota.NodeUsage) -> bool:
+            """Only this provider's nodes (and the tenant's, if limited) enter the checks."""
+            return node.provider == provider_cfg.name \
+                or (tenant_limit is not None and node.tenant_name == tenant)
+
         # A cheap look at the cache first: while paused this is all a pass costs.
-        verdict = self._check(need, self.engine.cached_usage(), provider_cfg, pool_cfg,
+        verdict = self._check(need, self.engine.cached_usage(counts), provider_cfg, pool_cfg,
                               tenant_limit)
         if not verdict:
             return verdict
@@ -269,7 +292,7 @@ class RequestHandler:
             guards.append(paths.tenant_guard_path(tenant))
         for _ in range(self.engine.settings.guard_attempts):
             versions = self.engine.guard.read(guards)
-            verdict = self._check(need, self.engine.usage(), provider_cfg, pool_cfg,
+            verdict = self._check(need, self.engine.usage(counts), provider_cfg, pool_cfg,
                                   tenant_limit)
             if not verdict:
                 return verdict

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from nodepool_k8s import model, quota
+from nodepool_k8s import logconfig, model, quota
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher import plan
@@ -126,7 +126,7 @@ class PoolWorker(Worker):
             if self.engine.stopping.is_set():
                 break
             if request.id in self.handlers or request.state != model.REQUESTED \
-                    or self.id in request.declined_by:
+                    or self.id in request.declined_by or self._creator_starting(request):
                 continue
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
@@ -135,7 +135,9 @@ class PoolWorker(Worker):
                 if paused or self._at_concurrency(provider_cfg):
                     continue
                 if tenant_usage is None:
-                    tenant_usage = self.engine.cached_usage()
+                    limited = self.engine.config.tenant_resource_limits
+                    tenant_usage = self.engine.cached_usage(
+                        lambda node: node.tenant_name in limited)
                 if not self._tenant_fits(request, pool_cfg, tenant_usage):
                     continue  # over the tenant's limit: defer, neither decline nor pause
             handler = self._take(request, decision, provider, me, pool_cfg, provider_cfg,
@@ -185,13 +187,28 @@ class PoolWorker(Worker):
                     lock.release()
                 raise
         if decline_reason is not None:
-            self.log.info("[e: %s] [node_request: %s] Declined (%s); request is now %s",
-                          fresh.event_id, fresh.id, decline_reason, fresh.state)
+            logconfig.annotate(self.log, fresh.event_id, fresh.id).info(
+                "Declined (%s); request is now %s", decline_reason, fresh.state)
             return None
         handler = RequestHandler(self.engine, self.ref, provider, self.launches, fresh,
                                  lock, self.registered_ids, self.wake)
         handler.log.info("Accepted request for %s", fresh.node_types)
         return handler
+
+    def _creator_starting(self, request: NodeRequest) -> bool:
+        """A min-ready request of another launcher that has no pool registered yet.
+
+        Nodepool creates its min-ready requests (ephemeral, in its own session) before its
+        pool workers register. Declining one then fails it at once, since every registered
+        pool (ours) declined. Its creator registers a pool serving the label moments later
+        (the component event wakes us), or its session ends and the request with it.
+        """
+        if not plan.is_min_ready(request):
+            return False
+        owner = self.engine.request_cache.owner(request.id)
+        if not owner or owner == self.engine.zk.session_id:
+            return False
+        return owner not in {c.owner for c in self.engine.components.pools()}
 
     def _prepare(self, request: NodeRequest, decline_reason: str | None) -> None:
         now = self.engine.clock.time()

@@ -39,6 +39,7 @@ from nodepool_k8s.simulator.watch import WatchStream
 SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 UNDELETABLE_NAMESPACES = ("default", "kube-system", "kube-public")
 ANONYMOUS_PATHS = ("/version", "/healthz", "/livez", "/readyz")
+DEBUG_COUNTERS_PATH = "/debug/counters"  # the admin reads `Counters` here (JSON)
 _STATUS_KINDS = ("pods", "namespaces", "nodes")  # status is only written via /status
 _SUBRESOURCE_VERBS = {"status": ("get", "update", "patch"), "token": ("create",)}
 
@@ -149,6 +150,13 @@ class Api:
             identity = self.authority.admin
         if identity is None:
             raise errors.unauthorized()
+        if path == DEBUG_COUNTERS_PATH:
+            # For benchmarks running the simulator in its own process: not counted, no faults.
+            if req.method != "GET":
+                raise errors.method_not_allowed()
+            if not identity.admin:
+                raise errors.forbidden("counters", "", "only the admin may read the counters")
+            return Response(200, self.counters.snapshot())
         document = self._discovery(path)
         if document is not None:
             self.counters.add("get discovery")

@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 JAVA_DIR = Path("/usr/share/java")
 ZK_JAR = JAVA_DIR / "zookeeper.jar"
@@ -91,8 +92,11 @@ def make_tls_files(directory: str) -> TlsFiles:
 class ZooKeeperServer:
     """A standalone ZooKeeper child process; use as a context manager or call start/stop."""
 
-    def __init__(self, tls: bool = False, workdir: str | None = None) -> None:
+    def __init__(self, tls: bool = False, workdir: str | None = None,
+                 preexec_fn: Callable[[], None] | None = None) -> None:
+        """`preexec_fn` runs in the child before exec (the demo stack sets a death signal)."""
         self.tls = tls
+        self._preexec_fn = preexec_fn
         self._own_dir = workdir is None
         self.workdir = workdir or tempfile.mkdtemp(prefix="nodepool-k8s-zk-")
         self.port = 0
@@ -104,6 +108,11 @@ class ZooKeeperServer:
     @property
     def hosts(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        """The server's process id while it runs (for CPU and memory readings)."""
+        return self._proc.pid if self._proc is not None else None
 
     @property
     def secure_hosts(self) -> str:
@@ -155,7 +164,8 @@ class ZooKeeperServer:
             [java, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
              "-Dzookeeper.admin.enableServer=false",
              "-cp", classpath, "org.apache.zookeeper.server.ZooKeeperServerMain", str(cfg)],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=self._preexec_fn)
         log.close()
         self._wait_ready(timeout)
         return self

@@ -220,6 +220,8 @@ class Component:
     hostname: str | None
     state: str | None
     data: dict[str, Any]
+    # The session that registered it (components are ephemeral): 0 when unknown.
+    owner: int = 0
 
     @property
     def id(self) -> str | None:
@@ -245,7 +247,7 @@ class Component:
         return bool(self.data.get("paused", False))
 
 
-def decode_component(kind: str, znode: str, raw: bytes) -> Component | None:
+def decode_component(kind: str, znode: str, raw: bytes, owner: int = 0) -> Component | None:
     try:
         data = json.loads(raw.decode("utf8")) if raw else None
     except (ValueError, UnicodeDecodeError):
@@ -254,7 +256,7 @@ def decode_component(kind: str, znode: str, raw: bytes) -> Component | None:
         log.warning("Skipping malformed component %s/%s/%s", paths.COMPONENTS, kind, znode)
         return None
     return Component(kind=kind, znode=znode, hostname=data.get("hostname"),
-                     state=data.get("state"), data=data)
+                     state=data.get("state"), data=data, owner=owner)
 
 
 class ComponentCache:
@@ -329,7 +331,9 @@ class ComponentCache:
             return
         key = (parts[0], parts[1])
         removed = etype == TreeEvent.NODE_REMOVED or not self._attached(data.path)
-        component = None if removed else decode_component(parts[0], parts[1], data.data)
+        owner = getattr(data.stat, "ephemeralOwner", 0) if data.stat is not None else 0
+        component = None if removed else decode_component(parts[0], parts[1], data.data,
+                                                          owner)
         with self._lock:
             if component is None:
                 self._components.pop(key, None)

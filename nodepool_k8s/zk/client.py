@@ -23,7 +23,6 @@ import logging
 import queue
 import threading
 import time
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
 
@@ -155,10 +154,7 @@ class ZkClient:
             attempt += 1
             client = self._make_kazoo(self.settings.hosts)
             try:
-                with warnings.catch_warnings():
-                    # kazoo warns about a missing chroot; _ensure_chroot creates it.
-                    warnings.filterwarnings("ignore", message="No chroot path exists")
-                    client.start(timeout=self.settings.connect_attempt_timeout)
+                self._start_attempt(client, stop)
             except Exception as exc:
                 try:
                     client.close()
@@ -182,6 +178,19 @@ class ZkClient:
                      self.settings.hosts, self.settings.timeout)
             return True
         return False
+
+    def _start_attempt(self, client: KazooClient, stop: threading.Event) -> None:
+        """One connection attempt, given up early when `stop` is set (a SIGTERM while
+        ZooKeeper is unreachable must not wait for the whole attempt timeout)."""
+        connected = client.start_async()
+        deadline = time.monotonic() + self.settings.connect_attempt_timeout
+        while not connected.wait(0.1) and not stop.is_set() \
+                and time.monotonic() < deadline:
+            pass
+        if not client.connected:
+            client.stop()
+            raise errors.ZkConnectionError("connection attempt timed out" if not stop.is_set()
+                                           else "stopped while connecting")
 
     def _ensure_chroot(self) -> None:
         """A configured chroot that does not exist yet is created (from outside it)."""

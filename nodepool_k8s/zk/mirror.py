@@ -78,6 +78,7 @@ class ChildMirror(Generic[T]):
         self._synced = threading.Event()
         self._pending = 0
         self._backlog: collections.deque[str] = collections.deque()
+        self._queued: set[str] = set()  # in the backlog or being read through it
         self._resyncing = False
         self.events = 0
 
@@ -191,6 +192,7 @@ class ChildMirror(Generic[T]):
         self._resyncing = True
         self._pending = 0
         self._backlog = collections.deque(sorted(present))
+        self._queued = set(present)
         self._pump()
         if self._pending == 0:
             self._finish_sync()
@@ -218,12 +220,18 @@ class ChildMirror(Generic[T]):
             known = set(self.items) | self.empty
         for key in known - present:
             self._remove(key)
-        for key in sorted(present - known):
+        # New children are read through the bounded backlog, like a resync: thousands
+        # created at once (a bulk import, a burst of requests) must not put thousands of
+        # answers in flight, and a child already queued or being read is not read twice.
+        for key in sorted(present - known - self._queued):
             if not self._is_dead(key):
-                self._fetch(key)
+                self._queued.add(key)
+                self._backlog.append(key)
+        self._pump()
 
     def _fetch(self, key: str, counted: bool = False, with_lock: bool = True) -> None:
         if self._is_dead(key):
+            self._queued.discard(key)
             return
         if counted:
             self._pending += 1
@@ -245,6 +253,7 @@ class ChildMirror(Generic[T]):
             self._apply_data(key, result)
         finally:
             if counted:
+                self._queued.discard(key)
                 self._pending -= 1
                 self._pump()
                 if self._pending <= 0 and self._resyncing and not self._backlog:
@@ -291,7 +300,9 @@ class ChildMirror(Generic[T]):
                 # No lock dir yet (a node still in `init`): watch for its creation. Not for
                 # other nodes: a missing lock dir there means the node is being deleted,
                 # and a watch on a path that never comes back would linger.
-                self.zk.kazoo.exists_async(self._lock_path(key), watch=self._lock_watch)
+                exists = self.zk.kazoo.exists_async(self._lock_path(key),
+                                                    watch=self._lock_watch)
+                exists.rawlink(lambda r: self._submit(self._on_lock_exists, key, r))
             children = []
         except kex.KazooException as exc:
             log.debug("%s: reading the lock of %s failed (%s)", self.name, key, exc)
@@ -305,6 +316,18 @@ class ChildMirror(Generic[T]):
             else:
                 self.contenders.pop(key, None)
         self._notify("lock", key)
+
+    def _on_lock_exists(self, key: str, result: Any) -> None:
+        """The lock dir may have been created between our listing and the exists call:
+        then the exists watch only reports the dir's own deletion, never its contenders,
+        and lock changes of this node would go unnoticed (a released node would wait for
+        the next full cleanup pass). List it now, which watches its children."""
+        try:
+            stat = result.get_nowait()
+        except kex.KazooException:
+            return
+        if stat is not None:
+            self._fetch_lock(key)
 
     def _remove(self, key: str) -> None:
         now = time.monotonic()

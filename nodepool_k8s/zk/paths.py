@@ -17,6 +17,9 @@ NODES = f"{ROOT}/nodes"
 COMPONENTS = f"{ROOT}/components"
 LAUNCHER_COMPONENTS = f"{COMPONENTS}/launcher"
 POOL_COMPONENTS = f"{COMPONENTS}/pool"
+# kazoo Election (Lock recipe) znodes, shared with Nodepool launchers: one stats leader.
+ELECTIONS = f"{ROOT}/elections"
+STATS_ELECTION = f"{ELECTIONS}/stats"
 
 # Our own tree. Guards are empty znodes whose version serialises quota decisions.
 OWN_ROOT = "/nodepool_k8s"

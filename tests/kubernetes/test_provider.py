@@ -151,17 +151,24 @@ def test_form_b_pod_spec_is_verbatim(sim: Simulator,
         {"name": "main", "image": "busybox", "command": ["sleep", "infinity"]}]}
 
 
+def _launch_calls(sim: Simulator) -> dict[str, int]:
+    # The provider's shared pod/secret watches may re-list or reconnect at any moment; those
+    # calls serve every launch at once, so only the per-node calls are counted here.
+    return {k: v for k, v in sim.counters.items()
+            if k != "total" and not k.startswith(("watch ", "list "))}
+
+
 def test_api_calls_per_node(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     provider = make_k8s_provider(sim, NS_LABEL, POD_LABEL)
     sim.reset_counters()
     result = _launch(provider, "k8s-namespace")
-    assert sim.counters["total"] == 5, sim.counters
+    assert sum(_launch_calls(sim).values()) == 5, sim.counters
     sim.reset_counters()
     _launch(provider, "pod-fedora", node_id="0000000001")
-    assert sim.counters["total"] == 6, sim.counters
+    assert sum(_launch_calls(sim).values()) == 6, sim.counters
     sim.reset_counters()
     provider.delete(result.external_id)
-    assert sim.counters["total"] <= 2, sim.counters
+    assert _launch_calls(sim) == {"delete namespaces": 1}, sim.counters
 
 
 def test_skiptls_omits_ca(sim: Simulator, make_k8s_provider: ProviderFactory,

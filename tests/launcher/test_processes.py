@@ -10,10 +10,7 @@ nothing behind that cleanup does not remove and loses no request; SIGTERM stops 
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -24,11 +21,9 @@ from kazoo.client import KazooClient
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.util import NodeCounter
+from tests.launcher.util import NodeCounter, Processes
 
 pytestmark = pytest.mark.slow
-
-LAUNCHER = Path(sys.executable).with_name("nodepool-launcher")
 
 CONFIG = """
 labels:
@@ -44,38 +39,6 @@ providers:
             type: namespace
             launch-delay: {delay}
 """
-
-
-class Processes:
-    def __init__(self, zk: ZkConnection, tmp: Path) -> None:
-        self.zk = zk
-        self.tmp = tmp
-        self.procs: list[subprocess.Popen[bytes]] = []
-
-    def start(self, body: str, timeout: float = 2.0) -> subprocess.Popen[bytes]:
-        index = len(self.procs)
-        config = self.tmp / f"nodepool-{index}.yaml"
-        config.write_text(self.zk.config_yaml() + f"zookeeper-timeout: {timeout}\n" + body)
-        env = dict(os.environ, NODEPOOL_K8S_CLEANUP_INTERVAL="2",
-                   NODEPOOL_K8S_STALE_INIT_AGE="2")
-        command = [str(LAUNCHER)] if LAUNCHER.exists() else [
-            sys.executable, "-m", "nodepool_k8s.cmd.launcher"]
-        log = open(self.tmp / f"launcher-{index}.log", "wb")
-        proc = subprocess.Popen(command + ["-c", str(config), "--no-webapp"], env=env,
-                                stdout=log, stderr=subprocess.STDOUT)
-        log.close()
-        self.procs.append(proc)
-        return proc
-
-    def logs(self) -> str:
-        return "\n".join(p.read_text(errors="replace")[-3000:]
-                         for p in sorted(self.tmp.glob("launcher-*.log")))
-
-    def stop_all(self) -> None:
-        for proc in self.procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(10)
 
 
 @pytest.fixture

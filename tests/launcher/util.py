@@ -1,13 +1,22 @@
-"""Helpers for launcher tests: a watcher that samples node counts on every change."""
+"""Helpers for launcher tests: a watcher that samples node counts on every change, and
+real `nodepool-launcher` processes (always killed by their fixture)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
+from typing import Mapping
 
 from kazoo.client import KazooClient
 
 from nodepool_k8s.zk import paths
+from tests.helpers import ZkConnection
+
+LAUNCHER = Path(sys.executable).with_name("nodepool-launcher")
 
 
 class NodeCounter:
@@ -42,3 +51,41 @@ class NodeCounter:
                 self.max[key] = max(self.max.get(key, 0), count)
             for key, count in labels.items():
                 self.max_labels[key] = max(self.max_labels.get(key, 0), count)
+
+
+class Processes:
+    """Starts `nodepool-launcher` processes on the test's chroot, each with its own config
+    file and log (`logs()` shows their tails); `stop_all` kills whatever still runs."""
+
+    def __init__(self, zk: ZkConnection, tmp: Path) -> None:
+        self.zk = zk
+        self.tmp = tmp
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, body: str, timeout: float = 2.0,
+              env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """`env` adds to (and overrides) the inherited environment and the test defaults."""
+        index = len(self.procs)
+        config = self.tmp / f"nodepool-{index}.yaml"
+        config.write_text(self.zk.config_yaml() + f"zookeeper-timeout: {timeout}\n" + body)
+        environment = dict(os.environ, NODEPOOL_K8S_CLEANUP_INTERVAL="2",
+                           NODEPOOL_K8S_STALE_INIT_AGE="2")
+        environment.update(env or {})
+        command = [str(LAUNCHER)] if LAUNCHER.exists() else [
+            sys.executable, "-m", "nodepool_k8s.cmd.launcher"]
+        log = open(self.tmp / f"launcher-{index}.log", "wb")
+        proc = subprocess.Popen(command + ["-c", str(config), "--no-webapp"], env=environment,
+                                stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        self.procs.append(proc)
+        return proc
+
+    def logs(self) -> str:
+        return "\n".join(p.read_text(errors="replace")[-3000:]
+                         for p in sorted(self.tmp.glob("launcher-*.log")))
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)

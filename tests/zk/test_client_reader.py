@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-import time
 import uuid
 
 import pytest
@@ -85,7 +84,7 @@ def test_reader_views(zkc: ZkClient, kazoo_client: KazooClient) -> None:
     assert single is not None and single.locked
 
 
-def test_reader_lists_ten_thousand_nodes_fast(zkc: ZkClient, kazoo_client: KazooClient) -> None:
+def test_reader_lists_ten_thousand_nodes(zkc: ZkClient, kazoo_client: KazooClient) -> None:
     kazoo_client.ensure_path(paths.NODES)
     body = json.dumps({"state": "ready", "type": ["small"], "provider": "p", "pool": "main",
                        "resources": {"instances": 1, "cores": 1, "ram": 512},
@@ -96,9 +95,7 @@ def test_reader_lists_ten_thousand_nodes_fast(zkc: ZkClient, kazoo_client: Kazoo
         for _ in range(500):
             txn.create(paths.NODE_CREATE_PREFIX, body, sequence=True)
         txn.commit(zkc)
-    reader = ZkReader(zkc)
-    started = time.monotonic()
-    rows = reader.nodes()
-    elapsed = time.monotonic() - started
+    # How fast this is belongs to tools/benchmark, not to an assertion here.
+    rows = ZkReader(zkc).nodes()
     assert len(rows) == 10_000
-    assert elapsed < 1.0, f"listing 10k nodes took {elapsed:.2f}s"
+    assert len({row.node.id for row in rows}) == 10_000

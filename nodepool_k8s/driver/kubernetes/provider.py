@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from nodepool_k8s import logconfig
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Provider
@@ -37,6 +38,12 @@ from nodepool_k8s.exceptions import (LaunchError, NodepoolError, NotFound, Perma
 from nodepool_k8s.model import Resources
 
 log = logging.getLogger(__name__)
+
+
+def _log(spec: LaunchSpec) -> logging.LoggerAdapter[logging.Logger]:
+    """Lines about one launch carry `[e: ...] [node_request: ...] [node: ...]`."""
+    return logconfig.annotate(log, spec.request.event_id, spec.request.id, spec.node_id)
+
 
 LIST_PAGE_SIZE = 500
 
@@ -161,8 +168,7 @@ class KubernetesProvider:
             if failure is None or failure is exc:
                 raise
             raise failure from exc
-        log.info("Node %s: created namespace %s (attempt %d)", spec.node_id, namespace,
-                 spec.attempt)
+        _log(spec).info("Created namespace %s (attempt %d)", namespace, spec.attempt)
         try:
             if progress is not None:
                 progress(namespace)
@@ -179,13 +185,13 @@ class KubernetesProvider:
                                 what=f"pod {namespace}/{name} to run")
         except BaseException as exc:
             failure = _as_launch_failure(exc, cancel)
-            log.warning("Node %s: attempt %d in namespace %s failed: %s", spec.node_id,
-                        spec.attempt, namespace, exc)
+            _log(spec).warning("Attempt %d in namespace %s failed: %s", spec.attempt,
+                               namespace, exc)
             self._discard(client, namespace, cancelled=cancel.is_set())
             if failure is exc or failure is None:
                 raise
             raise failure from exc
-        log.info("Node %s: namespace %s ready", spec.node_id, namespace)
+        _log(spec).info("Namespace %s ready", namespace)
         return self._result(client, namespace, label, token, pod)
 
     def _create_namespace(self, client: KubeClient, spec: LaunchSpec,
@@ -200,8 +206,7 @@ class KubernetesProvider:
                 return name
             except Conflict:
                 # Not ours to delete: perhaps an earlier attempt still Terminating.
-                log.warning("Node %s: namespace %s exists already; using a fresh name",
-                            spec.node_id, name)
+                _log(spec).warning("Namespace %s exists already; using a fresh name", name)
             except NodepoolError as exc:
                 if isinstance(exc, TemporaryError):
                     # The create may have reached the server before the answer was lost

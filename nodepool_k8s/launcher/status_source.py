@@ -1,0 +1,97 @@
+"""The web app's view of a running launcher (a `webapp.StatusSource`).
+
+Owns: answering the web app from what the launcher already keeps. Requests come from the
+request cache, labels from the registered pool components (every launcher's, as Nodepool's
+`/label-list` shows them), readiness from `Launcher.ready`, and the Prometheus counters from
+the stats facade (launch results by provider and result, leaked nodes, gauge reports).
+
+Nodes: the node cache keeps slim records (no hostname, comment, hold job, user data), so the
+full records of the cached node ids are fetched in one batched read (multiRead), and the
+"locked" flag comes from the cache's lock contenders. The result is kept for one second so
+`/node-list` and `/metrics` scraped together cost one read.
+
+Failure: before the caches have synced, or while ZooKeeper cannot be read, the node and
+request views raise (the web app answers 503 with the reason); `/ready` and the counters
+always answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Protocol, Sequence
+
+from nodepool_k8s.exceptions import TemporaryError
+from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.stats import CounterKey, Stats
+from nodepool_k8s.status import NodeView
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import nodes as node_codec
+from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
+from nodepool_k8s.zk.client import ZkClient
+
+NODE_VIEW_TTL = 1.0
+
+
+class LauncherLike(Protocol):
+    """What this source reads of `launcher.daemon.Launcher`."""
+
+    zk: ZkClient
+
+    @property
+    def ready(self) -> bool: ...
+
+    @property
+    def node_cache(self) -> NodeCache: ...
+
+    @property
+    def request_cache(self) -> RequestCache: ...
+
+    @property
+    def component_cache(self) -> ComponentCache: ...
+
+
+class LauncherStatus:
+    def __init__(self, launcher: LauncherLike, stats: Stats, ttl: float = NODE_VIEW_TTL) -> None:
+        self.launcher = launcher
+        self.stats = stats
+        self.ttl = ttl
+        self._lock = threading.Lock()
+        self._views: tuple[float, list[NodeView]] | None = None
+
+    def _require_synced(self, synced: bool, what: str) -> None:
+        if not synced:
+            raise TemporaryError(f"the launcher has not read the {what} from ZooKeeper yet")
+
+    def node_views(self) -> Sequence[NodeView]:
+        with self._lock:
+            now = time.monotonic()
+            if self._views is not None and now - self._views[0] < self.ttl:
+                return self._views[1]
+            cache = self.launcher.node_cache
+            self._require_synced(cache.synced, "nodes")
+            ids = sorted(cache.ids())
+            views: list[NodeView] = []
+            found_all = self.launcher.zk.get_many([paths.node_path(i) for i in ids])
+            for node_id, (_, found) in zip(ids, found_all):
+                if found is None or not found[0]:
+                    continue  # deleted since the cache saw it, or no data
+                node = node_codec.parse(node_id, found[0], found[1].version)
+                if node is not None:
+                    views.append(NodeView(node, cache.is_locked(node_id)))
+            self._views = (now, views)
+            return views
+
+    def requests(self) -> Sequence[NodeRequest]:
+        cache = self.launcher.request_cache
+        self._require_synced(cache.synced, "requests")
+        return cache.requests()
+
+    def supported_labels(self) -> Sequence[Sequence[str]]:
+        return [sorted(c.supported_labels) for c in self.launcher.component_cache.pools()]
+
+    def ready(self) -> bool:
+        return self.launcher.ready
+
+    def counters(self) -> dict[CounterKey, float]:
+        return self.stats.counters()

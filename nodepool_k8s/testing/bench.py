@@ -1,0 +1,954 @@
+"""The system benchmark (`tools/benchmark`, or `python -m nodepool_k8s.testing.bench`).
+
+Owns: measuring nodepool-launcher as a whole system on the local stack (`stack.py`): a real
+ZooKeeper, the Kubernetes API simulator in its own process, one or more real launcher
+processes, and a load generator in this process that writes requests and handles nodes
+exactly as Zuul does (`ZuulClient`: submit, watch, accept = lock + delete the request, use,
+release), from several threads. What is measured and how is described in
+doc/benchmark.md; in short:
+
+- request -> fulfilled latency (submit until the request watch reports `fulfilled`) and
+  throughput (nodes fulfilled per second), per label, with the simulator's delays zero and
+  realistic; release -> node gone (the launcher removes the node after the namespace is
+  gone);
+- cost per node: Kubernetes API calls (the simulator's `/debug/counters`), ZooKeeper write
+  transactions (server zxid delta minus the load generator's own writes), ZooKeeper
+  requests of the launcher sessions (`cons`: last client xid), launcher CPU and peak RSS
+  (/proc);
+- scale: 10,000 extra nodes, `nodepool list` wall time, launcher RSS, a new request's
+  latency, a launcher's start-up time;
+- several launchers on one provider quota: throughput, and the most nodes ever seen.
+
+Exit status: 0 when every request was fulfilled and no quota was exceeded (missed
+performance targets are reported, not failures); 1 otherwise; 130 on Ctrl-C. Everything
+started is stopped, also on errors, Ctrl-C, SIGTERM and the `--timeout` watchdog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import queue
+import re
+import resource
+import shlex
+import statistics
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from nodepool_k8s.testing.stack import (REALISTIC_DELAYS, REPO, ZERO_DELAYS, LauncherProcess,
+                                        SimDelays, SimulatorProcess, Stack, StackError,
+                                        interruptible, proc_stats, watchdog)
+
+BENCH_CONFIG = REPO / "etc" / "demo" / "benchmark.yaml"
+PROVIDER = "k8s-bench"
+OTHER_PROVIDER = "k8s-elsewhere"  # the provider of the scale phase's filler nodes
+LABELS = ("namespace", "pod")
+
+# Targets (zero simulator delay), see doc/benchmark.md.
+TARGET_P50_MS = 50.0
+TARGET_NODES_PER_S = 100.0
+TARGET_LIST_S = 1.0
+TARGET_RSS_MIB = 150.0
+TARGET_API_CALLS = 6.0
+TARGET_ZK_WRITES = 8.0
+
+
+class BenchFailed(Exception):
+    pass
+
+
+def log(text: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+# -- parameters -------------------------------------------------------------------------------
+
+@dataclass
+class Params:
+    requests: int = 200             # per label, zero delays, at `concurrency`
+    realistic_requests: int = 40    # per label, realistic delays
+    serial: int = 20                # per label, zero delays, one at a time
+    concurrency: int = 8            # builds in flight (load threads)
+    sessions: int = 2               # ZooKeeper sessions the load threads share
+    labels: list[str] = field(default_factory=lambda: list(LABELS))
+    mix: list[tuple[list[str], int]] = field(default_factory=list)
+    priorities: list[str] = field(default_factory=lambda: ["200"])
+    profiles: list[str] = field(default_factory=lambda: ["zero", "realistic"])
+    realistic: SimDelays = REALISTIC_DELAYS
+    error_rate: float = 0.0
+    max_concurrency: int = 10       # the provider's max-concurrency
+    max_servers: int = 200          # the provider's quota in the latency runs
+    scale_nodes: int = 10000
+    scale_requests: int = 10
+    launchers: list[int] = field(default_factory=lambda: [1, 2, 4])
+    launcher_requests: int = 200
+    launcher_concurrency: int = 16
+    quota: int = 10                 # max-servers in the several-launchers runs
+    timeout: float = 175.0
+    quick: bool = False
+    profile_dir: str | None = None  # py-spy profiles of the launchers, per run
+    profile_idle: bool = False      # ... including waiting threads (wall time)
+
+    @classmethod
+    def quick_params(cls) -> "Params":
+        return cls(requests=20, realistic_requests=6, serial=5, concurrency=4,
+                   realistic=SimDelays(schedule=0.05, start=0.2, token=0.05,
+                                       namespace_delete=0.1),
+                   scale_nodes=1000, scale_requests=3, launchers=[1, 2],
+                   launcher_requests=20, launcher_concurrency=6, quota=4, timeout=90.0,
+                   quick=True)
+
+
+def parse_mix(text: str) -> list[tuple[list[str], int]]:
+    """`namespace=3,pod=1,namespace+pod=1`: node types of a request (joined by +) and a
+    relative weight."""
+    out: list[tuple[list[str], int]] = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        types, _, weight = part.partition("=")
+        out.append(([t for t in types.split("+") if t], int(weight or 1)))
+    return out
+
+
+def parse_delays(text: str, base: SimDelays) -> SimDelays:
+    """`schedule=0.2,start=1,token=0.1,ns-delete=0.5,pod-delete=0`."""
+    names = {"schedule": "schedule", "start": "start", "token": "token",
+             "ns-delete": "namespace_delete", "pod-delete": "pod_delete"}
+    values = asdict(base)
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, _, value = part.partition("=")
+        if key not in names:
+            raise argparse.ArgumentTypeError(f"unknown delay {key!r}: use {', '.join(names)}")
+        values[names[key]] = float(value)
+    return SimDelays(**values)
+
+
+# -- measurements -----------------------------------------------------------------------------
+
+def percentile(values: Sequence[float], pct: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    k = (len(ordered) - 1) * pct / 100.0
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def summary_ms(values_s: Sequence[float]) -> dict[str, float | None]:
+    ms = [v * 1000.0 for v in values_s]
+    return {"p50": _round(percentile(ms, 50)), "p95": _round(percentile(ms, 95)),
+            "p99": _round(percentile(ms, 99)), "max": _round(max(ms) if ms else None),
+            "count": len(ms)}
+
+
+def _round(value: float | None, digits: int = 1) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+_CONS = re.compile(r"sid=0x([0-9a-f]+).*?lcxid=0x([0-9a-f]+)")
+_ZXID = re.compile(r"Zxid: 0x([0-9a-f]+)")
+
+
+@dataclass
+class Snapshot:
+    at: float
+    zxid: int
+    cxids: dict[int, int]
+    api: dict[str, int]
+    launcher_cpu: float
+    launcher_peak_rss_kib: int
+    sim_cpu: float
+    zk_cpu: float
+    own_cpu: float
+
+
+class Meter:
+    """Snapshots of everything the cost columns are computed from."""
+
+    def __init__(self, stack: Stack, sim: SimulatorProcess, launchers: list[LauncherProcess],
+                 sessions: list[int]) -> None:
+        self.stack = stack
+        self.sim = sim
+        self.launchers = launchers
+        self.sessions = set(sessions)
+
+    def snapshot(self) -> Snapshot:
+        srvr = self.stack.zk_four_letter("srvr")
+        match = _ZXID.search(srvr)
+        cxids: dict[int, int] = {}
+        for sid, cxid in _CONS.findall(self.stack.zk_four_letter("cons")):
+            if int(sid, 16) in self.sessions and cxid != "ffffffffffffffff":
+                cxids[int(sid, 16)] = int(cxid, 16)
+        cpu, peak = 0.0, 0
+        for proc in self.launchers:
+            stats = proc.stats()
+            if stats is not None:
+                cpu += stats.cpu_seconds
+                peak = max(peak, stats.peak_rss_kib)
+        sim = self.sim.stats()
+        zk_pid = self.stack.zk.pid if self.stack.zk is not None else None
+        zk = proc_stats(zk_pid) if zk_pid else None
+        return Snapshot(at=time.monotonic(), zxid=int(match.group(1), 16) if match else 0,
+                        cxids=cxids, api=self.sim.counters(), launcher_cpu=cpu,
+                        launcher_peak_rss_kib=peak,
+                        sim_cpu=sim.cpu_seconds if sim else 0.0,
+                        zk_cpu=zk.cpu_seconds if zk else 0.0, own_cpu=time.process_time())
+
+
+def costs(before: Snapshot, after: Snapshot, nodes: int, zuul_writes: int) -> dict[str, Any]:
+    per = max(nodes, 1)
+    api = {k: after.api.get(k, 0) - before.api.get(k, 0) for k in after.api}
+    api = {k: v for k, v in api.items() if v}
+    writes = after.zxid - before.zxid - zuul_writes
+    requests = sum(after.cxids.get(s, 0) - before.cxids.get(s, 0) for s in after.cxids)
+    return {
+        "api_calls_per_node": _round(api.get("total", 0) / per, 2),
+        "api_calls": api,
+        "zk_writes_per_node": _round(writes / per, 2),
+        "zk_reads_per_node": _round((requests - writes) / per, 2),
+        "zk_launcher_requests": requests,
+        "zk_launcher_writes": writes,
+        "zk_loadgen_writes": zuul_writes,
+        "launcher_cpu_ms_per_node": _round((after.launcher_cpu - before.launcher_cpu)
+                                           * 1000.0 / per, 2),
+        "launcher_cpu_s": _round(after.launcher_cpu - before.launcher_cpu, 2),
+        "launcher_peak_rss_mib": _round(after.launcher_peak_rss_kib / 1024.0),
+        "simulator_cpu_s": _round(after.sim_cpu - before.sim_cpu, 2),
+        "zookeeper_cpu_s": _round(after.zk_cpu - before.zk_cpu, 2),
+        "loadgen_cpu_s": _round(after.own_cpu - before.own_cpu, 2),
+    }
+
+
+# -- the load generator -----------------------------------------------------------------------
+
+@dataclass
+class Sample:
+    types: list[str]
+    priority: str
+    request_id: str = ""
+    submitted: float = 0.0
+    fulfilled: float | None = None
+    state: str | None = None
+    nodes: list[str] = field(default_factory=list)
+    released: float | None = None
+    error: str | None = None
+
+
+class Load:
+    """Zuul-like builds from `concurrency` threads over a few shared ZooKeeper sessions."""
+
+    def __init__(self, clients: list[Any], deadline: Callable[[], float]) -> None:
+        self.clients = clients
+        self.deadline = deadline
+        self.zuul_writes = 0
+        self._lock = threading.Lock()
+
+    def _count(self, writes: int) -> None:
+        with self._lock:
+            self.zuul_writes += writes
+
+    def build(self, zuul: Any, sample: Sample) -> None:
+        from nodepool_k8s.zk.loadtools import timed_wait
+        sample.submitted = time.monotonic()
+        sample.request_id = zuul.submit(sample.types, priority=sample.priority)
+        self._count(1)
+        body, at = timed_wait(zuul.client, sample.request_id, self.deadline())
+        sample.state = body.get("state") if body else "deleted"
+        if body is None or sample.state != "fulfilled":
+            zuul.cancel(sample.request_id)  # Zuul deletes a failed request
+            self._count(1)
+            return
+        sample.fulfilled = at
+        nodeset = zuul.accept(sample.request_id)
+        self._count(1 + len(nodeset.nodes))  # request deletion, one lock per node
+        sample.nodes = [h.id for h in nodeset.nodes]
+        zuul.use(nodeset)
+        sample.released = time.monotonic()
+        zuul.release(nodeset)
+        self._count(3 * len(nodeset.nodes))  # in-use, used, unlock
+
+    def run(self, plan: list[Sample], concurrency: int) -> float:
+        """Run every build of `plan`; returns the wall time."""
+        work: queue.Queue[Sample] = queue.Queue()
+        for sample in plan:
+            work.put(sample)
+
+        def worker(index: int) -> None:
+            zuul = self.clients[index % len(self.clients)]
+            while True:
+                try:
+                    sample = work.get_nowait()
+                except queue.Empty:
+                    return
+                try:
+                    self.build(zuul, sample)
+                except Exception as exc:
+                    sample.error = f"{type(exc).__name__}: {exc}"
+
+        started = time.monotonic()
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True,
+                                    name=f"load-{i}") for i in range(max(1, concurrency))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(max(0.0, self.deadline()))
+        if any(t.is_alive() for t in threads):
+            raise BenchFailed("load threads did not finish before the deadline")
+        return time.monotonic() - started
+
+
+def make_plan(types_weights: list[tuple[list[str], int]], priorities: list[str],
+              count: int) -> list[Sample]:
+    cycle = [types for types, weight in types_weights for _ in range(max(weight, 0))]
+    return [Sample(list(cycle[i % len(cycle)]), priorities[i % len(priorities)])
+            for i in range(count)]
+
+
+def result_row(name: str, profile: str, label: str, concurrency: int, plan: list[Sample],
+               wall: float, watcher: Any, cost: dict[str, Any]) -> dict[str, Any]:
+    done = [s for s in plan if s.fulfilled is not None]
+    nodes = sum(len(s.nodes) for s in done)
+    latencies = [s.fulfilled - s.submitted for s in done if s.fulfilled is not None]
+    cleanup = [watcher.gone[n] - s.released for s in done if s.released is not None
+               for n in s.nodes if n in watcher.gone]
+    span = (max(s.fulfilled for s in done if s.fulfilled is not None)
+            - min(s.submitted for s in plan)) if done else 0.0
+    by_priority: dict[str, Any] = {}
+    for prio in sorted({s.priority for s in plan}):
+        values = [s.fulfilled - s.submitted for s in done
+                  if s.priority == prio and s.fulfilled is not None]
+        by_priority[prio] = summary_ms(values)["p50"]
+    errors = sorted({s.error for s in plan if s.error})
+    return {
+        "name": name, "profile": profile, "label": label, "concurrency": concurrency,
+        "requests": len(plan), "fulfilled": len(done),
+        "failed": sum(1 for s in plan if s.state == "failed"),
+        "errors": len([s for s in plan if s.error]), "error_examples": errors[:3],
+        "nodes": nodes, "wall_s": _round(wall, 2),
+        "latency_ms": summary_ms(latencies), "p50_ms_by_priority": by_priority,
+        "nodes_per_s": _round(nodes / span if span > 0 else 0.0, 1),
+        "cleanup_ms": summary_ms(cleanup),
+        **cost,
+    }
+
+
+# -- profiling --------------------------------------------------------------------------------
+
+class Profiler:
+    """`py-spy record` attached to launcher processes for one run (raw collapsed stacks,
+    per thread). Samples of waiting threads are left out, so it shows where the CPU goes;
+    with `idle` they are kept, which shows where a thread waits (wall time). py-spy is not
+    a dependency: `pip install py-spy` (or the `bench` extra) into the same environment."""
+
+    def __init__(self, directory: str | None, idle: bool = False) -> None:
+        self.directory = Path(directory) if directory else None
+        self.idle = idle
+        self.exe = Path(sys.executable).with_name("py-spy")
+        if self.directory is not None and not self.exe.exists():
+            raise BenchFailed(f"--profile needs py-spy: {self.exe} not found "
+                              "(pip install py-spy)")
+
+    def start(self, name: str, procs: list[LauncherProcess]) -> list[Any]:
+        if self.directory is None:
+            return []
+        import subprocess
+        self.directory.mkdir(parents=True, exist_ok=True)
+        spies = []
+        for proc in procs:
+            out = self.directory / f"{name.replace('/', '_')}-{proc.name}.txt"
+            spies.append((subprocess.Popen(
+                [str(self.exe), "record", "--pid", str(proc.pid), "--format", "raw",
+                 "--rate", "200", "--threads", "--nonblocking"]
+                + (["--idle"] if self.idle else []) + ["--output", str(out)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True), out))
+        time.sleep(0.3)  # let py-spy attach
+        return spies
+
+    def stop(self, spies: list[Any]) -> None:
+        import signal as _signal
+        for popen, out in spies:
+            popen.send_signal(_signal.SIGINT)
+        for popen, out in spies:
+            try:
+                popen.wait(30)
+            except Exception:
+                popen.kill()
+            if out.exists():
+                out.with_suffix(".summary.txt").write_text(profile_summary(out))
+
+
+def profile_summary(path: Path, top: int = 25) -> str:
+    """Busy samples per thread, and the functions with the most samples (inclusive) and
+    the most own samples, over threads that were not idle."""
+    own: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    threads: dict[str, int] = {}
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = stack.split(";")
+        thread = frames[0]
+        leaf = frames[-1]
+        if any(word in leaf for word in ("wait (threading", "select (selectors",
+                                         "_wait_for_tstate_lock", "get (queue",
+                                         "accept (socket", "poll (selectors")):
+            continue  # idle in a wait
+        total += count
+        threads[thread] = threads.get(thread, 0) + count
+        own[leaf] = own.get(leaf, 0) + count
+        for frame in set(frames[1:]):
+            inclusive[frame] = inclusive.get(frame, 0) + count
+    lines = [f"{path.name}: {total} busy samples"]
+    lines.append("\nbusy samples by thread:")
+    for name, count in sorted(threads.items(), key=lambda x: -x[1])[:top]:
+        lines.append(f"  {count:7d}  {name}")
+    lines.append("\ninclusive:")
+    for name, count in sorted(inclusive.items(), key=lambda x: -x[1])[:top]:
+        lines.append(f"  {count:7d}  {100.0 * count / max(total, 1):5.1f}%  {name}")
+    lines.append("\nown:")
+    for name, count in sorted(own.items(), key=lambda x: -x[1])[:top]:
+        lines.append(f"  {count:7d}  {100.0 * count / max(total, 1):5.1f}%  {name}")
+    return "\n".join(lines) + "\n"
+
+
+# -- the benchmark ----------------------------------------------------------------------------
+
+class Bench:
+    def __init__(self, params: Params, stack: Stack) -> None:
+        self.p = params
+        self.stack = stack
+        self.deadline_at = time.monotonic() + params.timeout
+        self.results: dict[str, Any] = {"runs": [], "scale": None, "launchers": []}
+        self.profiler = Profiler(params.profile_dir, params.profile_idle)
+
+    def left(self, cap: float = 1e9) -> float:
+        left = self.deadline_at - time.monotonic()
+        if left <= 0:
+            raise BenchFailed(f"the benchmark ran out of time ({self.p.timeout:g}s)")
+        return min(cap, left)
+
+    def env(self, max_servers: int) -> dict[str, str]:
+        return {"NODEPOOL_BENCH_MAX_SERVERS": str(max_servers),
+                "NODEPOOL_BENCH_MAX_CONCURRENCY": str(self.p.max_concurrency)}
+
+    def launch(self, count: int, max_servers: int) -> tuple[str, list[LauncherProcess],
+                                                            list[int]]:
+        chroot = self.stack.new_chroot("bench")
+        procs = [self.stack.start_launcher(chroot, BENCH_CONFIG, self.env(max_servers))
+                 for _ in range(count)]
+        sessions = self.stack.wait_launchers(chroot, count, timeout=self.left(90))
+        return chroot, procs, sessions
+
+    def clients(self, chroot: str) -> list[Any]:
+        return [self.stack.zuul(chroot) for _ in range(max(1, self.p.sessions))]
+
+    def stop(self, procs: list[LauncherProcess]) -> None:
+        for proc in procs:
+            code = proc.stop(30)
+            if code != 0:
+                raise BenchFailed(f"{proc.name} exited with {code}:\n{proc.log_tail()}")
+            self.stack.launchers.remove(proc)
+
+    def measured(self, name: str, profile: str, label: str, types: list[tuple[list[str], int]],
+                 count: int, concurrency: int, meter: Meter, load: Load,
+                 watcher: Any) -> dict[str, Any]:
+        plan = make_plan(types, self.p.priorities, count)
+        load.zuul_writes = 0
+        spies = self.profiler.start(name, meter.launchers)
+        before = meter.snapshot()
+        wall = load.run(plan, concurrency)
+        self.profiler.stop(spies)
+        node_ids = [n for s in plan for n in s.nodes]
+        if not watcher.wait_gone(node_ids, self.left(60)):
+            raise BenchFailed(f"{name}: released nodes were not deleted in time")
+        after = meter.snapshot()
+        nodes = len(node_ids)
+        row = result_row(name, profile, label, concurrency, plan, wall, watcher,
+                         costs(before, after, nodes, load.zuul_writes))
+        lat = row["latency_ms"]
+        log(f"{name}: {row['fulfilled']}/{row['requests']} fulfilled, p50 {lat['p50']} ms, "
+            f"{row['nodes_per_s']} nodes/s, {row['api_calls_per_node']} API calls and "
+            f"{row['zk_writes_per_node']} ZK writes per node")
+        self.results["runs"].append(row)
+        return row
+
+    # -- phases ---------------------------------------------------------------------------
+    def latency_phase(self, profile: str) -> None:
+        from nodepool_k8s.zk.loadtools import NodeWatcher
+        delays = ZERO_DELAYS if profile == "zero" else self.p.realistic
+        log(f"profile {profile} ({delays.describe()}): starting the simulator and a launcher")
+        sim = self.stack.start_simulator(delays, error_rate=self.p.error_rate)
+        chroot, procs, sessions = self.launch(1, self.p.max_servers)
+        clients = self.clients(chroot)
+        watcher = NodeWatcher(clients[0].client)
+        load = Load(clients, self.left)
+        meter = Meter(self.stack, sim, procs, sessions)
+        # Warm up every label once (connections, first-use imports, guard znodes).
+        warm = make_plan([([label], 1) for label in self.p.labels], ["200"],
+                         len(self.p.labels))
+        load.run(warm, 1)
+        watcher.wait_gone([n for s in warm for n in s.nodes], self.left(60))
+        realistic = profile != "zero"
+        for label in self.p.labels:
+            if not realistic and self.p.serial > 0:
+                self.measured(f"{profile}/{label}/serial", profile, label, [([label], 1)],
+                              self.p.serial, 1, meter, load, watcher)
+            count = self.p.realistic_requests if realistic else self.p.requests
+            self.measured(f"{profile}/{label}", profile, label, [([label], 1)], count,
+                          self.p.concurrency, meter, load, watcher)
+        if self.p.mix and not realistic:
+            self.measured(f"{profile}/mix", profile, "mix", self.p.mix, self.p.requests,
+                          self.p.concurrency, meter, load, watcher)
+        watcher.stop()
+        for client in clients:
+            client.close()
+        self.stop(procs)
+
+    def launchers_phase(self) -> None:
+        from nodepool_k8s.zk.loadtools import NodeWatcher
+        sim = self.stack.start_simulator(ZERO_DELAYS, error_rate=self.p.error_rate)
+        for count in self.p.launchers:
+            log(f"{count} launcher(s) on one provider, max-servers {self.p.quota}")
+            chroot, procs, sessions = self.launch(count, self.p.quota)
+            clients = self.clients(chroot)
+            watcher = NodeWatcher(clients[0].client)
+            load = Load(clients, self.left)
+            meter = Meter(self.stack, sim, procs, sessions)
+            row = self.measured(f"launchers-{count}", "zero", "namespace",
+                                [(["namespace"], 1)], self.p.launcher_requests,
+                                self.p.launcher_concurrency, meter, load, watcher)
+            self.results["runs"].remove(row)
+            row.update(launchers=count, quota=self.p.quota, max_nodes_seen=watcher.max_nodes,
+                       quota_held=watcher.max_nodes <= self.p.quota,
+                       watch_samples=watcher.samples)
+            self.results["launchers"].append(row)
+            watcher.stop()
+            for client in clients:
+                client.close()
+            self.stop(procs)
+
+    def scale_phase(self) -> None:
+        from nodepool_k8s.zk.loadtools import NodeWatcher, fill_nodes
+        n = self.p.scale_nodes
+        log(f"scale: {n} extra nodes")
+        self.stack.start_simulator(ZERO_DELAYS, error_rate=self.p.error_rate)
+        chroot, procs, sessions = self.launch(1, self.p.max_servers)
+        launcher = procs[0]
+        clients = self.clients(chroot)
+        zuul = clients[0]
+        watcher = NodeWatcher(zuul.client)
+        load = Load(clients, self.left)
+        # One real node, to copy its record: what a ready namespace node looks like.
+        request_id = zuul.submit(["namespace"])
+        body, _ = _wait(zuul, request_id, self.left(30))
+        nodeset = zuul.accept(request_id)
+        template = dict(nodeset.nodes[0].data)
+        zuul.use(nodeset)
+        zuul.release(nodeset)
+        watcher.wait_gone([h.id for h in nodeset.nodes], self.left(30))
+        watcher.stop()
+        base_rss = launcher.stats()
+        spies = self.profiler.start("scale-fill", procs)
+        started = time.monotonic()
+        created = fill_nodes(zuul.client, filler_records(template, n))
+        fill_s = time.monotonic() - started
+        settle_s = wait_idle(launcher, self.left(60))
+        self.profiler.stop(spies)
+        listing: list[float] = []
+        listing_cpu: list[float] = []
+        rows = 0
+        for _ in range(3):
+            cpu = _children_cpu()
+            done, wall = self.stack.nodepool(chroot, "list", config=BENCH_CONFIG,
+                                             env=self.env(self.p.max_servers),
+                                             timeout=self.left(60))
+            listing_cpu.append(_children_cpu() - cpu)
+            if done.returncode != 0:
+                raise BenchFailed(f"nodepool list failed ({done.returncode}): "
+                                  f"{done.stderr[-2000:]}")
+            rows = sum(1 for line in done.stdout.splitlines()
+                       if line.startswith("| ") and not line.startswith("| ID "))
+            listing.append(wall)
+        plan = make_plan([(["namespace"], 1)], ["200"], self.p.scale_requests)
+        spies = self.profiler.start("scale-requests", procs)
+        load.run(plan, 1)
+        self.profiler.stop(spies)
+        latencies = [s.fulfilled - s.submitted for s in plan if s.fulfilled is not None]
+        stats = launcher.stats()
+        # A launcher starting now syncs all of it before it serves.
+        started = time.monotonic()
+        extra = self.stack.start_launcher(chroot, BENCH_CONFIG, self.env(self.p.max_servers))
+        self.stack.wait_launchers(chroot, 2, timeout=self.left(90))
+        startup_s = time.monotonic() - started
+        extra_stats = extra.stats()
+        self.results["scale"] = {
+            "nodes": created, "fill_s": _round(fill_s, 2),
+            "record_bytes": len(json.dumps(template)),
+            "launcher_settle_s": _round(settle_s, 2),
+            "list_s": [_round(v, 3) for v in listing],
+            "list_s_median": _round(statistics.median(listing), 3),
+            "list_cpu_s_median": _round(statistics.median(listing_cpu), 3),
+            "list_rows": rows,
+            "fulfilled": len(latencies), "requests": len(plan),
+            "latency_ms": summary_ms(latencies),
+            "launcher_rss_mib_before": _round(base_rss.rss_kib / 1024.0) if base_rss else None,
+            "launcher_rss_mib": _round(stats.rss_kib / 1024.0) if stats else None,
+            "launcher_peak_rss_mib": _round(stats.peak_rss_kib / 1024.0) if stats else None,
+            "new_launcher_startup_s": _round(startup_s, 2),
+            "new_launcher_peak_rss_mib": _round(extra_stats.peak_rss_kib / 1024.0)
+            if extra_stats else None,
+        }
+        s = self.results["scale"]
+        log(f"scale: filled {created} nodes in {fill_s:.1f}s; nodepool list "
+            f"{s['list_s_median']}s ({rows} rows); launcher RSS {s['launcher_rss_mib']} MiB "
+            f"(peak {s['launcher_peak_rss_mib']}); new request p50 {s['latency_ms']['p50']} ms;"
+            f" a new launcher ran after {startup_s:.1f}s")
+        for client in clients:
+            client.close()
+        self.stop(procs + [extra])
+
+    def run(self) -> dict[str, Any]:
+        started = time.monotonic()
+        self.results["machine"] = machine()
+        self.results["parameters"] = params_json(self.p)
+        log("starting ZooKeeper")
+        self.stack.start_zookeeper()
+        for profile in self.p.profiles:
+            self.latency_phase(profile)
+        if self.p.launchers:
+            self.launchers_phase()
+        if self.p.scale_nodes > 0:
+            self.scale_phase()
+        self.results["duration_s"] = _round(time.monotonic() - started, 1)
+        self.results["targets"] = targets(self.results)
+        return self.results
+
+
+def _wait(zuul: Any, request_id: str, timeout: float) -> tuple[dict[str, Any], float]:
+    from nodepool_k8s.zk.loadtools import timed_wait
+    body, at = timed_wait(zuul.client, request_id, timeout)
+    if body is None or body.get("state") != "fulfilled":
+        raise BenchFailed(f"request {request_id} was not fulfilled: {body}")
+    return body, at
+
+
+def filler_records(template: dict[str, Any], count: int) -> Any:
+    """`count` ready, unallocated namespace nodes of a provider this launcher does not
+    serve, shaped exactly like `template` (a real node record)."""
+    now = time.time()
+    for index in range(count):
+        node_id = f"{9_000_000_000 + index:010d}"
+        name = f"main-{node_id}"
+        record = dict(template)
+        port = dict(template.get("connection_port") or {})
+        port.update(name=name, namespace=name)
+        record.update(provider=OTHER_PROVIDER, allocated_to=None, state="ready",
+                      state_time=now, created_time=now, external_id=name,
+                      connection_port=port, ssh_port=port, requestor=None,
+                      launcher="elsewhere-PoolWorker.k8s-elsewhere-main")
+        record.pop("id", None)
+        yield node_id, record
+
+
+def _children_cpu() -> float:
+    """CPU seconds of this process's waited-for children (the `nodepool` CLI runs)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def wait_idle(proc: LauncherProcess, timeout: float, window: float = 0.5,
+              threshold: float = 0.05) -> float:
+    """Wait until the process used less than `threshold` CPU seconds in `window`."""
+    started = time.monotonic()
+    last = proc.stats()
+    while time.monotonic() - started < timeout:
+        time.sleep(window)
+        now = proc.stats()
+        if last is None or now is None:
+            break
+        if now.cpu_seconds - last.cpu_seconds < threshold:
+            break
+        last = now
+    return time.monotonic() - started
+
+
+# -- reporting --------------------------------------------------------------------------------
+
+def machine() -> dict[str, Any]:
+    mem_kib = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    except OSError:
+        pass
+    return {"nproc": os.cpu_count(), "memory_gib": round(mem_kib / 1024 / 1024, 1),
+            "python": platform.python_version(), "platform": platform.platform(),
+            "loadavg_at_start": [round(x, 2) for x in os.getloadavg()],
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime(
+                "%Y-%m-%d %H:%M UTC"),
+            "command": "tools/benchmark " + " ".join(shlex.quote(a) for a in sys.argv[1:])}
+
+
+def params_json(p: Params) -> dict[str, Any]:
+    data = asdict(p)
+    data["realistic"] = asdict(p.realistic)
+    data["mix"] = ["+".join(t) + f"={w}" for t, w in p.mix]
+    return data
+
+
+def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    runs = {r["name"]: r for r in results["runs"]}
+    out: list[dict[str, Any]] = []
+
+    def add(name: str, target: str, value: Any, met: bool | None) -> None:
+        out.append({"name": name, "target": target, "value": value, "met": met})
+
+    serial = runs.get("zero/namespace/serial") or runs.get("zero/namespace")
+    if serial:
+        p50 = serial["latency_ms"]["p50"]
+        add("namespace request -> fulfilled p50 (zero delay, one at a time)",
+            f"<= {TARGET_P50_MS:g} ms", p50, p50 is not None and p50 <= TARGET_P50_MS)
+    loaded = runs.get("zero/namespace")
+    if loaded:
+        add("namespace nodes per second, one launcher (zero delay)",
+            f">= {TARGET_NODES_PER_S:g}", loaded["nodes_per_s"],
+            loaded["nodes_per_s"] >= TARGET_NODES_PER_S)
+        # "About": half a call or write per node of slack (a retried write, a lost race).
+        add("Kubernetes API calls per namespace node", f"<= ~{TARGET_API_CALLS:g}",
+            loaded["api_calls_per_node"],
+            loaded["api_calls_per_node"] <= TARGET_API_CALLS + 0.5)
+        add("ZooKeeper writes per namespace node (launcher)", f"<= ~{TARGET_ZK_WRITES:g}",
+            loaded["zk_writes_per_node"],
+            loaded["zk_writes_per_node"] <= TARGET_ZK_WRITES + 0.5)
+    scale = results.get("scale")
+    if scale:
+        nodes = scale["nodes"]
+        add(f"nodepool list over {nodes} nodes (median wall time)", f"< {TARGET_LIST_S:g} s",
+            scale["list_s_median"], scale["list_s_median"] < TARGET_LIST_S)
+        add(f"launcher peak RSS with {nodes} nodes", f"< {TARGET_RSS_MIB:g} MiB",
+            scale["launcher_peak_rss_mib"],
+            scale["launcher_peak_rss_mib"] is not None
+            and scale["launcher_peak_rss_mib"] < TARGET_RSS_MIB)
+    for row in results.get("launchers", []):
+        add(f"{row['launchers']} launcher(s): provider max-servers held",
+            f"<= {row['quota']} nodes", row["max_nodes_seen"], row["quota_held"])
+    return out
+
+
+def failures(results: dict[str, Any], params: Params) -> list[str]:
+    problems = []
+    for row in results["runs"] + results.get("launchers", []):
+        if row["fulfilled"] != row["requests"] and params.error_rate == 0:
+            problems.append(f"{row['name']}: {row['fulfilled']} of {row['requests']} requests "
+                            f"fulfilled {row['error_examples']}")
+        if row.get("quota_held") is False:
+            problems.append(f"{row['name']}: {row['max_nodes_seen']} nodes seen, quota "
+                            f"{row['quota']}")
+    scale = results.get("scale")
+    if scale and scale["fulfilled"] != scale["requests"]:
+        problems.append("scale: a request was not fulfilled")
+    return problems
+
+
+def _fmt(value: Any) -> str:
+    return "-" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
+
+
+def table(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    lines = [f"nodepool_k8s benchmark: {m['nproc']} CPUs, {m['memory_gib']} GiB, Python "
+             f"{m['python']}, {m['date']}, load average at start "
+             f"{' '.join(str(x) for x in m['loadavg_at_start'])}",
+             f"command: {m['command']}   ({results.get('duration_s')} s)", ""]
+    head = ("run", "conc", "reqs", "nodes", "p50ms", "p95ms", "p99ms", "nodes/s", "clean50",
+            "clean95", "API/n", "ZKw/n", "ZKr/n", "CPUms/n", "RSS MiB")
+    rows = [head]
+    for r in results["runs"] + results.get("launchers", []):
+        lat, clean = r["latency_ms"], r["cleanup_ms"]
+        rows.append((r["name"], r["concurrency"], f"{r['fulfilled']}/{r['requests']}",
+                     r["nodes"], lat["p50"], lat["p95"], lat["p99"], r["nodes_per_s"],
+                     clean["p50"], clean["p95"], r["api_calls_per_node"],
+                     r["zk_writes_per_node"], r["zk_reads_per_node"],
+                     r["launcher_cpu_ms_per_node"], r["launcher_peak_rss_mib"]))
+    widths = [max(len(_fmt(row[i])) for row in rows) for i in range(len(head))]
+    for index, row in enumerate(rows):
+        lines.append("  ".join(_fmt(v).rjust(w) if i else _fmt(v).ljust(w)
+                               for i, (v, w) in enumerate(zip(row, widths))))
+        if index == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines.append("latency = request submitted -> fulfilled seen by the request watch; "
+                 "clean = release -> node gone (ms);")
+    lines.append("per node (/n): Kubernetes API calls, ZooKeeper write transactions and read "
+                 "requests of the launcher(s), launcher CPU ms")
+    for r in results.get("launchers", []):
+        lines.append(f"{r['name']}: most nodes seen at once {r['max_nodes_seen']} "
+                     f"(max-servers {r['quota']}, {r['watch_samples']} samples): "
+                     f"{'held' if r['quota_held'] else 'EXCEEDED'}")
+    s = results.get("scale")
+    if s:
+        lines += ["", f"scale: {s['nodes']} extra nodes ({s['record_bytes']} bytes each, with "
+                  f"lock dirs) created in {s['fill_s']} s",
+                  f"  nodepool list: {s['list_s_median']} s median wall time "
+                  f"({', '.join(_fmt(v) for v in s['list_s'])}; {s['list_rows']} rows), "
+                  f"{s['list_cpu_s_median']} s CPU",
+                  f"  launcher RSS: {s['launcher_rss_mib_before']} MiB before, "
+                  f"{s['launcher_rss_mib']} MiB after, peak {s['launcher_peak_rss_mib']} MiB"
+                  f" (settled {s['launcher_settle_s']} s after the fill)",
+                  f"  new namespace request -> fulfilled: p50 {s['latency_ms']['p50']} ms, "
+                  f"max {s['latency_ms']['max']} ms ({s['fulfilled']}/{s['requests']})",
+                  f"  a launcher started now runs after {s['new_launcher_startup_s']} s "
+                  f"(peak RSS {s['new_launcher_peak_rss_mib']} MiB)"]
+    lines += ["", "targets (zero simulator delay):"]
+    for t in results.get("targets", []):
+        mark = "met   " if t["met"] else "MISSED"
+        lines.append(f"  {mark} {t['name']}: {_fmt(t['value'])} (target {t['target']})")
+    return "\n".join(lines)
+
+
+# -- command line -----------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    d = Params()
+    p = argparse.ArgumentParser(
+        prog="tools/benchmark",
+        description="Measure nodepool-launcher as a whole system: real ZooKeeper, the "
+                    "simulated Kubernetes API (own process), real launcher processes and "
+                    "a Zuul-like load generator. See doc/benchmark.md.")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke mode: few requests, 1,000 scale nodes, 1 and 2 launchers")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--requests", type=int, help=f"requests per label, zero delays "
+                   f"(default {d.requests})")
+    p.add_argument("--realistic-requests", type=int,
+                   help=f"requests per label, realistic delays (default {d.realistic_requests})")
+    p.add_argument("--serial", type=int,
+                   help=f"one-at-a-time requests per label, zero delays (default {d.serial})")
+    p.add_argument("--concurrency", type=int,
+                   help=f"builds in flight (load threads) (default {d.concurrency})")
+    p.add_argument("--sessions", type=int,
+                   help=f"ZooKeeper sessions of the load generator (default {d.sessions})")
+    p.add_argument("--labels", help="labels measured one by one (default namespace,pod)")
+    p.add_argument("--mix", help="an extra run with a request mix, e.g. "
+                   "namespace=3,pod=1,namespace+pod=1 (types joined by +, weights)")
+    p.add_argument("--priorities", help="request priorities cycled, e.g. 100,200,300 "
+                   "(default 200)")
+    p.add_argument("--profiles", help="delay profiles: zero,realistic (default both)")
+    p.add_argument("--realistic", metavar="DELAYS",
+                   help="realistic delays, default schedule=0.2,start=1,token=0.1,"
+                        "ns-delete=0.5,pod-delete=0")
+    p.add_argument("--error-rate", type=float,
+                   help="fraction of Kubernetes API calls answered 500/429 (default 0)")
+    p.add_argument("--max-concurrency", type=int,
+                   help=f"the provider's max-concurrency (default {d.max_concurrency})")
+    p.add_argument("--launchers", help="launcher counts for the quota runs, e.g. 1,2,4; "
+                   "0 skips them")
+    p.add_argument("--launcher-requests", type=int,
+                   help=f"requests per quota run (default {d.launcher_requests})")
+    p.add_argument("--launcher-concurrency", type=int,
+                   help=f"builds in flight in the quota runs (default "
+                        f"{d.launcher_concurrency})")
+    p.add_argument("--quota", type=int,
+                   help=f"max-servers in the quota runs (default {d.quota})")
+    p.add_argument("--scale-nodes", type=int,
+                   help=f"extra nodes for the scale run, 0 skips it (default {d.scale_nodes})")
+    p.add_argument("--timeout", type=float,
+                   help=f"give up (and stop everything) after this many seconds (default "
+                        f"{d.timeout:g}, --quick {Params.quick_params().timeout:g})")
+    p.add_argument("--output", metavar="FILE", help="also write the JSON results here")
+    p.add_argument("--profile", metavar="DIR",
+                   help="record each run's launcher(s) with py-spy (raw stacks and a summary "
+                        "per run in DIR; needs `pip install py-spy`)")
+    p.add_argument("--profile-idle", action="store_true",
+                   help="with --profile: keep samples of waiting threads (where time goes, "
+                        "not only CPU)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    return p
+
+
+def params_from(args: argparse.Namespace) -> Params:
+    p = Params.quick_params() if args.quick else Params()
+    for name in ("requests", "realistic_requests", "serial", "concurrency", "sessions",
+                 "error_rate", "max_concurrency", "launcher_requests", "launcher_concurrency",
+                 "quota", "scale_nodes", "timeout"):
+        value = getattr(args, name)
+        if value is not None:
+            setattr(p, name, value)
+    p.profile_dir = args.profile
+    p.profile_idle = args.profile_idle
+    if args.labels:
+        p.labels = [x for x in args.labels.split(",") if x]
+    if args.mix:
+        p.mix = parse_mix(args.mix)
+    if args.priorities:
+        p.priorities = [f"{x.strip():0>3}" for x in args.priorities.split(",") if x.strip()]
+    if args.profiles:
+        p.profiles = [x for x in args.profiles.split(",") if x]
+        unknown = set(p.profiles) - {"zero", "realistic"}
+        if unknown:
+            raise SystemExit(f"unknown profile(s): {', '.join(sorted(unknown))}")
+    if args.realistic:
+        p.realistic = parse_delays(args.realistic, REALISTIC_DELAYS)
+    if args.launchers is not None:
+        p.launchers = [int(x) for x in args.launchers.split(",") if x.strip() and int(x) > 0]
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    params = params_from(args)
+    stack = Stack(prefix="nodepool-k8s-bench-", keep=args.keep)
+    bench = Bench(params, stack)
+    timed_out = threading.Event()
+    status = 1
+    results: dict[str, Any] | None = None
+    with interruptible():
+        # Every wait is bounded by --timeout already; this is the backstop.
+        timer = watchdog(params.timeout + 5, timed_out)
+        try:
+            results = bench.run()
+            status = 0
+        except KeyboardInterrupt:
+            if timed_out.is_set():
+                print(f"benchmark FAILED: over its time limit ({params.timeout:g}s)",
+                      file=sys.stderr)
+            else:
+                print("interrupted: stopping everything", file=sys.stderr)
+                status = 130
+        except (BenchFailed, StackError, Exception) as exc:
+            print(f"benchmark FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+            for proc in stack.launchers:
+                print(f"--- last lines of {proc.name}'s log ---\n{proc.log_tail()}",
+                      file=sys.stderr)
+        finally:
+            timer.cancel()
+            problems = stack.stop()
+    if results is not None:
+        problems = problems + failures(results, params)
+        results["ok"] = not problems
+        results["problems"] = problems
+        print(json.dumps(results, indent=2) if args.json else table(results), flush=True)
+        if args.output:
+            Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
+    for problem in problems:
+        print(f"problem: {problem}", file=sys.stderr)
+    if problems and status == 0:
+        status = 1
+    if args.keep:
+        print(f"work directory kept: {stack.workdir}", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""Fixtures for the end-to-end tests of the Kubernetes driver through the launcher.
+
+Every test gets a fresh ZooKeeper chroot (`zk`) and a fresh simulated cluster (`k8s_sim`,
+TLS, context "sim"), and `$KUBECONFIG` points at the simulator's admin kubeconfig, which is
+where the daemon's providers read their credentials (`KubernetesProvider.start`).
+`launchers` and `zuul` are the launcher tests' fixtures (in-process `Launcher`s built from
+YAML through the real config loader; the Zuul-like client), reused here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from nodepool_k8s.simulator import Simulator
+from tests.e2e.util import NamespaceLog
+from tests.helpers import ZkConnection
+from tests.launcher.conftest import launchers, zuul  # noqa: F401 - shared fixtures
+from tests.launcher.util import Processes
+
+
+@pytest.fixture(autouse=True)
+def kube_env(k8s_sim: Simulator, monkeypatch: pytest.MonkeyPatch) -> Simulator:
+    """The simulator, with $KUBECONFIG naming its admin kubeconfig (context "sim")."""
+    assert k8s_sim.kubeconfig_path is not None
+    monkeypatch.setenv("KUBECONFIG", k8s_sim.kubeconfig_path)
+    return k8s_sim
+
+
+@pytest.fixture
+def namespace_log(k8s_sim: Simulator) -> Iterator[NamespaceLog]:
+    """Every namespace created in the simulator from now on, in order."""
+    recorder = NamespaceLog(k8s_sim).start()
+    try:
+        yield recorder
+    finally:
+        recorder.stop()
+
+
+@pytest.fixture
+def processes(zk: ZkConnection, tmp_path: Path) -> Iterator[Processes]:
+    """Real `nodepool-launcher` processes (they inherit $KUBECONFIG); always killed."""
+    procs = Processes(zk, tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()

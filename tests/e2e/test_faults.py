@@ -1,0 +1,385 @@
+"""Injected cluster faults, end to end through the launcher, and the outcome of each.
+
+Aspects:
+- API errors (one-shot 500/503/429 on creates; a random 30 % of 500/429 on every call) are
+  retried by the driver and every build succeeds; attempt 1 survives one-shot errors;
+- ErrImagePull and ImagePullBackOff fail the attempt at once with that reason although
+  `boot-timeout` is 600 s; after `launch-retries` attempts, each in a fresh namespace, the
+  request of the single pool is `failed`;
+- a pod Unschedulable longer than the driver's grace fails the same way; one that becomes
+  schedulable within the grace (an autoscaler adding a node) is used;
+- a quota refusal (403 "exceeded quota") aborts the node, pauses the pool and retries; the
+  request stays `pending` and is fulfilled once the quota is there, never declined;
+- a namespace deletion that hangs keeps the node `deleting` (retried, not forgotten) until
+  the namespace finally goes, then the node is removed;
+- after each of these nothing is left in the cluster and no node in ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from nodepool_k8s.driver.kubernetes import manifests
+from nodepool_k8s.launcher.daemon import Launcher
+from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.testing_client import ZuulClient
+from tests.e2e.util import (NamespaceLog, leftovers, our_namespaces, provider_factory,
+                            wait_cluster_empty)
+from tests.helpers import wait_for
+from tests.launcher.conftest import TEST_SETTINGS, LauncherFactory
+
+CONFIG = """
+labels:
+  - name: ns
+  - name: pod
+  - name: broken-image
+providers:
+  - name: k8s
+    driver: kubernetes
+    context: sim
+    launch-retries: 3
+    boot-timeout: 600
+    api-retries: 5
+    api-backoff: [0.01, 0.02, 0.05]
+    api-timeout: 10
+    pools:
+      - name: main
+        max-servers: 10
+        labels:
+          - name: ns
+            type: namespace
+          - name: pod
+            type: pod
+            image: docker.io/fedora:40
+          - name: broken-image
+            type: pod
+            image: registry.invalid/ci/missing:1
+"""
+
+BOOT_TIMEOUT = 600.0
+ATTEMPT_RE = re.compile(r"Launch attempt (\d+)/(\d+) failed: LaunchError\((\w+)\)")
+
+
+def failed_attempts(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
+    """(attempt, reason) of every failed launch attempt the engine logged."""
+    found = []
+    for record in caplog.records:
+        match = ATTEMPT_RE.search(record.getMessage())
+        if match:
+            found.append((int(match[1]), match[3]))
+    return found
+
+
+def incr_keys(launcher: Launcher) -> list[str]:
+    return launcher.engine.stats.backend.keys("incr")  # type: ignore[attr-defined,no-any-return]
+
+
+def pool_id(launcher: Launcher) -> str:
+    return next(w.id for w in launcher.pool_workers.values())
+
+
+def assert_clean(k8s_sim: Simulator, kazoo_client: KazooClient) -> None:
+    """No node left in ZooKeeper, nothing left in the cluster."""
+    wait_for(lambda: not kazoo_client.get_children(paths.NODES), 30,
+             message="every node removed from ZooKeeper")
+    wait_cluster_empty(k8s_sim)
+
+
+def attempt_names(namespace_log: NamespaceLog, attempts: int) -> list[str]:
+    """The namespaces of one node's attempts: `main-<id>`, then `main-<id>-<n>`."""
+    names = wait_for(lambda: len(namespace_log.names("main-")) >= attempts
+                     and namespace_log.names("main-"), message=f"{attempts} namespaces")
+    assert len(names) == attempts, names
+    node_id = names[0].split("-")[1]
+    expected = [f"main-{node_id}"] + [f"main-{node_id}-{n}" for n in range(2, attempts + 1)]
+    assert names == expected
+    return names
+
+
+# -- API errors --------------------------------------------------------------------------------
+
+def test_one_shot_api_errors_are_retried(launchers: LauncherFactory, zuul: ZuulClient,
+                                         k8s_sim: Simulator, kazoo_client: KazooClient,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    launcher = launchers(CONFIG)
+    k8s_sim.set_faults(retry_after=0)
+    k8s_sim.fail_next("create", "namespaces", count=2, code=500)
+    k8s_sim.fail_next("create", "serviceaccounts", code=503)
+    k8s_sim.fail_next("create", "secrets", code=429)
+    k8s_sim.fail_next("create", "roles", code=500)
+    k8s_sim.fail_next("create", "rolebindings", code=500)
+    k8s_sim.fail_next("create", "pods", count=2, code=500)
+    request_id = zuul.submit(["pod"])
+    body = zuul.wait(request_id, 60)
+    assert body is not None and body["state"] == "fulfilled", body
+    # Retried inside each call: the first attempt made it.
+    node_id = body["nodes"][0]
+    assert zuul.get_node(node_id)["external_id"] == f"main-{node_id}"  # type: ignore[index]
+    assert failed_attempts(caplog) == []
+    retried = [r.getMessage() for r in caplog.records if "will retry" in r.getMessage()]
+    assert any("create namespace main-" in m for m in retried), retried
+    assert any("create pod main-" in m for m in retried), retried
+    assert k8s_sim.counters["create namespaces"] == 3  # 2 refused + 1 created
+    assert incr_keys(launcher).count("nodepool.launch.provider.k8s.ready") == 1
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+    assert_clean(k8s_sim, kazoo_client)
+
+
+def test_random_api_errors(launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
+                           kazoo_client: KazooClient, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    launcher = launchers(CONFIG)
+    k8s_sim.set_faults(error_rate=0.3, error_codes=(500, 429), retry_after=0, seed=11)
+    for _ in range(3):
+        zuul.run_build(["ns", "pod"], timeout=120)
+    # Deletion runs under the same errors.
+    wait_for(lambda: not kazoo_client.get_children(paths.NODES), 60,
+             message="every used node removed despite API errors")
+    k8s_sim.clear_faults()
+    assert incr_keys(launcher).count("nodepool.launch.provider.k8s.ready") >= 6
+    assert any("will retry" in r.getMessage() for r in caplog.records), "no error injected?"
+    assert leftovers(k8s_sim) == {}
+
+
+# -- pod failures ------------------------------------------------------------------------------
+
+def test_image_pull_error_fails_fast(launchers: LauncherFactory, zuul: ZuulClient,
+                                     k8s_sim: Simulator, kazoo_client: KazooClient,
+                                     namespace_log: NamespaceLog,
+                                     caplog: pytest.LogCaptureFixture) -> None:
+    k8s_sim.set_faults(image_pull_fail=("registry.invalid/*",))
+    launcher = launchers(CONFIG)
+    started = time.monotonic()
+    request_id = zuul.submit(["broken-image"])
+    body = zuul.wait(request_id, 60)
+    elapsed = time.monotonic() - started
+    assert body is not None and body["state"] == "failed", body
+    assert body["nodes"] == [] and body["declined_by"] == [pool_id(launcher)]
+    assert elapsed < BOOT_TIMEOUT / 20, f"took {elapsed:.1f}s: waited for the boot timeout?"
+    attempts = failed_attempts(caplog)
+    assert [a for a, _ in attempts] == [1, 2, 3]
+    assert {r for _, r in attempts} <= {"ErrImagePull", "ImagePullBackOff"}, attempts
+    attempt_names(namespace_log, 3)  # a fresh namespace per attempt
+    assert incr_keys(launcher).count("nodepool.launch.provider.k8s.error.nodepool") == 1
+    zuul.cancel(request_id)  # as Zuul's scheduler does with a failed request
+    assert_clean(k8s_sim, kazoo_client)
+
+
+def test_image_pull_backoff_fails_fast(launchers: LauncherFactory, zuul: ZuulClient,
+                                       k8s_sim: Simulator, kazoo_client: KazooClient,
+                                       namespace_log: NamespaceLog,
+                                       caplog: pytest.LogCaptureFixture) -> None:
+    """A pod whose container waits in ImagePullBackOff (the kubelet's state after a few
+    failed pulls) ends the attempt as soon as it is seen."""
+    k8s_sim.config.start_delay = 3600.0  # pods are scheduled but never start by themselves
+    launcher = launchers(CONFIG)
+    started = time.monotonic()
+    request_id = zuul.submit(["pod"])
+    for attempt in range(3):
+        namespace = wait_for(lambda: (namespace_log.names("main-")[attempt:] or [None])[0],
+                             message=f"attempt {attempt + 1}'s namespace")
+        # Patch only once the scheduler has bound it (binding writes containerStatuses).
+        wait_for(lambda: ((k8s_sim.get("pods", "pod", namespace) or {}).get("status") or {})
+                 .get("containerStatuses"), message="the scheduled pod")
+        k8s_sim.patch("pods", "pod", {"status": {"containerStatuses": [{
+            "name": "pod", "image": "docker.io/fedora:40", "imageID": "", "ready": False,
+            "restartCount": 0, "started": False,
+            "state": {"waiting": {"reason": "ImagePullBackOff",
+                                  "message": 'Back-off pulling image "docker.io/fedora:40"'}},
+        }]}}, namespace=namespace)
+    body = zuul.wait(request_id, 60)
+    assert body is not None and body["state"] == "failed", body
+    assert time.monotonic() - started < BOOT_TIMEOUT / 20
+    assert failed_attempts(caplog) == [(1, "ImagePullBackOff"), (2, "ImagePullBackOff"),
+                                       (3, "ImagePullBackOff")]
+    attempt_names(namespace_log, 3)
+    zuul.cancel(request_id)
+    assert_clean(k8s_sim, kazoo_client)
+    assert incr_keys(launcher).count("nodepool.launch.provider.k8s.error.nodepool") == 1
+
+
+def test_unschedulable_past_grace_fails(launchers: LauncherFactory, zuul: ZuulClient,
+                                        k8s_sim: Simulator, kazoo_client: KazooClient,
+                                        namespace_log: NamespaceLog,
+                                        caplog: pytest.LogCaptureFixture) -> None:
+    """The grace is a driver tunable (KubernetesSettings.unschedulable_grace), not a config
+    key: the launcher gets a provider factory with a short one."""
+    k8s_sim.set_faults(unschedulable=True)
+    launcher = launchers(CONFIG, provider_factory=provider_factory(unschedulable_grace=0.5))
+    started = time.monotonic()
+    request_id = zuul.submit(["pod"])
+    body = zuul.wait(request_id, 60)
+    elapsed = time.monotonic() - started
+    assert body is not None and body["state"] == "failed", body
+    assert body["declined_by"] == [pool_id(launcher)]
+    assert failed_attempts(caplog) == [(1, "Unschedulable"), (2, "Unschedulable"),
+                                       (3, "Unschedulable")]
+    assert 3 * 0.5 <= elapsed < BOOT_TIMEOUT / 20
+    attempt_names(namespace_log, 3)
+    zuul.cancel(request_id)
+    assert_clean(k8s_sim, kazoo_client)
+
+
+def test_unschedulable_within_grace_is_used(launchers: LauncherFactory, zuul: ZuulClient,
+                                            k8s_sim: Simulator, kazoo_client: KazooClient,
+                                            caplog: pytest.LogCaptureFixture) -> None:
+    """The daemon's default grace (30 s) lets a pod wait for capacity (an autoscaler)."""
+    k8s_sim.set_faults(unschedulable=True)
+    launchers(CONFIG)  # the production provider factory and driver settings
+    request_id = zuul.submit(["pod"])
+
+    def unschedulable_pod() -> bool:
+        pods = k8s_sim.list("pods")
+        return bool(pods) and any(
+            c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable"
+            for c in (pods[0].get("status") or {}).get("conditions") or [])
+
+    wait_for(unschedulable_pod, message="an unschedulable pod")
+    k8s_sim.set_faults(unschedulable=False)  # capacity arrives
+    body = zuul.wait(request_id, 30)
+    assert body is not None and body["state"] == "fulfilled", body
+    node = zuul.get_node(body["nodes"][0])
+    assert node is not None and node["external_id"] == f"main-{body['nodes'][0]}"
+    assert failed_attempts(caplog) == []
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+    assert_clean(k8s_sim, kazoo_client)
+
+
+# -- quota ---------------------------------------------------------------------------------------
+
+def pool_component(kazoo_client: KazooClient) -> dict[str, Any]:
+    import json
+
+    [child] = kazoo_client.get_children(paths.POOL_COMPONENTS)
+    data, _ = kazoo_client.get(f"{paths.POOL_COMPONENTS}/{child}")
+    return json.loads(data)  # type: ignore[no-any-return]
+
+
+def test_quota_refusal_pauses_until_capacity(launchers: LauncherFactory, zuul: ZuulClient,
+                                             k8s_sim: Simulator, kazoo_client: KazooClient,
+                                             namespace_log: NamespaceLog) -> None:
+    """Documented engine behaviour (doc/launcher.md): the cloud refusing for quota marks the
+    node `aborted` and the request waits, paused, retrying every `quota_retry`; it is not a
+    failed launch and the request is never declined."""
+    k8s_sim.set_faults(quota_exceeded=True)
+    launcher = launchers(CONFIG, settings=TEST_SETTINGS.replace(quota_retry=1.0))
+    request_id = zuul.submit(["pod"])
+    aborted: set[str] = set()
+
+    def refusals() -> int:
+        for node_id in kazoo_client.get_children(paths.NODES):
+            node = zuul.get_node(node_id)
+            if node and node["state"] == "aborted":
+                aborted.add(node_id)
+        return incr_keys(launcher).count("nodepool.launch.provider.k8s.error.quota")
+
+    wait_for(lambda: refusals() >= 2, 30, message="two quota refusals")
+    wait_for(lambda: pool_component(kazoo_client)["paused"], 10, message="a paused pool")
+    request = zuul.get_request(request_id)
+    assert request is not None and request["state"] == "pending"
+    assert request["declined_by"] == []
+    names = wait_for(lambda: len(namespace_log.names("main-")) >= 2
+                     and namespace_log.names("main-"), message="the refused namespaces")
+    assert len(set(names)) == len(names)  # each refused launch had its own namespace
+
+    k8s_sim.set_faults(quota_exceeded=False)  # capacity is back
+    body = zuul.wait(request_id, 30)
+    assert body is not None and body["state"] == "fulfilled", body
+    assert body["declined_by"] == []
+    wait_for(lambda: not pool_component(kazoo_client)["paused"], 10, message="unpaused")
+    keys = incr_keys(launcher)
+    assert "nodepool.launch.provider.k8s.error.nodepool" not in keys
+    assert keys.count("nodepool.launch.provider.k8s.ready") == 1
+    # Refused attempts left nothing: only the fulfilled node's namespace exists.
+    node_id = body["nodes"][0]
+    assert node_id not in aborted
+    wait_for(lambda: our_namespaces(k8s_sim) == [f"main-{node_id}"], 30,
+             message="the refused attempts' namespaces gone")
+    wait_for(lambda: kazoo_client.get_children(paths.NODES) == [node_id], 30,
+             message="aborted nodes removed")
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+    assert_clean(k8s_sim, kazoo_client)
+
+
+# -- deletion ------------------------------------------------------------------------------------
+
+def test_hanging_namespace_deletion(launchers: LauncherFactory, zuul: ZuulClient,
+                                    k8s_sim: Simulator, kazoo_client: KazooClient,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """The driver waits `delete_timeout` (a tunable; 1 s here) for the namespace to go, then
+    raises TemporaryError; the engine keeps the node `deleting` and retries."""
+    caplog.set_level(logging.INFO)
+    launchers(CONFIG, provider_factory=provider_factory(delete_timeout=1.0),
+              settings=TEST_SETTINGS.replace(delete_retry=0.2, delete_retry_max=1.0))
+    request_id = zuul.submit(["pod"])
+    body = zuul.wait(request_id, 30)
+    assert body is not None and body["state"] == "fulfilled"
+    node_id = body["nodes"][0]
+    namespace = f"main-{node_id}"
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    k8s_sim.set_faults(namespace_delete_hang=True)
+    zuul.release(nodeset)
+
+    def failed_deletions() -> int:
+        return sum(1 for r in caplog.records
+                   if f"Could not delete {namespace} yet" in r.getMessage())
+
+    wait_for(lambda: failed_deletions() >= 2, 30, message="two timed-out deletions")
+    node = zuul.get_node(node_id)
+    assert node is not None and node["state"] == "deleting", node
+    ns = k8s_sim.get("namespaces", namespace)
+    assert ns is not None and ns["status"]["phase"] == "Terminating"
+    assert ns["metadata"]["labels"][manifests.NODE_ID_LABEL] == node_id
+
+    k8s_sim.set_faults(namespace_delete_hang=False)
+    assert_clean(k8s_sim, kazoo_client)
+
+
+def test_retry_gets_a_fresh_namespace_while_the_old_one_terminates(
+        launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
+        kazoo_client: KazooClient, namespace_log: NamespaceLog,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Attempt 1's pod fails and its namespace hangs in Terminating; attempt 2 must not
+    reuse that name (Nodepool did, and got 409 until the old one was gone)."""
+    k8s_sim.config.start_delay = 3600.0
+    k8s_sim.set_faults(namespace_delete_hang=True)
+    launchers(CONFIG, provider_factory=provider_factory(cleanup_timeout=0.5))
+    request_id = zuul.submit(["pod"])
+    first = wait_for(lambda: (namespace_log.names("main-") or [None])[0],
+                     message="attempt 1's namespace")
+    wait_for(lambda: k8s_sim.get("pods", "pod", first), message="attempt 1's pod")
+    k8s_sim.config.start_delay = 0.0
+    k8s_sim.patch("pods", "pod", {"status": {"phase": "Failed", "reason": "Evicted"}},
+                  namespace=first)
+    body = zuul.wait(request_id, 30)
+    assert body is not None and body["state"] == "fulfilled", body
+    node_id = body["nodes"][0]
+    assert first == f"main-{node_id}"
+    node = zuul.get_node(node_id)
+    assert node is not None and node["external_id"] == f"main-{node_id}-2"
+    assert node["connection_port"]["namespace"] == f"main-{node_id}-2"
+    assert failed_attempts(caplog) == [(1, "PodFailed")]
+    assert k8s_sim.get("namespaces", first)["status"]["phase"] == "Terminating"  # type: ignore
+    wait_for(lambda: namespace_log.names("main-") == [first, f"main-{node_id}-2"],
+             message="exactly two namespaces")
+
+    k8s_sim.set_faults(namespace_delete_hang=False)
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+    assert_clean(k8s_sim, kazoo_client)

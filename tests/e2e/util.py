@@ -1,0 +1,174 @@
+"""Helpers for the end-to-end tests: what is left in the simulated cluster, a recorder of
+every namespace ever created, Zuul's kubeconfig built from a node's connection data, and a
+provider factory with short driver timeouts.
+
+The official `kubernetes` client is used here only as a client of the simulator (as Zuul's
+executor and an operator would use it); the launcher reaches the simulator on its own.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+import kubernetes
+from kubernetes import client as k8s
+from kubernetes import watch as k8s_watch
+
+from nodepool_k8s.clock import Clock
+from nodepool_k8s.config.model import ProviderConfig
+from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
+from nodepool_k8s.simulator import Simulator
+from tests.helpers import wait_for
+
+# Namespaces a fresh simulator has; everything else was made by someone.
+SYSTEM_NAMESPACES = frozenset({"default", "kube-node-lease", "kube-public", "kube-system"})
+NAMESPACED_KINDS = ("pods", "serviceaccounts", "secrets", "configmaps", "roles",
+                    "rolebindings")
+
+
+def leftovers(sim: Simulator) -> dict[str, list[str]]:
+    """Every object in the cluster that a fresh simulator does not have (empty = clean)."""
+    found: dict[str, list[str]] = {}
+    namespaces = sorted(n["metadata"]["name"] for n in sim.list("namespaces")
+                        if n["metadata"]["name"] not in SYSTEM_NAMESPACES)
+    if namespaces:
+        found["namespaces"] = namespaces
+    for kind in NAMESPACED_KINDS:
+        names = sorted(f"{o['metadata'].get('namespace')}/{o['metadata']['name']}"
+                       for o in sim.list(kind))
+        if names:
+            found[kind] = names
+    return found
+
+
+def wait_cluster_empty(sim: Simulator, timeout: float = 30.0, context: str = "") -> None:
+    """Wait until `leftovers(sim)` is empty; the failure names what is still there."""
+    try:
+        wait_for(lambda: leftovers(sim) == {}, timeout, message="an empty cluster")
+    except AssertionError:
+        raise AssertionError(f"left in the cluster: {leftovers(sim)}\n{context}") from None
+
+
+def our_namespaces(sim: Simulator, provider: str = "k8s") -> list[str]:
+    return sorted(n["metadata"]["name"] for n in sim.list(
+        "namespaces", label_selector=f"nodepool_provider_name={provider}"))
+
+
+def admin_api(sim: Simulator) -> k8s.CoreV1Api:
+    assert sim.kubeconfig_path is not None
+    api = kubernetes.config.new_client_from_config(config_file=sim.kubeconfig_path,
+                                                   context="sim")
+    return k8s.CoreV1Api(api)
+
+
+class NamespaceLog:
+    """Watches namespaces through the official client and records every name ever ADDED,
+    in order, so a test can tell which names its launches used even after deletion."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.core = admin_api(sim)
+        self.added: list[str] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._listed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="namespace-log", daemon=True)
+
+    def start(self) -> "NamespaceLog":
+        self._thread.start()
+        assert self._listed.wait(15), "namespace watch did not start"
+        return self
+
+    def _run(self) -> None:
+        version = self.core.list_namespace().metadata.resource_version
+        self._listed.set()
+        while not self._stop.is_set():
+            watcher = k8s_watch.Watch()
+            try:
+                for event in watcher.stream(self.core.list_namespace, timeout_seconds=1,
+                                            resource_version=version):
+                    obj = event["object"]
+                    version = obj.metadata.resource_version
+                    if event["type"] == "ADDED":
+                        with self._lock:
+                            self.added.append(obj.metadata.name)
+                    if self._stop.is_set():
+                        break
+            except Exception:  # noqa: BLE001 - e.g. an injected fault: resume the watch
+                self._stop.wait(0.05)
+            finally:
+                watcher.stop()
+
+    def names(self, prefix: str = "") -> list[str]:
+        with self._lock:
+            return [n for n in self.added if n.startswith(prefix)]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def zuul_kubeconfig(port: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The kubeconfig Zuul's executor writes for a Kubernetes node, from `connection_port`
+    alone (nodepool-protocol.md B1.4): the cluster is named after the API server's netloc,
+    `certificate-authority-data` is `ca_crt` (base64 PEM), `insecure-skip-tls-verify` only
+    when `skiptls`, the user `<namespace>:<user>` carries the token, the context selects the
+    namespace. Returns (document, context name)."""
+    server = port["host"]  # required
+    cluster_name = urlsplit(server).netloc
+    cluster: dict[str, Any] = {"server": server}
+    if port.get("ca_crt"):
+        cluster["certificate-authority-data"] = port["ca_crt"]
+    if port["skiptls"]:  # required key
+        cluster["insecure-skip-tls-verify"] = True
+    user_name = f"{port['namespace']}:{port['user']}"
+    context_name = f"{user_name}/{cluster_name}"
+    document = {
+        "apiVersion": "v1", "kind": "Config", "preferences": {},
+        "clusters": [{"name": cluster_name, "cluster": cluster}],
+        "users": [{"name": user_name, "user": {"token": port["token"]}}],
+        "contexts": [{"name": context_name,
+                      "context": {"cluster": cluster_name, "user": user_name,
+                                  "namespace": port["namespace"]}}],
+        "current-context": context_name,
+    }
+    return document, context_name
+
+
+def node_api(port: dict[str, Any]) -> k8s.CoreV1Api:
+    """A CoreV1Api authenticated exactly as a Zuul job would be for this node."""
+    document, context = zuul_kubeconfig(port)
+    api = kubernetes.config.new_client_from_config_dict(document, context=context)
+    return k8s.CoreV1Api(api)
+
+
+def assert_subset(expected: Any, actual: Any, where: str = "") -> None:
+    """Every key/item of `expected` is in `actual` with the same value (the server may add
+    defaults, never change or drop what we sent)."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict), f"{where}: {actual!r} is not a mapping"
+        for key, value in expected.items():
+            assert key in actual, f"{where}.{key} missing in {actual!r}"
+            assert_subset(value, actual[key], f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), \
+            f"{where}: {actual!r} != {expected!r}"
+        for index, (want, got) in enumerate(zip(expected, actual)):
+            assert_subset(want, got, f"{where}[{index}]")
+    else:
+        assert expected == actual, f"{where}: {actual!r} != {expected!r}"
+
+
+def provider_factory(**settings: Any) -> Callable[[ProviderConfig, Clock], Provider]:
+    """A `Launcher(provider_factory=...)` that builds the real KubernetesProvider with driver
+    tunables that are not configuration keys (`KubernetesSettings`, e.g. a short
+    unschedulable grace). Credentials still come from $KUBECONFIG at start(), as in the
+    daemon."""
+    tunables = KubernetesSettings(**settings)
+
+    def factory(config: ProviderConfig, clock: Clock) -> Provider:
+        return KubernetesProvider(config, clock=clock, kubeconfig=None, settings=tunables)
+
+    return factory

@@ -1,0 +1,53 @@
+"""The benchmark's smoke mode (`tools/benchmark --quick --json`).
+
+Aspects: it runs every phase against the real stack, prints JSON with the documented
+structure, every request is fulfilled, the quota held with several launchers, and nothing
+is left behind. How fast anything was is not checked here (see doc/benchmark.md).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.tools.conftest import leftovers, processes_mentioning, run_module
+
+pytestmark = pytest.mark.slow
+
+RUN_KEYS = {"name", "profile", "label", "concurrency", "requests", "fulfilled", "nodes",
+            "latency_ms", "nodes_per_s", "cleanup_ms", "api_calls_per_node", "api_calls",
+            "zk_writes_per_node", "zk_reads_per_node", "launcher_cpu_ms_per_node",
+            "launcher_peak_rss_mib"}
+
+
+def test_quick_json(tmp_path: Path) -> None:
+    done = run_module("nodepool_k8s.testing.bench", "--quick", "--json", tmp=tmp_path,
+                      timeout=150)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    assert results["ok"] is True and results["problems"] == []
+    assert {"machine", "parameters", "runs", "launchers", "scale", "targets",
+            "duration_s"} <= set(results)
+    assert results["machine"]["nproc"] >= 1 and results["machine"]["python"]
+    names = {run["name"] for run in results["runs"]}
+    assert {"zero/namespace/serial", "zero/namespace", "zero/pod/serial", "zero/pod",
+            "realistic/namespace", "realistic/pod"} <= names
+    for run in results["runs"] + results["launchers"]:
+        assert RUN_KEYS <= set(run), run["name"]
+        assert run["requests"] > 0 and run["fulfilled"] == run["requests"], run
+        assert run["nodes"] == run["fulfilled"]
+        assert set(run["latency_ms"]) >= {"p50", "p95", "p99", "count"}
+        assert run["latency_ms"]["count"] == run["fulfilled"]
+        assert run["cleanup_ms"]["count"] > 0
+        assert run["api_calls_per_node"] > 0 and run["zk_writes_per_node"] > 0
+    assert [row["launchers"] for row in results["launchers"]] == [1, 2]
+    assert all(row["quota_held"] for row in results["launchers"])
+    scale = results["scale"]
+    assert scale["nodes"] == 1000 and scale["list_rows"] >= 1000
+    assert scale["fulfilled"] == scale["requests"] > 0
+    assert scale["launcher_peak_rss_mib"] > 0
+    assert all({"name", "target", "value", "met"} <= set(t) for t in results["targets"])
+    assert leftovers(tmp_path) == []
+    assert processes_mentioning(str(tmp_path)) == []
