@@ -254,6 +254,12 @@ class ApiServer:
         self._server.stop()
         self._thread.join(5)
 
+    def nodelay_flags(self) -> list[bool]:
+        """TCP_NODELAY of every open connection (all True: Nagle is off)."""
+        with self._server._lock:
+            socks = list(self._server._connections)
+        return [bool(s.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)) for s in socks]
+
     def open_connections(self) -> int:
         with self._server._lock:
             return len(self._server._connections)

@@ -255,6 +255,10 @@ class Simulator:
     def open_watches(self) -> int:
         return self.store.watcher_count()
 
+    def connections_nodelay(self) -> list[bool]:
+        """Whether Nagle is off on each open client connection (it must be, see server.py)."""
+        return self._server.nodelay_flags() if self._server is not None else []
+
     def idle(self) -> bool:
         """True when no controller step is due right now (delays still pending count idle)."""
         return self._scheduler.idle()

@@ -4,7 +4,6 @@ configurations: one clear line on stderr and exit 1, never a traceback or an end
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -55,12 +54,10 @@ def test_list_and_delete_as_a_subprocess(config_file: Path, launchers: LauncherF
 
 def test_unreachable_zookeeper_as_a_subprocess(tmp_path: Path) -> None:
     path, hosts = _dead_zookeeper(tmp_path)
-    started = time.monotonic()
+    # _run's own timeout bounds this: Nodepool would retry forever.
     result = _run("-c", str(path), "list")
-    elapsed = time.monotonic() - started
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == f"nodepool list: cannot connect to ZooKeeper at {hosts} within 5s\n"
-    assert elapsed < 30  # bounded, not Nodepool's endless retry
 
 
 @pytest.mark.parametrize("command", [["list", "--detail"], ["request-list", "--json"],

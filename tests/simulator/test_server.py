@@ -10,7 +10,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +71,12 @@ def test_plain_http_and_keep_alive(make_sim: Any) -> None:
     conn = http.client.HTTPConnection("127.0.0.1", sim.port, timeout=5)
     call(conn, "GET", "/api/v1/namespaces", sim.admin_token)
     first_socket = conn.sock
-    started = time.monotonic()
     for _ in range(50):
         assert call(conn, "GET", "/api/v1/namespaces/default", sim.admin_token)[0] == 200
-    elapsed = time.monotonic() - started
     assert conn.sock is first_socket  # one connection reused
-    assert elapsed < 1.0, f"50 keep-alive calls took {elapsed:.2f}s (Nagle/delayed ACK?)"
+    # Nagle + delayed ACK would cost ~40 ms per call: the server must switch it off.
+    flags = sim.connections_nodelay()
+    assert flags and all(flags)
     assert kube.core.list_namespace().items
     # kubectl sends no credentials over plain HTTP: no token is the admin there, a bad one not.
     assert call(conn, "GET", "/api/v1/namespaces", None)[0] == 200
