@@ -10,6 +10,7 @@ port cannot be bound; `stop()` is idempotent and never raises.
 from __future__ import annotations
 
 import base64
+import builtins
 import logging
 import os
 import shutil
@@ -255,7 +256,7 @@ class Simulator:
     def open_watches(self) -> int:
         return self.store.watcher_count()
 
-    def connections_nodelay(self) -> list[bool]:
+    def connections_nodelay(self) -> "builtins.list[bool]":
         """Whether Nagle is off on each open client connection (it must be, see server.py)."""
         return self._server.nodelay_flags() if self._server is not None else []
 

@@ -312,6 +312,7 @@ def main() -> int:
                 ours_zk.stop()
 
         samples: dict[str, dict[str, Any]] = {}
+        request_samples: dict[str, dict[str, Any]] = {}
         with report.section("labels served by one side, by both, and by nobody"):
             for label, owner in (("np-only", "np-k8s"), ("ours-only", "ours-k8s"),
                                  ("np-pod", "np-k8s"), ("ours-pod", "ours-k8s")):
@@ -328,6 +329,7 @@ def main() -> int:
                     [], [our_pool["id"]], [np_pool["id"]]), f"{declined}")
                 check_node_json(report, f"{label} node", datas[0], request.id, label)
                 samples[label] = datas[0]
+                request_samples[f"fulfilled by {owner}"] = dict(request._zk_data)
                 k8s_checks(sim)(report, nodeset, stack.workdir)
                 zuul.executor.returnNodeSet(nodeset, SimpleNamespace(uuid="b"), TENANT,
                                             PROJECT, 1.0)
@@ -356,6 +358,17 @@ def main() -> int:
                              and {np_pool["id"], our_pool["id"]} <= declined,
                              f"state={request.state} nodes={request.nodes} "
                              f"declined_by={sorted(declined)}")
+
+        with report.section("request JSON written back by Nodepool 11 and by us"):
+            theirs = request_samples.get("fulfilled by np-k8s")
+            ours_r = request_samples.get("fulfilled by ours-k8s")
+            if theirs and ours_r:
+                report.check("fulfilled request: our JSON has every key Nodepool's has",
+                             set(theirs) <= set(ours_r),
+                             f"missing {sorted(set(theirs) - set(ours_r))}")
+                report.check("fulfilled request: reuse/declined_by/nodes types match",
+                             all(type(theirs.get(k)) is type(ours_r.get(k))
+                                 for k in ("reuse", "declined_by", "nodes", "state_time")))
 
         with report.section("node JSON written by Nodepool 11 and by us"):
             if "np-only" in samples and "ours-only" in samples:
@@ -426,6 +439,8 @@ def main() -> int:
             if our_spare:
                 report.check("our ready spare node untouched by Nodepool",
                              node_json(raw, our_spare) == spare_before)
+            failed_np, _, _ = run_build(report, zuul, raw, ["nobody-serves-this"])
+            request_samples["failed by Nodepool alone"] = dict(failed_np._zk_data)
             both.start_ours()
             wait_for(lambda: raw.exists(f"/nodepool/nodes/{our_node}") is None, 40,
                      "our restarted launcher to delete its used node")
@@ -451,6 +466,15 @@ def main() -> int:
             report.check("with Nodepool gone, np-only fails (every registered pool declined)",
                          request.state == "failed" and request.nodes == [],
                          f"state={request.state}")
+            theirs = request_samples.get("failed by Nodepool alone")
+            ours_r = dict(request._zk_data)
+            if theirs:
+                report.check("failed request: our JSON has every key Nodepool's has",
+                             set(theirs) <= set(ours_r),
+                             f"missing {sorted(set(theirs) - set(ours_r))}")
+                report.check("failed request: both write nodes [] and declined_by",
+                             theirs.get("nodes") == [] == ours_r.get("nodes")
+                             and theirs.get("declined_by") and ours_r.get("declined_by"))
             both.start_nodepool()
             wait_for(lambda: raw.exists(f"/nodepool/nodes/{np_node}") is None, 60,
                      "restarted Nodepool to delete its used node")
@@ -487,11 +511,9 @@ def main() -> int:
             failed_min_ready = [ln for ln in np_log.splitlines()
                                 if "min-ready node request failed" in ln
                                 and our_pool["id"] in ln and np_pool["id"] not in ln]
-            if failed_min_ready:
-                report.note(f"{len(failed_min_ready)} min-ready request(s) Nodepool created at "
-                            "start-up, before its pool component was registered, were declined "
-                            "by our pool (the only registered one) and so failed; Nodepool "
-                            "re-creates them on its next loop (1 s)")
+            report.check("no min-ready request Nodepool created at start-up (before its "
+                         "pools registered) was failed by our decline", not failed_min_ready,
+                         "\n".join(failed_min_ready[:2])[:600])
     finally:
         logging.getLogger("zuul").removeHandler(zuul_logs)
         if zuul is not None:
