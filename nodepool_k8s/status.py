@@ -106,6 +106,52 @@ def node_row(view: NodeView, now: float) -> dict[str, Any]:
     }
 
 
+def node_row_from_dict(node_id: str, data: Mapping[str, Any], locked: bool,
+                       now: float) -> dict[str, Any]:
+    """`node_row` straight from a node znode's decoded JSON, without building a `Node`.
+
+    For listings of many nodes (`nodepool list`): the same keys and values as
+    `node_row(NodeView(Node.from_dict(node_id, data), locked), now)` for every record
+    `Node.from_dict` accepts (callers check that first, see `zk.reader.ZkReader.node_records`).
+    """
+    g = data.get
+    node_type = g("type") or []
+    if isinstance(node_type, str):
+        node_type = [node_type]
+    if "connection_port" in data:
+        port = data["connection_port"]
+    else:
+        port = g("ssh_port", 22)
+    state_time = g("state_time")
+    return {
+        "id": node_id,
+        "provider": g("provider"),
+        "label": list(node_type),
+        "server_id": g("external_id"),
+        "public_ipv4": g("public_ipv4"),
+        "ipv6": g("public_ipv6"),
+        "state": data["state"],
+        "age": age(state_time, now),
+        "locked": "locked" if locked else "unlocked",
+        "pool": g("pool"),
+        "hostname": g("hostname"),
+        "private_ipv4": g("private_ipv4"),
+        "AZ": g("az"),
+        "username": g("username"),
+        "connection_port": port if type(port) is int or port is None else redact_port(port),
+        "launcher": g("launcher"),
+        "allocated_to": g("allocated_to"),
+        "hold_job": g("hold_job"),
+        "comment": g("comment"),
+        "user_data": g("user_data"),
+        "driver_data": g("driver_data"),
+        "connection_type": g("connection_type"),
+        "tenant_name": g("tenant_name"),
+        "state_time": state_time,
+        "resources": g("resources"),
+    }
+
+
 def node_list(views: Iterable[NodeView], now: float,
               node_id: str | None = None) -> list[dict[str, Any]]:
     rows = [node_row(v, now) for v in sorted(views, key=lambda v: v.node.id)]
@@ -193,18 +239,20 @@ def select_columns(columns: Sequence[tuple[str, str]],
 
 def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
     """A left-aligned ASCII table in the style operators know from Nodepool's CLI."""
-    headers = [h for h, _ in columns]
-    body = [[_cell(row.get(key)) for _, key in columns] for row in rows]
-    widths = [len(h) for h in headers]
-    for i, column in enumerate(zip(*body)):
-        widths[i] = max(widths[i], max(map(len, column)))
-    rule = "+" + "+".join("-" * (w + 2) for w in widths) + "+"
-
-    def fmt(cells: Sequence[str]) -> str:
-        return "|" + "|".join(f" {c:<{w}} " for c, w in zip(cells, widths)) + "|"
-
-    out = [rule, fmt(headers), rule]
-    out.extend(fmt(line) for line in body)
+    if not columns:
+        return "\n".join(["++", "||", "++"] + ["||"] * len(rows) + ["++"])
+    padded: list[list[str]] = []
+    headers: list[str] = []
+    for header, key in columns:
+        # Column by column: one pass per column, most cells are already strings.
+        cells = [v if type(v) is str else _cell(v)
+                 for v in [row.get(key) for row in rows]]
+        width = max(len(header), max(map(len, cells), default=0))
+        headers.append(header.ljust(width))
+        padded.append([c.ljust(width) for c in cells])
+    rule = "+" + "+".join("-" * (len(h) + 2) for h in headers) + "+"
+    out = [rule, "| " + " | ".join(headers) + " |", rule]
+    out.extend(["| " + " | ".join(line) + " |" for line in zip(*padded)])
     out.append(rule)
     return "\n".join(out)
 

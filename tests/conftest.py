@@ -16,7 +16,9 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s.simulator import Simulator, SimulatorConfig
 from nodepool_k8s.testing.zookeeper import ZooKeeperServer
+from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection
+from tests.launchers import LauncherFactory
 
 
 @pytest.fixture(scope="session")
@@ -92,3 +94,24 @@ def k8s_sim(tmp_path: Path) -> Iterator[Simulator]:
         yield sim
     finally:
         sim.stop()
+
+
+# -- launchers and a Zuul-like client on the test's chroot ------------------------------------
+@pytest.fixture
+def launchers(zk: ZkConnection) -> Iterator[LauncherFactory]:
+    """Starts in-process launchers from YAML (tests/launchers.py); always stops them."""
+    factory = LauncherFactory(zk)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+@pytest.fixture
+def zuul(zk: ZkConnection) -> Iterator[ZuulClient]:
+    """A client speaking Zuul's half of the protocol (nodepool_k8s.zk.testing_client)."""
+    client = ZuulClient(zk.hosts)
+    try:
+        yield client
+    finally:
+        client.close()

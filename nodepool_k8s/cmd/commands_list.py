@@ -12,16 +12,40 @@ that is neither configured nor known to ZooKeeper raises `CliError`. Nothing her
 from __future__ import annotations
 
 import argparse
+import gc
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 from nodepool_k8s import status
 from nodepool_k8s.cmd import common
 
 
+@contextmanager
+def _no_gc() -> Iterator[None]:
+    """Without cyclic garbage collection: decoding ten thousand records (none of them
+    cyclic) triggers full collections that cost a sixth of the listing's CPU."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    with _no_gc():
+        return _list(args)
+
+
+def _list(args: argparse.Namespace) -> int:
     with common.session(args) as s:
-        rows = s.reader.nodes()
-    table = status.node_list(common.node_views(rows), common.now())
+        records = s.reader.node_records()
+    # Rows straight from the decoded records (in id order): no `Node` per record.
+    now = common.now()
+    table = [status.node_row_from_dict(node_id, data, locked, now)
+             for node_id, data, locked in records]
     columns = status.NODE_DETAIL_COLUMNS if args.detail else status.NODE_COLUMNS
     common.emit(table, columns, args.json)
     return 0
@@ -45,16 +69,23 @@ def cmd_label_list(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     """The nodes of one provider and the pools registered for it."""
+    with _no_gc():
+        return _info(args)
+
+
+def _info(args: argparse.Namespace) -> int:
     provider = args.provider
     with common.session(args) as s:
-        node_rows = [r for r in s.reader.nodes() if r.node.provider == provider]
+        node_records = [r for r in s.reader.node_records() if r[1].get("provider") == provider]
         pools = [p.data for p in s.reader.pool_components() if p.provider_name == provider]
         configured = provider in s.config.providers
-    if not (configured or node_rows or pools):
+    if not (configured or node_records or pools):
         raise common.CliError(
             f"provider {provider!r} is not in the configuration and has neither nodes nor"
             " registered pools")
-    nodes = status.node_list(common.node_views(node_rows), common.now())
+    now = common.now()
+    nodes = [status.node_row_from_dict(node_id, data, locked, now)
+             for node_id, data, locked in node_records]
     pool_rows = status.pool_list(pools)
     if args.json:
         sys.stdout.write(status.render_json_document(

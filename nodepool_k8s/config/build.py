@@ -148,6 +148,8 @@ def build_provider(provider: Raw) -> ProviderConfig:
         api_retries=provider.get("api-retries", S.API_RETRIES),
         api_backoff=tuple(provider.get("api-backoff", S.API_BACKOFF)),
         api_timeout=provider.get("api-timeout", S.API_TIMEOUT),
+        unschedulable_grace=provider.get("unschedulable-grace", S.UNSCHEDULABLE_GRACE),
+        delete_timeout=provider.get("delete-timeout", S.DELETE_TIMEOUT),
     )
 
 

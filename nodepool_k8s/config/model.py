@@ -153,6 +153,10 @@ class ProviderConfig:
     api_retries: int = 5
     api_backoff: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 4.0)
     api_timeout: float = 30.0
+    # Kubernetes driver: how long a pod may stay Unschedulable before the attempt fails, and
+    # how long a deletion waits for the namespace to vanish (then TemporaryError, retried).
+    unschedulable_grace: float = 30.0
+    delete_timeout: float = 300.0
 
     def limits(self) -> Resources:
         values: dict[str, float] = dict(self.max_resources)

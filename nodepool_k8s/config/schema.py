@@ -43,6 +43,8 @@ LEAK_GRACE = 60.0
 API_RETRIES = 5
 API_BACKOFF = (0.2, 0.5, 1.0, 2.0, 4.0)
 API_TIMEOUT = 30.0
+UNSCHEDULABLE_GRACE = 30.0  # seconds a pod may stay Unschedulable before the attempt fails
+DELETE_TIMEOUT = 300.0  # seconds a deletion waits for the namespace to vanish
 IMAGE_PULL = "IfNotPresent"
 PYTHON_PATH = "auto"
 FAKE_LABEL_TYPE = "namespace"
@@ -394,6 +396,8 @@ def _provider(label: Validator) -> Validator:
         Optional("api-retries"): integer(minimum=0),
         Optional("api-backoff"): list_of(_seconds, min_items=1),
         Optional("api-timeout"): _timeout,
+        Optional("unschedulable-grace"): _seconds,
+        Optional("delete-timeout"): _timeout,
     })
 
 

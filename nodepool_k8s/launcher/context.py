@@ -85,6 +85,7 @@ class Engine:
         return [usage_record(n, self.label_quota) for n in self.node_cache.nodes()
                 if keep is None or keep(n)]
 
-    def usage(self, keep: Keep = None) -> list[quota.UsageRecord]:
-        """Authoritative usage (see zk.quota_guard); call after reading guard versions."""
-        return self.guard.usage(self.node_cache, self.label_quota, keep)
+    def usage(self, keep: Keep = None, ids: list[str] | None = None) -> list[quota.UsageRecord]:
+        """Authoritative usage (see zk.quota_guard); call after reading guard versions
+        (`ids`: the node listing read with them, `guard.read_listing`)."""
+        return self.guard.usage(self.node_cache, self.label_quota, keep, ids)

@@ -291,9 +291,10 @@ class RequestHandler:
         if tenant_limit is not None and tenant:
             guards.append(paths.tenant_guard_path(tenant))
         for _ in range(self.engine.settings.guard_attempts):
-            versions = self.engine.guard.read(guards)
-            verdict = self._check(need, self.engine.usage(counts), provider_cfg, pool_cfg,
-                                  tenant_limit)
+            # Guard versions and the node listing in one round trip (pipelined).
+            versions, ids = self.engine.guard.read_listing(guards)
+            verdict = self._check(need, self.engine.usage(counts, ids), provider_cfg,
+                                  pool_cfg, tenant_limit)
             if not verdict:
                 return verdict
             new_nodes = [self._new_node(s.label, pool_cfg) for s in remaining]
@@ -309,6 +310,7 @@ class RequestHandler:
             for slot, node, index in zip(remaining, new_nodes, indexes):
                 node.id, node.version = NodeStore.created_id(results[index]), 0
                 slot.node = node
+            self.engine.guard.note_created(new_nodes, [n.id for n in new_nodes])
             self._start_launches(remaining, provider_cfg, pool_cfg)
             return quota.FITS
         return quota.Verdict(False, CONTENTION, ())

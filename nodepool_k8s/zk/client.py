@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import enum
 import logging
+import math
 import queue
+import select
 import threading
 import time
 from dataclasses import dataclass
@@ -28,6 +30,8 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from kazoo import exceptions as kex
 from kazoo.client import KazooClient
+from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.handlers.utils import fileobj_to_fd
 from kazoo.protocol.states import KazooState, ZnodeStat
 from kazoo.retry import KazooRetry
 
@@ -117,6 +121,78 @@ def translate(exc: Exception) -> Exception:
     return exc
 
 
+_POLL_READ = select.POLLIN | select.POLLPRI
+_POLL_WRITE = select.POLLOUT
+_NOT_OUT = ~select.POLLOUT
+_NOT_IN = ~select.POLLIN
+_pollers = threading.local()
+
+
+def _fd(fileobj: Any) -> int:
+    fd = fileobj if type(fileobj) is int else fileobj_to_fd(fileobj)
+    if fd < 0:
+        raise ValueError(f"Invalid file descriptor: {fd}")
+    return fd
+
+
+def poll_select(rlist: list[Any], wlist: list[Any], xlist: list[Any],
+                timeout: float | None = None) -> tuple[list[Any], list[Any], list[Any]]:
+    """kazoo's `selector_select` with one `poll()` call instead of an epoll object.
+
+    kazoo 2.11 creates, registers and closes an epoll selector for every wait of its
+    connection loop, before every request it writes and for every read: four system calls
+    where one does. `poll()` keeps no kernel state, so a poll object per thread and set of
+    descriptors is reused. Same results: a descriptor ready for reading (or in error /
+    hung up, as selectors report it) is listed in the first list, else a writable one in
+    the second; the third is always empty.
+    """
+    if timeout is not None:
+        if not isinstance(timeout, (int, float)):
+            raise TypeError("timeout must be a number")
+        if timeout < 0:
+            raise ValueError("timeout must be non-negative")
+    rfds = tuple(_fd(f) for f in rlist)
+    wfds = tuple(_fd(f) for f in wlist)
+    cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] | None = \
+        getattr(_pollers, "cache", None)
+    if cache is None:
+        cache = _pollers.cache = {}
+    key = (rfds, wfds)
+    poller = cache.get(key)
+    if poller is None:
+        if len(cache) >= 16:
+            cache.clear()
+        masks: dict[int, int] = {}
+        for fd in rfds:
+            masks[fd] = masks.get(fd, 0) | _POLL_READ
+        for fd in wfds:
+            masks[fd] = masks.get(fd, 0) | _POLL_WRITE
+        poller = select.poll()
+        for fd, mask in masks.items():
+            poller.register(fd, mask)
+        cache[key] = poller
+    ready = poller.poll(None if timeout is None else math.ceil(timeout * 1e3))
+    revents: list[Any] = []
+    wevents: list[Any] = []
+    for fd, events in ready:
+        if events & select.POLLNVAL:  # not open: what registering it with epoll raised
+            raise ValueError("Invalid event mask or fd")
+        # As selectors map poll/epoll events: anything but POLLOUT counts as readable,
+        # anything but POLLIN as writable (for a descriptor registered for that).
+        if events & _NOT_OUT and fd in rfds:
+            revents.extend(f for f, d in zip(rlist, rfds) if d == fd)
+        elif events & _NOT_IN and fd in wfds:
+            wevents.extend(f for f, d in zip(wlist, wfds) if d == fd)
+    return revents, wevents, []
+
+
+class PollThreadingHandler(SequentialThreadingHandler):
+    """kazoo's threading handler, waiting with `poll_select` (see there)."""
+
+    def select(self, *args: Any, **kwargs: Any) -> Any:
+        return poll_select(*args, **kwargs)
+
+
 class ZkClient:
     """A started-once connection to ZooKeeper for one launcher process (or CLI run)."""
 
@@ -141,7 +217,7 @@ class ZkClient:
             kw.update(use_ssl=True, ca=tls.ca, certfile=tls.cert, keyfile=tls.key,
                       verify_certs=True)
         return KazooClient(
-            hosts=hosts, timeout=self.settings.timeout,
+            hosts=hosts, timeout=self.settings.timeout, handler=PollThreadingHandler(),
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
             **kw)
 
@@ -324,6 +400,28 @@ class ZkClient:
         except errors.NoNodeError:
             return None
 
+    def exists_and_children(self, exists_paths: list[str],
+                            children_path: str) -> tuple[list[Stat | None], list[str] | None]:
+        """`exists` of each path and `get_children(children_path)` in one round trip.
+
+        The requests are pipelined on this session, and ZooKeeper answers a session's
+        requests in the order they were sent: the listing reflects every change made
+        before the stats were read (what a quota decision relies on, see quota_guard).
+        """
+        def run() -> tuple[list[Any], Any]:
+            client = self.kazoo
+            pending = [client.exists_async(path) for path in exists_paths]
+            listing = client.get_children_async(children_path)
+            stats = [result.get() for result in pending]
+            try:
+                children = list(listing.get())
+            except kex.NoNodeError:
+                children = None
+            return stats, children
+
+        stats, children = self._read(run)
+        return [Stat.of(s) if s is not None else None for s in stats], children
+
     def get_many(self, paths: list[str]) -> Iterator[tuple[str, tuple[bytes, Stat] | None]]:
         """Many gets in few round trips (multiRead, or pipelined); None for missing znodes."""
         try:
@@ -339,6 +437,18 @@ class ZkClient:
             return self._batch.read_many(self.kazoo, ops)
         except kex.KazooException as exc:
             raise translate(exc) from exc
+
+    def iter_many(self, ops: list[tuple[str, str]]) -> Iterator[list[Any]]:
+        """`read_many` in consecutive parts, each as soon as it has arrived."""
+        parts = self._batch.iter_many(self.kazoo, ops)
+        while True:
+            try:
+                part = next(parts)
+            except StopIteration:
+                return
+            except kex.KazooException as exc:
+                raise translate(exc) from exc
+            yield part
 
     def _write(self, fn: Callable[[], T], ops: int = 1) -> T:
         self.writes.add(ops)

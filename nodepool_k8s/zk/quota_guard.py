@@ -24,6 +24,7 @@ when a ready node is reused; tenant usage of such nodes is as fresh as the cache
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Optional, Protocol
 
 from nodepool_k8s import quota
@@ -51,6 +52,36 @@ def usage_record(node: quota.NodeUsage, fallback: Fallback) -> quota.UsageRecord
 class QuotaGuard:
     def __init__(self, zk: ZkClient) -> None:
         self.zk = zk
+        # Nodes this process created that the caller's cache may not show yet (their
+        # provider, pool and resources never change): priced from here instead of being
+        # fetched again by the next decision. Pruned as the cache catches up.
+        self._created: dict[str, quota.NodeUsage] = {}
+        self._created_lock = threading.Lock()
+
+    def read_listing(self, guard_paths: list[str]) -> tuple[dict[str, int], list[str]]:
+        """`read(guard_paths)` and the node ids for `usage(ids=...)`, in one round trip.
+
+        Pipelined: ZooKeeper answers the listing after the guard reads (one session,
+        in order), so it shows every node created before the versions read.
+        """
+        stats, children = self.zk.exists_and_children(guard_paths, paths.NODES)
+        if any(stat is None for stat in stats):
+            # A guard's first use: create it, then the ordinary two steps.
+            versions = self.read(guard_paths)
+            return versions, self._ids(self.zk.get_children(paths.NODES))
+        versions = {path: stat.version for path, stat in zip(guard_paths, stats)
+                    if stat is not None}
+        return versions, self._ids(children)
+
+    @staticmethod
+    def _ids(children: list[str] | None) -> list[str]:
+        return [c for c in (children or []) if paths.is_node_id(c)]
+
+    def note_created(self, nodes: list[quota.NodeUsage], ids: list[str]) -> None:
+        """Nodes just created by a guarded transaction of this process."""
+        with self._created_lock:
+            for node_id, node in zip(ids, nodes):
+                self._created[node_id] = node
 
     def read(self, guard_paths: list[str]) -> dict[str, int]:
         """Current versions of the guards (created on first use)."""
@@ -78,19 +109,32 @@ class QuotaGuard:
         return exc.path in versions and isinstance(exc.cause, errors.VersionConflict)
 
     def usage(self, cache: NodeLookup, fallback: Fallback,
-              keep: Keep = None) -> list[quota.UsageRecord]:
+              keep: Keep = None, ids: list[str] | None = None) -> list[quota.UsageRecord]:
         """Usage records of every node that exists now (see the module docstring), or of
         those `keep` accepts: a decision about one provider need not price the nodes of
-        all others (with ten thousand nodes that was most of a request's time)."""
-        ids = [c for c in (self.zk.get_children(paths.NODES) or []) if paths.is_node_id(c)]
+        all others (with ten thousand nodes that was most of a request's time).
+        `ids`: the listing from `read_listing` (else listed here)."""
+        if ids is None:
+            ids = self._ids(self.zk.get_children(paths.NODES))
         records: list[quota.UsageRecord] = []
         missing: list[str] = []
-        for node_id in ids:
-            node = cache.get(node_id)
-            if node is None:
-                missing.append(node_id)
-            elif keep is None or keep(node):
-                records.append(usage_record(node, fallback))
+        with self._created_lock:
+            created = self._created
+            if created:
+                # Forget what the cache shows now, or what no longer exists.
+                listed = set(ids)
+                for node_id in [i for i in created
+                                if i not in listed or cache.get(i) is not None]:
+                    del created[node_id]
+            for node_id in ids:
+                node = cache.get(node_id)
+                if node is None:
+                    node = created.get(node_id)
+                    if node is None:
+                        missing.append(node_id)
+                        continue
+                if keep is None or keep(node):
+                    records.append(usage_record(node, fallback))
         for path, found in self.zk.get_many([paths.node_path(i) for i in missing]):
             if found is None or not found[0]:
                 continue

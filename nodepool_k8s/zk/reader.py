@@ -11,9 +11,12 @@ Failure: `ZkConnectionError` when ZooKeeper cannot be read.
 
 from __future__ import annotations
 
+import itertools
+import json
 from dataclasses import dataclass
+from typing import Any
 
-from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.model import NODE_STATES, Node, NodeRequest
 from nodepool_k8s.zk import locks, multiread, paths
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import requests as request_codec
@@ -55,6 +58,45 @@ class ZkReader:
             if node is not None:
                 rows.append(NodeRow(node, bool(locks.contenders(children or []))))
         return rows
+
+    def node_records(self) -> list[tuple[str, dict[str, Any], bool]]:
+        """Every node as `(id, decoded JSON, locked)`, in id order, without building `Node`s.
+
+        For listings of many nodes (`status.node_row_from_dict`): a record is returned
+        exactly when `nodes.parse` would accept it (the same checks, the same warning for
+        the others), but the ~35 defaults of a `Node` are not copied per node.
+        """
+        ids = sorted(c for c in (self.zk.get_children(paths.NODES) or [])
+                     if paths.is_node_id(c))
+        ops: list[tuple[str, str]] = []
+        for node_id in ids:
+            ops.append((multiread.GET, paths.node_path(node_id)))
+            ops.append((multiread.CHILDREN, paths.node_lock_path(node_id)))
+        out: list[tuple[str, dict[str, Any], bool]] = []
+        loads, states, contenders = json.loads, NODE_STATES, locks.contenders
+        # Decoded part by part as the batches arrive (overlapping the server's work on
+        # the next ones); each node's two results are consecutive.
+        results = itertools.chain.from_iterable(self.zk.iter_many(ops))
+        for node_id in ids:
+            found, children = next(results), next(results)
+            if not found or not found[0]:
+                continue
+            try:
+                data = loads(found[0].decode("utf8"))
+                if not isinstance(data, dict):
+                    raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+                state = data.get("state")
+                if state not in states:
+                    raise ValueError(f"unknown node state {state!r}")
+                node_type = data.get("type") or []
+                if not isinstance(node_type, (str, list)):
+                    list(node_type)  # what Node.from_dict does: TypeError if not iterable
+            except (ValueError, TypeError, UnicodeDecodeError) as exc:
+                node_codec.log.warning("Skipping malformed node %s: %s",
+                                       paths.node_path(node_id), exc)
+                continue
+            out.append((node_id, data, bool(children) and bool(contenders(children))))
+        return out
 
     def requests(self) -> list[NodeRequest]:
         ids = [c for c in (self.zk.get_children(paths.REQUESTS) or [])

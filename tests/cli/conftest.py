@@ -13,7 +13,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -25,7 +25,6 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import NodeSet, ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.conftest import LauncherFactory
 
 SCRIPT = Path(sys.executable).with_name("nodepool")
 
@@ -97,24 +96,6 @@ def config_file(zk: ZkConnection, tmp_path: Path) -> Path:
 @pytest.fixture
 def cli(config_file: Path, capsys: pytest.CaptureFixture[str]) -> Cli:
     return Cli(config_file, capsys)
-
-
-@pytest.fixture
-def launchers(zk: ZkConnection) -> Iterator[LauncherFactory]:
-    factory = LauncherFactory(zk)
-    try:
-        yield factory
-    finally:
-        factory.stop_all()
-
-
-@pytest.fixture
-def zuul(zk: ZkConnection) -> Iterator[ZuulClient]:
-    client = ZuulClient(zk.hosts)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 def in_use(zuul: ZuulClient, labels: list[str]) -> NodeSet:

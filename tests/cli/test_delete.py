@@ -18,7 +18,7 @@ from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.cli.conftest import (MIN_READY, Cli, fake_provider, foreign_node, in_use,
                                 lock_contenders, node_state, ready_node)
 from tests.helpers import wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 
 FAST = ("--lock-timeout", "0.2")
 

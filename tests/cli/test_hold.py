@@ -9,7 +9,7 @@ from nodepool_k8s import status
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.cli.conftest import (MIN_READY, Cli, foreign_node, in_use, lock_contenders,
                                 ready_node, record)
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 
 DETAIL = [h for h, _ in status.NODE_DETAIL_COLUMNS]
 

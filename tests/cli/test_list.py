@@ -14,7 +14,7 @@ from nodepool_k8s.model import Node
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.cli.conftest import Cli, in_use
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 
 HEADERS = [h for h, _ in status.NODE_COLUMNS]
 DETAIL_HEADERS = [h for h, _ in status.NODE_DETAIL_COLUMNS]

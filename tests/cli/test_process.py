@@ -15,7 +15,7 @@ from nodepool_k8s.testing.zookeeper import free_port
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.cli.conftest import SCRIPT, Cli, config_text, in_use, parse_table
 from tests.helpers import ZkConnection
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:

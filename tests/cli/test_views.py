@@ -8,7 +8,7 @@ from nodepool_k8s import status
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.cli.conftest import Cli, foreign_node, in_use, parse_table
 from tests.helpers import wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 
 REQUEST_HEADERS = [h for h, _ in status.REQUEST_COLUMNS]
 

@@ -55,6 +55,7 @@ def test_provider_and_pool_defaults() -> None:
     assert provider.max_resources == {} and provider.context is None
     assert (provider.leak_grace, provider.api_retries, provider.api_timeout) == (60.0, 5, 30.0)
     assert provider.api_backoff == (0.2, 0.5, 1.0, 2.0, 4.0)
+    assert (provider.unschedulable_grace, provider.delete_timeout) == (30.0, 300.0)
     pool = provider.pools["main"]
     assert (pool.max_servers, pool.max_cores, pool.max_ram) == (math.inf,) * 3
     assert pool.priority == 100 and pool.node_attributes is None and not pool.disabled
@@ -85,6 +86,8 @@ def test_model_defaults_agree_with_the_schema_constants() -> None:
             provider.api_timeout) == (S.LAUNCH_RETRIES, S.MAX_CONCURRENCY, S.PRIORITY,
                                       S.LEAK_GRACE, S.API_RETRIES, S.API_BACKOFF,
                                       S.API_TIMEOUT)
+    assert (provider.unschedulable_grace, provider.delete_timeout) == (
+        S.UNSCHEDULABLE_GRACE, S.DELETE_TIMEOUT)
     assert PoolConfig(name="p", provider="p", labels={}).priority == S.PRIORITY
 
 
@@ -268,3 +271,10 @@ def test_sample_file_resolves_as_documented() -> None:
     assert (gpu.cpu, gpu.cpu_limit, gpu.memory_limit, gpu.boot_timeout) == (1, 2, 2048, 240)
     assert main.labels["namespace"].quota()["example.com/slots"] == 1
     assert config.providers["fake"].pools["fake"].labels["fake-pod"].type == "pod"
+
+
+def test_driver_timing_keys_reach_the_provider() -> None:
+    data = base()
+    data["providers"][0].update({"unschedulable-grace": 0, "delete-timeout": 12.5})
+    provider = load(data).providers["k8s"]
+    assert (provider.unschedulable_grace, provider.delete_timeout) == (0.0, 12.5)

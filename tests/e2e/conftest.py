@@ -17,7 +17,6 @@ import pytest
 from nodepool_k8s.simulator import Simulator
 from tests.e2e.util import NamespaceLog
 from tests.helpers import ZkConnection
-from tests.launcher.conftest import launchers, zuul  # noqa: F401 - shared fixtures
 from tests.launcher.util import Processes
 
 

@@ -33,7 +33,7 @@ from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.e2e.util import (NamespaceLog, leftovers, our_namespaces, provider_factory,
                             wait_cluster_empty)
 from tests.helpers import wait_for
-from tests.launcher.conftest import TEST_SETTINGS, LauncherFactory
+from tests.launchers import TEST_SETTINGS, LauncherFactory
 
 CONFIG = """
 labels:

@@ -20,7 +20,7 @@ from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.e2e.util import admin_api, our_namespaces
 from tests.helpers import wait_for
-from tests.launcher.conftest import TEST_SETTINGS, LauncherFactory
+from tests.launchers import TEST_SETTINGS, LauncherFactory
 
 SWEEP_INTERVAL = 10.0
 LEAK_GRACE = 30

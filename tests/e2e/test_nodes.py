@@ -32,7 +32,7 @@ from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.e2e.util import assert_subset, leftovers, node_api, zuul_kubeconfig
 from tests.helpers import wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 
 CONFIG = """
 labels:

@@ -4,7 +4,9 @@ Aspects: delete confirms the namespace is gone (missing = success, Terminating =
 a hanging deletion raises TemporaryError after its timeout and succeeds once it completes,
 API errors on delete are raised, not swallowed; list_resources returns only this provider's
 namespaces with node id, creation time and deleting flag; the shared watches survive a
-history compaction (410), broken watch requests and keep one stream per kind.
+history compaction (410), broken watch requests and keep one stream per kind; deletions are
+confirmed through the shared namespace watch (one API call each), also after it re-lists, and
+a namespace without our labels through a watch on its name.
 """
 
 from __future__ import annotations
@@ -108,28 +110,101 @@ def test_delete_errors_are_raised_not_swallowed(sim: Simulator,
     assert sim.get("namespaces", result.external_id) is None
 
 
-def test_delete_survives_a_broken_confirmation_watch(sim: Simulator,
-                                                     make_k8s_provider: ProviderFactory) -> None:
-    provider = make_k8s_provider(sim, NS)
-    result = _launch(provider)
-    sim.set_faults(namespace_delete_hang=True)
-    sim.fail_next("watch", "namespaces", count=1, code=500)
+def _delete_in_thread(provider: KubernetesProvider,
+                      name: str) -> tuple[threading.Thread, list[BaseException | None]]:
     outcome: list[BaseException | None] = []
 
     def run() -> None:
         try:
-            provider.delete(result.external_id)
+            provider.delete(name)
             outcome.append(None)
-        except BaseException as exc:  # noqa: BLE001 - checked below
+        except BaseException as exc:  # noqa: BLE001 - checked by the caller
             outcome.append(exc)
 
     thread = threading.Thread(target=run)
     thread.start()
-    wait_for(lambda: sim.counters.get("watch namespaces", 0) >= 2,
-             message="the confirmation watch to be reopened")
+    return thread, outcome
+
+
+def _per_node(sim: Simulator) -> dict[str, int]:
+    return {k: v for k, v in sim.counters.items()
+            if k != "total" and not k.startswith(("watch ", "list "))}
+
+
+def test_delete_survives_a_broken_namespace_watch(sim: Simulator,
+                                                  make_k8s_provider: ProviderFactory) -> None:
+    # The shared namespace watch ends every second; its next request fails (500), it lists
+    # again after a backoff and the pending deletion is still confirmed through it.
+    provider = make_k8s_provider(sim, NS, settings=dataclasses.replace(FAST, watch_timeout=1))
+    result = _launch(provider)
+    sim.set_faults(namespace_delete_hang=True)
+    sim.reset_counters()
+    sim.fail_next("watch", "namespaces", count=1, code=500)
+    thread, outcome = _delete_in_thread(provider, result.external_id)
+    wait_for(lambda: sim.counters.get("watch namespaces", 0) >= 2, timeout=10,
+             message="the namespace watch to be re-established")
+    assert outcome == []
     sim.set_faults(namespace_delete_hang=False)
     thread.join(10)
     assert outcome == [None]
+    assert sim.get("namespaces", result.external_id) is None
+    assert sim.counters.get("list namespaces", 0) >= 1  # the watch re-listed
+    assert _per_node(sim) == {"delete namespaces": 1}, sim.counters
+
+
+def test_delete_confirmed_after_the_namespace_watch_expires(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # 410 Gone on resuming: the cache is rebuilt from a list; the deletion completes while
+    # the watch is away, so the re-list (without it) is confirmed by one read (404).
+    provider = make_k8s_provider(sim, NS, settings=dataclasses.replace(FAST, watch_timeout=1))
+    result = _launch(provider)
+    sim.set_faults(namespace_delete_hang=True)
+    sim.reset_counters()
+    sim.fail_next("watch", "namespaces", count=1, code=410)
+    thread, outcome = _delete_in_thread(provider, result.external_id)
+    wait_for(lambda: sim.counters.get("list namespaces", 0) >= 1, timeout=10,
+             message="the namespace watch to list again")
+    sim.set_faults(namespace_delete_hang=False)
+    thread.join(10)
+    assert outcome == [None]
+    assert sim.get("namespaces", result.external_id) is None
+    assert _per_node(sim).get("delete namespaces") == 1
+    assert _per_node(sim).get("get namespaces", 0) <= 1
+
+
+def test_delete_of_a_namespace_without_our_labels(make_sim: Any,
+                                                  make_k8s_provider: ProviderFactory,
+                                                  tmp_path: Any) -> None:
+    # A name collision: the shared (label-selected) watch never sees it, so its deletion
+    # is confirmed by watching that one name.
+    sim = make_sim(namespace_delete_delay=0.3)
+    provider = make_k8s_provider(sim, NS)
+    _admin_core(sim, tmp_path).create_namespace(
+        {"metadata": {"name": "main-0000000042", "labels": {"team": "x"}}})
+    sim.reset_counters()
+    provider.delete("main-0000000042")
+    assert sim.get("namespaces", "main-0000000042") is None
+    assert sim.counters.get("watch namespaces", 0) >= 1  # the by-name fallback
+
+
+def test_delete_uses_one_call_and_no_new_watch(make_sim: Any,
+                                               make_k8s_provider: ProviderFactory) -> None:
+    # With a real finalization delay the namespace is seen Terminating, then DELETED on the
+    # shared watch: no per-deletion watch, no read, however many deletions run at once.
+    sim = make_sim(namespace_delete_delay=0.3)
+    provider = make_k8s_provider(sim, NS)
+    results = [_launch(provider, node_id=f"{i:010d}") for i in range(5)]
+    wait_for(lambda: all(provider._namespace_watch().get("", r.external_id)
+                         for r in results), message="the namespace watch to see them")
+    sim.reset_counters()
+    threads = [_delete_in_thread(provider, r.external_id) for r in results]
+    for thread, _ in threads:
+        thread.join(10)
+    assert [outcome for _, outcome in threads] == [[None]] * 5
+    assert all(sim.get("namespaces", r.external_id) is None for r in results)
+    assert sim.counters.get("delete namespaces") == 5
+    assert _per_node(sim) == {"delete namespaces": 5}, sim.counters
+    assert sim.counters.get("watch namespaces", 0) == 0
 
 
 # -- list_resources ----------------------------------------------------------------------------
@@ -196,7 +271,7 @@ def test_one_watch_per_kind_for_many_launches(sim: Simulator,
     for thread in threads:
         thread.join(30)
     assert not errors and len(results) == 20
-    assert sim.open_watches == 2  # pods and secrets, shared by every launch
+    assert sim.open_watches == 3  # pods, secrets and namespaces, shared by every launch
     assert sim.counters.get("get pods", 0) == 0 and sim.counters.get("get secrets", 0) == 0
 
 
@@ -223,7 +298,7 @@ def test_watches_recover_from_errors(sim: Simulator, make_k8s_provider: Provider
 
 def test_stop_ends_watch_threads(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     provider = make_k8s_provider(sim, NS)
-    assert sim.open_watches == 2
+    wait_for(lambda: sim.open_watches == 3, message="the three shared watches to open")
     started = time.monotonic()
     provider.stop()
     assert time.monotonic() - started < 5

@@ -18,7 +18,7 @@ from kubernetes import client as k8s
 
 from nodepool_k8s.driver.base import RequestInfo
 from nodepool_k8s.driver.kubernetes import manifests
-from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
+from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.simulator import Simulator
 from tests.kubernetes.conftest import ProviderFactory
@@ -289,3 +289,16 @@ def test_quota_for_label_and_cloud_limits(sim: Simulator,
     assert provider.quota_for_label(POD_LABEL) == POD_LABEL.quota()
     limits = provider.cloud_limits()
     assert limits["instances"] == float("inf") and limits["anything"] == float("inf")
+
+
+def test_timing_settings_come_from_the_provider_config() -> None:
+    config = make_provider(NS_LABEL, unschedulable_grace=5.0, delete_timeout=42.0)
+    provider = KubernetesProvider(config, kubeconfig="/nonexistent")
+    assert (provider.unschedulable_grace, provider.delete_timeout) == (5.0, 42.0)
+    assert provider.settings.cleanup_timeout == KubernetesSettings().cleanup_timeout
+    defaults = KubernetesProvider(make_provider(NS_LABEL), kubeconfig="/nonexistent")
+    assert (defaults.unschedulable_grace, defaults.delete_timeout) == (30.0, 300.0)
+    # Explicit settings (tests, embedding code) still win over the configuration.
+    explicit = KubernetesProvider(config, kubeconfig="/nonexistent",
+                                  settings=KubernetesSettings(delete_timeout=1.5))
+    assert (explicit.unschedulable_grace, explicit.delete_timeout) == (5.0, 1.5)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
+import time
 from typing import Any, Iterator
 
 import pytest
@@ -17,8 +18,9 @@ import pytest
 from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.driver.kubernetes import client as kclient
 from nodepool_k8s.driver.kubernetes.errors import Gone
-from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch, iter_events
-from nodepool_k8s.exceptions import LaunchError, TemporaryError
+from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch, iter_events, wait_namespace_deleted
+from nodepool_k8s.exceptions import LaunchError, NotFound, TemporaryError
+from tests.helpers import wait_for
 
 
 class _Chunked:
@@ -136,3 +138,151 @@ def test_kubeconfig_paths(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> Non
 def test_explicit_missing_kubeconfig_is_an_error(tmp_path: Any) -> None:
     with pytest.raises(TemporaryError, match="not found"):
         kclient.load_configuration(None, str(tmp_path / "missing"), 8)
+
+
+# -- confirming a namespace deletion through the shared namespace watch -------------------------
+
+def _ns(name: str, uid: str, owner: str | None = "p", terminating: bool = False) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name, "uid": uid, "resourceVersion": "5",
+                            "labels": {"nodepool_provider_name": owner} if owner else {}}
+    if terminating:
+        meta["deletionTimestamp"] = "2024-01-01T00:00:00Z"
+    return {"kind": "Namespace", "metadata": meta}
+
+
+class _Reads:
+    """A stand-in KubeClient whose only call is reading a namespace (counted)."""
+
+    def __init__(self, answer: dict[str, Any] | None) -> None:
+        self.answer = answer
+        self.reads = 0
+        self.core = self
+
+    def read_namespace(self, name: str) -> None:  # pragma: no cover - only passed along
+        raise AssertionError("call() is faked")
+
+    def call(self, what: str, fn: Any, *args: Any, **kw: Any) -> dict[str, Any]:
+        self.reads += 1
+        if self.answer is None:
+            raise NotFound(what)
+        return self.answer
+
+
+def _ns_watch(synced: bool = True) -> ObjectWatch:
+    watch = ObjectWatch("namespaces", None, lambda **kw: None,  # type: ignore[arg-type]
+                        "nodepool_provider_name=p", ManualClock(), tick=0.01, tombstones=2,
+                        owned=lambda o: o["metadata"]["labels"].get(
+                            "nodepool_provider_name") == "p")
+    if synced:
+        watch._synced.set()
+    return watch
+
+
+def _confirm(watch: ObjectWatch, client: _Reads, uid: str | None = "u1",
+             ask_after: float = 0.05) -> None:
+    clock = watch._clock
+    wait_namespace_deleted(watch, client, "ns", uid,  # type: ignore[arg-type]
+                           clock.monotonic() + 1, clock, ask_after=ask_after)
+
+
+def _in_thread(fn: Any) -> tuple[threading.Thread, list[BaseException | None]]:
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            fn()
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - checked by the caller
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def test_deletion_confirmed_by_the_deleted_event_without_reads() -> None:
+    watch, client = _ns_watch(), _Reads(None)
+    watch._apply({"type": "ADDED", "object": _ns("ns", "u1")}, "")
+    thread, outcome = _in_thread(lambda: _confirm(watch, client, ask_after=30))
+    time.sleep(0.1)
+    assert outcome == []  # still there: waiting
+    watch._apply({"type": "DELETED", "object": _ns("ns", "u1", terminating=True)}, "")
+    thread.join(5)
+    assert outcome == [None] and client.reads == 0
+
+
+def test_deletion_seen_before_the_waiter_registered_needs_no_read() -> None:
+    watch, client = _ns_watch(), _Reads(_ns("ns", "u1"))
+    watch._apply({"type": "ADDED", "object": _ns("ns", "u1")}, "")
+    watch._apply({"type": "DELETED", "object": _ns("ns", "u1")}, "")
+    _confirm(watch, client, ask_after=30)
+    assert client.reads == 0
+
+
+def test_a_newer_namespace_of_the_same_name_means_ours_is_gone() -> None:
+    watch, client = _ns_watch(), _Reads(None)
+    watch._apply({"type": "ADDED", "object": _ns("ns", "u2")}, "")
+    _confirm(watch, client, uid="u1", ask_after=30)
+    assert client.reads == 0
+
+
+def test_a_watch_that_never_saw_it_reads_once() -> None:
+    # Not synced (e.g. the launcher just started): one read; 404 is gone.
+    watch, client = _ns_watch(synced=False), _Reads(None)
+    _confirm(watch, client)
+    assert client.reads == 1
+    # Synced but the namespace is unknown to it: trusted for `ask_after`, then one read.
+    watch, client = _ns_watch(), _Reads(None)
+    started = time.monotonic()
+    _confirm(watch, client, ask_after=0.2)
+    assert client.reads == 1 and time.monotonic() - started >= 0.2
+
+
+def test_after_the_read_the_watch_answers() -> None:
+    watch, client = _ns_watch(), _Reads(_ns("ns", "u1", terminating=True))
+    thread, outcome = _in_thread(lambda: _confirm(watch, client, ask_after=0.0))
+    wait_for(lambda: client.reads == 1, message="the one read")
+    time.sleep(0.1)
+    assert outcome == [] and client.reads == 1  # no polling: waits for the watch
+    watch._apply({"type": "ADDED", "object": _ns("ns", "u1", terminating=True)}, "")
+    watch._apply({"type": "DELETED", "object": _ns("ns", "u1", terminating=True)}, "")
+    thread.join(5)
+    assert outcome == [None] and client.reads == 1
+
+
+def test_leaving_the_selector_is_not_deletion() -> None:
+    # A DELETED event for an object that lost our label: read, then watch it by name.
+    watch, client = _ns_watch(), _Reads(None)
+    watch._apply({"type": "ADDED", "object": _ns("ns", "u1")}, "")
+    watch._apply({"type": "DELETED", "object": _ns("ns", "u1", owner=None)}, "")
+    assert watch.tombstone("", "ns") == ("u1", False)
+    _confirm(watch, client)
+    assert client.reads == 1
+
+
+def test_timeout_is_a_temporary_error() -> None:
+    watch, client = _ns_watch(), _Reads(None)
+    watch._apply({"type": "ADDED", "object": _ns("ns", "u1")}, "")
+    clock = watch._clock  # the provider gives the watch and the waiter the same clock
+    assert isinstance(clock, ManualClock)
+    thread, outcome = _in_thread(lambda: wait_namespace_deleted(
+        watch, client, "ns", "u1", clock.monotonic() + 10, clock))  # type: ignore[arg-type]
+    time.sleep(0.05)
+    clock.advance(11)
+    thread.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], TemporaryError)
+    assert "deletion timeout" in str(outcome[0]) and client.reads == 0
+
+
+def test_tombstones_are_bounded_and_relists_leave_unconfirmed_ones() -> None:
+    watch = _ns_watch()
+    for i in range(3):
+        watch._apply({"type": "ADDED", "object": _ns(f"n{i}", f"u{i}")}, "")
+        watch._apply({"type": "DELETED", "object": _ns(f"n{i}", f"u{i}")}, "")
+    assert watch.tombstone("", "n0") is None
+    assert watch.tombstone("", "n2") == ("u2", True)
+    watch._apply({"type": "ADDED", "object": _ns("n9", "u9")}, "")
+    watch._list_fn = lambda **kw: None
+    watch._client = type("C", (), {"call": lambda self, *a, **k: {"items": []}})()
+    watch._relist()
+    assert watch.tombstone("", "n9") == ("u9", False)

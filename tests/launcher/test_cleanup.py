@@ -22,7 +22,7 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 from tests.sessions import expire_session
 
 CONFIG = """

@@ -11,7 +11,7 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.conftest import TEST_SETTINGS, LauncherFactory, make_config
+from tests.launchers import TEST_SETTINGS, LauncherFactory, make_config
 
 ONE = """
 labels:

@@ -14,7 +14,7 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 from tests.launcher.util import NodeCounter
 
 MIN_READY = """

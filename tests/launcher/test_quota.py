@@ -12,7 +12,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s.exceptions import QuotaExceeded
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 from tests.launcher.util import NodeCounter
 
 

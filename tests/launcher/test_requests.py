@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
 from tests.helpers import wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 
 ATTRS = """
 labels:

@@ -13,7 +13,7 @@ from nodepool_k8s.testing.zookeeper import four_letter
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 
 BUILDS = 20
 ZUUL_WRITES_PER_BUILD = 6  # submit, lock node, delete request, in-use, used, unlock

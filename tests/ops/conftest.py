@@ -23,9 +23,7 @@ from typing import Iterator
 
 import pytest
 
-from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.conftest import launchers  # noqa: F401 (in-process launchers, re-used)
 
 LAUNCHER = Path(sys.executable).with_name("nodepool-launcher")
 
@@ -138,15 +136,6 @@ def launcher_process(zk: ZkConnection, tmp_path: Path) -> Iterator[LauncherProce
         yield procs
     finally:
         procs.kill_all()
-
-
-@pytest.fixture
-def zuul(zk: ZkConnection) -> Iterator[ZuulClient]:
-    client = ZuulClient(zk.hosts)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 class Collector:

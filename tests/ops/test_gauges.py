@@ -25,7 +25,7 @@ from nodepool_k8s.launcher.gauges import GaugeReporter, config_gauges, global_ga
 from nodepool_k8s.model import NodeRequest
 from nodepool_k8s.zk.cache import Component
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 from tests.sessions import expire_session
 
 

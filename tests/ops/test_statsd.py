@@ -23,7 +23,7 @@ from nodepool_k8s.stats import RecordingBackend, Stats
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.conftest import LauncherFactory
+from tests.launchers import LauncherFactory
 from tests.ops.conftest import BASE, LauncherProcesses, StatsdListener
 
 pytestmark = pytest.mark.slow

@@ -22,7 +22,7 @@ from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.launcher.service import LauncherService
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.conftest import TEST_SETTINGS
+from tests.launchers import TEST_SETTINGS
 from tests.ops.conftest import BASE, config_text, free_port
 
 FAILING = (BASE + """          - name: broken

@@ -3,8 +3,9 @@
 Owns: the order of API calls for a launch (namespace, service account, token secret, role,
 role binding, pod), the node data handed back to the core (exactly what Zuul's executor
 reads), deletion with confirmation, and listing our namespaces for the leak sweeper. Waiting
-is delegated to two shared watches (pods, secrets) per provider, so a namespace node costs
-five API calls and a pod node six.
+is delegated to three shared watches (pods, secrets, namespaces) per provider, so a namespace
+node costs five API calls to launch and a pod node six, and a deletion one (the DELETE; its
+completion arrives through the shared namespace watch).
 
 How it fails (see `driver.base` for the contract): every failed launch attempt first deletes
 its namespace (best effort, confirmed within `cleanup_timeout` unless cancelled; whatever is
@@ -16,6 +17,7 @@ confirmed gone. `list_resources` raises TemporaryError when listing fails.
 from __future__ import annotations
 
 import logging
+import dataclasses
 import secrets
 import threading
 from dataclasses import dataclass
@@ -29,10 +31,10 @@ from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Pr
 from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.client import KubeClient, Sleeper, connect
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
-from nodepool_k8s.driver.kubernetes.readiness import (DEFAULT_UNSCHEDULABLE_GRACE, PodCheck,
-                                                      Token, token_from_secret)
-from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished,
-                                                   resource_version, wait_namespace_gone)
+from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_secret
+from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, object_uid,
+                                                   resource_version, wait_namespace_deleted,
+                                                   wait_namespace_gone)
 from nodepool_k8s.exceptions import (LaunchError, NodepoolError, NotFound, PermanentError,
                                      TemporaryError)
 from nodepool_k8s.model import Resources
@@ -46,16 +48,20 @@ def _log(spec: LaunchSpec) -> logging.LoggerAdapter[logging.Logger]:
 
 
 LIST_PAGE_SIZE = 500
+# Deleted namespaces the shared namespace watch remembers (so a deletion that completed
+# before its waiter looked is still confirmed without an API call).
+NAMESPACE_TOMBSTONES = 4096
 
 
 @dataclass(frozen=True)
 class KubernetesSettings:
-    """Driver tunables that are not (yet) provider config keys."""
+    """Driver tunables. None = the provider config's value (`unschedulable-grace`,
+    `delete-timeout`, whose defaults live in config/schema.py); the rest are not config keys."""
 
     # How long a pod may stay PodScheduled=False/Unschedulable before the attempt fails.
-    unschedulable_grace: float = DEFAULT_UNSCHEDULABLE_GRACE
+    unschedulable_grace: float | None = None
     # How long `delete` waits for the namespace to vanish before raising TemporaryError.
-    delete_timeout: float = 300.0
+    delete_timeout: float | None = None
     # How long a failed attempt waits to confirm its namespace is gone (then: leak sweeper).
     cleanup_timeout: float = 30.0
     # Server-side duration of one watch request; it is resumed from its last version.
@@ -99,11 +105,28 @@ class KubernetesProvider:
         self.name = config.name
         self._clock = clock
         self._kubeconfig = kubeconfig
-        self.settings = settings or KubernetesSettings()
+        settings = settings or KubernetesSettings()
+        # Resolved once: explicit settings win over the provider config keys.
+        self.settings = dataclasses.replace(
+            settings,
+            unschedulable_grace=float(config.unschedulable_grace
+                                      if settings.unschedulable_grace is None
+                                      else settings.unschedulable_grace),
+            delete_timeout=float(config.delete_timeout if settings.delete_timeout is None
+                                 else settings.delete_timeout))
         self._lock = threading.Lock()
         self._client: KubeClient | None = None
         self._pods: ObjectWatch | None = None
         self._secrets: ObjectWatch | None = None
+        self._namespaces: ObjectWatch | None = None
+
+    @property
+    def unschedulable_grace(self) -> float:
+        return float(self.settings.unschedulable_grace or 0.0)
+
+    @property
+    def delete_timeout(self) -> float:
+        return float(self.settings.delete_timeout or 0.0)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -122,16 +145,22 @@ class KubernetesProvider:
                 for kind, list_fn in (("pods", client.core.list_pod_for_all_namespaces),
                                       ("secrets", client.core.list_secret_for_all_namespaces))
             }
+            # Namespaces: confirms deletions (one stream per provider, not one per delete).
+            watches["namespaces"] = ObjectWatch(
+                "namespaces", client, client.core.list_namespace, selector, self._clock,
+                watch_timeout=self.settings.watch_timeout, tick=self.settings.wait_tick,
+                tombstones=NAMESPACE_TOMBSTONES, owned=self._owns)
             for watch in watches.values():
                 watch.start()
             self._client, self._pods, self._secrets = client, watches["pods"], watches["secrets"]
+            self._namespaces = watches["namespaces"]
             log.info("Provider %s connected to %s (context %s)", self.name, client.host,
                      client.context)
 
     def stop(self) -> None:
         with self._lock:
-            client, watches = self._client, (self._pods, self._secrets)
-            self._client = self._pods = self._secrets = None
+            client, watches = self._client, (self._pods, self._secrets, self._namespaces)
+            self._client = self._pods = self._secrets = self._namespaces = None
         for watch in watches:
             if watch is not None:
                 watch.stop()
@@ -139,9 +168,9 @@ class KubernetesProvider:
             client.close()
 
     def watches_synced(self) -> bool:
-        """True once the shared pod and secret watches have listed the cluster once."""
+        """True once the shared pod, secret and namespace watches have listed once."""
         with self._lock:
-            watches = (self._pods, self._secrets)
+            watches = (self._pods, self._secrets, self._namespaces)
         return all(w is not None and w.synced for w in watches)
 
     def _connected(self) -> tuple[KubeClient, ObjectWatch, ObjectWatch]:
@@ -149,6 +178,29 @@ class KubernetesProvider:
             if self._client is None or self._pods is None or self._secrets is None:
                 raise TemporaryError(f"provider {self.name} is not started")
             return self._client, self._pods, self._secrets
+
+    def _namespace_watch(self) -> ObjectWatch:
+        with self._lock:
+            if self._namespaces is None:
+                raise TemporaryError(f"provider {self.name} is not started")
+            return self._namespaces
+
+    def _owns(self, obj: dict[str, Any]) -> bool:
+        """Whether a namespace carries this provider's ownership label."""
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        return labels.get(manifests.PROVIDER_LABEL) == manifests.label_value(self.name)
+
+    def _wait_gone(self, client: KubeClient, namespace: str,
+                   response: dict[str, Any] | None, deadline: float) -> None:
+        """Confirm `namespace` is gone after a DELETE (`response`; None after a 409)."""
+        if response is not None and not self._owns(response):
+            # Not ours by label (a name collision): the shared watch never reports it.
+            wait_namespace_gone(client, namespace, resource_version(response), deadline,
+                                self._clock)
+            return
+        uid = object_uid(response) if response is not None else None
+        wait_namespace_deleted(self._namespace_watch(), client, namespace, uid, deadline,
+                               self._clock)
 
     # -- launch ------------------------------------------------------------------------------
 
@@ -180,7 +232,7 @@ class KubernetesProvider:
             if label.type == "pod":
                 name = manifests.pod_name(label)
                 check = PodCheck(f"{namespace}/{name}", self._clock,
-                                 self.settings.unschedulable_grace)
+                                 self.unschedulable_grace)
                 pod = pods.wait(namespace, name, check, deadline, cancel,
                                 what=f"pod {namespace}/{name} to run")
         except BaseException as exc:
@@ -275,9 +327,8 @@ class KubernetesProvider:
                                    propagation_policy="Background")
             if cancelled or deletion_finished(response):
                 return
-            wait_namespace_gone(client, namespace, resource_version(response),
-                                self._clock.monotonic() + self.settings.cleanup_timeout,
-                                self._clock)
+            self._wait_gone(client, namespace, response,
+                            self._clock.monotonic() + self.settings.cleanup_timeout)
         except NotFound:
             return
         except Exception as exc:  # noqa: BLE001 - best effort by contract
@@ -288,20 +339,20 @@ class KubernetesProvider:
 
     def delete(self, external_id: str) -> None:
         client, _, _ = self._connected()
-        deadline = self._clock.monotonic() + self.settings.delete_timeout
+        deadline = self._clock.monotonic() + self.delete_timeout
         try:
+            response: dict[str, Any] | None
             try:
                 response = client.call(f"delete namespace {external_id}",
                                        client.core.delete_namespace, external_id,
                                        propagation_policy="Background")
-                version = resource_version(response)
                 if deletion_finished(response):
                     return
             except NotFound:
                 return
             except Conflict:
-                version = ""  # already Terminating: just confirm it goes
-            wait_namespace_gone(client, external_id, version, deadline, self._clock)
+                response = None  # already Terminating: just confirm it goes
+            self._wait_gone(client, external_id, response, deadline)
         except PermanentError as exc:
             # Never swallowed (Nodepool logged and forgot): the core keeps the node and retries.
             raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") from exc

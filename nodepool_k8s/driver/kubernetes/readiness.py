@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodepool_k8s.clock import Clock
+from nodepool_k8s.config.schema import UNSCHEDULABLE_GRACE
 from nodepool_k8s.exceptions import LaunchError
 
 # Waiting reasons that do not heal by themselves within a boot timeout (or do so only
@@ -29,8 +30,9 @@ FATAL_WAITING_REASONS = frozenset({
     "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
     "CreateContainerError", "ErrImageNeverPull",
 })
-# Unscheduled pods are often only waiting for the autoscaler; give them this long.
-DEFAULT_UNSCHEDULABLE_GRACE = 30.0
+# Unscheduled pods are often only waiting for the autoscaler; give them this long (the
+# provider passes its `unschedulable-grace`; this is the configuration's own default).
+DEFAULT_UNSCHEDULABLE_GRACE = UNSCHEDULABLE_GRACE
 
 
 @dataclass(frozen=True)

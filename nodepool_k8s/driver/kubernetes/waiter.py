@@ -4,8 +4,11 @@ Owns: `ObjectWatch`, one background thread per (provider, resource kind) that li
 object carrying the provider's ownership label across all namespaces, then watches from the
 list's resourceVersion (with bookmarks) and keeps the latest copy of each object. Launches
 block in `ObjectWatch.wait` until their object satisfies a check; they are woken by events
-for their own object only, so a launch costs no API calls while it waits. `wait_namespace_gone`
-watches one namespace (field selector) until it is deleted.
+for their own object only, so a launch costs no API calls while it waits. The namespace watch
+also keeps tombstones (uids of recently deleted namespaces), and `wait_namespace_deleted`
+confirms a deletion through it: no API call unless the watch cannot answer, then one read.
+`wait_namespace_gone` watches one namespace by name (field selector) until it is deleted: the
+fallback for a namespace without our labels, which the shared watch never sees.
 
 How it fails: a watch that ends is resumed from the last resourceVersion; 410 Gone (or an
 ERROR event with code 410) triggers a fresh list that replaces the cache (objects missing
@@ -22,6 +25,8 @@ import json
 import logging
 import math
 import threading
+import time
+from collections import OrderedDict
 from typing import Any, Callable, Iterator, TypeVar
 
 from nodepool_k8s.clock import Clock
@@ -37,6 +42,10 @@ Check = Callable[[dict[str, Any] | None], T | None]
 """Inspects the cached object (None if not seen): a result ends the wait, None keeps waiting."""
 
 RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+
+
+def object_uid(obj: dict[str, Any]) -> str:
+    return str((obj.get("metadata") or {}).get("uid") or "")
 
 
 def object_key(obj: dict[str, Any]) -> Key:
@@ -79,7 +88,12 @@ class ObjectWatch:
 
     def __init__(self, kind: str, client: KubeClient, list_fn: Callable[..., Any],
                  label_selector: str, clock: Clock, watch_timeout: int = 300,
-                 tick: float = 0.1) -> None:
+                 tick: float = 0.1, tombstones: int = 0,
+                 owned: Callable[[dict[str, Any]], bool] | None = None) -> None:
+        """`tombstones`: remember the uids of up to this many deleted objects (0: none), so
+        a waiter that arrives after the DELETED event can still tell the object is gone.
+        `owned`: whether an object still carries the selected labels (a DELETED event for
+        one that does not only means it left the selector, not that it is gone)."""
         self.kind = kind
         self._client = client
         self._list_fn = list_fn
@@ -90,6 +104,11 @@ class ObjectWatch:
         self._lock = threading.Lock()
         self._objects: dict[Key, dict[str, Any]] = {}
         self._waiters: dict[Key, set[threading.Event]] = {}
+        # key -> (uid, confirmed): confirmed = a DELETED event of an object still labelled
+        # ours; unconfirmed = left the selector, or missing from a re-list (gone or relabelled).
+        self._tombstones: OrderedDict[Key, tuple[str, bool]] = OrderedDict()
+        self._max_tombstones = max(0, int(tombstones))
+        self._owned = owned
         self._stopped = threading.Event()
         self._synced = threading.Event()
         self._response: Any = None
@@ -123,6 +142,23 @@ class ObjectWatch:
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             return self._objects.get((namespace, name))
+
+    def tombstone(self, namespace: str, name: str) -> tuple[str, bool] | None:
+        """(uid, confirmed) of the last deletion of (namespace, name) seen, if remembered."""
+        with self._lock:
+            return self._tombstones.get((namespace, name))
+
+    def owns(self, obj: dict[str, Any]) -> bool:
+        return self._owned is None or bool(self._owned(obj))
+
+    def _bury(self, key: Key, obj: dict[str, Any], confirmed: bool) -> None:
+        """Remember a deletion (lock held)."""
+        if not self._max_tombstones:
+            return
+        self._tombstones.pop(key, None)
+        self._tombstones[key] = (object_uid(obj), confirmed)
+        while len(self._tombstones) > self._max_tombstones:
+            self._tombstones.popitem(last=False)
 
     # -- waiting -----------------------------------------------------------------------------
 
@@ -191,11 +227,14 @@ class ObjectWatch:
         body = self._client.call(f"list {self.kind}", self._list_fn,
                                  label_selector=self._selector,
                                  sleep=self._stopped.wait)
-        self.lists += 1
         fresh = {object_key(item): item for item in body.get("items") or []}
         with self._lock:
             changed = set(self._objects) | set(fresh)
+            for key, old in self._objects.items():
+                if key not in fresh:
+                    self._bury(key, old, confirmed=False)
             self._objects = fresh
+            self.lists += 1
             for key in changed:
                 self._wake(key)
         self._synced.set()
@@ -243,6 +282,7 @@ class ObjectWatch:
         with self._lock:
             if kind == "DELETED":
                 self._objects.pop(key, None)
+                self._bury(key, obj, confirmed=self.owns(obj))
             elif kind in ("ADDED", "MODIFIED"):
                 self._objects[key] = obj
             self._wake(key)
@@ -316,3 +356,71 @@ def wait_namespace_gone(client: KubeClient, name: str, version: str, deadline: f
             version = ""
             # Error backoff (not polling): the next list+watch starts after a short pause.
             threading.Event().wait(min(1.0, max(0.0, deadline - clock.monotonic())))
+
+
+# How long a waiter trusts a synced watch that has not (yet) seen a namespace before it reads
+# the namespace once: the watch normally trails the API by milliseconds.
+ASK_AFTER = 1.0
+_GONE = "gone"
+_ASK = "ask"
+_NEVER = threading.Event()
+
+
+def wait_namespace_deleted(watch: ObjectWatch, client: KubeClient, name: str,
+                           uid: str | None, deadline: float, clock: Clock,
+                           ask_after: float = ASK_AFTER) -> None:
+    """Return once namespace `name` is gone, as seen by the shared namespace `watch`.
+
+    `uid` is the namespace's uid from the DELETE response (None after a 409: whichever
+    namespace of that name is Terminating). Gone means: a DELETED event of that uid (also one
+    that arrived before this call: the watch keeps tombstones), or a namespace of that name
+    with another uid. When the watch cannot answer (not synced, has not seen the namespace
+    within `ask_after`, re-listed without it, or no uid is known) the namespace is read once
+    (again only after a further re-list): 404 or another uid is gone; a namespace without
+    our labels, which the watch never reports, is confirmed by `wait_namespace_gone`.
+    TemporaryError at the deadline, or when the watch stops.
+    """
+    state: dict[str, Any] = {"uid": uid or None, "asked": None, "since": time.monotonic()}
+
+    def check(obj: dict[str, Any] | None) -> str | None:
+        if obj is not None:
+            if state["uid"] is None and (obj.get("metadata") or {}).get("deletionTimestamp"):
+                state["uid"] = object_uid(obj)
+            if state["uid"] is not None:
+                return None if object_uid(obj) == state["uid"] else _GONE
+        else:
+            tomb = watch.tombstone("", name)
+            if state["uid"] is not None and tomb == (state["uid"], True):
+                return _GONE
+        asked = state["asked"]
+        if asked is not None:
+            # The read showed it exists: the watch will report it, unless it re-lists.
+            return _ASK if watch.lists > asked and obj is None else None
+        if obj is None and watch.synced and time.monotonic() - state["since"] < ask_after:
+            return None  # the watch probably trails the API by a few milliseconds
+        return _ASK
+
+    while True:
+        try:
+            verdict = watch.wait("", name, check, deadline, _NEVER,
+                                 what=f"namespace {name} to go")
+        except LaunchError as exc:
+            if exc.reason == "BootTimeout":
+                raise TemporaryError(
+                    f"namespace {name} still exists after its deletion timeout") from exc
+            raise TemporaryError(f"stopped waiting for namespace {name} to go: {exc}") from exc
+        if verdict == _GONE:
+            return
+        state["asked"] = watch.lists
+        try:
+            obj = client.call(f"read namespace {name}", client.core.read_namespace, name)
+        except NotFound:
+            return
+        if state["uid"] is not None and object_uid(obj) != state["uid"]:
+            return  # ours is gone; this one is a newer namespace of the same name
+        state["uid"] = object_uid(obj)
+        if not watch.owns(obj):
+            # Not labelled ours (a name collision): the shared watch never reports it.
+            log.info("namespace %s is not labelled for provider watch; watching it alone", name)
+            wait_namespace_gone(client, name, resource_version(obj), deadline, clock)
+            return

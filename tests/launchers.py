@@ -1,16 +1,11 @@
-"""Fixtures for end-to-end launcher tests: real ZooKeeper, fake driver, Zuul-like client.
-
-`launchers` starts in-process `Launcher`s from YAML (through the real config loader) with
-test-friendly engine settings and always stops them; `zuul` is a client that speaks Zuul's
-half of the protocol (nodepool_k8s.zk.testing_client.ZuulClient).
-"""
+"""In-process launchers for tests: config from YAML through the real loader, test-friendly
+engine settings, and a factory that always stops what it started (the `launchers` fixture
+in tests/conftest.py)."""
 
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Callable, Iterator
-
-import pytest
+from typing import Any, Callable
 
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.loader import load_config_text
@@ -18,7 +13,6 @@ from nodepool_k8s.config.model import Config
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.stats import RecordingBackend, Stats
-from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection
 
 TEST_SETTINGS = EngineSettings(cleanup_interval=5.0, leak_sweep_interval=3600.0,
@@ -71,24 +65,6 @@ class LauncherFactory:
     def stop_all(self) -> None:
         for launcher in self.started:
             launcher.stop()
-
-
-@pytest.fixture
-def launchers(zk: ZkConnection) -> Iterator[LauncherFactory]:
-    factory = LauncherFactory(zk)
-    try:
-        yield factory
-    finally:
-        factory.stop_all()
-
-
-@pytest.fixture
-def zuul(zk: ZkConnection) -> Iterator[ZuulClient]:
-    client = ZuulClient(zk.hosts)
-    try:
-        yield client
-    finally:
-        client.close()
 
 
 Factory = Callable[..., Launcher]
