@@ -339,8 +339,14 @@ class Stack:
         if self.kubeconfig:
             env["KUBECONFIG"] = self.kubeconfig
         env.update(extra_env or {})
-        return self.process(name, [sys.executable, "-m", "nodepool_k8s.cmd.launcher",
-                                   "-c", str(config), "--no-webapp"], env=env)
+        return self.process(name, our_command("nodepool-launcher", "nodepool_k8s.cmd.launcher")
+                            + ["-c", str(config), "--no-webapp"], env=env)
+
+
+def our_command(script: str, module: str) -> list[str]:
+    """Our console script next to this interpreter (as installed), else `python -m`."""
+    path = Path(sys.executable).with_name(script)
+    return [str(path)] if path.exists() else [sys.executable, "-m", module]
 
 
 def pool_components(client: KazooClient) -> list[dict[str, Any]]:

@@ -48,7 +48,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compat_lib import (NODEPOOL_ENV, ErrorLogCapture, NodeSampler, Process,  # noqa: E402
-                        Report, RequestTreeWatcher, Stack, pool_components, wait_for)
+                        Report, RequestTreeWatcher, Stack, our_command, pool_components,
+                        wait_for)
 from zuul_client_check import (PROJECT, TENANT, ZuulSide, check_node_json, k8s_checks,  # noqa
                                make_job, node_json)
 
@@ -416,8 +417,8 @@ def main() -> int:
                 if sub[0] == "list":
                     report.check(f"Nodepool's `nodepool {' '.join(sub)}` shows our node",
                                  our_node in result.stdout, result.stdout[-600:])
-                ours = run_cli([sys.executable, "-m", "nodepool_k8s.cmd.nodepoolcmd", "-c",
-                                str(both.ours_config), *sub])
+                ours = run_cli(our_command("nodepool", "nodepool_k8s.cmd.nodepoolcmd")
+                               + ["-c", str(both.ours_config), *sub])
                 report.check(f"our `nodepool {' '.join(sub)}` exits 0", ours.returncode == 0,
                              (ours.stderr or ours.stdout)[-600:])
                 if sub[0] == "list":
