@@ -186,7 +186,7 @@ def poll_select(rlist: list[Any], wlist: list[Any], xlist: list[Any],
     return revents, wevents, []
 
 
-class PollThreadingHandler(SequentialThreadingHandler):
+class PollThreadingHandler(SequentialThreadingHandler):  # type: ignore[misc]
     """kazoo's threading handler, waiting with `poll_select` (see there)."""
 
     def select(self, *args: Any, **kwargs: Any) -> Any:

@@ -84,7 +84,7 @@ class MultiReadUnsupported(Exception):
 def _send(client: Any, ops: Sequence[tuple[str, str]]) -> Any:
     """Queue one multiRead; returns its kazoo AsyncResult."""
     chroot = client.chroot
-    root = _prefix_root(chroot, "/x")[:-2]  # the normalised chroot ("" without one)
+    root: str = _prefix_root(chroot, "/x")[:-2]  # the normalised chroot ("" without one)
 
     def full(path: str) -> str:
         # kazoo's normalisation costs more than the rest of a 10,000-node listing's
@@ -92,7 +92,7 @@ def _send(client: Any, ops: Sequence[tuple[str, str]]) -> Any:
         if path[:1] == "/" and "//" not in path and "/." not in path \
                 and (len(path) == 1 or path[-1] != "/"):
             return root + path if path != "/" or not root else root
-        return _prefix_root(chroot, path)
+        return str(_prefix_root(chroot, path))
 
     records = [GetData(full(path), None) if kind == GET else GetChildren(full(path), None)
                for kind, path in ops]

@@ -5,8 +5,10 @@ Owns: the guard znodes (`/nodepool_k8s/guards/provider-<name>`, `tenant-<name>`,
 node znodes", "create these min-ready requests") is made like this:
 
 1. read the version `v` of every guard that covers the decision;
-2. read usage authoritatively: the child list of `/nodepool/nodes`, with records from the
-   cache and a pipelined fetch of every id the cache does not have yet;
+2. read usage authoritatively: the child list of `/nodepool/nodes` (sent together with
+   step 1: one round trip, answered in order), with records from the cache, from this
+   process's own record of nodes it just created, and a pipelined fetch of every other
+   id the cache does not have yet;
 3. check the limits (pure `quota` functions);
 4. commit one transaction: `set(guard, version=v)` for each guard plus the creates.
 
@@ -25,7 +27,7 @@ when a ready node is reused; tenant usage of such nodes is as fresh as the cache
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Sequence
 
 from nodepool_k8s import quota
 from nodepool_k8s.model import Resources
@@ -77,7 +79,7 @@ class QuotaGuard:
     def _ids(children: list[str] | None) -> list[str]:
         return [c for c in (children or []) if paths.is_node_id(c)]
 
-    def note_created(self, nodes: list[quota.NodeUsage], ids: list[str]) -> None:
+    def note_created(self, nodes: Sequence[quota.NodeUsage], ids: Sequence[str]) -> None:
         """Nodes just created by a guarded transaction of this process."""
         with self._created_lock:
             for node_id, node in zip(ids, nodes):
