@@ -159,13 +159,11 @@ def test_image_pull_error_fails_fast(launchers: LauncherFactory, zuul: ZuulClien
                                      caplog: pytest.LogCaptureFixture) -> None:
     k8s_sim.set_faults(image_pull_fail=("registry.invalid/*",))
     launcher = launchers(CONFIG)
-    started = time.monotonic()
     request_id = zuul.submit(["broken-image"])
-    body = zuul.wait(request_id, 60)
-    elapsed = time.monotonic() - started
+    # Failing fast: all three attempts end well inside one boot timeout.
+    body = zuul.wait(request_id, BOOT_TIMEOUT / 20)
     assert body is not None and body["state"] == "failed", body
     assert body["nodes"] == [] and body["declined_by"] == [pool_id(launcher)]
-    assert elapsed < BOOT_TIMEOUT / 20, f"took {elapsed:.1f}s: waited for the boot timeout?"
     attempts = failed_attempts(caplog)
     assert [a for a, _ in attempts] == [1, 2, 3]
     assert {r for _, r in attempts} <= {"ErrImagePull", "ImagePullBackOff"}, attempts
@@ -212,19 +210,19 @@ def test_unschedulable_past_grace_fails(launchers: LauncherFactory, zuul: ZuulCl
                                         k8s_sim: Simulator, kazoo_client: KazooClient,
                                         namespace_log: NamespaceLog,
                                         caplog: pytest.LogCaptureFixture) -> None:
-    """The grace is a driver tunable (KubernetesSettings.unschedulable_grace), not a config
-    key: the launcher gets a provider factory with a short one."""
+    """A short grace through the driver's settings (the `unschedulable-grace` provider key
+    sets the same value from the configuration)."""
     k8s_sim.set_faults(unschedulable=True)
     launcher = launchers(CONFIG, provider_factory=provider_factory(unschedulable_grace=0.5))
     started = time.monotonic()
     request_id = zuul.submit(["pod"])
-    body = zuul.wait(request_id, 60)
-    elapsed = time.monotonic() - started
+    body = zuul.wait(request_id, BOOT_TIMEOUT / 20)
     assert body is not None and body["state"] == "failed", body
     assert body["declined_by"] == [pool_id(launcher)]
     assert failed_attempts(caplog) == [(1, "Unschedulable"), (2, "Unschedulable"),
                                        (3, "Unschedulable")]
-    assert 3 * 0.5 <= elapsed < BOOT_TIMEOUT / 20
+    # Each attempt waited out its grace before giving up (a lower bound, not a speed check).
+    assert time.monotonic() - started >= 3 * 0.5
     attempt_names(namespace_log, 3)
     zuul.cancel(request_id)
     assert_clean(k8s_sim, kazoo_client)

@@ -204,8 +204,8 @@ def test_deletion_confirmed_by_the_deleted_event_without_reads() -> None:
     watch, client = _ns_watch(), _Reads(None)
     watch._apply({"type": "ADDED", "object": _ns("ns", "u1")}, "")
     thread, outcome = _in_thread(lambda: _confirm(watch, client, ask_after=30))
-    time.sleep(0.1)
-    assert outcome == []  # still there: waiting
+    thread.join(0.1)  # given the chance, it must not finish: the namespace is still there
+    assert thread.is_alive() and outcome == []
     watch._apply({"type": "DELETED", "object": _ns("ns", "u1", terminating=True)}, "")
     thread.join(5)
     assert outcome == [None] and client.reads == 0
@@ -242,8 +242,8 @@ def test_after_the_read_the_watch_answers() -> None:
     watch, client = _ns_watch(), _Reads(_ns("ns", "u1", terminating=True))
     thread, outcome = _in_thread(lambda: _confirm(watch, client, ask_after=0.0))
     wait_for(lambda: client.reads == 1, message="the one read")
-    time.sleep(0.1)
-    assert outcome == [] and client.reads == 1  # no polling: waits for the watch
+    thread.join(0.1)  # given the chance, it must neither finish nor read again
+    assert thread.is_alive() and outcome == [] and client.reads == 1
     watch._apply({"type": "ADDED", "object": _ns("ns", "u1", terminating=True)}, "")
     watch._apply({"type": "DELETED", "object": _ns("ns", "u1", terminating=True)}, "")
     thread.join(5)
@@ -267,7 +267,8 @@ def test_timeout_is_a_temporary_error() -> None:
     assert isinstance(clock, ManualClock)
     thread, outcome = _in_thread(lambda: wait_namespace_deleted(
         watch, client, "ns", "u1", clock.monotonic() + 10, clock))  # type: ignore[arg-type]
-    time.sleep(0.05)
+    thread.join(0.05)  # not before its deadline
+    assert thread.is_alive()
     clock.advance(11)
     thread.join(5)
     assert len(outcome) == 1 and isinstance(outcome[0], TemporaryError)
