@@ -44,8 +44,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from nodepool_k8s.testing.stack import (REALISTIC_DELAYS, REPO, ZERO_DELAYS, LauncherProcess,
-                                        SimDelays, SimulatorProcess, Stack, StackError,
-                                        interruptible, proc_stats, watchdog)
+                                        SimDelays, SimulatorProcess, Stack, proc_stats,
+                                        run_guarded)
 
 BENCH_CONFIG = REPO / "etc" / "demo" / "benchmark.yaml"
 PROVIDER = "k8s-bench"
@@ -910,30 +910,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     params = params_from(args)
     stack = Stack(prefix="nodepool-k8s-bench-", keep=args.keep)
     bench = Bench(params, stack)
-    timed_out = threading.Event()
-    status = 1
-    results: dict[str, Any] | None = None
-    with interruptible():
-        # Every wait is bounded by --timeout already; this is the backstop.
-        timer = watchdog(params.timeout + 5, timed_out)
-        try:
-            results = bench.run()
-            status = 0
-        except KeyboardInterrupt:
-            if timed_out.is_set():
-                print(f"benchmark FAILED: over its time limit ({params.timeout:g}s)",
-                      file=sys.stderr)
-            else:
-                print("interrupted: stopping everything", file=sys.stderr)
-                status = 130
-        except (BenchFailed, StackError, Exception) as exc:
-            print(f"benchmark FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
-            for proc in stack.launchers:
-                print(f"--- last lines of {proc.name}'s log ---\n{proc.log_tail()}",
-                      file=sys.stderr)
-        finally:
-            timer.cancel()
-            problems = stack.stop()
+    status, results, problems = run_guarded(stack, "benchmark", params.timeout + 5, bench.run)
     if results is not None:
         problems = problems + failures(results, params)
         results["ok"] = not problems

@@ -20,12 +20,11 @@ import argparse
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from typing import Any, Sequence
 
 from nodepool_k8s.testing.stack import (DEMO_CONFIG, DEMO_PROVIDER, SIM_CONTEXT, Stack,
-                                        StackError, interruptible, wait_until, watchdog)
+                                        run_guarded, wait_until)
 
 # What the demo asks for: (title, node types) — each request is one Zuul nodeset.
 REQUESTS: list[tuple[str, list[str]]] = [
@@ -183,29 +182,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     demo = Demo(timeout=args.timeout)
     stack = Stack(prefix="nodepool-k8s-demo-", keep=args.keep)
-    status = 1
-    timed_out = threading.Event()
-    with interruptible():
-        # Every wait is bounded by --timeout already; this is the backstop.
-        timer = watchdog(args.timeout + 10, timed_out)
-        try:
-            demo.run(stack)
-            status = 0
-        except KeyboardInterrupt:
-            if timed_out.is_set():
-                print(f"\ndemo FAILED: over its time limit ({args.timeout:g}s)",
-                      file=sys.stderr)
-            else:
-                print("\ninterrupted: stopping everything", file=sys.stderr)
-                status = 130
-        except (DemoFailed, StackError, Exception) as exc:
-            print(f"\ndemo FAILED: {exc}", file=sys.stderr)
-            for proc in stack.launchers:
-                print(f"--- last lines of {proc.name}'s log ---\n{proc.log_tail()}",
-                      file=sys.stderr)
-        finally:
-            timer.cancel()
-            problems = stack.stop()
+    status, _, problems = run_guarded(stack, "demo", args.timeout + 10,
+                                      lambda: demo.run(stack))
     if problems:
         for problem in problems:
             print(f"problem: {problem}", file=sys.stderr)

@@ -40,7 +40,7 @@ import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeVar
 
 import yaml
 
@@ -51,6 +51,8 @@ DEMO_CONFIG = REPO / "etc" / "demo" / "nodepool.yaml"
 DEMO_PROVIDER = "k8s-demo"
 SIM_CONTEXT = "sim"
 _PR_SET_PDEATHSIG = 1
+
+T = TypeVar("T")
 
 
 class StackError(RuntimeError):
@@ -503,3 +505,37 @@ class interruptible:
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._state.previous.items():
             signal.signal(sig, handler)
+
+
+def run_guarded(stack: "Stack", what: str, timeout: float,
+                body: Callable[[], T]) -> tuple[int, T | None, list[str]]:
+    """Run `body` with the stack up, bounded by `timeout`, and always stop the stack.
+
+    Ctrl-C, SIGTERM and SIGHUP stop everything (status 130); overrunning `timeout` or any
+    failure reports it with the launchers' log tails (status 1). Returns the status, what
+    `body` returned (None unless it finished), and the problems `stack.stop()` found.
+    """
+    timed_out = threading.Event()
+    status, result = 1, None
+    problems: list[str] = []
+    with interruptible():
+        # Every wait inside `body` is bounded already; this is the backstop.
+        timer = watchdog(timeout, timed_out)
+        try:
+            result = body()
+            status = 0
+        except KeyboardInterrupt:
+            if timed_out.is_set():
+                print(f"\n{what} FAILED: over its time limit ({timeout:g}s)", file=sys.stderr)
+            else:
+                print("\ninterrupted: stopping everything", file=sys.stderr)
+                status = 130
+        except Exception as exc:  # report whatever broke, then clean up
+            print(f"\n{what} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+            for proc in stack.launchers:
+                print(f"--- last lines of {proc.name}'s log ---\n{proc.log_tail()}",
+                      file=sys.stderr)
+        finally:
+            timer.cancel()
+            problems = stack.stop()
+    return status, result, problems
