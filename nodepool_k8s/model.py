@@ -232,6 +232,14 @@ class Node:
         return data
 
 
+@dataclass(frozen=True)
+class NodeView:
+    """A node as read from ZooKeeper plus whether anyone holds its lock (listings, views)."""
+
+    node: Node
+    locked: bool
+
+
 # -- resources ---------------------------------------------------------------------------------
 
 BASE_RESOURCES = ("cores", "instances", "ram")

@@ -10,20 +10,13 @@ fields render empty.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.model import NodeRequest, NodeView
+
+__all__ = ["NodeView"]  # the record the views take; defined with the other records
 
 REDACTED = "redacted"
-
-
-@dataclass(frozen=True)
-class NodeView:
-    """A node as read from ZooKeeper plus whether anyone holds its lock."""
-
-    node: Node
-    locked: bool
 
 
 def age(seconds_since: float | None, now: float) -> str:

@@ -26,7 +26,7 @@ from nodepool_k8s.exceptions import NodepoolError
 from nodepool_k8s.zk import admin
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
 from nodepool_k8s.zk.nodes import NodeStore
-from nodepool_k8s.zk.reader import NodeRow, ZkReader
+from nodepool_k8s.zk.reader import ZkReader
 
 # Long enough for a TLS handshake to a remote ensemble, short enough that a typo in the
 # configuration does not look like a hang.
@@ -71,11 +71,6 @@ def node_id(text: str) -> str:
 
 def now() -> float:
     return time.time()
-
-
-def node_views(rows: Sequence[NodeRow]) -> list[status.NodeView]:
-    """`ZkReader` rows as the views `status` renders."""
-    return [status.NodeView(row.node, row.locked) for row in rows]
 
 
 def emit(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import itertools
 import json
-from dataclasses import dataclass
 from typing import Any
 
-from nodepool_k8s.model import NODE_STATES, Node, NodeRequest
+from nodepool_k8s.model import NODE_STATES, NodeRequest, NodeView
 from nodepool_k8s.zk import locks, multiread, paths
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import requests as request_codec
@@ -24,39 +23,33 @@ from nodepool_k8s.zk.cache import Component, decode_component
 from nodepool_k8s.zk.client import ZkClient
 
 
-@dataclass(frozen=True)
-class NodeRow:
-    node: Node
-    locked: bool
-
-
 class ZkReader:
     def __init__(self, zk: ZkClient) -> None:
         self.zk = zk
 
-    def nodes(self) -> list[NodeRow]:
+    def nodes(self) -> list[NodeView]:
         ids = sorted(c for c in (self.zk.get_children(paths.NODES) or [])
                      if paths.is_node_id(c))
         return self._rows(ids)
 
-    def node(self, node_id: str) -> NodeRow | None:
+    def node(self, node_id: str) -> NodeView | None:
         rows = self._rows([node_id])
         return rows[0] if rows else None
 
-    def _rows(self, ids: list[str]) -> list[NodeRow]:
+    def _rows(self, ids: list[str]) -> list[NodeView]:
         ops: list[tuple[str, str]] = []
         for node_id in ids:
             ops.append((multiread.GET, paths.node_path(node_id)))
             ops.append((multiread.CHILDREN, paths.node_lock_path(node_id)))
         results = self.zk.read_many(ops)
-        rows: list[NodeRow] = []
+        rows: list[NodeView] = []
         for index, node_id in enumerate(ids):
             found, children = results[2 * index], results[2 * index + 1]
             if not found or not found[0]:
                 continue
             node = node_codec.parse(node_id, found[0], found[1].version)
             if node is not None:
-                rows.append(NodeRow(node, bool(locks.contenders(children or []))))
+                rows.append(NodeView(node, bool(locks.contenders(children or []))))
         return rows
 
     def node_records(self) -> list[tuple[str, dict[str, Any], bool]]:

@@ -431,3 +431,17 @@ class NodeSampler(threading.Thread):
         self._halt.set()
         if self.is_alive():
             self.join(5)
+
+
+def check_protocol_invariants(report: Report, watcher: RequestTreeWatcher,
+                              zuul_logs: ErrorLogCapture, raw: KazooClient) -> None:
+    """End-of-run checks both scripts make: the request tree stayed clean, Zuul's code
+    logged no errors, and no Zuul request was left behind (min-ready ones may stay)."""
+    watcher.stop()
+    report.check(f"no child and no empty data under any request znode "
+                 f"({watcher.samples} samples)", not watcher.violations,
+                 "; ".join(sorted(set(watcher.violations))[:5]))
+    errors = zuul_logs.take()
+    report.check("Zuul's code logged no errors", not errors, "; ".join(errors[:5]))
+    leftover = [r for r in raw.get_children("/nodepool/requests") if not r.startswith("900-")]
+    report.check("no Zuul request left behind", not leftover, f"{leftover}")

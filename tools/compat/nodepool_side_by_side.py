@@ -48,8 +48,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compat_lib import (NODEPOOL_ENV, ErrorLogCapture, NodeSampler, Process,  # noqa: E402
-                        Report, RequestTreeWatcher, Stack, our_command, pool_components,
-                        wait_for)
+                        Report, RequestTreeWatcher, Stack, check_protocol_invariants,
+                        our_command, pool_components, wait_for)
 from zuul_client_check import (PROJECT, TENANT, ZuulSide, check_node_json, k8s_checks,  # noqa
                                make_job, node_json)
 
@@ -482,15 +482,7 @@ def main() -> int:
             report.check("restarted Nodepool deleted its own used node", True)
 
         with report.section("invariants over the whole run"):
-            watcher.stop()
-            report.check(f"no child and no empty data under any request znode "
-                         f"({watcher.samples} samples)", not watcher.violations,
-                         "; ".join(sorted(set(watcher.violations))[:5]))
-            errors = zuul_logs.take()
-            report.check("Zuul's code logged no errors", not errors, "; ".join(errors[:5]))
-            leftover = [r for r in raw.get_children("/nodepool/requests")
-                        if not r.startswith("900-")]
-            report.check("no Zuul request left behind", not leftover, f"{leftover}")
+            check_protocol_invariants(report, watcher, zuul_logs, raw)
             our_log = both.logs("ours-")
             bad = [ln for ln in our_log.splitlines() if " ERROR " in ln or "Traceback" in ln]
             report.check("our launcher logged no ERROR / traceback", not bad, "\n".join(bad[:5]))

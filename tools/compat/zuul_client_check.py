@@ -48,7 +48,8 @@ from urllib.parse import urlsplit
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from compat_lib import (NODEPOOL_NODE_KEYS, ZUUL_REQUEST_REQUIRED, ErrorLogCapture,  # noqa: E402
-                        Report, RequestTreeWatcher, Stack, pool_components, wait_for)
+                        Report, RequestTreeWatcher, Stack, check_protocol_invariants,
+                        pool_components, wait_for)
 
 import yaml  # noqa: E402
 from kazoo.client import KazooClient  # noqa: E402
@@ -681,15 +682,7 @@ def run_mode(report: Report, stack: Stack, tls: bool, full: bool) -> None:
             scenario_executor_dies(report, stack, chroot, tls, zuul, raw)
             scenario_stats(report, zuul)
         with report.section(f"[{mode}] invariants over the whole run"):
-            watcher.stop()
-            report.check(f"no child and no empty data under any request znode "
-                         f"({watcher.samples} samples)", not watcher.violations,
-                         "; ".join(sorted(set(watcher.violations))[:5]))
-            errors = zuul_logs.take()
-            report.check("Zuul's code logged no errors", not errors, "; ".join(errors[:5]))
-            leftover = [r for r in raw.get_children("/nodepool/requests")
-                        if not r.startswith("900-")]
-            report.check("no Zuul request left behind", not leftover, f"{leftover}")
+            check_protocol_invariants(report, watcher, zuul_logs, raw)
             report.check("launcher still running", launcher.running, launcher.log_tail())
             log = launcher.log_text()
             bad = [line for line in log.splitlines() if " ERROR " in line or "Traceback" in line]
