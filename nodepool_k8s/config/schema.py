@@ -126,7 +126,7 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Validator
             raise Invalid(f"must be at least {minimum}, got {value}")
         if maximum is not None and value > maximum:
             raise Invalid(f"must be at most {maximum}, got {value}")
-        return value
+        return int(value)
     return check
 
 
