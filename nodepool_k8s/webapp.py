@@ -1,12 +1,24 @@
 """The status web app: Nodepool's read-only endpoints plus Prometheus `/metrics`.
 
-Owns: HTTP routing, content negotiation (`Accept: application/json` → JSON, else a text
-table), caching headers and a one-second memo per (path, query, format). It reads through a
-`StatusSource` (the launcher's caches, or a direct ZooKeeper reader) and never writes. A
-source that raises answers 503 with the error text; the server keeps serving.
+Owns: HTTP routing, query validation, content negotiation (`Accept: application/json` →
+JSON, else a text table), caching headers and a small one-second memo. It reads through a
+`StatusSource` (the launcher's caches) and never writes.
+
+It lives inside the launcher, so no client may be able to hurt it. The HTTP server is
+cheroot (the server CherryPy runs on, as Nodepool's and Zuul's web apps do): a fixed pool of
+`threads` workers, idle and half-sent connections closed after `timeout` seconds without
+holding a worker while idle, request line and headers capped at `max-header-size` bytes.
+Only known endpoints and parameters are answered (others: 404 / 400), so the memo is keyed
+by normalised parameters and bounded (`MEMO_ENTRIES`). No CORS header unless the operator
+names an origin. Error bodies never carry tracebacks or exception text of unexpected errors;
+client disconnects are not errors.
 
 Endpoints: `/node-list` (`node_id`, `fields`), `/request-list` (`fields`), `/label-list`
 (`fields`), `/ready` (200 "OK" once the launcher has started, else 503), `/metrics`.
+Malformed znodes are listed as rows in state `malformed`.
+
+Failure: a source that raises a temporary error answers 503 with its (our own) message;
+anything else 500 "Internal error" (logged with the traceback). The server keeps serving.
 """
 
 from __future__ import annotations
@@ -14,23 +26,43 @@ from __future__ import annotations
 import email.utils
 import logging
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Mapping, Protocol, Sequence
-from urllib.parse import parse_qs, urlsplit
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
+from urllib.parse import parse_qsl
+
+from cheroot import wsgi
 
 from nodepool_k8s import prometheus, status
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.records import MalformedRecord
 
 log = logging.getLogger("nodepool_k8s.webapp")
 
 CACHE_SECONDS = 1.0
+MEMO_ENTRIES = 64
+MAX_QUERY_FIELDS = 8
+MAX_VALUE_LENGTH = 512
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    """How the server protects itself; see `webapp:` in doc/configuration.md."""
+
+    threads: int = 8
+    timeout: int = 10  # seconds: idle, half-sent and slow connections are closed
+    max_header_size: int = 16384
+    allow_origin: str | None = None
 
 
 class StatusSource(Protocol):
     def node_views(self) -> Sequence[status.NodeView]: ...
 
     def requests(self) -> Sequence[NodeRequest]: ...
+
+    def malformed(self) -> Sequence[MalformedRecord]: ...
 
     def supported_labels(self) -> Sequence[Sequence[str]]: ...
 
@@ -39,136 +71,203 @@ class StatusSource(Protocol):
     def counters(self) -> Mapping[tuple[str, tuple[tuple[str, str], ...]], float]: ...
 
 
+class BadRequest(Exception):
+    """The client asked for something we do not serve (400, with a short message)."""
+
+
+Response = tuple[int, str, str]
+Params = tuple[tuple[str, Any], ...]
+
+
+class _QuietServer(wsgi.Server):
+    """cheroot reports client-side trouble (resets, timeouts, garbage) through error_log;
+    those are the client's problem, not ours: debug level, no traceback."""
+
+    def error_log(self, msg: str = "", level: int = 20, traceback: bool = False) -> None:
+        if level >= logging.ERROR:
+            log.warning("HTTP server: %s", msg, exc_info=traceback)
+        else:
+            log.debug("HTTP server: %s", msg)
+
+
 class WebApp:
     """Serve `source` on (address, port); port 0 picks a free one (see `.port`)."""
 
     def __init__(self, source: StatusSource, port: int = 8005,
-                 listen_address: str = "0.0.0.0", clock: Clock = SYSTEM_CLOCK) -> None:
+                 listen_address: str = "127.0.0.1", clock: Clock = SYSTEM_CLOCK,
+                 settings: WebSettings = WebSettings()) -> None:
         self.source = source
         self.clock = clock
-        self._memo: dict[tuple[str, str, bool], tuple[float, int, str, str]] = {}
+        self.settings = settings
+        self._memo: OrderedDict[tuple[str, Params, bool], tuple[float, Response]] = \
+            OrderedDict()
         self._memo_lock = threading.Lock()
-        app = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def do_GET(self) -> None:  # noqa: N802 (http.server naming)
-                app._handle(self)
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.debug("%s " + fmt, self.address_string(), *args)
-
-        self._server = ThreadingHTTPServer((listen_address, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _QuietServer((listen_address, port), self._wsgi,
+                                    numthreads=settings.threads, max=settings.threads,
+                                    timeout=settings.timeout, server_name="nodepool-k8s")
+        self._server.max_request_header_size = settings.max_header_size
+        self._server.max_request_body_size = 1024  # GET only: no body worth reading
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return int(self._server.bind_addr[1])
 
     def start(self) -> "WebApp":
-        self._thread = threading.Thread(target=self._server.serve_forever,
-                                        name="webapp", daemon=True)
+        self._server.prepare()  # binds now: errors (port in use) reach the caller
+        self._thread = threading.Thread(target=self._server.serve, name="webapp", daemon=True)
         self._thread.start()
-        log.info("Web app listening on port %s", self.port)
+        log.info("Web app listening on %s port %s", self._server.bind_addr[0], self.port)
         return self
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
+        self._server.stop()
         if self._thread:
             self._thread.join(5)
 
-    # -- request handling -----------------------------------------------------------------------
-    def _routes(self) -> dict[str, Callable[[dict[str, list[str]], bool], tuple[int, str, str]]]:
-        return {
-            "/node-list": self._node_list,
-            "/request-list": self._request_list,
-            "/label-list": self._label_list,
-        }
+    # -- WSGI ---------------------------------------------------------------------------
+    def _wsgi(self, environ: Mapping[str, Any],
+              start_response: Callable[..., Any]) -> Iterable[bytes]:
+        code, ctype, body, cache = self._respond(environ)
+        data = body.encode("utf8")
+        headers = [("Content-Type", ctype), ("Content-Length", str(len(data)))]
+        if self.settings.allow_origin:
+            headers.append(("Access-Control-Allow-Origin", self.settings.allow_origin))
+        now = self.clock.time()
+        if cache and code == 200:
+            headers += [("Cache-Control", f"public, max-age={int(CACHE_SECONDS)}"),
+                        ("Last-Modified", email.utils.formatdate(now, usegmt=True)),
+                        ("Expires", email.utils.formatdate(now + CACHE_SECONDS, usegmt=True))]
+        else:
+            headers.append(("Cache-Control", "no-cache"))
+        start_response(f"{code} {_REASONS.get(code, 'Error')}", headers)
+        return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [data]
 
-    def _handle(self, handler: BaseHTTPRequestHandler) -> None:
-        url = urlsplit(handler.path)
-        query = parse_qs(url.query)
-        want_json = "application/json" in (handler.headers.get("Accept") or "")
+    def _respond(self, environ: Mapping[str, Any]) -> tuple[int, str, str, bool]:
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            return 405, "text/plain", "Method not allowed\n", False
+        path = str(environ.get("PATH_INFO") or "/")
+        want_json = "application/json" in str(environ.get("HTTP_ACCEPT") or "")
         try:
-            if url.path == "/ready":
+            if path == "/ready":
+                _params(environ, ())
                 ok = self.source.ready()
-                self._send(handler, 200 if ok else 503, "text/plain",
-                           "OK" if ok else "Launcher not ready", cache=False)
-                return
-            if url.path == "/metrics":
+                return (200, "text/plain", "OK", False) if ok else \
+                    (503, "text/plain", "Launcher not ready", False)
+            if path == "/metrics":
+                _params(environ, ())
                 body = prometheus.render(self.source.node_views(), self.source.requests(),
                                          self.source.ready(), self.source.counters())
-                self._send(handler, 200, "text/plain; version=0.0.4; charset=utf-8", body,
-                           cache=False)
-                return
-            route = self._routes().get(url.path)
+                return 200, "text/plain; version=0.0.4; charset=utf-8", body, False
+            route = _ROUTES.get(path)
             if route is None:
-                self._send(handler, 404, "text/plain", "Not found", cache=False)
-                return
-            code, ctype, body = self._memoized(url.path, url.query, want_json,
-                                               lambda: route(query, want_json))
-            self._send(handler, code, ctype, body)
-        except Exception as exc:  # the status page must outlive a bad read
-            log.exception("Web request %s failed", handler.path)
-            self._send(handler, 503, "text/plain", f"Status unavailable: {exc}", cache=False)
+                return 404, "text/plain", "Not found\n", False
+            params = _params(environ, route[0])
+            code, ctype, body = self._memoized(path, params, want_json,
+                                               lambda: route[1](self, params, want_json))
+            return code, ctype, body, True
+        except BadRequest as exc:
+            return 400, "text/plain", f"Bad request: {exc}\n", False
+        except TemporaryError as exc:
+            log.warning("Web request %s: %s", path, exc)
+            return 503, "text/plain", f"Status unavailable: {exc}\n", False
+        except Exception:  # the status page must outlive a bad read
+            log.exception("Web request %s failed", path)
+            return 500, "text/plain", "Internal error\n", False
 
-    def _memoized(self, path: str, query: str, want_json: bool,
-                  compute: Callable[[], tuple[int, str, str]]) -> tuple[int, str, str]:
-        key = (path, query, want_json)
+    def _memoized(self, path: str, params: Params, want_json: bool,
+                  compute: Callable[[], Response]) -> Response:
+        key = (path, params, want_json)
         now = self.clock.monotonic()
         with self._memo_lock:
             hit = self._memo.get(key)
             if hit and now - hit[0] < CACHE_SECONDS:
-                return hit[1], hit[2], hit[3]
-        code, ctype, body = compute()
+                return hit[1]
+        response = compute()
         with self._memo_lock:
-            self._memo[key] = (now, code, ctype, body)
-        return code, ctype, body
+            self._memo[key] = (now, response)
+            self._memo.move_to_end(key)
+            while len(self._memo) > MEMO_ENTRIES:
+                self._memo.popitem(last=False)
+        return response
 
-    @staticmethod
-    def _fields(query: dict[str, list[str]]) -> list[str] | None:
-        raw = query.get("fields")
-        return raw[0].split(",") if raw else None
+    @property
+    def memo_size(self) -> int:
+        with self._memo_lock:
+            return len(self._memo)
 
+    # -- endpoints ----------------------------------------------------------------------
     def _render(self, rows: list[dict[str, Any]], columns: Sequence[tuple[str, str]],
-                query: dict[str, list[str]], want_json: bool) -> tuple[int, str, str]:
+                fields: tuple[str, ...] | None, want_json: bool) -> Response:
         if want_json:
             return 200, "application/json", status.render_json(rows)
-        cols = status.select_columns(columns, self._fields(query))
+        cols = status.select_columns(columns, fields)
         return 200, "text/plain", status.render_table(rows, cols) + "\n"
 
-    def _node_list(self, query: dict[str, list[str]], want_json: bool) -> tuple[int, str, str]:
-        node_id = query.get("node_id", [None])[0]
-        rows = status.node_list(self.source.node_views(), self.clock.time(), node_id)
-        return self._render(rows, status.NODE_DETAIL_COLUMNS if self._fields(query)
-                            else status.NODE_COLUMNS, query, want_json)
+    def _node_list(self, params: Params, want_json: bool) -> Response:
+        values = dict(params)
+        node_id = values.get("node_id")
+        fields = values.get("fields")
+        malformed = [m for m in self.source.malformed() if m.kind == "node"]
+        rows = status.node_list(self.source.node_views(), self.clock.time(), node_id,
+                                malformed)
+        return self._render(rows, status.NODE_DETAIL_COLUMNS if fields
+                            else status.NODE_COLUMNS, fields, want_json)
 
-    def _request_list(self, query: dict[str, list[str]],
-                      want_json: bool) -> tuple[int, str, str]:
-        rows = status.request_list(self.source.requests())
-        return self._render(rows, status.REQUEST_COLUMNS, query, want_json)
+    def _request_list(self, params: Params, want_json: bool) -> Response:
+        malformed = [m for m in self.source.malformed() if m.kind == "request"]
+        rows = status.request_list(self.source.requests(), malformed)
+        return self._render(rows, status.REQUEST_COLUMNS, dict(params).get("fields"),
+                            want_json)
 
-    def _label_list(self, query: dict[str, list[str]], want_json: bool) -> tuple[int, str, str]:
+    def _label_list(self, params: Params, want_json: bool) -> Response:
         rows = status.label_list(self.source.supported_labels())
-        return self._render(rows, status.LABEL_COLUMNS, query, want_json)
+        return self._render(rows, status.LABEL_COLUMNS, dict(params).get("fields"),
+                            want_json)
 
-    def _send(self, handler: BaseHTTPRequestHandler, code: int, ctype: str, body: str,
-              cache: bool = True) -> None:
-        data = body.encode("utf8")
-        handler.send_response(code)
-        handler.send_header("Content-Type", ctype)
-        handler.send_header("Content-Length", str(len(data)))
-        handler.send_header("Access-Control-Allow-Origin", "*")
-        now = self.clock.time()
-        if cache:
-            handler.send_header("Cache-Control", f"public, max-age={int(CACHE_SECONDS)}")
-            handler.send_header("Last-Modified", email.utils.formatdate(now, usegmt=True))
-            handler.send_header("Expires",
-                                email.utils.formatdate(now + CACHE_SECONDS, usegmt=True))
-        else:
-            handler.send_header("Cache-Control", "no-cache")
-        handler.end_headers()
-        handler.wfile.write(data)
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def _params(environ: Mapping[str, Any], allowed: Sequence[str]) -> Params:
+    """The query's known parameters, normalised (sorted, fields split and de-duplicated);
+    BadRequest for anything unknown, repeated, too long or too many."""
+    query = str(environ.get("QUERY_STRING") or "")
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, max_num_fields=MAX_QUERY_FIELDS)
+    except ValueError:
+        raise BadRequest("too many query parameters") from None
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name not in allowed:
+            raise BadRequest(f"unknown query parameter {_safe(name)!r}"
+                             + (f"; this endpoint takes {', '.join(allowed)}" if allowed
+                                else "; this endpoint takes none"))
+        if name in out:
+            raise BadRequest(f"query parameter {_safe(name)!r} given twice")
+        if len(value) > MAX_VALUE_LENGTH:
+            raise BadRequest(f"query parameter {_safe(name)!r} is too long")
+        if name == "node_id":
+            if not value.isdigit() or not value.isascii():
+                raise BadRequest("node_id must be a node id (digits)")
+            out[name] = value
+        elif name == "fields":
+            picked = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",")
+                                         if f.strip()))
+            out[name] = picked or None
+    return tuple(sorted(out.items()))
+
+
+def _safe(text: str) -> str:
+    """A client-supplied name, shortened and printable, for an error message."""
+    cleaned = "".join(c if c.isprintable() else "?" for c in text)
+    return cleaned if len(cleaned) <= 40 else cleaned[:37] + "..."
+
+
+_Route = tuple[tuple[str, ...], Callable[[WebApp, Params, bool], Response]]
+_ROUTES: dict[str, _Route] = {
+    "/node-list": (("node_id", "fields"), WebApp._node_list),
+    "/request-list": (("fields",), WebApp._request_list),
+    "/label-list": (("fields",), WebApp._label_list),
+}

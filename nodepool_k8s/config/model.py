@@ -45,7 +45,11 @@ class LabelConfig:
 @dataclass(frozen=True)
 class WebappConfig:
     port: int = 8005
-    listen_address: str = "0.0.0.0"
+    listen_address: str = "127.0.0.1"
+    threads: int = 8
+    timeout: int = 10  # seconds
+    max_header_size: int = 16384
+    allow_origin: str | None = None
 
 
 @dataclass(frozen=True)

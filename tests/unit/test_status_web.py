@@ -15,7 +15,9 @@ import pytest
 
 from nodepool_k8s import prometheus, status
 from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.records import MalformedRecord
 from nodepool_k8s.webapp import WebApp
 
 NOW = 1_700_000_000.0
@@ -42,14 +44,19 @@ class Source:
         self.reqs = [request(), request("100-0000000009", rel=2)]
         self.is_ready = True
         self.fail = False
+        self.fail_with: Exception = RuntimeError("zookeeper went away")
+        self.bad: list[MalformedRecord] = []
 
     def node_views(self) -> list[status.NodeView]:
         if self.fail:
-            raise RuntimeError("zookeeper went away")
+            raise self.fail_with
         return self.nodes
 
     def requests(self) -> list[NodeRequest]:
         return self.reqs
+
+    def malformed(self) -> list[MalformedRecord]:
+        return self.bad
 
     def supported_labels(self) -> list[list[str]]:
         return [["pod-fedora", "ns"], ["ns"]]
@@ -129,7 +136,7 @@ def test_web_node_list_json_and_text(web):
     data = json.loads(body)
     assert [d["id"] for d in data] == ["0000000001", "0000000002"]
     assert data[0]["connection_port"] == "redacted"
-    assert headers["Access-Control-Allow-Origin"] == "*"
+    assert "Access-Control-Allow-Origin" not in headers  # only when configured
     assert headers["Cache-Control"] == "public, max-age=1"
     code, headers, body = get(base + "/node-list?node_id=0000000002")
     assert code == 200 and headers["Content-Type"] == "text/plain"
@@ -155,6 +162,12 @@ def test_web_ready_metrics_404_and_failure(web):
     code, headers, body = get(base + "/metrics")
     assert code == 200 and "nodepool_launcher_ready 0" in body
     assert get(base + "/nope")[0] == 404
+    assert get(base + "/node-list?node_id=x")[0] == 400
     src.fail = True
-    code, _, body = get(base + "/node-list?node_id=x", "application/json")
-    assert code == 503 and "zookeeper went away" in body
+    # An unexpected error: 500 without its text (no internals in error bodies) ...
+    code, _, body = get(base + "/node-list?node_id=1", "application/json")
+    assert code == 500 and "zookeeper went away" not in body
+    # ... a temporary one (our own message) 503 with the reason.
+    src.fail_with = TemporaryError("the launcher has not read the nodes yet")
+    code, _, body = get(base + "/node-list?node_id=2", "application/json")
+    assert code == 503 and "has not read the nodes yet" in body
