@@ -3,9 +3,9 @@
 Owns: the in-memory shape of the two ZooKeeper records of the Nodepool protocol and their
 JSON mapping (`from_dict` / `to_dict`). The mapping is lossless: keys we do not know (Zuul's
 extra `id`, future fields) are kept in `extra` and written back unchanged, and
-`requestor_data` is never interpreted. Readers tolerate missing keys with the protocol's
-defaults; `from_dict` raises `ValueError` only for data that is not a JSON object or carries
-an unknown state, so callers can log the path and skip it.
+`requestor_data` is never interpreted. Missing keys read as the protocol's defaults.
+`from_dict` trusts its input's types: records from ZooKeeper pass the strict decoders in
+`records` first (the codecs in `zk/nodes.py` and `zk/requests.py` do that).
 
 `Resources` is the pure value type for quota arithmetic (cores, instances, ram, and any
 extra resource keys).
@@ -39,8 +39,6 @@ DELETED = "deleted"
 # FAILED ("failed") is shared by requests and nodes.
 NODE_STATES = (BUILDING, TESTING, READY, IN_USE, USED, HOLD, DELETING, FAILED, INIT,
                ABORTED, DELETED)
-# Unlocked nodes in these states are removed by the launcher that owns their provider.
-CLEANUP_STATES = frozenset({USED, IN_USE, BUILDING, FAILED, DELETING, DELETED, ABORTED, INIT})
 
 MIN_READY_REQUESTOR = "NodePool:min-ready"
 MIN_READY_PRIORITY = "900"
@@ -48,16 +46,6 @@ MIN_READY_PRIORITY = "900"
 
 def dumps(data: Mapping[str, Any]) -> bytes:
     return json.dumps(data).encode("utf8")
-
-
-def loads(raw: bytes) -> dict[str, Any]:
-    """Decode a znode's JSON object; ValueError for anything else (empty, not JSON, a list)."""
-    if not raw:
-        raise ValueError("empty znode data")
-    data = json.loads(raw.decode("utf8"))
-    if not isinstance(data, dict):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 # -- node requests -----------------------------------------------------------------------------
@@ -242,9 +230,6 @@ class NodeView:
 
 # -- resources ---------------------------------------------------------------------------------
 
-BASE_RESOURCES = ("cores", "instances", "ram")
-
-
 class Resources(Mapping[str, float]):
     """An immutable bag of resource amounts with quota arithmetic.
 
@@ -301,16 +286,6 @@ class Resources(Mapping[str, float]):
 
     def __sub__(self, other: Mapping[str, float]) -> "Resources":
         return self._combine(other, -1.0)
-
-    def scaled(self, factor: float) -> "Resources":
-        return Resources({k: v * factor for k, v in self._values.items()}, self._default)
-
-    def non_negative(self) -> bool:
-        return all(v >= 0 for v in self._values.values()) and self._default >= 0
-
-    def fits_within(self, limit: "Resources") -> bool:
-        """True when every amount here is at most the corresponding limit."""
-        return all(self[k] <= limit[k] for k in set(self._values) | set(limit._values))
 
     def exceeded_keys(self, limit: "Resources") -> list[str]:
         return sorted(k for k in set(self._values) | set(limit._values) if self[k] > limit[k])

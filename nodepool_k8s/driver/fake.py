@@ -3,8 +3,8 @@
 Owns: a simulated cloud for engine tests, the demo and benchmarks. A launch "creates" a
 resource named like a Kubernetes namespace (`<pool>-<node id>`, `-<attempt>` appended on
 retries), reports its external id through `progress` at once, then waits the label's
-`fake-launch-delay` on the cancel event (never sleep-polling) and succeeds, unless the label
-has `fake-fail` or an error was injected with `fail_next`. Every call is recorded.
+`launch-delay` (seconds) on the cancel event (never sleep-polling) and succeeds, unless the
+label has `fail: true` or an error was injected with `fail_next`. Every call is recorded.
 
 State is per instance unless a `FakeCloud` is shared (two in-process launchers can then see
 the same resources, e.g. for leak tests). Nothing here persists across processes.

@@ -9,10 +9,12 @@ must stop acting on that object.
 
 from __future__ import annotations
 
-from nodepool_k8s.exceptions import NodepoolError, NotFound, TemporaryError, ZkSessionLost
+from nodepool_k8s.exceptions import (
+    NodepoolError, NotFound, PermanentError, TemporaryError, ZkSessionLost)
 
 __all__ = ["NodepoolError", "ZkSessionLost", "ZkConnectionError", "NoNodeError",
-           "VersionConflict", "NodeExistsError", "NotEmptyError", "LockLost", "TxnFailed"]
+           "VersionConflict", "NodeExistsError", "NotEmptyError", "LockLost", "TxnFailed",
+           "NotOurs"]
 
 
 class ZkConnectionError(TemporaryError):
@@ -33,6 +35,11 @@ class NodeExistsError(NodepoolError):
 
 class NotEmptyError(NodepoolError):
     """The znode has children."""
+
+
+class NotOurs(PermanentError):
+    """A write or deletion the protocol does not allow us (e.g. deleting another
+    requestor's request): a bug in the caller, never retried."""
 
 
 class LockLost(ZkSessionLost):

@@ -120,9 +120,6 @@ class ZkReader:
     def pool_components(self) -> list[Component]:
         return self.components("pool")
 
-    def launcher_components(self) -> list[Component]:
-        return self.components("launcher")
-
 
 def _report(into: list[MalformedRecord] | None, kind: str, record_id: str, version: int,
             reason: str) -> None:

@@ -169,7 +169,7 @@ class RequestStore:
         """Queue deleting a min-ready request this session created (the only kind we may)."""
         if request.requestor != model.MIN_READY_REQUESTOR \
                 or stat.ephemeral_owner != self.zk.session_id:
-            raise PermissionError(f"request {request.id} is not our own min-ready request")
+            raise errors.NotOurs(f"request {request.id} is not our own min-ready request")
         txn.delete(paths.request_path(request.id), version=stat.version)
 
     # -- request-lock dirs ---------------------------------------------------------------

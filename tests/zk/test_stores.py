@@ -212,7 +212,7 @@ def test_min_ready_requests(zk: ZkConnection, zkc: ZkClient,
         zuul_id = zuul.submit(["small"])
     zuul_found = store.get_with_stat(zuul_id)
     assert zuul_found is not None
-    with pytest.raises(PermissionError):
+    with pytest.raises(errors.NotOurs):
         store.delete_own_min_ready(Txn(), *zuul_found)
     txn = Txn()
     store.delete_own_min_ready(txn, *found)
