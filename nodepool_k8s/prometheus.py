@@ -1,81 +1,99 @@
-"""Prometheus text exposition of the facts the statsd gauges carry.
+"""Prometheus exposition of the facts the statsd gauges carry, plus process metrics.
 
-Owns: turning node and request records (plus counters a launcher keeps) into the Prometheus
-text format (version 0.0.4). Pure: the web app calls it with what it has read. Label values
-are escaped; nothing here can fail on odd data.
+Owns: which metric families `/metrics` has and their labels. The text format itself (escaping,
+number formatting, HELP/TYPE lines) is prometheus_client's: each scrape builds a registry
+with one collector over what the web app has read, the launcher's in-process counters, and
+prometheus_client's process collector (CPU, memory, open files of the launcher). Pure apart
+from reading `/proc/self`; nothing here can fail on odd data (label values are escaped by
+the library).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from nodepool_k8s.model import NODE_STATES, REQUEST_STATES, NodeRequest
 from nodepool_k8s.status import NodeView
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+CounterValues = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def _labels(labels: Mapping[str, str]) -> str:
-    if not labels:
-        return ""
-    inner = ",".join(f'{k}="{_escape(str(v))}"' for k, v in sorted(labels.items()))
-    return "{" + inner + "}"
-
-
-class _Writer:
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str) -> None:
-        self.lines.append(f"# HELP {name} {help_text}")
-        self.lines.append(f"# TYPE {name} {kind}")
-
-    def sample(self, name: str, labels: Mapping[str, str], value: float) -> None:
-        text = repr(float(value)) if not float(value).is_integer() else str(int(value))
-        self.lines.append(f"{name}{_labels(labels)} {text}")
-
-
-def render(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
-           counters: Mapping[tuple[str, tuple[tuple[str, str], ...]], float] | None = None,
-           ) -> str:
-    """The /metrics body. `counters` maps (metric name, sorted label pairs) to a value."""
+def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
+             counters: CounterValues | None = None) -> list[Metric]:
+    """The launcher's own metric families for one scrape."""
     views = list(views)
-    w = _Writer()
+    out: list[Metric] = []
 
-    w.family("nodepool_nodes", "gauge", "Nodes by state (all providers).")
+    nodes = GaugeMetricFamily("nodepool_nodes", "Nodes by state (all providers).",
+                              labels=["state"])
     by_state = Counter(v.node.state for v in views)
     for state in NODE_STATES:
-        w.sample("nodepool_nodes", {"state": state}, by_state.get(state, 0))
+        nodes.add_metric([state], by_state.get(state, 0))
+    out.append(nodes)
 
-    w.family("nodepool_provider_nodes", "gauge", "Nodes by provider and state.")
-    by_provider = Counter((v.node.provider or "", v.node.state) for v in views)
+    provider_nodes = GaugeMetricFamily("nodepool_provider_nodes",
+                                       "Nodes by provider and state.",
+                                       labels=["provider", "state"])
+    by_provider = Counter((v.node.fields.get("provider") or "", v.node.state) for v in views)
     for (provider, state), count in sorted(by_provider.items()):
-        w.sample("nodepool_provider_nodes", {"provider": provider, "state": state}, count)
+        provider_nodes.add_metric([str(provider), state], count)
+    out.append(provider_nodes)
 
-    w.family("nodepool_label_nodes", "gauge", "Nodes by label and state.")
+    label_nodes = GaugeMetricFamily("nodepool_label_nodes", "Nodes by label and state.",
+                                    labels=["label", "state"])
     by_label: Counter[tuple[str, str]] = Counter()
     for v in views:
         for label in v.node.type:
             by_label[(label, v.node.state)] += 1
     for (label, state), count in sorted(by_label.items()):
-        w.sample("nodepool_label_nodes", {"label": label, "state": state}, count)
+        label_nodes.add_metric([label, state], count)
+    out.append(label_nodes)
 
-    w.family("nodepool_requests", "gauge", "Node requests by state.")
+    request_family = GaugeMetricFamily("nodepool_requests", "Node requests by state.",
+                                       labels=["state"])
     req_states = Counter(r.state for r in requests)
     for state in sorted(REQUEST_STATES):
-        w.sample("nodepool_requests", {"state": state}, req_states.get(state, 0))
+        request_family.add_metric([state], req_states.get(state, 0))
+    out.append(request_family)
 
-    w.family("nodepool_launcher_ready", "gauge", "1 once the launcher finished starting.")
-    w.sample("nodepool_launcher_ready", {}, 1 if ready else 0)
+    out.append(GaugeMetricFamily("nodepool_launcher_ready",
+                                 "1 once the launcher finished starting.",
+                                 value=1 if ready else 0))
 
-    if counters:
-        seen: set[str] = set()
-        for (name, pairs), value in sorted(counters.items()):
-            if name not in seen:
-                w.family(name, "counter", name.replace("_", " "))
-                seen.add(name)
-            w.sample(name, dict(pairs), value)
-    return "\n".join(w.lines) + "\n"
+    by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
+    for (name, pairs), value in sorted((counters or {}).items()):
+        by_name.setdefault(name, []).append((pairs, value))
+    for name, samples in by_name.items():
+        label_names = sorted({k for pairs, _ in samples for k, _ in pairs})
+        family = CounterMetricFamily(name, name.replace("_", " "), labels=label_names)
+        for pairs, value in samples:
+            values = dict(pairs)
+            family.add_metric([values.get(k, "") for k in label_names], value)
+        out.append(family)
+    return out
+
+
+class _Snapshot:
+    """A collector that yields families computed beforehand (one scrape's data)."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.metrics)
+
+
+def render(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
+           counters: CounterValues | None = None, process: bool = True) -> str:
+    """The /metrics body (text format 0.0.4). `counters` maps (metric name, sorted label
+    pairs) to a value; `process` adds prometheus_client's process_* metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(families(views, requests, ready, counters)))
+    if process:
+        ProcessCollector(registry=registry)
+    return generate_latest(registry).decode("utf8")

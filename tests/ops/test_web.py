@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.launcher.service import LauncherService
@@ -153,13 +154,16 @@ def test_endpoints_of_a_serving_launcher(tmp_path: Path, zk: ZkConnection, zuul:
 
     code, ctype, body = get(base + "/metrics")
     assert code == 200 and ctype.startswith("text/plain; version=0.0.4")
-    assert 'nodepool_nodes{state="in-use"} 1' in body
-    assert 'nodepool_provider_nodes{provider="fake",state="in-use"} 1' in body
-    assert 'nodepool_label_nodes{label="small",state="in-use"} 1' in body
-    assert 'nodepool_requests{state="failed"} 2' in body
-    assert "nodepool_launcher_ready 1" in body
-    assert 'nodepool_launch_total{provider="fake",result="ready"} 1' in body
-    assert 'nodepool_launch_total{provider="fake",result="error.nodepool"} 1' in body
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body) for s in family.samples}
+    assert samples[("nodepool_nodes", (("state", "in-use"),))] == 1
+    assert samples[("nodepool_provider_nodes", (("provider", "fake"), ("state", "in-use")))] == 1
+    assert samples[("nodepool_label_nodes", (("label", "small"), ("state", "in-use")))] == 1
+    assert samples[("nodepool_requests", (("state", "failed"),))] == 2
+    assert samples[("nodepool_launcher_ready", ())] == 1
+    assert samples[("nodepool_launch_total", (("provider", "fake"), ("result", "ready")))] == 1
+    assert samples[("nodepool_launch_total",
+                    (("provider", "fake"), ("result", "error.nodepool")))] == 1
     assert "# TYPE nodepool_launch_total counter" in body
 
     zuul.release(nodeset)

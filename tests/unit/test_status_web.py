@@ -12,6 +12,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from nodepool_k8s import prometheus, status
 from nodepool_k8s.clock import ManualClock
@@ -103,13 +104,18 @@ def test_request_list_orders_by_priority():
 def test_prometheus_text():
     src = Source()
     text = prometheus.render(src.nodes, src.reqs, True, src.counters())
-    assert 'nodepool_nodes{state="ready"} 1' in text
-    assert 'nodepool_provider_nodes{provider="kube",state="building"} 1' in text
-    assert 'nodepool_label_nodes{label="pod-fedora",state="ready"} 1' in text
-    assert 'nodepool_requests{state="fulfilled"} 2' in text
-    assert "nodepool_launcher_ready 1" in text
-    assert 'nodepool_launch_total{result="ready"} 3' in text
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(text) for s in family.samples}
+    assert samples[("nodepool_nodes", (("state", "ready"),))] == 1
+    assert samples[("nodepool_provider_nodes",
+                    (("provider", "kube"), ("state", "building")))] == 1
+    assert samples[("nodepool_label_nodes", (("label", "pod-fedora"), ("state", "ready")))] == 1
+    assert samples[("nodepool_requests", (("state", "fulfilled"),))] == 2
+    assert samples[("nodepool_launcher_ready", ())] == 1
+    assert samples[("nodepool_launch_total", (("result", "ready"),))] == 3
     assert "# TYPE nodepool_nodes gauge" in text
+    # Process metrics of the launcher come with it (prometheus_client's collector).
+    assert samples[("process_resident_memory_bytes", ())] > 0
 
 
 @pytest.fixture
