@@ -176,7 +176,9 @@ def test_namespace_labels_take_quota_and_metadata_keys() -> None:
     at(data, "nslabel").update({"cpu": 1, "memory": 512, "storage": 10, "extra-resources":
                                 {"x": 1}, "labels": {"a": "b"}, "annotations": {"c": "d"},
                                 "python-path": "auto", "shell-type": "sh", "boot-timeout": 5})
-    load(data)
+    label = load(data).providers["k8s"].pools["main"].labels["ns"]
+    assert (label.cpu, label.memory, label.shell_type) == (1, 512, "sh")
+    assert dict(label.labels) == {"a": "b"} and dict(label.annotations) == {"c": "d"}
 
 
 @pytest.mark.parametrize("given,missing", [("gpu", "gpu-resource"), ("gpu-resource", "gpu")])
@@ -224,7 +226,8 @@ def test_pool_default_limit_below_default_request() -> None:
 def test_limits_equal_to_requests_are_fine() -> None:
     data = base()
     at(data, "podlabel").update({"cpu": 2, "cpu-limit": 2, "memory": 1, "memory-limit": 1})
-    load(data)
+    label = load(data).providers["k8s"].pools["main"].labels["pod"]
+    assert (label.cpu, label.cpu_limit, label.memory, label.memory_limit) == (2, 2, 1, 1)
 
 
 # -- pod details ---------------------------------------------------------------------------------

@@ -21,8 +21,13 @@ from nodepool_k8s.launcher.settings import EngineSettings
 
 def test_stats_null_when_unconfigured() -> None:
     facade = stats.from_env({})
+    assert isinstance(facade.backend, stats.NullBackend)
     facade.launch("p", "zuul", stats.RESULT_READY, 12.5)  # no error, nothing sent
     facade.leaked_nodes("p")
+    assert facade.gauges({"a": 1}) == 0
+    # The in-process (Prometheus) counters count without statsd.
+    assert facade.counters()[(stats.PROM_LAUNCHES,
+                              (("provider", "p"), ("result", "ready")))] == 1
 
 
 def test_stats_udp_names() -> None:
@@ -49,7 +54,12 @@ def test_stats_never_raise() -> None:
 
         incr = gauge = timing
 
-    stats.Stats(Broken()).launch("p", None, stats.RESULT_UNKNOWN, 1)  # type: ignore[arg-type]
+    facade = stats.Stats(Broken())  # type: ignore[arg-type]
+    facade.launch("p", None, stats.RESULT_UNKNOWN, 1)
+    facade.leaked_nodes("p")
+    facade.malformed("node")
+    # A broken statsd loses its packets, never the in-process counters.
+    assert sum(facade.counters().values()) == 3
 
 
 def test_settings_from_env() -> None:
