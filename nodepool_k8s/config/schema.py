@@ -31,7 +31,10 @@ Validator = Callable[[Any], Any]
 ZK_PORT = 2181  # NB: Nodepool's code said 2281 while its docs said 2181; we follow the docs.
 ZK_TIMEOUT = 10.0
 WEBAPP_PORT = 8005
-WEBAPP_LISTEN_ADDRESS = "0.0.0.0"
+WEBAPP_LISTEN_ADDRESS = "127.0.0.1"  # local only unless the operator opts in to more
+WEBAPP_THREADS = 8
+WEBAPP_TIMEOUT = 10.0  # seconds a connection may stay silent mid-request or idle between
+WEBAPP_MAX_HEADER_SIZE = 16384  # bytes of request line plus headers
 MIN_READY = 0
 MAX_READY_AGE = 0.0  # 0 = ready nodes never expire
 MAX_HOLD_AGE = 0.0  # 0 = held nodes never expire (stored as infinity)
@@ -130,7 +133,8 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Validator
     return check
 
 
-def number(minimum: float | None = None, positive: bool = False) -> Validator:
+def number(minimum: float | None = None, positive: bool = False,
+           maximum: float | None = None) -> Validator:
     """An int or float (returned as float); `positive` excludes zero."""
     def check(value: Any) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -141,6 +145,8 @@ def number(minimum: float | None = None, positive: bool = False) -> Validator:
             raise Invalid(f"must be greater than 0, got {value}")
         if minimum is not None and value < minimum:
             raise Invalid(f"must be at least {minimum:g}, got {value}")
+        if maximum is not None and value > maximum:
+            raise Invalid(f"must be at most {maximum:g}, got {value}")
         return float(value)
     return check
 
@@ -303,6 +309,10 @@ _LABEL = mapping({
 _WEBAPP = mapping({
     Optional("port"): integer(0, 65535),
     Optional("listen_address"): string(),
+    Optional("threads"): integer(1, 256),
+    Optional("timeout"): number(positive=True, maximum=3600),
+    Optional("max_header_size"): integer(1024, 1048576),
+    Optional("cors_origin"): string(),
 })
 _TENANT = mapping(
     {Required("tenant-name"): string(),

@@ -168,7 +168,7 @@ class LauncherService:
     # -- web app --------------------------------------------------------------------------
     def _start_webapp(self, web: WebappConfig) -> bool:
         try:
-            self.webapp = WebApp(self.status, web.port, web.listen_address).start()
+            self.webapp = WebApp(self.status, web).start()
         except OSError as exc:
             log.error("Cannot serve the web app on %s port %d: %s", web.listen_address,
                       web.port, exc)
