@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import os
 import threading
 from typing import Any, Mapping, Protocol
@@ -30,12 +31,25 @@ RESULT_UNKNOWN = "error.unknown"
 RESULT_NODEPOOL = "error.nodepool"
 
 
+# Anything else would break the statsd line protocol (`:`, `|`, `@`, `#`, newlines) or make
+# an unreadable key; names come from configuration and from requestors (other programs).
+_UNSAFE = re.compile(r"[^A-Za-z0-9_./\-]")
+
+
+def key_part(name: str) -> str:
+    """A provider, pool or label name as a key component: unsafe characters become `_`.
+    Dots are kept, as Nodepool keeps them in these names (dashboards rely on the keys)."""
+    return _UNSAFE.sub("_", name) or "_"
+
+
 def sanitize(name: str) -> str:
-    """statsd keys use `.` as separator and `:` as value separator: replace both."""
-    return name.replace(".", "_").replace(":", "_")
+    """A requestor or tenant name as one key component (dots replaced too, as Nodepool
+    does for requestors)."""
+    return key_part(name).replace(".", "_")
 
 
 def launch_keys(provider: str, requestor: str | None, result: str) -> list[str]:
+    provider = key_part(provider)
     keys = [f"nodepool.launch.{result}", f"nodepool.launch.provider.{provider}.{result}"]
     if requestor:
         keys.append(f"nodepool.launch.requestor.{sanitize(requestor)}.{result}")
@@ -43,29 +57,34 @@ def launch_keys(provider: str, requestor: str | None, result: str) -> list[str]:
 
 
 def leaked_nodes_key(provider: str) -> str:
-    return f"nodepool.provider.{provider}.leaked.nodes"
+    return f"nodepool.provider.{key_part(provider)}.leaked.nodes"
+
+
+def malformed_key(kind: str) -> str:
+    return f"nodepool.malformed.{key_part(kind)}"
 
 
 # Gauges the stats leader reports for the whole system (see launcher/gauges.py).
 def nodes_key(state: str) -> str:
-    return f"nodepool.nodes.{state}"
+    return f"nodepool.nodes.{key_part(state)}"
 
 
 def provider_nodes_key(provider: str, state: str) -> str:
-    return f"nodepool.provider.{provider}.nodes.{state}"
+    return f"nodepool.provider.{key_part(provider)}.nodes.{key_part(state)}"
 
 
 def label_nodes_key(label: str, state: str) -> str:
-    return f"nodepool.label.{label}.nodes.{state}"
+    return f"nodepool.label.{key_part(label)}.nodes.{key_part(state)}"
 
 
 def addressable_requests_key(provider: str, pool: str) -> str:
-    return f"nodepool.provider.{provider}.pool.{pool}.addressable_requests"
+    return (f"nodepool.provider.{key_part(provider)}.pool.{key_part(pool)}"
+            ".addressable_requests")
 
 
 # Gauges every launcher reports for its own configuration.
 def max_servers_key(provider: str) -> str:
-    return f"nodepool.provider.{provider}.max_servers"
+    return f"nodepool.provider.{key_part(provider)}.max_servers"
 
 
 def tenant_limit_key(tenant: str, limit: str) -> str:
@@ -76,6 +95,7 @@ def tenant_limit_key(tenant: str, limit: str) -> str:
 PROM_LAUNCHES = "nodepool_launch_total"
 PROM_LEAKED = "nodepool_leaked_nodes_total"
 PROM_GAUGE_REPORTS = "nodepool_stats_gauge_reports_total"
+PROM_MALFORMED = "nodepool_malformed_records_total"
 
 CounterKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -158,6 +178,11 @@ class Stats:
     def leaked_nodes(self, provider: str, count: int = 1) -> None:
         self._safe("incr", leaked_nodes_key(provider), count)
         self.count(PROM_LEAKED, count, provider=provider)
+
+    def malformed(self, kind: str) -> None:
+        """A malformed record (`node`, `request`) was seen for the first time."""
+        self._safe("incr", malformed_key(kind), 1)
+        self.count(PROM_MALFORMED, kind=kind)
 
     def gauges(self, values: Mapping[str, float]) -> int:
         """Send many gauges, batched into few packets when the client can; returns how many.

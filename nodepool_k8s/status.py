@@ -4,7 +4,8 @@ Owns: the columns operators know from Nodepool's `nodepool list` / `request-list
 app, the JSON shapes of the web endpoints, redaction of secrets, and plain-text table
 rendering. Pure functions over records that the caller has already read; no I/O, so the CLI,
 the web app and the tests share one implementation. Nothing here fails on odd data: missing
-fields render empty.
+fields render empty, and a malformed znode is a row in state `malformed` with its reason
+(in `comment`, and in `malformed` in JSON), never hidden.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import json
 from typing import Any, Iterable, Mapping, Sequence
 
 from nodepool_k8s.model import NodeRequest, NodeView
+from nodepool_k8s.records import MalformedRecord
 
 __all__ = ["NodeView"]  # the record the views take; defined with the other records
 
@@ -145,9 +147,22 @@ def node_row_from_dict(node_id: str, data: Mapping[str, Any], locked: bool,
     }
 
 
-def node_list(views: Iterable[NodeView], now: float,
-              node_id: str | None = None) -> list[dict[str, Any]]:
-    rows = [node_row(v, now) for v in sorted(views, key=lambda v: v.node.id)]
+MALFORMED = "malformed"
+
+
+def malformed_node_row(record: MalformedRecord) -> dict[str, Any]:
+    """A node znode that is not a usable record: its id, state `malformed` and the reason."""
+    row: dict[str, Any] = {key: None for _, key in NODE_DETAIL_COLUMNS}
+    row.update({"id": record.id, "label": [], "state": MALFORMED, "age": "",
+                "locked": "", "comment": record.reason, "malformed": record.reason})
+    return row
+
+
+def node_list(views: Iterable[NodeView], now: float, node_id: str | None = None,
+              malformed: Iterable[MalformedRecord] = ()) -> list[dict[str, Any]]:
+    rows = [node_row(v, now) for v in views]
+    rows.extend(malformed_node_row(m) for m in malformed)
+    rows.sort(key=lambda r: str(r["id"]))
     if node_id is not None:
         rows = [r for r in rows if r["id"] == node_id]
     return rows
@@ -169,8 +184,20 @@ def request_row(request: NodeRequest) -> dict[str, Any]:
     }
 
 
-def request_list(requests: Iterable[NodeRequest]) -> list[dict[str, Any]]:
-    return [request_row(r) for r in sorted(requests, key=lambda r: r.sort_key())]
+def malformed_request_row(record: MalformedRecord) -> dict[str, Any]:
+    """A request znode that is not a usable record: its id, state `malformed`, the reason."""
+    return {"id": record.id, "relative_priority": None, "state": MALFORMED,
+            "requestor": None, "node_types": [], "nodes": [], "declined_by": [],
+            "event_id": None, "tenant_name": None, "provider": None, "state_time": None,
+            "malformed": record.reason}
+
+
+def request_list(requests: Iterable[NodeRequest],
+                 malformed: Iterable[MalformedRecord] = ()) -> list[dict[str, Any]]:
+    rows = [request_row(r) for r in sorted(requests, key=lambda r: r.sort_key())]
+    # Malformed requests after the usable ones (their priority cannot be trusted).
+    rows.extend(malformed_request_row(m) for m in sorted(malformed, key=lambda m: m.id))
+    return rows
 
 
 def label_list(supported_labels: Iterable[Iterable[str]]) -> list[dict[str, Any]]:

@@ -1,58 +1,68 @@
 """The status web app: Nodepool's read-only endpoints plus Prometheus `/metrics`.
 
-Owns: HTTP routing, content negotiation (`Accept: application/json` → JSON, else a text
-table), caching headers and a one-second memo of rendered answers. It reads through a
-`StatusSource` (the launcher's caches, or a direct ZooKeeper reader) and never writes.
+Owns: HTTP routing, query validation, content negotiation (`Accept: application/json` →
+JSON, else a text table), caching headers and a small one-second memo. It reads through a
+`StatusSource` (the launcher's caches) and never writes.
 
-It runs inside the launcher, so no client may be able to hurt the launcher through it:
-- cheroot serves it with a fixed worker pool (`webapp.threads`), a per-connection read and
-  idle timeout (`webapp.timeout`) and a cap on the request line plus headers
-  (`webapp.max_header_size`); a slow or idle client holds at most one worker until the
-  timeout and then is disconnected, and threads never grow past the pool.
-- Only known endpoints and parameters are answered; an unknown parameter is a 400. The memo
-  is keyed by the normalised known parameters and holds at most `MEMO_ENTRIES` answers, so a
-  flood of distinct query strings cannot grow memory.
-- A source that raises answers 503 with a fixed text (the cause goes to the log only), and
-  the server keeps serving. A client that disconnects mid-request is logged at DEBUG.
+It lives inside the launcher, so no client may be able to hurt it. The HTTP server is
+cheroot (the server CherryPy runs on, as Nodepool's and Zuul's web apps do): a fixed pool of
+`threads` workers, idle and half-sent connections closed after `timeout` seconds without
+holding a worker while idle, request line and headers capped at `max-header-size` bytes.
+Only known endpoints and parameters are answered (others: 404 / 400), so the memo is keyed
+by normalised parameters and bounded (`MEMO_ENTRIES`). No CORS header unless the operator
+names an origin. Error bodies never carry tracebacks or exception text of unexpected errors;
+client disconnects are not errors.
 
 Endpoints: `/node-list` (`node_id`, `fields`), `/request-list` (`fields`), `/label-list`
 (`fields`), `/ready` (200 "OK" once the launcher has started, else 503), `/metrics`.
+Malformed znodes are listed as rows in state `malformed`.
+
+Failure: a source that raises a temporary error answers 503 with its (our own) message;
+anything else 500 "Internal error" (logged with the traceback). The server keeps serving.
 """
 
 from __future__ import annotations
 
 import email.utils
 import logging
-import socket
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Protocol, Sequence
-from urllib.parse import parse_qs
+from urllib.parse import parse_qsl
 
 from cheroot import wsgi
 
 from nodepool_k8s import prometheus, status
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
-from nodepool_k8s.config.model import WebappConfig
+from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.records import MalformedRecord
 
 log = logging.getLogger("nodepool_k8s.webapp")
 
 CACHE_SECONDS = 1.0
-# Enough for every endpoint × format × a handful of node ids and field selections; what
-# falls out is simply rendered again.
 MEMO_ENTRIES = 64
-# More query fields than any known endpoint takes is a client error, not a parsing job.
 MAX_QUERY_FIELDS = 8
+MAX_VALUE_LENGTH = 512
 
-Answer = tuple[int, str, str]  # status code, content type, body
-StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+@dataclass(frozen=True)
+class WebSettings:
+    """How the server protects itself; see `webapp:` in doc/configuration.md."""
+
+    threads: int = 8
+    timeout: int = 10  # seconds: idle, half-sent and slow connections are closed
+    max_header_size: int = 16384
+    allow_origin: str | None = None
 
 
 class StatusSource(Protocol):
     def node_views(self) -> Sequence[status.NodeView]: ...
 
     def requests(self) -> Sequence[NodeRequest]: ...
+
+    def malformed(self) -> Sequence[MalformedRecord]: ...
 
     def supported_labels(self) -> Sequence[Sequence[str]]: ...
 
@@ -62,89 +72,52 @@ class StatusSource(Protocol):
 
 
 class BadRequest(Exception):
-    """The query is not one this endpoint answers; the message is safe to send back."""
+    """The client asked for something we do not serve (400, with a short message)."""
 
 
-# Known parameters per endpoint; anything else is a 400.
-PARAMETERS: dict[str, frozenset[str]] = {
-    "/node-list": frozenset({"node_id", "fields"}),
-    "/request-list": frozenset({"fields"}),
-    "/label-list": frozenset({"fields"}),
-    "/ready": frozenset(),
-    "/metrics": frozenset(),
-}
-
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            503: "Service Unavailable"}
+Response = tuple[int, str, str]
+Params = tuple[tuple[str, Any], ...]
 
 
-def parse_query(path: str, query: str) -> dict[str, str]:
-    """The known parameters of `query` for `path` (last value wins); BadRequest otherwise."""
-    try:
-        parsed = parse_qs(query, keep_blank_values=True, max_num_fields=MAX_QUERY_FIELDS,
-                          strict_parsing=False, errors="strict")
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("Malformed query string")
-    unknown = sorted(set(parsed) - PARAMETERS[path])
-    if unknown:
-        # Echo only names we know are short and harmless: the count, not the text.
-        raise BadRequest(f"Unknown query parameter(s): {len(unknown)}; "
-                         f"this endpoint takes: {', '.join(sorted(PARAMETERS[path])) or 'none'}")
-    return {name: values[-1] for name, values in parsed.items()}
-
-
-def _disconnect(exc: BaseException | None) -> bool:
-    return isinstance(exc, (ConnectionError, socket.timeout, TimeoutError, BrokenPipeError))
-
-
-class _Server(wsgi.Server):
-    """cheroot's server, logging through `log`; a client going away is not an error."""
+class _QuietServer(wsgi.Server):
+    """cheroot reports client-side trouble (resets, timeouts, garbage) through error_log;
+    those are the client's problem, not ours: debug level, no traceback."""
 
     def error_log(self, msg: str = "", level: int = 20, traceback: bool = False) -> None:
-        import sys
-
-        exc = sys.exc_info()[1] if traceback else None
-        if _disconnect(exc):
-            log.debug("Client went away: %r", exc)
-            return
-        log.log(level if level < logging.ERROR else logging.WARNING, "HTTP server: %s", msg,
-                exc_info=traceback)
+        if level >= logging.ERROR:
+            log.warning("HTTP server: %s", msg, exc_info=traceback)
+        else:
+            log.debug("HTTP server: %s", msg)
 
 
 class WebApp:
-    """Serve `source` on `config.listen_address`:`config.port`; port 0 picks a free one."""
+    """Serve `source` on (address, port); port 0 picks a free one (see `.port`)."""
 
-    def __init__(self, source: StatusSource, config: WebappConfig = WebappConfig(),
-                 clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, source: StatusSource, port: int = 8005,
+                 listen_address: str = "127.0.0.1", clock: Clock = SYSTEM_CLOCK,
+                 settings: WebSettings = WebSettings()) -> None:
         self.source = source
         self.clock = clock
-        self.config = config
-        self._memo: OrderedDict[tuple[Any, ...], tuple[float, Answer]] = OrderedDict()
+        self.settings = settings
+        self._memo: OrderedDict[tuple[str, Params, bool], tuple[float, Response]] = \
+            OrderedDict()
         self._memo_lock = threading.Lock()
-        self._server = _Server((config.listen_address, config.port), self,
-                               numthreads=config.threads, max=config.threads,
-                               # Stubs say int; it goes to socket.settimeout, a float is fine.
-                               timeout=config.timeout,  # type: ignore[arg-type]
-                               server_name="nodepool-k8s")
-        self._server.max_request_header_size = config.max_header_size
-        self._server.max_request_body_size = 1  # read-only GETs carry no body
+        self._server = _QuietServer((listen_address, port), self._wsgi,
+                                    numthreads=settings.threads, max=settings.threads,
+                                    timeout=settings.timeout, server_name="nodepool-k8s")
+        self._server.max_request_header_size = settings.max_header_size
+        self._server.max_request_body_size = 1024  # GET only: no body worth reading
         self._thread: threading.Thread | None = None
 
     @property
     def port(self) -> int:
         return int(self._server.bind_addr[1])
 
-    @property
-    def memo_size(self) -> int:
-        with self._memo_lock:
-            return len(self._memo)
-
     def start(self) -> "WebApp":
-        self._server.prepare()  # binds: an address in use raises OSError here, to the caller
+        self._server.prepare()  # binds now: errors (port in use) reach the caller
         self._thread = threading.Thread(target=self._server.serve, name="webapp", daemon=True)
         self._thread.start()
-        log.info("Web app listening on %s port %s (%d workers)", self.config.listen_address,
-                 self.port, self.config.threads)
+        log.info("Web app listening on %s port %s", self._server.bind_addr[0], self.port)
         return self
 
     def stop(self) -> None:
@@ -152,90 +125,149 @@ class WebApp:
         if self._thread:
             self._thread.join(5)
 
-    # -- request handling -----------------------------------------------------------------------
-    def __call__(self, environ: dict[str, Any],
-                 start_response: StartResponse) -> Iterable[bytes]:
-        path = str(environ.get("PATH_INFO") or "")
-        want_json = "application/json" in str(environ.get("HTTP_ACCEPT") or "")
-        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
-            return self._send(start_response, (405, "text/plain", "Only GET is served"), False)
-        if path not in PARAMETERS:
-            return self._send(start_response, (404, "text/plain", "Not found"), False)
-        try:
-            query = parse_query(path, str(environ.get("QUERY_STRING") or ""))
-        except BadRequest as exc:
-            return self._send(start_response, (400, "text/plain", str(exc)), False)
-        try:
-            if path == "/ready":
-                ok = self.source.ready()
-                return self._send(start_response, (200 if ok else 503, "text/plain",
-                                                   "OK" if ok else "Launcher not ready"), False)
-            if path == "/metrics":
-                body = prometheus.render(self.source.node_views(), self.source.requests(),
-                                         self.source.ready(), self.source.counters())
-                return self._send(start_response, (
-                    200, "text/plain; version=0.0.4; charset=utf-8", body), False)
-            return self._send(start_response, self._listing(path, query, want_json), True)
-        except Exception as exc:  # the status page must outlive a bad read
-            log.warning("Web request %s failed: %s", path, exc, exc_info=True)
-            return self._send(start_response, (503, "text/plain", "Status unavailable"), False)
-
-    def _listing(self, path: str, query: dict[str, str], want_json: bool) -> Answer:
-        fields = [f for f in query.get("fields", "").split(",") if f.strip()] or None
-        columns: Sequence[tuple[str, str]]
-        if path == "/node-list":
-            columns = status.NODE_DETAIL_COLUMNS if fields else status.NODE_COLUMNS
-        elif path == "/request-list":
-            columns = status.REQUEST_COLUMNS
-        else:
-            columns = status.LABEL_COLUMNS
-        cols = tuple(status.select_columns(columns, fields))
-        node_id = query.get("node_id") if path == "/node-list" else None
-        # The key holds only what changes the answer: JSON ignores `fields`, and the text
-        # table depends on the resolved columns, not on how the client spelled them.
-        key = (path, want_json, node_id, None if want_json else cols)
-        return self._memoized(key, lambda: self._render(path, node_id, cols, want_json))
-
-    def _render(self, path: str, node_id: str | None, cols: Sequence[tuple[str, str]],
-                want_json: bool) -> Answer:
-        if path == "/node-list":
-            rows = status.node_list(self.source.node_views(), self.clock.time(), node_id)
-        elif path == "/request-list":
-            rows = status.request_list(self.source.requests())
-        else:
-            rows = status.label_list(self.source.supported_labels())
-        if want_json:
-            return 200, "application/json", status.render_json(rows)
-        return 200, "text/plain", status.render_table(rows, cols) + "\n"
-
-    def _memoized(self, key: tuple[Any, ...], compute: Callable[[], Answer]) -> Answer:
-        now = self.clock.monotonic()
-        with self._memo_lock:
-            hit = self._memo.get(key)
-            if hit and now - hit[0] < CACHE_SECONDS:
-                self._memo.move_to_end(key)
-                return hit[1]
-        answer = compute()
-        with self._memo_lock:
-            self._memo[key] = (now, answer)
-            self._memo.move_to_end(key)
-            while len(self._memo) > MEMO_ENTRIES:
-                self._memo.popitem(last=False)
-        return answer
-
-    def _send(self, start_response: StartResponse, answer: Answer,
-              cache: bool) -> list[bytes]:
-        code, ctype, body = answer
+    # -- WSGI ---------------------------------------------------------------------------
+    def _wsgi(self, environ: Mapping[str, Any],
+              start_response: Callable[..., Any]) -> Iterable[bytes]:
+        code, ctype, body, cache = self._respond(environ)
         data = body.encode("utf8")
         headers = [("Content-Type", ctype), ("Content-Length", str(len(data)))]
-        if self.config.cors_origin:
-            headers.append(("Access-Control-Allow-Origin", self.config.cors_origin))
+        if self.settings.allow_origin:
+            headers.append(("Access-Control-Allow-Origin", self.settings.allow_origin))
         now = self.clock.time()
-        if cache:
+        if cache and code == 200:
             headers += [("Cache-Control", f"public, max-age={int(CACHE_SECONDS)}"),
                         ("Last-Modified", email.utils.formatdate(now, usegmt=True)),
                         ("Expires", email.utils.formatdate(now + CACHE_SECONDS, usegmt=True))]
         else:
             headers.append(("Cache-Control", "no-cache"))
-        start_response(f"{code} {_REASONS.get(code, '')}".strip(), headers)
-        return [data]
+        start_response(f"{code} {_REASONS.get(code, 'Error')}", headers)
+        return [b""] if environ.get("REQUEST_METHOD") == "HEAD" else [data]
+
+    def _respond(self, environ: Mapping[str, Any]) -> tuple[int, str, str, bool]:
+        if environ.get("REQUEST_METHOD") not in ("GET", "HEAD"):
+            return 405, "text/plain", "Method not allowed\n", False
+        path = str(environ.get("PATH_INFO") or "/")
+        want_json = "application/json" in str(environ.get("HTTP_ACCEPT") or "")
+        try:
+            if path == "/ready":
+                _params(environ, ())
+                ok = self.source.ready()
+                return (200, "text/plain", "OK", False) if ok else \
+                    (503, "text/plain", "Launcher not ready", False)
+            if path == "/metrics":
+                _params(environ, ())
+                body = prometheus.render(self.source.node_views(), self.source.requests(),
+                                         self.source.ready(), self.source.counters())
+                return 200, "text/plain; version=0.0.4; charset=utf-8", body, False
+            route = _ROUTES.get(path)
+            if route is None:
+                return 404, "text/plain", "Not found\n", False
+            params = _params(environ, route[0])
+            code, ctype, body = self._memoized(path, params, want_json,
+                                               lambda: route[1](self, params, want_json))
+            return code, ctype, body, True
+        except BadRequest as exc:
+            return 400, "text/plain", f"Bad request: {exc}\n", False
+        except TemporaryError as exc:
+            log.warning("Web request %s: %s", path, exc)
+            return 503, "text/plain", f"Status unavailable: {exc}\n", False
+        except Exception:  # the status page must outlive a bad read
+            log.exception("Web request %s failed", path)
+            return 500, "text/plain", "Internal error\n", False
+
+    def _memoized(self, path: str, params: Params, want_json: bool,
+                  compute: Callable[[], Response]) -> Response:
+        key = (path, params, want_json)
+        now = self.clock.monotonic()
+        with self._memo_lock:
+            hit = self._memo.get(key)
+            if hit and now - hit[0] < CACHE_SECONDS:
+                return hit[1]
+        response = compute()
+        with self._memo_lock:
+            self._memo[key] = (now, response)
+            self._memo.move_to_end(key)
+            while len(self._memo) > MEMO_ENTRIES:
+                self._memo.popitem(last=False)
+        return response
+
+    @property
+    def memo_size(self) -> int:
+        with self._memo_lock:
+            return len(self._memo)
+
+    # -- endpoints ----------------------------------------------------------------------
+    def _render(self, rows: list[dict[str, Any]], columns: Sequence[tuple[str, str]],
+                fields: tuple[str, ...] | None, want_json: bool) -> Response:
+        if want_json:
+            return 200, "application/json", status.render_json(rows)
+        cols = status.select_columns(columns, fields)
+        return 200, "text/plain", status.render_table(rows, cols) + "\n"
+
+    def _node_list(self, params: Params, want_json: bool) -> Response:
+        values = dict(params)
+        node_id = values.get("node_id")
+        fields = values.get("fields")
+        malformed = [m for m in self.source.malformed() if m.kind == "node"]
+        rows = status.node_list(self.source.node_views(), self.clock.time(), node_id,
+                                malformed)
+        return self._render(rows, status.NODE_DETAIL_COLUMNS if fields
+                            else status.NODE_COLUMNS, fields, want_json)
+
+    def _request_list(self, params: Params, want_json: bool) -> Response:
+        malformed = [m for m in self.source.malformed() if m.kind == "request"]
+        rows = status.request_list(self.source.requests(), malformed)
+        return self._render(rows, status.REQUEST_COLUMNS, dict(params).get("fields"),
+                            want_json)
+
+    def _label_list(self, params: Params, want_json: bool) -> Response:
+        rows = status.label_list(self.source.supported_labels())
+        return self._render(rows, status.LABEL_COLUMNS, dict(params).get("fields"),
+                            want_json)
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            500: "Internal Server Error", 503: "Service Unavailable"}
+
+
+def _params(environ: Mapping[str, Any], allowed: Sequence[str]) -> Params:
+    """The query's known parameters, normalised (sorted, fields split and de-duplicated);
+    BadRequest for anything unknown, repeated, too long or too many."""
+    query = str(environ.get("QUERY_STRING") or "")
+    try:
+        pairs = parse_qsl(query, keep_blank_values=True, max_num_fields=MAX_QUERY_FIELDS)
+    except ValueError:
+        raise BadRequest("too many query parameters") from None
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name not in allowed:
+            raise BadRequest(f"unknown query parameter {_safe(name)!r}"
+                             + (f"; this endpoint takes {', '.join(allowed)}" if allowed
+                                else "; this endpoint takes none"))
+        if name in out:
+            raise BadRequest(f"query parameter {_safe(name)!r} given twice")
+        if len(value) > MAX_VALUE_LENGTH:
+            raise BadRequest(f"query parameter {_safe(name)!r} is too long")
+        if name == "node_id":
+            if not value.isdigit() or not value.isascii():
+                raise BadRequest("node_id must be a node id (digits)")
+            out[name] = value
+        elif name == "fields":
+            picked = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",")
+                                         if f.strip()))
+            out[name] = picked or None
+    return tuple(sorted(out.items()))
+
+
+def _safe(text: str) -> str:
+    """A client-supplied name, shortened and printable, for an error message."""
+    cleaned = "".join(c if c.isprintable() else "?" for c in text)
+    return cleaned if len(cleaned) <= 40 else cleaned[:37] + "..."
+
+
+_Route = tuple[tuple[str, ...], Callable[[WebApp, Params, bool], Response]]
+_ROUTES: dict[str, _Route] = {
+    "/node-list": (("node_id", "fields"), WebApp._node_list),
+    "/request-list": (("fields",), WebApp._request_list),
+    "/label-list": (("fields",), WebApp._label_list),
+}

@@ -44,3 +44,12 @@ def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float 
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+def replaced(text: str, old: str, new: str, count: int = 1) -> str:
+    """`text` with `old` replaced by `new`, failing loudly if `old` occurs other than
+    `count` times (a template edited elsewhere must not turn a test into a no-op)."""
+    found = text.count(old)
+    if found != count:
+        raise AssertionError(f"expected {count} occurrence(s) of {old!r}, found {found}")
+    return text.replace(old, new)

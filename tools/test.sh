@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
-# The one test command: set up everything (apt + venv) and run the whole suite.
+# The one test command: set up everything (apt + venv), check the project's rules (flake8,
+# mypy --strict, import-linter contracts), then run the whole suite. Any failure fails it.
 # Extra arguments are passed to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/test-setup.sh
+echo "test.sh: flake8" >&2
+.venv/bin/flake8 nodepool_k8s tests tools
+echo "test.sh: mypy --strict nodepool_k8s" >&2
+.venv/bin/mypy nodepool_k8s
+echo "test.sh: import contracts" >&2
+.venv/bin/lint-imports
 exec .venv/bin/python -m pytest "$@"

@@ -19,6 +19,7 @@ from typing import Iterator
 
 from nodepool_k8s import status
 from nodepool_k8s.cmd import common
+from nodepool_k8s.records import MalformedRecord
 
 
 @contextmanager
@@ -40,22 +41,35 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def _list(args: argparse.Namespace) -> int:
+    malformed: list[MalformedRecord] = []
     with common.session(args) as s:
-        records = s.reader.node_records()
+        records = s.reader.node_records(malformed)
     # Rows straight from the decoded records (in id order): no `Node` per record.
     now = common.now()
     table = [status.node_row_from_dict(node_id, data, locked, now)
              for node_id, data, locked in records]
+    if malformed:
+        table.extend(status.malformed_node_row(m) for m in malformed)
+        table.sort(key=lambda row: str(row["id"]))
+        _warn_malformed(len(malformed), "node")
     columns = status.NODE_DETAIL_COLUMNS if args.detail else status.NODE_COLUMNS
     common.emit(table, columns, args.json)
     return 0
 
 
 def cmd_request_list(args: argparse.Namespace) -> int:
+    malformed: list[MalformedRecord] = []
     with common.session(args) as s:
-        requests = s.reader.requests()
-    common.emit(status.request_list(requests), status.REQUEST_COLUMNS, args.json)
+        requests = s.reader.requests(malformed)
+    if malformed:
+        _warn_malformed(len(malformed), "request")
+    common.emit(status.request_list(requests, malformed), status.REQUEST_COLUMNS, args.json)
     return 0
+
+
+def _warn_malformed(count: int, kind: str) -> None:
+    sys.stderr.write(f"{count} malformed {kind} record(s), shown in state "
+                     f"'{status.MALFORMED}' (see doc/operation.md, Malformed records)\n")
 
 
 def cmd_label_list(args: argparse.Namespace) -> int:

@@ -46,10 +46,10 @@ class LabelConfig:
 class WebappConfig:
     port: int = 8005
     listen_address: str = "127.0.0.1"
-    threads: int = 8  # worker pool: the most requests served at once
-    timeout: float = 10.0  # seconds a connection may be silent before it is closed
-    max_header_size: int = 16384  # bytes of request line plus headers
-    cors_origin: str | None = None  # Access-Control-Allow-Origin value; None sends none
+    threads: int = 8
+    timeout: int = 10  # seconds
+    max_header_size: int = 16384
+    allow_origin: str | None = None
 
 
 @dataclass(frozen=True)

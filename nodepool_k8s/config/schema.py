@@ -31,10 +31,10 @@ Validator = Callable[[Any], Any]
 ZK_PORT = 2181  # NB: Nodepool's code said 2281 while its docs said 2181; we follow the docs.
 ZK_TIMEOUT = 10.0
 WEBAPP_PORT = 8005
-WEBAPP_LISTEN_ADDRESS = "127.0.0.1"  # local only unless the operator opts in to more
+WEBAPP_LISTEN_ADDRESS = "127.0.0.1"
 WEBAPP_THREADS = 8
-WEBAPP_TIMEOUT = 10.0  # seconds a connection may stay silent mid-request or idle between
-WEBAPP_MAX_HEADER_SIZE = 16384  # bytes of request line plus headers
+WEBAPP_TIMEOUT = 10
+WEBAPP_MAX_HEADER_SIZE = 16384
 MIN_READY = 0
 MAX_READY_AGE = 0.0  # 0 = ready nodes never expire
 MAX_HOLD_AGE = 0.0  # 0 = held nodes never expire (stored as infinity)
@@ -129,7 +129,7 @@ def integer(minimum: int | None = None, maximum: int | None = None) -> Validator
             raise Invalid(f"must be at least {minimum}, got {value}")
         if maximum is not None and value > maximum:
             raise Invalid(f"must be at most {maximum}, got {value}")
-        return value
+        return int(value)
     return check
 
 
@@ -310,9 +310,9 @@ _WEBAPP = mapping({
     Optional("port"): integer(0, 65535),
     Optional("listen_address"): string(),
     Optional("threads"): integer(1, 256),
-    Optional("timeout"): number(positive=True, maximum=3600),
-    Optional("max_header_size"): integer(1024, 1048576),
-    Optional("cors_origin"): string(),
+    Optional("timeout"): integer(1, 3600),
+    Optional("max-header-size"): integer(1024, 1024 * 1024),
+    Optional("allow-origin"): string(),
 })
 _TENANT = mapping(
     {Required("tenant-name"): string(),

@@ -40,6 +40,9 @@ class FakeCloud:
 
     resources: dict[str, FakeResource] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # The most resources each provider ever had at once (quota tests check it exactly,
+    # where sampling ZooKeeper could miss a short-lived excess).
+    peak: dict[str, int] = field(default_factory=dict)
 
 
 class FakeProvider:
@@ -77,11 +80,18 @@ class FakeProvider:
             self.cloud.resources[external_id] = FakeResource(
                 external_id, node_id, self.name,
                 self.clock.time() if created is None else created)
+            count = sum(1 for r in self.cloud.resources.values() if r.provider == self.name)
+            self.cloud.peak[self.name] = max(self.cloud.peak.get(self.name, 0), count)
 
     def resource_ids(self) -> set[str]:
         with self.cloud.lock:
             return {r.external_id for r in self.cloud.resources.values()
                     if r.provider == self.name}
+
+    def peak_resources(self) -> int:
+        """The most resources of this provider that existed at the same moment."""
+        with self.cloud.lock:
+            return self.cloud.peak.get(self.name, 0)
 
     def call_names(self) -> list[str]:
         with self._lock:

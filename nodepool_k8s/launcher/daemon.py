@@ -26,7 +26,7 @@ import socket
 import threading
 from typing import Callable
 
-from nodepool_k8s import model
+from nodepool_k8s import model, records
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import Config, ProviderConfig
 from nodepool_k8s.driver.base import Provider
@@ -119,6 +119,9 @@ class Launcher:
     def providers(self) -> dict[str, Provider]:
         return self.engine.providers
 
+    def _on_malformed(self, kind: str, path: str) -> None:
+        self.engine.stats.malformed(kind)
+
     def wake_all(self) -> None:
         for worker in list(self.pool_workers.values()):
             worker.wake()
@@ -135,6 +138,7 @@ class Launcher:
         engine = self.engine
         self._registered_epoch = self.zk.epoch
         self.zk.add_listener(self._on_session)
+        records.REPORTS.add_listener(self._on_malformed)
         for cache in (engine.components, engine.node_cache, engine.request_cache):
             cache.start()
         for cache in (engine.components, engine.node_cache, engine.request_cache):
@@ -321,6 +325,7 @@ class Launcher:
         log.info("Stopping launcher")
         self._ready.clear()
         engine.stopping.set()
+        records.REPORTS.remove_listener(self._on_malformed)
         self._stop.set()
         with self._lock:
             workers = list(self.pool_workers.values())

@@ -37,7 +37,7 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.launcher.status_source import LauncherStatus
 from nodepool_k8s.stats import Stats
-from nodepool_k8s.webapp import WebApp
+from nodepool_k8s.webapp import WebApp, WebSettings
 from nodepool_k8s.zk.client import ZkSettings
 
 log = logging.getLogger("nodepool_k8s.NodePool")
@@ -168,7 +168,11 @@ class LauncherService:
     # -- web app --------------------------------------------------------------------------
     def _start_webapp(self, web: WebappConfig) -> bool:
         try:
-            self.webapp = WebApp(self.status, web).start()
+            settings = WebSettings(threads=web.threads, timeout=web.timeout,
+                                   max_header_size=web.max_header_size,
+                                   allow_origin=web.allow_origin)
+            self.webapp = WebApp(self.status, web.port, web.listen_address,
+                                 settings=settings).start()
         except OSError as exc:
             log.error("Cannot serve the web app on %s port %d: %s", web.listen_address,
                       web.port, exc)

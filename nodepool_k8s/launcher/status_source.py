@@ -23,6 +23,7 @@ from typing import Protocol, Sequence
 
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.records import MalformedRecord
 from nodepool_k8s.stats import CounterKey, Stats
 from nodepool_k8s.status import NodeView
 from nodepool_k8s.zk import paths
@@ -86,6 +87,14 @@ class LauncherStatus:
         cache = self.launcher.request_cache
         self._require_synced(cache.synced, "requests")
         return cache.requests()
+
+    def malformed(self) -> Sequence[MalformedRecord]:
+        """Node and request znodes the caches could not decode (shown, never acted on)."""
+        out = [MalformedRecord("node", key, reason)
+               for key, reason in self.launcher.node_cache.malformed().items()]
+        out += [MalformedRecord("request", key, reason)
+                for key, reason in self.launcher.request_cache.malformed().items()]
+        return out
 
     def supported_labels(self) -> Sequence[Sequence[str]]:
         return [sorted(c.supported_labels) for c in self.launcher.component_cache.pools()]

@@ -24,7 +24,7 @@ from typing import Any, Generic, Mapping, TypeVar
 
 from kazoo.recipe.cache import TreeCache, TreeEvent
 
-from nodepool_k8s import model
+from nodepool_k8s import model, records
 from nodepool_k8s.model import NodeRequest
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import requests as request_codec
@@ -75,15 +75,10 @@ class CachedNode:
                 f"allocated_to={self.allocated_to})")
 
     @classmethod
-    def decode(cls, node_id: str, raw: bytes, stat: Any) -> "CachedNode | None":
-        try:
-            data = model.loads(raw)
-            if data.get("state") not in _STATES:
-                raise ValueError(f"unknown node state {data.get('state')!r}")
-            return cls(node_id, data, stat.version)
-        except (ValueError, TypeError, UnicodeDecodeError) as exc:
-            log.warning("Skipping malformed node %s: %s", paths.node_path(node_id), exc)
-            return None
+    def decode(cls, node_id: str, raw: bytes, stat: Any) -> "CachedNode":
+        """The slim record of a node znode; `records.Malformed` (the mirror reports it)."""
+        return records.guarded(lambda data: cls(node_id, records.decode_node(data),
+                                                stat.version), raw)
 
 
 class _MirroredCache(Generic[T]):
@@ -118,6 +113,11 @@ class _MirroredCache(Generic[T]):
     def ids(self) -> list[str]:
         with self._mirror._lock:
             return list(self._mirror.items)
+
+    def malformed(self) -> dict[str, str]:
+        """Children whose data is not a usable record: id -> reason (skipped by the engine)."""
+        with self._mirror._lock:
+            return dict(self._mirror.malformed)
 
 
 class NodeCache(_MirroredCache[CachedNode]):
@@ -188,9 +188,9 @@ class RequestCache(_MirroredCache[_CachedRequest]):
             accept=paths.is_request_id)
 
     @staticmethod
-    def _decode(request_id: str, raw: bytes, stat: Any) -> _CachedRequest | None:
-        request = request_codec.parse(request_id, raw, stat.version)
-        return _CachedRequest(request, stat.ephemeralOwner) if request is not None else None
+    def _decode(request_id: str, raw: bytes, stat: Any) -> _CachedRequest:
+        return _CachedRequest(request_codec.decode(request_id, raw, stat.version),
+                              stat.ephemeralOwner)
 
     def get(self, request_id: str) -> NodeRequest | None:
         with self._mirror._lock:

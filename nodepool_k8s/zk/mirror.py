@@ -17,9 +17,11 @@ what is stored are ignored. kazoo drops every watch on a connection loss, so aft
 reconnect the mirror re-reads everything (one pipelined request per watched znode).
 
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
-next resync; listeners that raise are logged. Decoders return None for unusable data (they
-log the path); such children are remembered as `unusable` (with "empty" separately, for
-cleanup).
+next resync; listeners that raise are logged. A decoder that raises (any exception) marks
+the child `malformed` with the reason, reported once per version with its path through
+`records.REPORTS`; empty children are remembered as `empty` (for cleanup). Neither is in
+`items`, so nothing acts on them. Session and connection events (no path) reaching a watch
+are ignored here: the state listener resyncs after a reconnect.
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ from typing import Any, Callable, Generic, TypeVar
 from kazoo import exceptions as kex
 from kazoo.protocol.states import EventType
 
+from nodepool_k8s import records
 from nodepool_k8s.zk import locks
 from nodepool_k8s.zk.client import ConnectionState, ZkClient
 
 log = logging.getLogger("nodepool_k8s.zk.mirror")
 
 T = TypeVar("T")
-Decoder = Callable[[str, bytes, Any], "T | None"]
+Decoder = Callable[[str, bytes, Any], T]
+"""`decode(key, data, stat)`: the record, or an exception (records.Malformed) if unusable."""
 Listener = Callable[[str, str], None]
 """`listener(kind, key)`: kind "changed", "removed", "lock", or "synced"/"reconnected"."""
 
@@ -68,6 +72,7 @@ class ChildMirror(Generic[T]):
         self.items: dict[str, T] = {}
         self.contenders: dict[str, frozenset[str]] = {}
         self.empty: set[str] = set()
+        self.malformed: dict[str, str] = {}
         self._mzxid: dict[str, int] = {}
         self._dead: dict[str, float] = {}
         self._lock = threading.RLock()
@@ -152,6 +157,14 @@ class ChildMirror(Generic[T]):
     def _key_of(self, path: str) -> str:
         return path[len(self.root) + 1:].split("/", 1)[0]
 
+    def _watched_key(self, event: Any) -> str | None:
+        """The child a watch event is about; None for session/connection events, which
+        carry no path (kazoo delivers those to data watches too)."""
+        path = getattr(event, "path", None)
+        if not isinstance(path, str) or not path.startswith(self.root + "/"):
+            return None
+        return self._key_of(path)
+
     def _is_dead(self, key: str) -> bool:
         return key in self._dead
 
@@ -160,14 +173,18 @@ class ChildMirror(Generic[T]):
         self._submit(self._refresh_root)
 
     def _data_watch(self, event: Any) -> None:
-        key = self._key_of(event.path)
+        key = self._watched_key(event)
+        if key is None:
+            return
         if event.type == EventType.DELETED:
             self._submit(self._remove, key)
         else:
             self._submit(self._fetch, key, False, False)
 
     def _lock_watch(self, event: Any) -> None:
-        self._submit(self._fetch_lock, self._key_of(event.path))
+        key = self._watched_key(event)
+        if key is not None:
+            self._submit(self._fetch_lock, key)
 
     # -- reads ----------------------------------------------------------------------------
     def _resync(self) -> None:
@@ -186,7 +203,8 @@ class ChildMirror(Generic[T]):
         present = {c for c in children if self._accept(c)}
         with self._lock:
             gone = [k for k in self.items if k not in present] + \
-                [k for k in self.empty if k not in present]
+                [k for k in self.empty if k not in present] + \
+                [k for k in self.malformed if k not in present]
         for key in gone:
             self._remove(key)
         self._resyncing = True
@@ -217,7 +235,7 @@ class ChildMirror(Generic[T]):
             return
         present = {c for c in children if self._accept(c)}
         with self._lock:
-            known = set(self.items) | self.empty
+            known = set(self.items) | self.empty | set(self.malformed)
         for key in known - present:
             self._remove(key)
         # New children are read through the bounded backlog, like a resync: thousands
@@ -273,16 +291,27 @@ class ChildMirror(Generic[T]):
         if stat.mzxid < self._mzxid.get(key, -1):
             return  # an older answer overtaken by a newer one
         self.events += 1
-        record = self._decode(key, data, stat) if data else None
+        record: T | None = None
+        reason: str | None = None
+        if data:
+            try:
+                record = self._decode(key, data, stat)
+            except Exception as exc:  # any decode failure: the record is malformed
+                reason = records.describe(exc)
+                records.REPORTS.report(self.name.replace("-cache", ""), self._path(key),
+                                       stat.version, reason)
         with self._lock:
             self._mzxid[key] = stat.mzxid
             old = self.items.pop(key, None)
+            self.malformed.pop(key, None)
             if not data:
                 self.empty.add(key)
             else:
                 self.empty.discard(key)
                 if record is not None:
                     self.items[key] = record
+                else:
+                    self.malformed[key] = reason or "unusable"
             if self._on_change is not None:
                 self._on_change(key, old, record)
         self._notify("changed", key)
@@ -341,6 +370,8 @@ class ChildMirror(Generic[T]):
             if old is not None and self._on_change is not None:
                 self._on_change(key, old, None)
             self.empty.discard(key)
+            if self.malformed.pop(key, None) is not None:
+                records.REPORTS.forget(self._path(key))
             self.contenders.pop(key, None)
             self._mzxid.pop(key, None)
         if existed:

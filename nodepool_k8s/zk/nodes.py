@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 
-from nodepool_k8s import model
+from nodepool_k8s import model, records
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk import errors, locks, multiread, paths
 from nodepool_k8s.zk.client import ZkClient
@@ -25,12 +25,18 @@ from nodepool_k8s.zk.txn import Txn
 log = logging.getLogger("nodepool_k8s.zk.nodes")
 
 
+def decode(node_id: str, data: bytes, version: int = -1) -> Node:
+    """Decode a node znode strictly (see `records`); `records.Malformed` otherwise."""
+    return records.guarded(
+        lambda raw: Node.from_dict(node_id, records.decode_node(raw), version=version), data)
+
+
 def parse(node_id: str, data: bytes, version: int = -1) -> Node | None:
-    """Decode a node znode; None (logged) when the data is unusable."""
+    """Decode a node znode; None (reported once, with its path) when it is malformed."""
     try:
-        return Node.from_dict(node_id, model.loads(data), version=version)
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
-        log.warning("Skipping malformed node %s: %s", paths.node_path(node_id), exc)
+        return decode(node_id, data, version)
+    except records.Malformed as exc:
+        records.REPORTS.report("node", paths.node_path(node_id), version, exc.reason)
         return None
 
 

@@ -3,8 +3,9 @@
 Owns: listing nodes (with a "locked" flag from lock contenders), requests and registered
 components straight from ZooKeeper. All reads of a listing are batched (ZooKeeper's
 multiRead, see multiread.py; pipelined single reads on servers without it), so ten thousand
-nodes with their lock state list in about a quarter of a second. Unusable znodes are
-skipped (and logged by the codecs). Nothing here writes.
+nodes with their lock state list in about a quarter of a second. Malformed znodes (see
+`records`) are reported once and returned separately, so the views can show them. Nothing
+here writes.
 
 Failure: `ZkConnectionError` when ZooKeeper cannot be read.
 """
@@ -12,10 +13,11 @@ Failure: `ZkConnectionError` when ZooKeeper cannot be read.
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 
-from nodepool_k8s.model import NODE_STATES, NodeRequest, NodeView
+from nodepool_k8s import records
+from nodepool_k8s.model import NodeRequest, NodeView
+from nodepool_k8s.records import MalformedRecord
 from nodepool_k8s.zk import locks, multiread, paths
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import requests as request_codec
@@ -27,16 +29,18 @@ class ZkReader:
     def __init__(self, zk: ZkClient) -> None:
         self.zk = zk
 
-    def nodes(self) -> list[NodeView]:
+    def nodes(self, malformed: list[MalformedRecord] | None = None) -> list[NodeView]:
+        """Every usable node; malformed ones are appended to `malformed` when given."""
         ids = sorted(c for c in (self.zk.get_children(paths.NODES) or [])
                      if paths.is_node_id(c))
-        return self._rows(ids)
+        return self._rows(ids, malformed)
 
     def node(self, node_id: str) -> NodeView | None:
         rows = self._rows([node_id])
         return rows[0] if rows else None
 
-    def _rows(self, ids: list[str]) -> list[NodeView]:
+    def _rows(self, ids: list[str],
+              malformed: list[MalformedRecord] | None = None) -> list[NodeView]:
         ops: list[tuple[str, str]] = []
         for node_id in ids:
             ops.append((multiread.GET, paths.node_path(node_id)))
@@ -47,17 +51,21 @@ class ZkReader:
             found, children = results[2 * index], results[2 * index + 1]
             if not found or not found[0]:
                 continue
-            node = node_codec.parse(node_id, found[0], found[1].version)
-            if node is not None:
-                rows.append(NodeView(node, bool(locks.contenders(children or []))))
+            try:
+                node = node_codec.decode(node_id, found[0], found[1].version)
+            except records.Malformed as exc:
+                _report(malformed, "node", node_id, found[1].version, exc.reason)
+                continue
+            rows.append(NodeView(node, bool(locks.contenders(children or []))))
         return rows
 
-    def node_records(self) -> list[tuple[str, dict[str, Any], bool]]:
+    def node_records(self, malformed: list[MalformedRecord] | None = None
+                     ) -> list[tuple[str, dict[str, Any], bool]]:
         """Every node as `(id, decoded JSON, locked)`, in id order, without building `Node`s.
 
-        For listings of many nodes (`status.node_row_from_dict`): a record is returned
-        exactly when `nodes.parse` would accept it (the same checks, the same warning for
-        the others), but the ~35 defaults of a `Node` are not copied per node.
+        For listings of many nodes (`status.node_row_from_dict`): the same strict decoder
+        as everywhere else (`records.decode_node`), but the ~35 defaults of a `Node` are not
+        copied per node. Malformed ones are appended to `malformed` when given.
         """
         ids = sorted(c for c in (self.zk.get_children(paths.NODES) or [])
                      if paths.is_node_id(c))
@@ -66,7 +74,7 @@ class ZkReader:
             ops.append((multiread.GET, paths.node_path(node_id)))
             ops.append((multiread.CHILDREN, paths.node_lock_path(node_id)))
         out: list[tuple[str, dict[str, Any], bool]] = []
-        loads, states, contenders = json.loads, NODE_STATES, locks.contenders
+        decode, contenders = records.decode_node, locks.contenders
         # Decoded part by part as the batches arrive (overlapping the server's work on
         # the next ones); each node's two results are consecutive.
         results = itertools.chain.from_iterable(self.zk.iter_many(ops))
@@ -75,32 +83,27 @@ class ZkReader:
             if not found or not found[0]:
                 continue
             try:
-                data = loads(found[0].decode("utf8"))
-                if not isinstance(data, dict):
-                    raise ValueError(f"expected a JSON object, got {type(data).__name__}")
-                state = data.get("state")
-                if state not in states:
-                    raise ValueError(f"unknown node state {state!r}")
-                node_type = data.get("type") or []
-                if not isinstance(node_type, (str, list)):
-                    list(node_type)  # what Node.from_dict does: TypeError if not iterable
-            except (ValueError, TypeError, UnicodeDecodeError) as exc:
-                node_codec.log.warning("Skipping malformed node %s: %s",
-                                       paths.node_path(node_id), exc)
+                data = decode(found[0])
+            except records.Malformed as exc:
+                _report(malformed, "node", node_id, found[1].version, exc.reason)
                 continue
             out.append((node_id, data, bool(children) and bool(contenders(children))))
         return out
 
-    def requests(self) -> list[NodeRequest]:
+    def requests(self, malformed: list[MalformedRecord] | None = None
+                 ) -> list[NodeRequest]:
+        """Every usable request in precedence order; malformed ones go to `malformed`."""
         ids = [c for c in (self.zk.get_children(paths.REQUESTS) or [])
                if paths.is_request_id(c)]
         out: list[NodeRequest] = []
         for path, found in self.zk.get_many([paths.request_path(i) for i in ids]):
             if found is None:
                 continue
-            request = request_codec.parse(paths.basename(path), found[0], found[1].version)
-            if request is not None:
-                out.append(request)
+            request_id = paths.basename(path)
+            try:
+                out.append(request_codec.decode(request_id, found[0], found[1].version))
+            except records.Malformed as exc:
+                _report(malformed, "request", request_id, found[1].version, exc.reason)
         return sorted(out, key=NodeRequest.sort_key)
 
     def components(self, kind: str) -> list[Component]:
@@ -119,3 +122,11 @@ class ZkReader:
 
     def launcher_components(self) -> list[Component]:
         return self.components("launcher")
+
+
+def _report(into: list[MalformedRecord] | None, kind: str, record_id: str, version: int,
+            reason: str) -> None:
+    path = paths.node_path(record_id) if kind == "node" else paths.request_path(record_id)
+    records.REPORTS.report(kind, path, version, reason)
+    if into is not None:
+        into.append(MalformedRecord(kind, record_id, reason))

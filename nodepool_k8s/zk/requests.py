@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from nodepool_k8s import model
+from nodepool_k8s import model, records
 from nodepool_k8s.model import NodeRequest
 from nodepool_k8s.zk import errors, locks, paths
 from nodepool_k8s.zk.client import Stat, ZkClient
@@ -28,12 +28,20 @@ from nodepool_k8s.zk.txn import Txn
 log = logging.getLogger("nodepool_k8s.zk.requests")
 
 
+def decode(request_id: str, data: bytes, version: int = -1) -> NodeRequest:
+    """Decode a request znode strictly (see `records`); `records.Malformed` otherwise."""
+    return records.guarded(
+        lambda raw: NodeRequest.from_dict(request_id, records.decode_request(raw),
+                                          version=version), data)
+
+
 def parse(request_id: str, data: bytes, version: int = -1) -> NodeRequest | None:
-    """Decode a request znode; None (logged) when the data is unusable."""
+    """Decode a request znode; None (reported once, with its path) when it is malformed."""
     try:
-        return NodeRequest.from_dict(request_id, model.loads(data), version=version)
-    except (ValueError, TypeError, UnicodeDecodeError) as exc:
-        log.warning("Skipping malformed request %s: %s", paths.request_path(request_id), exc)
+        return decode(request_id, data, version)
+    except records.Malformed as exc:
+        records.REPORTS.report("request", paths.request_path(request_id), version,
+                               exc.reason)
         return None
 
 

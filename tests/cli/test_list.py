@@ -115,14 +115,44 @@ def test_ten_thousand_nodes(cli: Cli, kazoo_client: KazooClient) -> None:
     assert "secret-token" not in as_json.out
 
 
-def test_unusable_znodes_are_skipped(cli: Cli, kazoo_client: KazooClient) -> None:
+def test_malformed_znodes_are_shown_not_fatal(cli: Cli, kazoo_client: KazooClient) -> None:
+    """Empty znodes are skipped; every malformed record is a row in state `malformed` with
+    its reason (never a traceback, exit 0); good records list as usual."""
     kazoo_client.create(paths.node_path("0000000001"), b"", makepath=True)
-    kazoo_client.create(paths.node_path("0000000002"), b"not json")
+    bad = {
+        "0000000002": b"not json",
+        "0000000004": b"[" * 200_000,
+        "0000000005": b"\xff\xfe{}",
+        "0000000006": json.dumps({"state": 7, "type": "small"}).encode(),
+        "0000000007": json.dumps({"state": "ready", "provider": ["a"]}).encode(),
+        "0000000008": json.dumps({"state": "ready", "allocated_to": 12}).encode(),
+        "0000000009": b'{"state": "ready", "resources": {"cores": NaN}}',
+        "0000000010": b'{"state": "ready", "resources": {"ram": -Infinity}}',
+        "0000000011": json.dumps({"state": "ready", "pool": {"x": 1}}).encode(),
+    }
+    for node_id, data in bad.items():
+        kazoo_client.create(paths.node_path(node_id), data)
     kazoo_client.create(paths.node_path("0000000003"),
                         json.dumps({"state": "ready", "type": "small"}).encode())
     result = cli("list")
     assert result.code == 0
-    assert [r[0] for r in result.table()] == ["0000000003"]
+    rows = result.table()
+    assert [r[0] for r in rows] == sorted([*bad, "0000000003"])
+    states = {r[0]: r[HEADERS.index("State")] for r in rows}
+    assert states.pop("0000000003") == "ready"
+    assert set(states.values()) == {"malformed"}
+    assert "Traceback" not in result.err
+
+    detail = cli("list", "--json").json()
+    reasons = {row["id"]: row.get("malformed") for row in detail}
+    assert reasons["0000000003"] is None
+    assert "nested too deeply" in reasons["0000000004"]
+    assert "UTF-8" in reasons["0000000005"]
+    assert "state" in reasons["0000000006"]
+    assert "provider" in reasons["0000000007"]
+    assert "allocated_to" in reasons["0000000008"]
+    assert "resources" in reasons["0000000009"] and "resources" in reasons["0000000010"]
+    assert "pool" in reasons["0000000011"]
 
 
 def test_options_after_the_subcommand(cli: Cli, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s.exceptions import QuotaExceeded
 from nodepool_k8s.zk.testing_client import ZuulClient
-from tests.helpers import wait_for
+from tests.helpers import replaced, wait_for
 from tests.launchers import LauncherFactory
 from tests.launcher.util import NodeCounter
 
@@ -48,7 +48,8 @@ providers:
 def test_pool_limit_pauses_then_serves_in_order(launchers: LauncherFactory, zuul: ZuulClient,
                                                 kazoo_client: KazooClient) -> None:
     counter = NodeCounter(kazoo_client)
-    body = LIMITED.format(provider_max=100, pool_max=2).replace(
+    body = replaced(
+        LIMITED.format(provider_max=100, pool_max=2),
         "      - name: two\n        max-servers: 2\n        labels:\n          - name: small\n"
         "            type: namespace\n            launch-delay: 0.02\n", "")
     launcher = launchers(body)
@@ -75,6 +76,8 @@ def test_pool_limit_pauses_then_serves_in_order(launchers: LauncherFactory, zuul
     zuul.cancel(low)
     wait_for(lambda: not any(c.paused for c in launcher.component_cache.pools()), 10)
     assert counter.max.get("fake", 0) <= 2
+    # Exact, unlike the sampling watcher: the cloud never held more than the pool allows.
+    assert launcher.providers["fake"].peak_resources() == 2  # type: ignore[attr-defined]
 
 
 def wait_fulfilled(zuul: ZuulClient, request_id: str, timeout: float = 20) -> str:

@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
-from tests.helpers import wait_for
+from tests.helpers import replaced, wait_for
 from tests.launchers import LauncherFactory
 
 ATTRS = """
@@ -41,33 +41,8 @@ providers:
 """
 
 
-class ChildWatch:
-    """Records any child ever created under any request znode (there must be none)."""
-
-    def __init__(self, client: KazooClient) -> None:
-        self.client = client
-        self.children: list[str] = []
-        self._watched: set[str] = set()
-        client.ensure_path(paths.REQUESTS)
-        client.ChildrenWatch(paths.REQUESTS, self._requests)
-
-    def _requests(self, names: list[str]) -> None:
-        for name in names:
-            if name not in self._watched:
-                self._watched.add(name)
-                path = paths.request_path(name)
-
-                def watch(children: list[str], path: str = path) -> None:
-                    self.children.extend(f"{path}/{c}" for c in children)
-                try:
-                    self.client.ChildrenWatch(path, watch)
-                except Exception:
-                    pass
-
-
 def test_single_label_lifecycle(launchers: LauncherFactory, zuul: ZuulClient,
                                 kazoo_client: KazooClient) -> None:
-    watch = ChildWatch(kazoo_client)
     launcher = launchers(ATTRS)
     request_id = zuul.submit(["small"], tenant_name="tenant-1")
     submitted = zuul.get_request(request_id)
@@ -93,6 +68,10 @@ def test_single_label_lifecycle(launchers: LauncherFactory, zuul: ZuulClient,
     assert {"host", "skiptls", "token", "user", "namespace"} <= set(conn)
     assert node["ssh_port"] == conn
     assert not kazoo_client.get_children(paths.node_lock_path(body["nodes"][0]))
+    # cversion counts every child ever created or deleted under the request znode: 0 means
+    # the launcher never created one, however short-lived (a watch could miss it).
+    stat = kazoo_client.exists(paths.request_path(request_id))
+    assert stat is not None and stat.cversion == 0
     nodeset = zuul.accept(request_id)
     assert zuul.get_request(request_id) is None
     zuul.use(nodeset)
@@ -101,7 +80,6 @@ def test_single_label_lifecycle(launchers: LauncherFactory, zuul: ZuulClient,
     zuul.release(nodeset)
     wait_for(lambda: zuul.get_node(nodeset.nodes[0].id) is None, 15, message="node deleted")
     assert launcher.providers["fake"].resource_ids() == set()  # type: ignore[attr-defined]
-    assert watch.children == []
     timings = launcher.engine.stats.backend.keys("timing")  # type: ignore[attr-defined]
     assert "nodepool.launch.ready" in timings
     assert "nodepool.launch.provider.fake.ready" in timings
@@ -138,7 +116,7 @@ def test_unknown_label_fails(launchers: LauncherFactory, zuul: ZuulClient) -> No
 
 
 def test_priority_order(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    limited = ATTRS.replace("max-servers: 10", "max-servers: 1")
+    limited = replaced(ATTRS, "max-servers: 10", "max-servers: 1")
     order: list[str] = []
     ids = {
         "low": zuul.submit(["small"], priority="300"),
@@ -208,12 +186,14 @@ def test_pool_priority(launchers: LauncherFactory, zuul: ZuulClient) -> None:
 
 
 def test_many_concurrent_builds(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    launchers(ATTRS.replace("max-servers: 10", "max-servers: 4"))
+    launcher = launchers(replaced(ATTRS, "max-servers: 10", "max-servers: 4"))
     errors: list[BaseException] = []
+    built: list[int] = []
 
     def build() -> None:
         try:
             zuul.run_build(["small", "large"], timeout=60)
+            built.append(1)
         except BaseException as exc:  # reported below
             errors.append(exc)
 
@@ -223,6 +203,14 @@ def test_many_concurrent_builds(launchers: LauncherFactory, zuul: ZuulClient) ->
     for t in threads:
         t.join(90)
     assert not errors
+    assert not any(t.is_alive() for t in threads) and len(built) == 12
+    provider = launcher.providers["fake"]
+    # 12 builds of two nodes each, and never more than max-servers in the cloud at once
+    # (the fake cloud counts exactly; a watcher sampling ZooKeeper could miss an excess).
+    assert provider.call_names().count("launch") == 24  # type: ignore[attr-defined]
+    assert 2 <= provider.peak_resources() <= 4  # type: ignore[attr-defined]
+    wait_for(lambda: not provider.resource_ids(), 15,  # type: ignore[attr-defined]
+             message="every namespace removed")
 
 
 def test_zuul_written_keys_preserved_on_every_write(launchers: LauncherFactory,

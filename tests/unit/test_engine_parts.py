@@ -122,3 +122,19 @@ def test_launcher_command_rejects_bad_config(tmp_path: object,
         f.write("providers: [oops\n")
     assert launcher_cmd.main(["-c", path]) == 1
     assert "broken.yaml" in capsys.readouterr().err
+
+
+def test_stats_keys_are_sanitised() -> None:
+    """Names from configuration and from requestors cannot break the statsd line protocol
+    (`name:value|type`, one per line) or add key levels through `:`/`|`/newlines."""
+    from nodepool_k8s import stats as st
+    keys = st.launch_keys("prov|x\nnodepool.evil:1|c", "zuul\n|c:5", "ready")
+    keys += [st.label_nodes_key("lab|el\n", "ready"), st.provider_nodes_key("p:x", "used"),
+             st.addressable_requests_key("p\r", "po|ol"), st.tenant_limit_key("t.x\n", "ram"),
+             st.malformed_key("node\n")]
+    for key in keys:
+        assert not set(key) & set(":|\n\r@# "), key
+    assert keys[0] == "nodepool.launch.ready"
+    assert keys[2] == "nodepool.launch.requestor.zuul__c_5.ready"
+    # Nodepool-compatible where names are ordinary: dots in labels stay.
+    assert st.label_nodes_key("ubuntu-22.04", "ready") == "nodepool.label.ubuntu-22.04.nodes.ready"

@@ -15,8 +15,9 @@ import pytest
 
 from nodepool_k8s import prometheus, status
 from nodepool_k8s.clock import ManualClock
-from nodepool_k8s.config.model import WebappConfig
+from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.records import MalformedRecord
 from nodepool_k8s.webapp import WebApp
 
 NOW = 1_700_000_000.0
@@ -43,14 +44,19 @@ class Source:
         self.reqs = [request(), request("100-0000000009", rel=2)]
         self.is_ready = True
         self.fail = False
+        self.fail_with: Exception = RuntimeError("zookeeper went away")
+        self.bad: list[MalformedRecord] = []
 
     def node_views(self) -> list[status.NodeView]:
         if self.fail:
-            raise RuntimeError("zookeeper went away")
+            raise self.fail_with
         return self.nodes
 
     def requests(self) -> list[NodeRequest]:
         return self.reqs
+
+    def malformed(self) -> list[MalformedRecord]:
+        return self.bad
 
     def supported_labels(self) -> list[list[str]]:
         return [["pod-fedora", "ns"], ["ns"]]
@@ -109,7 +115,7 @@ def test_prometheus_text():
 @pytest.fixture
 def web():
     src = Source()
-    app = WebApp(src, WebappConfig(port=0), clock=ManualClock(NOW)).start()
+    app = WebApp(src, port=0, listen_address="127.0.0.1", clock=ManualClock(NOW)).start()
     yield src, f"http://127.0.0.1:{app.port}", app
     app.stop()
 
@@ -156,7 +162,12 @@ def test_web_ready_metrics_404_and_failure(web):
     code, headers, body = get(base + "/metrics")
     assert code == 200 and "nodepool_launcher_ready 0" in body
     assert get(base + "/nope")[0] == 404
+    assert get(base + "/node-list?node_id=x")[0] == 400
     src.fail = True
-    code, _, body = get(base + "/node-list?node_id=x", "application/json")
-    # The cause goes to the log, not to the client.
-    assert code == 503 and body == "Status unavailable"
+    # An unexpected error: 500 without its text (no internals in error bodies) ...
+    code, _, body = get(base + "/node-list?node_id=1", "application/json")
+    assert code == 500 and "zookeeper went away" not in body
+    # ... a temporary one (our own message) 503 with the reason.
+    src.fail_with = TemporaryError("the launcher has not read the nodes yet")
+    code, _, body = get(base + "/node-list?node_id=2", "application/json")
+    assert code == 503 and "has not read the nodes yet" in body

@@ -1,0 +1,278 @@
+"""Strict decoders for the two records other programs write: node requests and nodes.
+
+Owns: the one gate every node or request znode passes before anything acts on it. The
+bytes must be at most `MAX_RECORD_BYTES`, valid UTF-8 and one JSON object; every key the
+launcher reads must have the type the protocol gives it (strings, lists of strings, finite
+non-negative numbers, known states), and a request may ask for at most `MAX_NODE_TYPES`
+nodes. Keys we do not read (and `requestor_data`, which is opaque) are not checked, so
+unknown keys still round-trip unchanged.
+
+Failure: `Malformed(reason)` for anything else. Every decode error is converted, the JSON
+parser's RecursionError on deeply nested input included, so a caller that catches
+`Malformed` can never be stopped by a record. `MalformedLog` reports each bad znode once
+(per version), not on every pass over it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, TypeVar
+
+from nodepool_k8s import model
+
+# Our own node records are about 4 KB (with a token and CA certificate), Zuul's requests
+# well under 1 KB plus requestor_data. ZooKeeper's own default limit is 1 MiB.
+MAX_RECORD_BYTES = 256 * 1024
+# Zuul's largest nodesets have tens of nodes; a request for thousands is an error or an
+# attack, and each node type costs a plan entry and a node znode.
+MAX_NODE_TYPES = 256
+
+# Remembered (path -> version) of reported records; the oldest are forgotten first.
+MALFORMED_MEMORY = 10_000
+
+
+class Malformed(ValueError):
+    """A znode that is not a usable record; `reason` says why, for the log and the views."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class MalformedRecord:
+    """A znode the listings show as malformed instead of hiding it."""
+
+    kind: str  # "node" or "request"
+    id: str
+    reason: str
+
+
+# -- field checks -------------------------------------------------------------------------
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value) and value >= 0)
+
+
+def _opt_number(value: Any) -> bool:
+    return value is None or _number(value)
+
+
+def _opt_str(value: Any) -> bool:
+    return value is None or isinstance(value, str)
+
+
+def _str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _opt_str_list(value: Any) -> bool:
+    return value is None or _str_list(value)
+
+
+def _resources(value: Any) -> bool:
+    return value is None or (isinstance(value, dict)
+                             and all(isinstance(k, str) and _number(v)
+                                     for k, v in value.items()))
+
+
+def _node_type(value: Any) -> bool:
+    return value is None or isinstance(value, str) or _str_list(value)
+
+
+def _opt_int(value: Any) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool))
+
+
+def _opt_bool(value: Any) -> bool:
+    return value is None or isinstance(value, bool)
+
+
+def _opt_object(value: Any) -> bool:
+    return value is None or isinstance(value, dict)
+
+
+def _opt_list(value: Any) -> bool:
+    return value is None or isinstance(value, list)
+
+
+_Check = Callable[[Any], bool]
+
+_REQUEST_FIELDS: dict[str, tuple[_Check, str]] = {
+    "state_time": (_opt_number, "a finite non-negative number"),
+    "node_types": (_opt_str_list, "a list of label names"),
+    "nodes": (_opt_str_list, "a list of node ids"),
+    "declined_by": (_opt_str_list, "a list of strings"),
+    "reuse": (_opt_bool, "true or false"),
+    "requestor": (_opt_str, "a string"),
+    "provider": (_opt_str, "a string"),
+    "relative_priority": (_opt_int, "an integer"),
+    "event_id": (_opt_str, "a string"),
+    "created_time": (_opt_number, "a finite non-negative number"),
+    "tenant_name": (_opt_str, "a string"),
+}
+
+_NODE_STRINGS = ("provider", "pool", "allocated_to", "tenant_name", "launcher",
+                 "external_id", "hostname", "cloud", "region", "az", "public_ipv4",
+                 "private_ipv4", "public_ipv6", "interface_ip", "host_id", "image_id",
+                 "username", "connection_type", "shell_type", "python_path", "comment",
+                 "hold_job", "requestor")
+_NODE_FIELDS: dict[str, tuple[_Check, str]] = {
+    **{key: (_opt_str, "a string") for key in _NODE_STRINGS},
+    "state_time": (_opt_number, "a finite non-negative number"),
+    "created_time": (_opt_number, "a finite non-negative number"),
+    "hold_expiration": (_opt_number, "a finite non-negative number"),
+    "type": (_node_type, "a label name or a list of label names"),
+    "resources": (_resources, "an object of finite non-negative numbers"),
+    "attributes": (_opt_object, "an object"),
+    "node_properties": (_opt_object, "an object"),
+    "host_keys": (_opt_list, "a list"),
+}
+
+
+def _check_fields(data: Mapping[str, Any], fields: Mapping[str, tuple[_Check, str]]) -> None:
+    for key, (check, expected) in fields.items():
+        if key in data and not check(data[key]):
+            raise Malformed(f"{key} must be {expected}, got {_sample(data[key])}")
+
+
+def _sample(value: Any) -> str:
+    """A short, safe description of a bad value for the log."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+# -- decoders -----------------------------------------------------------------------------
+
+def load_object(raw: bytes) -> dict[str, Any]:
+    """The JSON object in a znode's data, or Malformed."""
+    if not raw:
+        raise Malformed("empty znode data")
+    if len(raw) > MAX_RECORD_BYTES:
+        raise Malformed(f"{len(raw)} bytes, more than the {MAX_RECORD_BYTES} a record may have")
+    try:
+        data = json.loads(raw.decode("utf8"))
+    except UnicodeDecodeError as exc:
+        raise Malformed(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
+    except RecursionError:
+        raise Malformed("JSON nested too deeply") from None
+    except ValueError as exc:
+        raise Malformed(f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise Malformed(f"expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def check_request(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` if it is a usable node request, else Malformed."""
+    state = data.get("state", model.REQUESTED)
+    if not isinstance(state, str) or state not in model.REQUEST_STATES:
+        raise Malformed(f"unknown request state {_sample(state)}")
+    _check_fields(data, _REQUEST_FIELDS)
+    node_types = data.get("node_types") or ()
+    if len(node_types) > MAX_NODE_TYPES:
+        raise Malformed(f"asks for {len(node_types)} nodes, more than the "
+                        f"{MAX_NODE_TYPES} a request may")
+    return data
+
+
+def check_node(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` if it is a usable node record, else Malformed."""
+    state = data.get("state")
+    if not isinstance(state, str) or state not in model.NODE_STATES:
+        raise Malformed(f"unknown node state {_sample(state)}")
+    _check_fields(data, _NODE_FIELDS)
+    return data
+
+
+def decode_request(raw: bytes) -> dict[str, Any]:
+    data = load_object(raw)
+    check_request(data)
+    return data
+
+
+def decode_node(raw: bytes) -> dict[str, Any]:
+    data = load_object(raw)
+    check_node(data)
+    return data
+
+
+R = TypeVar("R")
+
+
+def guarded(decode: Callable[[bytes], R], raw: bytes) -> R:
+    """Run any decoder so that every failure is `Malformed` (a last line of defence for
+    decoders built on top of the checks above)."""
+    try:
+        return decode(raw)
+    except Malformed:
+        raise
+    except (RecursionError, ValueError, TypeError, KeyError, AttributeError,
+            UnicodeDecodeError, OverflowError) as exc:
+        raise Malformed(f"{type(exc).__name__}: {exc}") from None
+
+
+# -- reporting ----------------------------------------------------------------------------
+
+class MalformedLog:
+    """Logs each malformed znode once per version and counts it.
+
+    Bounded: at most `limit` znodes are remembered; a znode rewritten (new version) and
+    still malformed is reported again, one that is gone is forgotten by `forget`.
+    """
+
+    def __init__(self, logger: logging.Logger, limit: int = MALFORMED_MEMORY) -> None:
+        self.log = logger
+        self.limit = limit
+        self.reported = 0
+        self._seen: OrderedDict[str, int] = OrderedDict()
+        self._lock = threading.Lock()
+        self._listeners: list[Callable[[str, str], None]] = []
+
+    def add_listener(self, listener: Callable[[str, str], None]) -> None:
+        """`listener(what, path)` is called once per newly reported record (a counter)."""
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[str, str], None]) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
+    def report(self, what: str, path: str, version: int, reason: str) -> None:
+        with self._lock:
+            if self._seen.get(path) == version:
+                self._seen.move_to_end(path)
+                return
+            self._seen[path] = version
+            self._seen.move_to_end(path)
+            while len(self._seen) > self.limit:
+                self._seen.popitem(last=False)
+            self.reported += 1
+        self.log.warning("Skipping malformed %s %s: %s", what, path, reason)
+        for listener in list(self._listeners):
+            try:
+                listener(what, path)
+            except Exception:  # a metrics hook must never stop decoding
+                self.log.debug("malformed-record listener failed", exc_info=True)
+
+    def forget(self, path: str) -> None:
+        with self._lock:
+            self._seen.pop(path, None)
+
+
+# The process's one report of malformed records (the codecs, caches and listings share it,
+# so a record seen by the cache and by a listing is still logged once).
+REPORTS = MalformedLog(logging.getLogger("nodepool_k8s.records"))
+
+
+def describe(exc: BaseException) -> str:
+    """The reason to show for a decode failure of any type."""
+    return exc.reason if isinstance(exc, Malformed) else f"{type(exc).__name__}: {exc}"
