@@ -267,6 +267,11 @@ class MalformedLog:
         with self._lock:
             self._seen.pop(path, None)
 
+    def clear(self) -> None:
+        """Forget everything (tests: every test's chroot reuses the same paths)."""
+        with self._lock:
+            self._seen.clear()
+
 
 # The process's one report of malformed records (the codecs, caches and listings share it,
 # so a record seen by the cache and by a listing is still logged once).

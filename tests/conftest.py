@@ -14,11 +14,19 @@ from typing import Iterator
 import pytest
 from kazoo.client import KazooClient
 
+from nodepool_k8s import records
 from nodepool_k8s.simulator import Simulator, SimulatorConfig
 from nodepool_k8s.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.helpers import ZkConnection
 from tests.launchers import LauncherFactory
+
+
+@pytest.fixture(autouse=True)
+def _fresh_malformed_reports() -> None:
+    """Every test's chroot reuses the same znode paths: the once-per-version memo of
+    malformed records must not carry over from one test to the next."""
+    records.REPORTS.clear()
 
 
 @pytest.fixture(scope="session")
