@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from nodepool_k8s import status
+from nodepool_k8s import status, validate
 from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.config.model import Config
 from nodepool_k8s.exceptions import NodepoolError
@@ -62,11 +62,31 @@ def session(args: argparse.Namespace) -> Iterator[Session]:
 
 
 def node_id(text: str) -> str:
-    """Accept `3` for `0000000003`: node ids are ZooKeeper's 10-digit sequence numbers."""
+    """Accept `3` for `0000000003`: node ids are ZooKeeper's 10-digit sequence numbers.
+
+    Anything but ASCII digits is refused (ValueError): an id becomes a ZooKeeper path, so
+    `..`, `/` or other text must never reach one. Longer all-digit ids are kept as given
+    (the protocol's sequence numbers may outgrow 10 digits)."""
     text = text.strip()
-    if text.isdigit() and len(text) < NODE_ID_DIGITS:
-        return text.zfill(NODE_ID_DIGITS)
-    return text
+    if not (text.isascii() and text.isdigit()):
+        raise ValueError(f"a node id is digits only (e.g. 0000000042), got {text!r}")
+    return text.zfill(NODE_ID_DIGITS)
+
+
+def node_id_arg(text: str) -> str:
+    """`node_id` as an argparse type: a bad id is a usage error (exit 2)."""
+    try:
+        return node_id(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def seconds_arg(text: str) -> float:
+    """A finite, non-negative number of seconds, as an argparse type (NaN, inf refused)."""
+    try:
+        return validate.finite_number(text, allow_zero=True)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def now() -> float:

@@ -75,7 +75,8 @@ def _add_delete(subparsers: Subparsers) -> None:
         description="Mark a node 'deleting' (its launcher deletes it), or with --now delete"
                     " its resource and record here. Nodes locked by another client (Zuul"
                     " holds the lock while a job runs) are refused unless --force is given.")
-    parser.add_argument("id", help="node id (leading zeros may be omitted)")
+    parser.add_argument("id", type=common.node_id_arg,
+                        help="node id (digits; leading zeros may be omitted)")
     parser.add_argument("--now", action="store_true",
                         help="delete the resource through the configured provider and remove"
                              " the node record, in the foreground")
@@ -90,7 +91,8 @@ def _add_hold(subparsers: Subparsers) -> None:
         "hold", help="hold a node",
         description="Put a node in state 'hold' so it is kept (until max-hold-age) for"
                     " inspection. Nodes locked by another client are refused.")
-    parser.add_argument("id", help="node id (leading zeros may be omitted)")
+    parser.add_argument("id", type=common.node_id_arg,
+                        help="node id (digits; leading zeros may be omitted)")
     parser.add_argument("--reason", default=None,
                         help="stored as the node's comment (shown by list --detail)")
     _add_lock_timeout(parser)
@@ -98,7 +100,7 @@ def _add_hold(subparsers: Subparsers) -> None:
 
 
 def _add_lock_timeout(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--lock-timeout", type=float, default=common.LOCK_TIMEOUT,
+    parser.add_argument("--lock-timeout", type=common.seconds_arg, default=common.LOCK_TIMEOUT,
                         metavar="SECONDS",
                         help=f"how long to wait for the node lock (default:"
                              f" {common.LOCK_TIMEOUT:g})")

@@ -1,8 +1,9 @@
 """Read, substitute, parse, validate and build the configuration; used on every load.
 
 Owns: the one way a `Config` comes into being (daemon start, reload, CLI, tests): reading the
-main and secure files, `%(NODEPOOL_...)s` substitution, YAML parsing (duplicate keys are
-errors), the secure-file override, running `schema` then `checks`, and handing the result to
+main and secure files, YAML parsing (duplicate keys are errors), `%(NODEPOOL_...)s`
+substitution into the parsed strings (after parsing, so a value cannot change the YAML
+structure), the secure-file override, running `schema` then `checks`, and handing the result to
 `build`. Also the cheap change detection used by reload (`config_fingerprint`).
 
 How it fails: every problem raises `ConfigError` whose `.path` names the file and whose
@@ -33,7 +34,35 @@ READ_ATTEMPTS = 3
 READ_RETRY_DELAY = 0.5
 
 _TOKEN = re.compile(r"%%|%\(([^()\n]*)\)s")
-_MARKER = "__nodepool_k8s_unset_{}__"
+# Marks where a token was; letters, digits and underscores only, so it is an ordinary plain
+# scalar (or part of one) wherever the token stood.
+_MARKER = "__nodepool_k8s_env_{}__"
+_MARKER_RE = re.compile(r"__nodepool_k8s_env_(\d+)__")
+_PLAIN_TYPES = frozenset({"tag:yaml.org,2002:int", "tag:yaml.org,2002:float",
+                          "tag:yaml.org,2002:bool", "tag:yaml.org,2002:null"})
+
+
+class _Whole(str):
+    """A plain (unquoted) scalar that is exactly one marker: typed once substituted."""
+
+
+def _typed(text: str) -> Any:
+    """`text` as YAML would read it as a plain scalar, limited to numbers, bools and null."""
+    tag = yaml.resolver.Resolver().resolve(  # type: ignore[no-untyped-call]
+        yaml.ScalarNode, text, (True, False))
+    if tag not in _PLAIN_TYPES:
+        return text
+    return yaml.constructor.SafeConstructor().construct_object(yaml.ScalarNode(tag, text))
+
+
+def _unset_problem(name: str, line: int, path: tuple[Any, ...]) -> str:
+    place = schema.format_path(path) or "top level"
+    if name.startswith("NODEPOOL_"):
+        why = f"environment variable {name} is not set"
+    else:
+        why = (f"%({name})s is not substituted: only environment variables whose"
+               f" names start with NODEPOOL_ are (write %%({name})s for a literal)")
+    return f"{place}: {why} (line {line})"
 
 
 def load_config(path: str, secure: str | None = None,
@@ -69,27 +98,59 @@ def config_fingerprint(path: str, secure: str | None = None) -> Fingerprint:
     return tuple(out)
 
 
-def substitute(text: str, env: Mapping[str, str]) -> tuple[str, dict[str, tuple[str, int]]]:
-    """Replace `%(NODEPOOL_X)s` with the environment's value and `%%` with `%`.
+def mark(text: str) -> tuple[str, list[tuple[str | None, int]]]:
+    """Replace every `%(NAME)s` and `%%` in `text` with an inert marker, before parsing.
 
-    Returns the new text and, for every token that could not be replaced (unset, or not a
-    NODEPOOL_ variable), a unique marker -> (variable, line). Markers are only errors where
-    they survive parsing: a token inside a YAML comment is harmless, so a sample file may
-    show `%(NODEPOOL_ZK_CA)s` in commented-out sections. A lone `%` is left as it is.
+    Returns the marked text and, per marker index, (variable name, line); `%%` has the name
+    None. The markers are plain identifiers, so the YAML structure is decided by the file
+    alone; `resolve` puts the values into the parsed strings afterwards. A lone `%` is left
+    as it is.
     """
-    missing: dict[str, tuple[str, int]] = {}
+    tokens: list[tuple[str | None, int]] = []
 
     def replace(match: re.Match[str]) -> str:
-        if match.group(0) == "%%":
-            return "%"
-        name = match.group(1)
-        if name.startswith("NODEPOOL_") and name in env:
-            return env[name]
-        marker = _MARKER.format(len(missing))
-        missing[marker] = (name, text.count("\n", 0, match.start()) + 1)
-        return marker
+        tokens.append((match.group(1), text.count("\n", 0, match.start()) + 1))
+        return _MARKER.format(len(tokens) - 1)
 
-    return _TOKEN.sub(replace, text), missing
+    return _TOKEN.sub(replace, text), tokens
+
+
+def resolve(data: Any, tokens: list[tuple[str | None, int]], env: Mapping[str, str],
+            problems: list[str], path: tuple[Any, ...] = ()) -> Any:
+    """`data` with the markers of `mark` replaced, in string scalars (values and keys) only.
+
+    An environment value is inserted as text and never parsed as YAML, so it cannot add
+    keys, items, anchors or tags. An unquoted scalar that is exactly one token takes the
+    type YAML gives that text as a plain scalar (int, float, bool or null; anything else
+    stays a string), so `port: %(NODEPOOL_ZK_PORT)s` is a number. Markers that do not
+    resolve (unset, or not a NODEPOOL_ variable) add one line to `problems`; markers in
+    comments never reach here.
+    """
+    if isinstance(data, str):
+        if not tokens or _MARKER_RE.search(data) is None:
+            return data
+        missing: list[str] = []
+
+        def value(match: re.Match[str]) -> str:
+            name, line = tokens[int(match.group(1))]
+            if name is None:
+                return "%"
+            if name.startswith("NODEPOOL_") and name in env:
+                return env[name]
+            missing.append(_unset_problem(name, line, path))
+            return match.group(0)
+
+        text = _MARKER_RE.sub(value, data)
+        problems.extend(missing)
+        if isinstance(data, _Whole) and not missing:
+            return _typed(text)
+        return text
+    if isinstance(data, dict):
+        return {resolve(k, tokens, env, problems, path):
+                resolve(v, tokens, env, problems, path + (k,)) for k, v in data.items()}
+    if isinstance(data, list):
+        return [resolve(v, tokens, env, problems, path + (i,)) for i, v in enumerate(data)]
+    return data
 
 
 # -- internals -----------------------------------------------------------------------------------
@@ -132,6 +193,16 @@ class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[mi
             first_line[key] = key_node.start_mark.line
         return super().construct_mapping(node, deep=deep)
 
+    def construct_yaml_str(self, node: yaml.ScalarNode) -> Any:
+        text = super().construct_yaml_str(node)
+        # Plain style is None in PyYAML's parser and "" in libyaml's.
+        if not node.style and _MARKER_RE.fullmatch(text):
+            return _Whole(text)
+        return text
+
+
+_Loader.add_constructor("tag:yaml.org,2002:str", _Loader.construct_yaml_str)
+
 
 def _yaml_problem(exc: yaml.YAMLError) -> str:
     if isinstance(exc, yaml.MarkedYAMLError):
@@ -147,41 +218,16 @@ def _yaml_problem(exc: yaml.YAMLError) -> str:
 
 
 def _parse(text: str, path: str, env: Mapping[str, str]) -> Any:
-    substituted, missing = substitute(text, env)
+    marked, tokens = mark(text)
     try:
-        data = yaml.load(substituted, Loader=_Loader)  # noqa: S506 - a safe loader subclass
+        data = yaml.load(marked, Loader=_Loader)  # noqa: S506 - a safe loader subclass
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_problem(exc), path) from None
-    problems = _unsubstituted(data, missing, ())
+    problems: list[str] = []
+    data = resolve(data, tokens, env, problems)
     if problems:
         raise ConfigError(problems, path)
     return data
-
-
-def _unsubstituted(data: Any, missing: dict[str, tuple[str, int]],
-                   path: tuple[Any, ...]) -> list[str]:
-    if not missing:
-        return []
-    problems: list[str] = []
-    if isinstance(data, str):
-        for marker, (name, line) in missing.items():
-            if marker in data:
-                place = schema.format_path(path) or "top level"
-                if name.startswith("NODEPOOL_"):
-                    why = f"environment variable {name} is not set"
-                else:
-                    why = (f"%({name})s is not substituted: only environment variables whose"
-                           f" names start with NODEPOOL_ are (write %%({name})s for a"
-                           " literal)")
-                problems.append(f"{place}: {why} (line {line})")
-    elif isinstance(data, dict):
-        for key, value in data.items():
-            problems += _unsubstituted(key, missing, path)
-            problems += _unsubstituted(value, missing, path + (key,))
-    elif isinstance(data, list):
-        for index, value in enumerate(data):
-            problems += _unsubstituted(value, missing, path + (index,))
-    return problems
 
 
 def _load(text: str, path: str, secure_text: str | None, secure_path: str,

@@ -3,7 +3,10 @@
 Owns: the defaults of intervals, ages, backoffs and worker-pool sizes, in one frozen
 dataclass with a comment per field. The daemon takes an `EngineSettings`; operators, tests
 and benchmarks may override fields from the environment (`NODEPOOL_K8S_<FIELD>` in upper
-case, e.g. `NODEPOOL_K8S_CLEANUP_INTERVAL=5`). A malformed value raises ConfigError.
+case, e.g. `NODEPOOL_K8S_CLEANUP_INTERVAL=5`). Every value, however it arrives (environment,
+constructor, `replace`), is checked when the settings are made: a non-number, NaN,
+infinity, a negative or (except where a field says 0 means "off") zero raises ConfigError
+naming the setting.
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
+from nodepool_k8s import validate
 from nodepool_k8s.exceptions import ConfigError
 
 ENV_PREFIX = "NODEPOOL_K8S_"
+# Fields where 0 is meaningful: no rate limit on reclaims; do not wait for launches on stop.
+ZERO_ALLOWED = frozenset({"reclaim_interval", "stop_timeout"})
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,27 @@ class EngineSettings:
     # On graceful stop, wait this long for cancelled launches to return.
     stop_timeout: float = 30.0
 
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            try:
+                if f.type in (int, "int"):
+                    checked: float = validate.positive_int(
+                        value, allow_zero=f.name in ZERO_ALLOWED)
+                    if not isinstance(value, int):  # 2.5 workers is a mistake, not 2
+                        raise ValueError(f"not an integer: {value!r}")
+                else:
+                    checked = validate.finite_number(value, allow_zero=f.name in ZERO_ALLOWED)
+            except ValueError as exc:
+                raise ConfigError(f"{ENV_PREFIX}{f.name.upper()}: {exc}") from None
+            object.__setattr__(self, f.name, checked)
+        for low, high in (("delete_retry", "delete_retry_max"),
+                          ("min_ready_backoff", "min_ready_backoff_max")):
+            if getattr(self, low) > getattr(self, high):
+                raise ConfigError(f"{ENV_PREFIX}{low.upper()} ({getattr(self, low):g}) must not"
+                                  f" exceed {ENV_PREFIX}{high.upper()}"
+                                  f" ({getattr(self, high):g})")
+
     def replace(self, **changes: float | int) -> "EngineSettings":
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 
@@ -66,8 +93,9 @@ class EngineSettings:
             if raw is None:
                 continue
             try:
-                changes[f.name] = int(raw) if f.type in (int, "int") else float(raw)
-            except ValueError:
-                raise ConfigError(f"{ENV_PREFIX}{f.name.upper()}: not a number: {raw!r}") \
-                    from None
+                changes[f.name] = validate.positive_int(raw, allow_zero=True, maximum=10**9) \
+                    if f.type in (int, "int") else validate.finite_number(raw, allow_zero=True)
+            except ValueError as exc:
+                raise ConfigError(f"{ENV_PREFIX}{f.name.upper()}: {exc}") from None
+        # Zero and the ranges are checked once, by __post_init__, for every way in.
         return cls(**changes)  # type: ignore[arg-type]

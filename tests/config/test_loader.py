@@ -9,7 +9,7 @@ import pytest
 
 from nodepool_k8s.config import loader
 from nodepool_k8s.config.loader import (
-    config_fingerprint, load_config, load_config_text, substitute,
+    config_fingerprint, load_config, load_config_text, mark,
 )
 from nodepool_k8s.config.model import ZkServer
 from nodepool_k8s.exceptions import ConfigError
@@ -145,10 +145,10 @@ def test_escaped_percent_keeps_tokens_literal() -> None:
     assert list(config.labels) == ["%(NODEPOOL_X)s"]
 
 
-def test_substitute_reports_unset_tokens_by_line() -> None:
-    text, missing = substitute("a: %(NODEPOOL_A)s\nb: %(NODEPOOL_B)s %\n", {"NODEPOOL_A": "1"})
-    assert text.startswith("a: 1\nb: __nodepool_k8s_unset_0__ %")
-    assert list(missing.values()) == [("NODEPOOL_B", 2)]
+def test_mark_replaces_tokens_by_inert_markers_with_their_lines() -> None:
+    text, tokens = mark("a: %(NODEPOOL_A)s\nb: %(NODEPOOL_B)s %% %\n")
+    assert text == "a: __nodepool_k8s_env_0__\nb: __nodepool_k8s_env_1__ __nodepool_k8s_env_2__ %\n"
+    assert tokens == [("NODEPOOL_A", 1), ("NODEPOOL_B", 2), (None, 2)]
 
 
 def test_load_config_text_defaults_to_the_process_environment(
@@ -250,3 +250,41 @@ def test_fingerprint_changes_with_either_file(tmp_path: Path) -> None:
     assert config_fingerprint(str(main), str(secure)) != second
     main.unlink()
     assert config_fingerprint(str(main))[0] == (str(main), None, None)
+
+
+@pytest.mark.parametrize("value", [
+    "ns\n    min-ready: 5",  # a new key
+    "ns}, {name: evil",  # closes the flow mapping and adds a label
+    "ns\n  - name: evil",  # a new list item
+    "ns #comment",
+    "'ns'",
+    "&anchor ns",
+    "!!python/object/apply:os.system [ls]",
+])
+def test_environment_values_cannot_inject_yaml(value: str) -> None:
+    head = "zookeeper-servers: [{host: zk}]\n"
+    block = head + "labels:\n  - name: %(NODEPOOL_LABEL)s\n"
+    flow = head + "labels: [{name: '%(NODEPOOL_LABEL)s'}]\n"
+    for text in (block, flow):
+        config = load_config_text(text, env={"NODEPOOL_LABEL": value})
+        assert list(config.labels) == [value]
+        assert config.labels[value].min_ready == 0
+
+
+def test_whole_plain_token_is_typed_like_yaml_but_never_structured() -> None:
+    text = ("zookeeper-servers:\n  - host: zk\n    port: %(NODEPOOL_ZK_PORT)s\n"
+            "labels:\n  - name: %(NODEPOOL_LABEL)s\n  - name: '%(NODEPOOL_QUOTED)s'\n")
+    env = {"NODEPOOL_ZK_PORT": "2182", "NODEPOOL_LABEL": "{a: 1}", "NODEPOOL_QUOTED": "7"}
+    config = load_config_text(text, env=env)
+    assert config.zookeeper_servers[0].port == 2182
+    # A mapping-looking value stays text; a quoted token stays a string.
+    assert list(config.labels) == ["{a: 1}", "7"]
+    with pytest.raises(ConfigError, match="expected int"):
+        load_config_text(text, env={**env, "NODEPOOL_ZK_PORT": "[2182]"})
+
+
+def test_values_are_not_substituted_again() -> None:
+    text = "zookeeper-servers: [{host: '%(NODEPOOL_A)s'}]\n"
+    config = load_config_text(text, env={"NODEPOOL_A": "%(NODEPOOL_B)s %%",
+                                         "NODEPOOL_B": "no"})
+    assert config.zookeeper_servers[0].host == "%(NODEPOOL_B)s %%"

@@ -70,6 +70,33 @@ def test_settings_from_env() -> None:
         EngineSettings.from_env({"NODEPOOL_K8S_STALE_INIT_AGE": "soon"})
 
 
+@pytest.mark.parametrize("name,raw", [
+    ("CLEANUP_INTERVAL", "nan"),  # NaN: the full cleanup pass would never be due
+    ("CLEANUP_INTERVAL", "inf"),
+    ("CLEANUP_INTERVAL", "0"),  # a busy loop
+    ("LEAK_SWEEP_INTERVAL", "-5"),
+    ("STOP_TIMEOUT", "1e300"),  # overflows threading's timeouts
+    ("DELETE_WORKERS", "0"),  # crashed the launcher at start
+    ("LAUNCH_WORKERS", "-1"),
+    ("GUARD_ATTEMPTS", "2.5"),
+    ("DELETE_RETRY", "600"),  # more than DELETE_RETRY_MAX (300)
+])
+def test_settings_refuse_nan_inf_zero_and_negatives(name: str, raw: str) -> None:
+    with pytest.raises(ConfigError, match="NODEPOOL_K8S_" + name):
+        EngineSettings.from_env({"NODEPOOL_K8S_" + name: raw})
+
+
+def test_settings_check_every_way_in() -> None:
+    with pytest.raises(ConfigError, match="NODEPOOL_K8S_DELETE_WORKERS"):
+        EngineSettings(delete_workers=0)
+    with pytest.raises(ConfigError, match="NODEPOOL_K8S_QUOTA_RETRY"):
+        EngineSettings().replace(quota_retry=float("nan"))
+    # Where 0 means "off" it is accepted.
+    settings = EngineSettings.from_env({"NODEPOOL_K8S_RECLAIM_INTERVAL": "0",
+                                        "NODEPOOL_K8S_STOP_TIMEOUT": "0"})
+    assert settings.reclaim_interval == 0 and settings.stop_timeout == 0
+
+
 def provider_config(**label_kw: object) -> ProviderConfig:
     label = PoolLabel(name="small", type="namespace", **label_kw)  # type: ignore[arg-type]
     pool = PoolConfig(name="main", provider="fake", labels={"small": label})
