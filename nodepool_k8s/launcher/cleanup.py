@@ -34,6 +34,9 @@ from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.txn import Txn
 
+# The earliest a timed cleanup pass follows the previous one (seconds).
+MIN_PASS_GAP = 0.5
+
 
 class CleanupWorker(Worker):
     def __init__(self, engine: Engine, deleter: NodeDeleter) -> None:
@@ -93,8 +96,12 @@ class CleanupWorker(Worker):
         if full:
             self._step("request-lock dirs", lambda: self._lock_dirs(now))
         self._step("leak sweep", lambda: self.leaks.sweep_due(now))
-        return min(self._next_full, self._next_recheck, self.deleter.next_retry(),
-                   self.leaks.next_due())
+        due = min(self._next_full, self._next_recheck, self.deleter.next_retry(),
+                  self.leaks.next_due())
+        # Everything due was acted on in this pass; a deadline still in the past means
+        # nothing will act on it, and re-running at once would only spin. Events (cache
+        # changes, finished deletions) still wake the worker immediately.
+        return max(due, self.clock.time() + MIN_PASS_GAP)
 
     def _step(self, name: str, fn: Callable[[], None]) -> None:
         """Run one cleanup task; a failure is logged and does not stop the others."""
@@ -120,7 +127,10 @@ class CleanupWorker(Worker):
         candidates: list[str] = []
         for node_id in ids:
             node = cache.get(node_id)
-            if node is None or node.provider not in ours or self.deleter.busy(node_id):
+            if node is None:
+                self.deleter.forget(node_id)  # gone: a pending retry has nothing to do
+                continue
+            if node.provider not in ours or self.deleter.busy(node_id):
                 continue
             verdict = self._verdict(node, now, locked=False)
             next_check = min(next_check, verdict.recheck_at)
@@ -142,6 +152,7 @@ class CleanupWorker(Worker):
         if full:
             self._next_recheck = next_check
             self._reconcile()
+            self.deleter.prune(cache.ids())
         else:
             self._next_recheck = min(self._next_recheck, next_check)
 

@@ -9,6 +9,12 @@ backoff: nothing is forgotten. Leaked resources (no node) go through `delete_lea
 
 Idempotent: a node already being deleted by this process is not submitted twice; another
 launcher holding the lock simply makes this attempt a no-op.
+
+Bounded: the retry table only holds work that is still wanted. A node's entry is dropped
+when the deletion succeeds or the node is gone (`forget`, `prune`, called by the cleanup
+worker), a leak's when the resource is no longer listed (`prune_leaks`); `next_retry` only
+names future retries of work that is not running, so the cleanup worker never wakes for a
+deadline that nothing will act on.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import logging
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Iterable
 
 from nodepool_k8s import logconfig, model
 from nodepool_k8s.exceptions import TemporaryError, ZkSessionLost
@@ -30,39 +37,56 @@ log = logging.getLogger("nodepool_k8s.NodeDeleter")
 Check = Callable[[Node], bool]
 
 
+@dataclass(frozen=True)
+class LeakKey:
+    """A leaked cloud resource in the retry table (node deletions are keyed by node id)."""
+
+    provider: str
+    external_id: str
+
+
+RetryKey = str | LeakKey
+
+
+@dataclass(frozen=True)
+class Retry:
+    due: float
+    delay: float
+
+
 class NodeDeleter:
     def __init__(self, engine: Engine, workers: int) -> None:
         self.engine = engine
         self._executor = ThreadPoolExecutor(max_workers=workers,
                                             thread_name_prefix="deleter")
         self._lock = threading.Lock()
-        self._in_flight: set[str] = set()
-        self._retry: dict[str, tuple[float, float]] = {}  # key -> (due time, last delay)
+        self._in_flight: set[RetryKey] = set()
+        self._retry: dict[RetryKey, Retry] = {}
         self.deleted = 0
         self.leaks_deleted = 0
         # Called after a deletion completed or failed (the cleanup worker re-evaluates).
         self.on_done: Callable[[], None] = lambda: None
 
     # -- scheduling -----------------------------------------------------------------------
-    def _claim(self, key: str) -> bool:
+    def _claim(self, key: RetryKey) -> bool:
         with self._lock:
             if key in self._in_flight:
                 return False
-            due = self._retry.get(key)
-            if due is not None and due[0] > self.engine.clock.time():
+            retry = self._retry.get(key)
+            if retry is not None and retry.due > self.engine.clock.time():
                 return False
             self._in_flight.add(key)
             return True
 
-    def _release(self, key: str, failed: bool) -> None:
+    def _release(self, key: RetryKey, failed: bool) -> None:
         settings = self.engine.settings
         with self._lock:
             self._in_flight.discard(key)
             if failed:
-                last = self._retry.get(key, (0.0, 0.0))[1]
+                last = self._retry[key].delay if key in self._retry else 0.0
                 delay = min(settings.delete_retry_max,
                             last * 2 if last else settings.delete_retry)
-                self._retry[key] = (self.engine.clock.time() + delay, delay)
+                self._retry[key] = Retry(self.engine.clock.time() + delay, delay)
             else:
                 self._retry.pop(key, None)
         self.on_done()
@@ -72,14 +96,45 @@ class NodeDeleter:
             return node_id in self._in_flight
 
     def next_retry(self) -> float:
+        """When a node deletion is next due for a retry (leak retries follow the sweep)."""
         with self._lock:
-            return min((due for due, _ in self._retry.values()), default=math.inf)
+            return min((r.due for k, r in self._retry.items()
+                        if isinstance(k, str) and k not in self._in_flight),
+                       default=math.inf)
 
     def due_retries(self) -> list[str]:
         now = self.engine.clock.time()
         with self._lock:
-            return [k for k, (due, _) in self._retry.items()
-                    if due <= now and not k.startswith("leak:")]
+            return [k for k, r in self._retry.items()
+                    if isinstance(k, str) and r.due <= now and k not in self._in_flight]
+
+    def forget(self, node_id: str) -> None:
+        """The node is gone (deleted by another launcher, or by hand): no retry."""
+        with self._lock:
+            if node_id not in self._in_flight:
+                self._retry.pop(node_id, None)
+
+    def prune(self, live_node_ids: Iterable[str]) -> None:
+        """Drop node retries of nodes that no longer exist."""
+        live = set(live_node_ids)
+        with self._lock:
+            for key in [k for k in self._retry if isinstance(k, str)
+                        and k not in live and k not in self._in_flight]:
+                del self._retry[key]
+
+    def prune_leaks(self, provider_name: str, listed: Iterable[str]) -> None:
+        """Drop leak retries of a provider's resources that are no longer listed."""
+        present = set(listed)
+        with self._lock:
+            for key in [k for k in self._retry if isinstance(k, LeakKey)
+                        and k.provider == provider_name and k.external_id not in present
+                        and k not in self._in_flight]:
+                del self._retry[key]
+
+    def retry_entries(self) -> int:
+        """Size of the retry table (bounded by the work still wanted; for tests)."""
+        with self._lock:
+            return len(self._retry)
 
     def submit(self, node_id: str, reason: str, check: Check | None = None) -> bool:
         """Delete node `node_id` in the background; False if already in progress/backoff."""
@@ -89,7 +144,7 @@ class NodeDeleter:
         return True
 
     def delete_leak(self, provider_name: str, external_id: str) -> bool:
-        key = f"leak:{provider_name}:{external_id}"
+        key = LeakKey(provider_name, external_id)
         if not self._claim(key):
             return False
         self._executor.submit(self._delete_leak, key, provider_name, external_id)
@@ -151,7 +206,7 @@ class NodeDeleter:
             if not lock.released:
                 lock.release()
 
-    def _delete_leak(self, key: str, provider_name: str, external_id: str) -> None:
+    def _delete_leak(self, key: LeakKey, provider_name: str, external_id: str) -> None:
         failed = False
         try:
             provider = self.engine.providers.get(provider_name)

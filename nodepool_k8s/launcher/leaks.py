@@ -75,6 +75,7 @@ class LeakSweeper:
               now: float) -> None:
         provider_cfg = self.engine.provider_config(provider_name)
         grace = provider_cfg.leak_grace if provider_cfg else 60.0
+        self.deleter.prune_leaks(provider_name, (r.external_id for r in resources))
         current: set[tuple[str, str]] = set()
         for resource in resources:
             if not self._is_leaked(resource):

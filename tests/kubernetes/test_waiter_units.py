@@ -287,3 +287,37 @@ def test_tombstones_are_bounded_and_relists_leave_unconfirmed_ones() -> None:
     watch._client = type("C", (), {"call": lambda self, *a, **k: {"items": []}})()
     watch._relist()
     assert watch.tombstone("", "n9") == ("u9", False)
+
+
+def test_watch_failures_back_off_across_relists(make_sim: Any, make_k8s_provider: Any,
+                                                caplog: pytest.LogCaptureFixture) -> None:
+    """Watch forbidden but list allowed: every round lists fine and then fails. The
+    backoff must keep growing across those successful lists (it used to reset after each
+    list and relist every 0.2 s forever)."""
+    from nodepool_k8s.driver.kubernetes.waiter import restart_delay
+    sim = make_sim()
+    provider = make_k8s_provider(sim)
+    caplog.set_level(logging.WARNING)
+    sim.fail_next("watch", "pods", count=1000, code=403)
+    # Drop the running pods watch so the next one meets the fault.
+    pods = provider._pods
+    with pods._lock:
+        response = pods._response
+    if response is not None:
+        from nodepool_k8s.driver.kubernetes.waiter import _close
+        _close(response)
+
+    def delays() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "pods watch failed" in r.getMessage()]
+    wait_for(lambda: len(delays()) >= 3, 30, message="three failed watch rounds")
+    logged = delays()[:3]
+    for index, line in enumerate(logged):
+        assert f"(#{index + 1}), restarting in {restart_delay(index):.1f}s" in line, logged
+    assert restart_delay(2) > restart_delay(1) > restart_delay(0)
+
+
+def test_event_lines_are_bounded() -> None:
+    from nodepool_k8s.driver.kubernetes.waiter import MAX_EVENT_BYTES
+    endless = _Chunked([b"{" + b"x" * 65536] * (MAX_EVENT_BYTES // 65536 + 2))
+    with pytest.raises(TemporaryError):
+        list(iter_events(endless))

@@ -215,6 +215,38 @@ def test_failed_delete_is_retried(launchers: LauncherFactory, zuul: ZuulClient) 
     assert fake.resource_ids() == set()  # type: ignore[attr-defined]
 
 
+def test_retry_of_a_vanished_node_is_forgotten(launchers: LauncherFactory, zuul: ZuulClient,
+                                               kazoo_client: KazooClient) -> None:
+    """A node whose deletion keeps failing is retried; once another launcher (or a hand)
+    removed it, the retry table forgets it and no retry deadline remains (the old table
+    kept it with a past deadline, and the cleanup worker spun on it)."""
+    launcher = launchers(body())
+    fake = launcher.providers["fake"]
+    fake.fail_next(1000, TemporaryError("api down"), op="delete")  # type: ignore[attr-defined]
+    _, [node_id] = zuul.run_build(["small"])
+    deleter = launcher.deleter
+    wait_for(lambda: deleter.retry_entries() == 1 and not deleter.busy(node_id), 20,
+             message="a failed deletion waiting for its retry")
+    kazoo_client.delete(paths.node_path(node_id), recursive=True)
+    wait_for(lambda: deleter.retry_entries() == 0, 20, message="the retry forgotten")
+    assert deleter.next_retry() == float("inf")
+
+
+def test_cleanup_never_returns_a_past_deadline(launchers: LauncherFactory) -> None:
+    from nodepool_k8s.launcher.cleanup import MIN_PASS_GAP
+    from nodepool_k8s.launcher.deleter import Retry
+    clock = ManualClock(start=time.time())
+    launcher = launchers(body(), clock=clock)
+    launcher.cleanup.stop()
+    launcher.cleanup.join(10)
+    assert not launcher.cleanup.alive
+    # A retry of a node that exists nowhere, due long ago (the state that made it spin).
+    launcher.deleter._retry["0000009999"] = Retry(clock.time() - 100, 1.0)
+    deadline = launcher.cleanup.run_once()
+    assert deadline is not None and deadline >= clock.time() + MIN_PASS_GAP
+    assert launcher.deleter.retry_entries() == 0
+
+
 def test_leak_sweep_needs_two_sightings(launchers: LauncherFactory, zuul: ZuulClient) -> None:
     clock = ManualClock(start=time.time())
     launcher = launchers(body(), clock=clock)

@@ -13,10 +13,14 @@ fallback for a namespace without our labels, which the shared watch never sees.
 How it fails: a watch that ends is resumed from the last resourceVersion; 410 Gone (or an
 ERROR event with code 410) triggers a fresh list that replaces the cache (objects missing
 from it count as deleted); any other error is logged and the list+watch is restarted after a
-backoff. `wait` raises LaunchError("BootTimeout") at its deadline and
-LaunchError("Cancelled") promptly after `cancel` is set; the check itself may raise
-LaunchError to fail early. Waiters wake at least every `tick` seconds to notice cancellation
-and deadlines (the injected clock decides deadlines, so tests can move time).
+backoff. The backoff grows with consecutive failures and is only reset by a watch that
+delivered events: a watch that fails while the list succeeds (e.g. watch forbidden, list
+allowed) does not relist every 0.2 s forever, and neither does a server that ends every
+watch at once. One event line may be at most `MAX_EVENT_BYTES`. `wait` raises
+LaunchError("BootTimeout") at its deadline and LaunchError("Cancelled") promptly after
+`cancel` is set; the check itself may raise LaunchError to fail early. Waiters wake at
+least every `tick` seconds to notice cancellation and deadlines (the injected clock decides
+deadlines, so tests can move time).
 """
 
 from __future__ import annotations
@@ -41,7 +45,14 @@ Key = tuple[str, str]  # (namespace, name)
 Check = Callable[[dict[str, Any] | None], T | None]
 """Inspects the cached object (None if not seen): a result ends the wait, None keeps waiting."""
 
-RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0)
+RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# A watch event is one object (a pod is a few KB); a line this long is garbage or an attack.
+MAX_EVENT_BYTES = 4 * 1024 * 1024
+
+
+def restart_delay(failures: int) -> float:
+    """The pause before the next list+watch after `failures` consecutive failures."""
+    return RESTART_BACKOFF[min(failures, len(RESTART_BACKOFF) - 1)]
 
 
 def object_uid(obj: dict[str, Any]) -> str:
@@ -67,6 +78,8 @@ def iter_events(response: Any) -> Iterator[dict[str, Any]]:
             line, buffer = buffer.split(b"\n", 1)
             if line.strip():
                 yield json.loads(line)
+        if len(buffer) > MAX_EVENT_BYTES:
+            raise TemporaryError(f"watch event longer than {MAX_EVENT_BYTES} bytes")
     if buffer.strip():
         yield json.loads(buffer)
 
@@ -114,6 +127,7 @@ class ObjectWatch:
         self._response: Any = None
         self._thread: threading.Thread | None = None
         self.lists = 0  # how often the cache was (re)built; tests and stats read it
+        self.events = 0  # watch events applied (bookmarks included): progress
         self.watches = 0
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -205,19 +219,29 @@ class ObjectWatch:
     # -- the list+watch loop -----------------------------------------------------------------
 
     def _run(self) -> None:
+        # Consecutive list+watch rounds without progress. Only a watch that delivered
+        # events resets it (a successful list alone does not: see the module docstring).
         failures = 0
         while not self._stopped.is_set():
             try:
                 version = self._relist()
-                failures = 0
                 while not self._stopped.is_set():
+                    before = self.events
                     version = self._watch(version)
+                    if self.events > before:
+                        failures = 0
+                    else:  # ended at once without a single event: do not hammer
+                        self._stopped.wait(restart_delay(failures))
+                        failures += 1
             except Gone as exc:
                 log.debug("%s watch expired, listing again: %s", self.kind, exc)
+                if failures:  # repeated 410s: the same backoff as any failure
+                    self._stopped.wait(restart_delay(failures))
+                failures += 1
             except Exception as exc:  # noqa: BLE001 - the loop must survive anything
                 if self._stopped.is_set():
                     break
-                delay = RESTART_BACKOFF[min(failures, len(RESTART_BACKOFF) - 1)]
+                delay = restart_delay(failures)
                 failures += 1
                 log.warning("%s watch failed (#%d), restarting in %.1fs: %s", self.kind,
                             failures, delay, exc)
@@ -276,6 +300,7 @@ class ObjectWatch:
             raise TemporaryError(f"watch {self.kind}: error event {code}: "
                                  f"{obj.get('message', '')}")
         new_version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        self.events += 1
         if kind == "BOOKMARK":
             return new_version
         key = object_key(obj)
