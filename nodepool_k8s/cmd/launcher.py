@@ -187,10 +187,16 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
     relay.connect({**{signum: stop for signum in STOP_SIGNALS}, signal.SIGHUP: reload,
                    signal.SIGUSR2: dump_stacks})
     try:
-        return service.run()
+        status = service.run()
     except Exception:
         log.exception("The launcher failed")
         return 1
+    # The service has handed its work back (or its stop deadline passed). Launch and
+    # deletion threads may still be blocked on an unreachable API or ZooKeeper, and the
+    # interpreter would join them at exit (concurrent.futures does, daemonic or not),
+    # waiting for their retries to run out: end the process now.
+    logging.shutdown()
+    os._exit(status)
 
 
 if __name__ == "__main__":

@@ -53,6 +53,8 @@ ProviderFactory = Callable[[ProviderConfig, Clock], Provider]
 PoolKey = tuple[str, str]
 CACHE_SYNC_TIMEOUT = 60.0
 PROVIDER_RETRY = 30.0
+# The part of the stop deadline spent handing work back; the rest closes the session.
+HANDBACK_SHARE = 0.75
 
 
 class Launcher:
@@ -318,10 +320,21 @@ class Launcher:
 
     # -- stop -----------------------------------------------------------------------------
     def stop(self) -> None:
-        """Graceful stop. Idempotent."""
+        """Graceful stop within `stop_timeout` seconds overall. Idempotent.
+
+        Hands requests back first (most of the time budget), then leaves the election,
+        unregisters and closes the session. Every wait uses what is left of the one
+        deadline, so no state (ZooKeeper or the API unreachable) makes it longer; the
+        service ends the process when the deadline passes anyway (see LauncherService).
+        """
         engine = self.engine
         if engine.stopping.is_set():
             return
+        clock = engine.clock
+        deadline = clock.monotonic() + engine.settings.stop_timeout * HANDBACK_SHARE
+
+        def left() -> float:
+            return max(0.0, deadline - clock.monotonic())
         log.info("Stopping launcher")
         self._ready.clear()
         engine.stopping.set()
@@ -332,20 +345,20 @@ class Launcher:
             for worker in workers:
                 worker.stop()
             for worker in workers:
-                worker.join(engine.settings.stop_timeout)
+                worker.join(left())
             connected = self.zk.connected
             for worker in workers:
                 if connected:
-                    worker.shutdown_handlers(engine.settings.stop_timeout)
+                    worker.shutdown_handlers(left())
                 else:
                     worker.drop_handlers("stopping without a ZooKeeper connection")
             self.cleanup.stop()
             self.min_ready.stop()
-            self.cleanup.join(engine.settings.stop_timeout)
-            self.min_ready.join(engine.settings.stop_timeout)
+            self.cleanup.join(left())
+            self.min_ready.join(left())
             # Leave the stats election while the session is open: another launcher takes
             # over at once instead of after our session times out.
-            self.gauges.stop(engine.settings.stop_timeout)
+            self.gauges.stop(left())
             self.deleter.shutdown(wait=False)
             for launches in self.launch_pools.values():
                 launches.shutdown(wait=False)

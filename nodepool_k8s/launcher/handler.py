@@ -166,10 +166,12 @@ class RequestHandler:
         """
         self.cancel.set()
         discarded: list[Slot] = []
+        clock = self.engine.clock
+        deadline = clock.monotonic() + timeout
         for slot in self.slots:
             if slot.future is not None:
                 try:
-                    outcome = slot.future.result(timeout)
+                    outcome = slot.future.result(max(0.0, deadline - clock.monotonic()))
                 except Exception:
                     continue
                 if outcome.kind in (launching.CANCELLED, launching.FAILED) and not slot.reused:

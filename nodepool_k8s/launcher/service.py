@@ -67,6 +67,7 @@ class LauncherService:
         self._stop = threading.Event()
         self._reload = threading.Event()
         self._wake = threading.Event()
+        self.stop_overran = False  # the graceful stop hit its deadline (see run)
         self.reloads = 0  # reloads that were applied (a valid configuration)
         self.failed_reloads = 0
 
@@ -96,10 +97,29 @@ class LauncherService:
             return 0
         finally:
             sdnotify.stopping()
+            self._stop_within_deadline()
+
+    def _stop_within_deadline(self) -> None:
+        """Stop the launcher and the web app, giving up after `stop_timeout` seconds.
+
+        A graceful stop waits on ZooKeeper and on running launches; with either gone a
+        step could block (kazoo retries a lock release until the session is back). The
+        steps run on a thread of their own; if they overrun, `stop_overran` is set and the
+        caller ends the process: what was not handed back is recovered by the next start
+        or by another launcher (ephemeral locks vanish with the session).
+        """
+        def stop_all() -> None:
             self.launcher.stop()
             if self.webapp is not None:
                 self.webapp.stop()
                 self.webapp = None
+        worker = threading.Thread(target=stop_all, name="graceful-stop", daemon=True)
+        worker.start()
+        worker.join(self.launcher.engine.settings.stop_timeout)
+        if worker.is_alive():
+            self.stop_overran = True
+            log.warning("Graceful stop did not finish within %.1fs; exiting anyway",
+                        self.launcher.engine.settings.stop_timeout)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -58,7 +58,7 @@ class EngineSettings:
     # Optimistic quota decisions retry this many times on concurrent changes per pass.
     guard_attempts: int = 20
     # On graceful stop, wait this long for cancelled launches to return.
-    stop_timeout: float = 30.0
+    stop_timeout: float = 1.5
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
