@@ -96,6 +96,8 @@ class Params:
     quick: bool = False
     profile_dir: str | None = None  # py-spy profiles of the launchers, per run
     profile_idle: bool = False      # ... including waiting threads (wall time)
+    soak_rounds: int = 0            # > 0: only the soak run (RSS and threads per round)
+    soak_requests: int = 60         # namespace requests per soak round
 
     @classmethod
     def quick_params(cls) -> "Params":
@@ -618,12 +620,61 @@ class Bench:
             client.close()
         self.stop(procs + [extra])
 
+    def soak_phase(self) -> None:
+        """Rounds of namespace builds (optionally with API errors) against one launcher;
+        after each round (every node released and deleted) its RSS and thread count."""
+        from nodepool_k8s.zk.loadtools import NodeWatcher
+        p = self.p
+        log(f"soak: {p.soak_rounds} rounds of {p.soak_requests} namespace requests, "
+            f"{p.error_rate:.0%} of Kubernetes writes failing")
+        sim = self.stack.start_simulator(ZERO_DELAYS, error_rate=p.error_rate)
+        chroot, procs, sessions = self.launch(1, p.max_servers)
+        clients = self.clients(chroot)
+        watcher = NodeWatcher(clients[0].client)
+        load = Load(clients, self.left)
+        rounds: list[dict[str, Any]] = []
+        del sim, sessions
+        for index in range(1, p.soak_rounds + 1):
+            plan = make_plan([(["namespace"], 1)], p.priorities, p.soak_requests)
+            load.run(plan, p.concurrency)
+            node_ids = [n for s in plan for n in s.nodes]
+            if not watcher.wait_gone(node_ids, self.left(120)):
+                raise BenchFailed(f"soak round {index}: released nodes were not deleted")
+            wait_idle(procs[0], self.left(30))
+            stats = proc_stats(procs[0].pid)
+            row = {"round": index, "requests": len(plan),
+                   "fulfilled": sum(1 for s in plan if s.state == "fulfilled"),
+                   "rss_mib": _round(stats.rss_kib / 1024 if stats else None, 1),
+                   "threads": stats.threads if stats else None}
+            rounds.append(row)
+            log(f"soak round {index}: {row['fulfilled']}/{row['requests']} fulfilled, "
+                f"RSS {row['rss_mib']} MiB, {row['threads']} threads")
+        half = rounds[len(rounds) // 2:]
+        self.results["soak"] = {
+            "rounds": rounds, "requests_per_round": p.soak_requests,
+            "error_rate": p.error_rate,
+            # Growth over the second half: what is left once caches and pools are warm.
+            "rss_growth_second_half_mib": _round(
+                (half[-1]["rss_mib"] or 0) - (half[0]["rss_mib"] or 0), 1) if half else None,
+            "thread_growth_second_half": (half[-1]["threads"] or 0) - (half[0]["threads"] or 0)
+            if half else None,
+        }
+        watcher.stop()
+        for client in clients:
+            client.close()
+        self.stop(procs)
+
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
         self.results["machine"] = machine()
         self.results["parameters"] = params_json(self.p)
         log("starting ZooKeeper")
         self.stack.start_zookeeper()
+        if self.p.soak_rounds > 0:
+            self.soak_phase()
+            self.results["duration_s"] = _round(time.monotonic() - started, 1)
+            self.results["targets"] = []
+            return self.results
         for profile in self.p.profiles:
             self.latency_phase(profile)
         if self.p.launchers:
@@ -759,6 +810,10 @@ def failures(results: dict[str, Any], params: Params) -> list[str]:
     scale = results.get("scale")
     if scale and scale["fulfilled"] != scale["requests"]:
         problems.append("scale: a request was not fulfilled")
+    soak = results.get("soak")
+    if soak and params.error_rate == 0:
+        problems += [f"soak round {r['round']}: {r['fulfilled']} of {r['requests']} fulfilled"
+                     for r in soak["rounds"] if r["fulfilled"] != r["requests"]]
     return problems
 
 
@@ -775,6 +830,8 @@ def table(results: dict[str, Any]) -> str:
     head = ("run", "conc", "reqs", "nodes", "p50ms", "p95ms", "p99ms", "nodes/s", "clean50",
             "clean95", "API/n", "ZKw/n", "ZKr/n", "CPUms/n", "RSS MiB")
     rows = [head]
+    if results.get("soak") and not results["runs"]:
+        rows = []
     for r in results["runs"] + results.get("launchers", []):
         lat, clean = r["latency_ms"], r["cleanup_ms"]
         rows.append((r["name"], r["concurrency"], f"{r['fulfilled']}/{r['requests']}",
@@ -782,6 +839,16 @@ def table(results: dict[str, Any]) -> str:
                      clean["p50"], clean["p95"], r["api_calls_per_node"],
                      r["zk_writes_per_node"], r["zk_reads_per_node"],
                      r["launcher_cpu_ms_per_node"], r["launcher_peak_rss_mib"]))
+    soak = results.get("soak")
+    if soak and not rows:
+        lines += [f"soak: {len(soak['rounds'])} rounds of {soak['requests_per_round']} "
+                  f"namespace requests, {soak['error_rate']:.0%} of Kubernetes writes failing",
+                  "  round  fulfilled  RSS MiB  threads"]
+        lines += [f"  {r['round']:>5}  {r['fulfilled']:>5}/{r['requests']:<4} "
+                  f"{_fmt(r['rss_mib']):>7}  {_fmt(r['threads']):>7}" for r in soak["rounds"]]
+        lines.append(f"  second half: RSS {soak['rss_growth_second_half_mib']:+} MiB, "
+                     f"threads {soak['thread_growth_second_half']:+}")
+        return "\n".join(lines)
     widths = [max(len(_fmt(row[i])) for row in rows) for i in range(len(head))]
     for index, row in enumerate(rows):
         lines.append("  ".join(_fmt(v).rjust(w) if i else _fmt(v).ljust(w)
@@ -874,6 +941,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --profile: keep samples of waiting threads (where time goes, "
                         "not only CPU)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (logs)")
+    p.add_argument("--soak", type=int, metavar="ROUNDS", dest="soak_rounds",
+                   help="run only the soak mode: ROUNDS rounds of --soak-requests namespace "
+                        "requests (with --error-rate), RSS and threads after each")
+    p.add_argument("--soak-requests", type=int,
+                   help=f"requests per soak round (default {Params.soak_requests})")
     return p
 
 
@@ -881,7 +953,7 @@ def params_from(args: argparse.Namespace) -> Params:
     p = Params.quick_params() if args.quick else Params()
     for name in ("requests", "realistic_requests", "serial", "concurrency", "sessions",
                  "error_rate", "max_concurrency", "launcher_requests", "launcher_concurrency",
-                 "quota", "scale_nodes", "timeout"):
+                 "quota", "scale_nodes", "timeout", "soak_rounds", "soak_requests"):
         value = getattr(args, name)
         if value is not None:
             setattr(p, name, value)

@@ -123,6 +123,7 @@ class ProcStats:
     cpu_seconds: float
     rss_kib: int
     peak_rss_kib: int
+    threads: int = 0
 
 
 def proc_stats(pid: int) -> ProcStats | None:
@@ -138,9 +139,9 @@ def proc_stats(pid: int) -> ProcStats | None:
     mem = {}
     for line in status.splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in ("VmRSS", "VmHWM", "Threads"):
             mem[key] = int(value.split()[0])
-    return ProcStats(cpu, mem.get("VmRSS", 0), mem.get("VmHWM", 0))
+    return ProcStats(cpu, mem.get("VmRSS", 0), mem.get("VmHWM", 0), mem.get("Threads", 0))
 
 
 class ManagedProcess:

@@ -49,6 +49,7 @@ Listener = Callable[[str, str], None]
 """`listener(kind, key)`: kind "changed", "removed", "lock", or "synced"/"reconnected"."""
 
 TOMBSTONE_TTL = 300.0
+MAX_TOMBSTONES = 20_000
 MAX_IN_FLIGHT = 256
 NO_CONTENDERS: frozenset[str] = frozenset()
 
@@ -361,8 +362,12 @@ class ChildMirror(Generic[T]):
     def _remove(self, key: str) -> None:
         now = time.monotonic()
         self._dead[key] = now
-        if len(self._dead) > 1000:
+        if len(self._dead) > MAX_TOMBSTONES // 2:
             for dead in [k for k, t in self._dead.items() if now - t > TOMBSTONE_TTL]:
+                del self._dead[dead]
+            # A hard bound as well (oldest first: dicts keep insertion order), so a burst of
+            # deletions cannot grow this past a fixed size within the TTL.
+            for dead in list(self._dead)[:max(0, len(self._dead) - MAX_TOMBSTONES)]:
                 del self._dead[dead]
         with self._lock:
             old = self.items.pop(key, None)

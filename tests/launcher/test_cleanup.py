@@ -11,6 +11,7 @@ session expiry in the middle of a launch.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 from kazoo.client import KazooClient
@@ -245,6 +246,33 @@ def test_cleanup_never_returns_a_past_deadline(launchers: LauncherFactory) -> No
     deadline = launcher.cleanup.run_once()
     assert deadline is not None and deadline >= clock.time() + MIN_PASS_GAP
     assert launcher.deleter.retry_entries() == 0
+
+
+def test_no_per_node_state_outlives_the_nodes(launchers: LauncherFactory,
+                                              zuul: ZuulClient) -> None:
+    """After many builds (some deletions failing first) every per-node table of the
+    engine is empty again: what a daemon keeps must not grow with the nodes it served."""
+    launcher = launchers(body())
+    fake = launcher.providers["fake"]
+    fake.fail_next(5, TemporaryError("api down"), op="delete")  # type: ignore[attr-defined]
+    for _ in range(4):
+        threads = [threading.Thread(target=zuul.run_build, args=(["small"],))
+                   for _ in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    wait_for(lambda: not launcher.node_cache.ids(), 30, message="every node deleted")
+    engine = launcher.engine
+    wait_for(lambda: launcher.deleter.retry_entries() == 0
+             and not any(w.handlers for w in launcher.pool_workers.values()), 20,
+             message="deleter retries and request handlers gone")
+    assert engine.node_cache._by_request == {}
+    # Nodes of the last allocations are remembered until the next quota read prunes them
+    # (at most one round of creations, never the history).
+    assert len(engine.guard._created) <= 8
+    assert engine.node_cache.malformed() == {} and engine.node_cache.empty_ids() == []
+    assert fake.resource_ids() == set()  # type: ignore[attr-defined]
 
 
 def test_leak_sweep_needs_two_sightings(launchers: LauncherFactory, zuul: ZuulClient) -> None:

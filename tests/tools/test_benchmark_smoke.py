@@ -51,3 +51,19 @@ def test_quick_json(tmp_path: Path) -> None:
     assert all({"name", "target", "value", "met"} <= set(t) for t in results["targets"])
     assert leftovers(tmp_path) == []
     assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_soak_smoke(tmp_path: Path) -> None:
+    """`--soak` runs rounds against one launcher and reports RSS and threads per round
+    (whether they stay flat is recorded in doc/benchmark.md, not asserted here)."""
+    done = run_module("nodepool_k8s.testing.bench", "--soak", "2", "--soak-requests", "5",
+                      "--error-rate", "0.05", "--json", tmp=tmp_path, timeout=150)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads(done.stdout)
+    soak = results["soak"]
+    assert [r["round"] for r in soak["rounds"]] == [1, 2]
+    for row in soak["rounds"]:
+        assert row["requests"] == 5 and row["rss_mib"] > 0 and row["threads"] > 0
+    assert soak["error_rate"] == 0.05
+    assert leftovers(tmp_path) == []
+    assert processes_mentioning(str(tmp_path)) == []
