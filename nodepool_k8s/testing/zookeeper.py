@@ -227,3 +227,105 @@ class ZooKeeperServer:
             return (Path(self.workdir) / "zookeeper.log").read_text(errors="replace")[-2000:]
         except OSError:
             return ""
+
+
+class ZooKeeperEnsemble:
+    """Three `QuorumPeerMain` servers on free loopback ports, for failover tests.
+
+    `leader()` names the index of the current leader (from `srvr`), `kill(i)` SIGKILLs one
+    server and `restart(i)` brings it back with its data. A short tickTime keeps elections
+    to about a second. Failure: `ZooKeeperUnavailable` when the quorum does not form.
+    """
+
+    SIZE = 3
+
+    def __init__(self, workdir: str | None = None) -> None:
+        self._own_dir = workdir is None
+        self.workdir = workdir or tempfile.mkdtemp(prefix="nodepool-k8s-zk3-")
+        self.client_ports = [free_port() for _ in range(self.SIZE)]
+        self._peer_ports = [(free_port(), free_port()) for _ in range(self.SIZE)]
+        self._procs: list[subprocess.Popen[bytes] | None] = [None] * self.SIZE
+
+    @property
+    def hosts(self) -> str:
+        return ",".join(f"127.0.0.1:{port}" for port in self.client_ports)
+
+    def start(self, timeout: float = 90.0) -> "ZooKeeperEnsemble":
+        for index in range(self.SIZE):
+            self._start_one(index)
+        self.wait_quorum(timeout)
+        return self
+
+    def _config(self, index: int) -> Path:
+        base = Path(self.workdir) / f"server-{index + 1}"
+        data = base / "data"
+        data.mkdir(parents=True, exist_ok=True)
+        (data / "myid").write_text(f"{index + 1}\n")
+        lines = [
+            "tickTime=200", "initLimit=20", "syncLimit=10", f"dataDir={data}",
+            "clientPortAddress=127.0.0.1", f"clientPort={self.client_ports[index]}",
+            "maxClientCnxns=0", "4lw.commands.whitelist=*", "admin.enableServer=false",
+            "minSessionTimeout=1000", "maxSessionTimeout=60000", "forceSync=no",
+            "cnxTimeout=1000",
+        ]
+        lines += [f"server.{i + 1}=127.0.0.1:{peer}:{election}"
+                  for i, (peer, election) in enumerate(self._peer_ports)]
+        cfg = base / "zoo.cfg"
+        cfg.write_text("\n".join(lines) + "\n")
+        return cfg
+
+    def _start_one(self, index: int) -> None:
+        java = shutil.which("java")
+        if java is None or not ZK_JAR.exists():
+            raise ZooKeeperUnavailable("java or the zookeeper jar is missing (tools/test-setup.sh)")
+        cfg = self._config(index)
+        log = open(cfg.parent / "zookeeper.log", "ab")
+        self._procs[index] = subprocess.Popen(
+            [java, "-Xmx192m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+             "-Dzookeeper.admin.enableServer=false", "-cp", str(ZK_JAR),
+             "org.apache.zookeeper.server.quorum.QuorumPeerMain", str(cfg)],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+
+    def mode(self, index: int) -> str | None:
+        """"leader", "follower" or None (down, or not serving yet)."""
+        try:
+            answer = four_letter(self.client_ports[index], "srvr")
+        except OSError:
+            return None
+        for line in answer.splitlines():
+            if line.startswith("Mode:"):
+                return line.split(":", 1)[1].strip()
+        return None
+
+    def leader(self) -> int | None:
+        modes = [self.mode(i) for i in range(self.SIZE)]
+        return modes.index("leader") if "leader" in modes else None
+
+    def wait_quorum(self, timeout: float = 60.0) -> int:
+        """Wait until every running server serves and one leads; the leader's index."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            running = [i for i, p in enumerate(self._procs) if p is not None
+                       and p.poll() is None]
+            modes = [self.mode(i) for i in running]
+            if modes and all(modes) and modes.count("leader") == 1:
+                return running[modes.index("leader")]
+            time.sleep(0.05)
+        raise ZooKeeperUnavailable(f"no quorum after {timeout}s")
+
+    def kill(self, index: int) -> None:
+        proc, self._procs[index] = self._procs[index], None
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+    def restart(self, index: int) -> None:
+        self.kill(index)
+        self._start_one(index)
+
+    def stop(self) -> None:
+        for index in range(self.SIZE):
+            self.kill(index)
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
