@@ -241,7 +241,9 @@ class RequestHandler:
                 outcome = slot.future.result()
             except Exception as exc:  # run() catches everything; be defensive anyway
                 outcome = launching.LaunchOutcome(launching.FAILED, error=repr(exc))
-            slot.future = None
+            # The future (and so the outcome) is dropped only once the outcome is applied:
+            # if writing the node's final state fails (ZooKeeper unreachable), the next
+            # advance collects the same outcome again instead of waiting forever.
             if outcome.kind == launching.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
             elif outcome.kind == launching.ABORTED:
@@ -255,6 +257,7 @@ class RequestHandler:
                 slot.state = SlotState.FAILED
                 assert slot.node is not None
                 self._node_log(slot.node).warning("Launch failed: %s", outcome.error)
+            slot.future = None
 
     def _finish_node(self, slot: Slot, state: str) -> None:
         """Write a node's final state and unlock it (cleanup deletes it later)."""

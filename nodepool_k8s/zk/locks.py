@@ -101,6 +101,25 @@ def add_fresh_lock(txn: Txn, path: str) -> str:
     return node
 
 
+def reconcile_write(zk: ZkClient, path: str, data: bytes, old_version: int,
+                    contender: str | None = None) -> tuple[int, bool] | None:
+    """After a connection loss on a commit that wrote `data` to `path` (at `old_version`):
+    was it applied? Returns (new version, our contender still exists) when it was, None
+    when it was not. Raises ZkConnectionError while ZooKeeper stays unreachable.
+
+    A lost reply leaves a transaction's outcome unknown; treating it as "not applied" would
+    orphan what it created (a lock held by our own live session, a node in `building`).
+    The write is recognised by the version it produced and the exact bytes.
+    """
+    if not zk.wait_connected(zk.settings.timeout):
+        raise errors.ZkConnectionError(f"cannot tell whether the write of {path} applied")
+    found = zk.get(path)
+    if found is None or found[1].version != old_version + 1 or found[0] != data:
+        return None
+    held = contender is not None and zk.exists(contender) is not None
+    return found[1].version, held
+
+
 def contenders(children: list[str]) -> list[str]:
     """Lock contender names, lowest sequence (the holder) first."""
     found = [(m.group(1), c) for c in children if (m := _CONTENDER.search(c))]
@@ -121,11 +140,12 @@ def acquire(zk: ZkClient, path: str, *, blocking: bool = False, timeout: float |
     `makepath=False` (node locks) refuses to create missing parents: a deleted node then
     raises NoNodeError instead of being resurrected as an empty znode.
     """
-    epoch = zk.epoch
     prefix = uuid.uuid4().hex + paths.LOCK_NODE_NAME
     data = identifier.encode("utf8")
     node = _create_contender(zk, path, prefix, data, makepath)
-    held = HeldLock(zk, path, node, epoch)
+    # The session counter after the create: read before it, a session change in between
+    # would make `release()` skip deleting a contender that our new session owns.
+    held = HeldLock(zk, path, node, zk.epoch)
     deadline = None if timeout is None else time.monotonic() + timeout
     try:
         while True:

@@ -131,14 +131,25 @@ class NodeStore:
         None when someone else got to the lock first (the node is then left alone).
         """
         lock_dir = paths.node_lock_path(node.id)
-        epoch = self.zk.epoch
         old_state, old_time = node.state, node.state_time
         node.state, node.state_time = new_state, state_time
         txn = Txn()
         contender = locks.add_fresh_lock(txn, lock_dir)
-        set_idx = txn.set(paths.node_path(node.id), encode(node), version=node.version)
+        data = encode(node)
+        set_idx = txn.set(paths.node_path(node.id), data, version=node.version)
         try:
             results = txn.commit(self.zk)
+        except errors.ZkConnectionError:
+            # Ambiguous: the transaction may have been applied. Adopt it if it was.
+            outcome = locks.reconcile_write(self.zk, paths.node_path(node.id), data,
+                                            node.version, f"{lock_dir}/{contender}")
+            if outcome is None:
+                node.state, node.state_time = old_state, old_time
+                raise
+            node.version, ours = outcome
+            if not ours:  # applied, but the session (and our lock) is gone since
+                raise errors.LockLost(f"lock on node {node.id} lost after the commit")
+            return HeldLock(self.zk, lock_dir, contender, self.zk.epoch)
         except errors.TxnFailed as exc:
             node.state, node.state_time = old_state, old_time
             if isinstance(exc.cause, errors.NodeExistsError):
@@ -156,7 +167,7 @@ class NodeStore:
                 return held
             raise exc.cause from exc
         node.version = results[set_idx].version
-        return HeldLock(self.zk, lock_dir, contender, epoch)
+        return HeldLock(self.zk, lock_dir, contender, self.zk.epoch)
 
     def store(self, node: Node, held: HeldLock) -> None:
         """Write the whole node, only while we hold its lock (and at the version we read)."""

@@ -141,14 +141,25 @@ class RequestStore:
         Raises NoNodeError / VersionConflict when the request is gone or changed.
         """
         lock_dir = paths.request_lock_path(request.id)
-        epoch = self.zk.epoch
         txn = Txn()
         contender = locks.add_fresh_lock(txn, lock_dir)
-        idx = txn.set(paths.request_path(request.id), encode(request), version=request.version)
+        data = encode(request)
+        idx = txn.set(paths.request_path(request.id), data, version=request.version)
         if release:
             txn.delete(f"{lock_dir}/{contender}")
         try:
             results = txn.commit(self.zk)
+        except errors.ZkConnectionError:
+            # Ambiguous: the transaction may have been applied. Adopt it if it was.
+            outcome = locks.reconcile_write(self.zk, paths.request_path(request.id), data,
+                                            request.version,
+                                            None if release else f"{lock_dir}/{contender}")
+            if outcome is None:
+                raise
+            request.version, ours = outcome
+            if not release and not ours:
+                raise errors.LockLost(f"lock on request {request.id} lost after the commit")
+            return HeldLock(self.zk, lock_dir, contender, self.zk.epoch, released=release)
         except errors.TxnFailed as exc:
             if exc.path == lock_dir and isinstance(exc.cause, errors.NodeExistsError):
                 return None
@@ -157,7 +168,7 @@ class RequestStore:
                 return None
             raise exc.cause from exc
         request.version = results[idx].version
-        return HeldLock(self.zk, lock_dir, contender, epoch, released=release)
+        return HeldLock(self.zk, lock_dir, contender, self.zk.epoch, released=release)
 
     @staticmethod
     def add_create(txn: Txn, request: NodeRequest, priority: str, *,

@@ -79,3 +79,27 @@ def test_guard_and_release_in_transaction(zkc: ZkClient, kazoo_client: KazooClie
 def test_contenders_sorted_by_sequence() -> None:
     names = ["b" * 32 + "__lock__0000000003", "a" * 32 + "__lock__0000000001", "junk"]
     assert locks.contenders(names) == [names[1], names[0]]
+
+
+def test_reconcile_an_ambiguous_commit(zkc: ZkClient, kazoo_client: KazooClient) -> None:
+    """After a lost reply, a write is recognised as applied by the version it produced and
+    its exact bytes, and the lock as ours by our contender; anything else is not applied."""
+    kazoo_client.create("/nodepool/requests-lock/100-1", b"", makepath=True)
+    kazoo_client.create("/nodepool/requests/100-1", b"old", makepath=True)
+    contender = "/nodepool/requests-lock/100-1/abc__lock__0000000000"
+    # Applied (version 0 -> 1, our bytes) with our contender: adopt the lock.
+    txn = Txn()
+    txn.set("/nodepool/requests/100-1", b"ours", version=0)
+    txn.create(contender, b"", ephemeral=True)
+    txn.commit(zkc)
+    assert locks.reconcile_write(zkc, "/nodepool/requests/100-1", b"ours", 0,
+                                 contender) == (1, True)
+    # Applied, but the contender is gone (session changed since): not ours.
+    kazoo_client.delete(contender)
+    assert locks.reconcile_write(zkc, "/nodepool/requests/100-1", b"ours", 0,
+                                 contender) == (1, False)
+    # Not applied: other bytes, or another version.
+    assert locks.reconcile_write(zkc, "/nodepool/requests/100-1", b"mine", 0) is None
+    kazoo_client.set("/nodepool/requests/100-1", b"ours")
+    assert locks.reconcile_write(zkc, "/nodepool/requests/100-1", b"ours", 0) is None
+    assert locks.reconcile_write(zkc, "/nodepool/requests/100-2", b"ours", 0) is None
