@@ -30,12 +30,15 @@ from nodepool_k8s.launcher.deleter import NodeDeleter
 from nodepool_k8s.launcher.leaks import LeakSweeper
 from nodepool_k8s.launcher.worker import Worker
 from nodepool_k8s.model import Node
-from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import errors, locks, paths
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.txn import Txn
 
 # The earliest a timed cleanup pass follows the previous one (seconds).
 MIN_PASS_GAP = 0.5
+# Node states in which the launcher itself holds node locks (launching, deleting).
+OWN_LOCK_STATES = frozenset({model.INIT, model.BUILDING, model.DELETING, model.DELETED,
+                             model.ABORTED, model.FAILED})
 
 
 class CleanupWorker(Worker):
@@ -50,6 +53,8 @@ class CleanupWorker(Worker):
         self._next_recheck = math.inf
         self._lost_due = True
         self._lock_dir_seen: dict[str, float] = {}
+        self._orphans_seen: set[str] = set()
+        self.orphans_released = 0
 
     # -- cache listeners (quick, on the cache thread) -------------------------------------
     def on_node_event(self, kind: str, node_id: str) -> None:
@@ -95,6 +100,7 @@ class CleanupWorker(Worker):
             self._step("lost requests", self._lost_requests)
         if full:
             self._step("request-lock dirs", lambda: self._lock_dirs(now))
+            self._step("orphaned locks", self._orphaned_locks)
         self._step("leak sweep", lambda: self.leaks.sweep_due(now))
         due = min(self._next_full, self._next_recheck, self.deleter.next_retry(),
                   self.leaks.next_due())
@@ -155,6 +161,32 @@ class CleanupWorker(Worker):
             self.deleter.prune(cache.ids())
         else:
             self._next_recheck = min(self._next_recheck, next_check)
+
+    def _orphaned_locks(self) -> None:
+        """Release locks our own session holds for work that no longer exists.
+
+        A lock whose holder vanished inside this process (an ambiguous commit, a crashed
+        handler) would otherwise be held until the session ends: the request is never
+        reset, the node never cleaned. Only where the launcher itself takes locks is
+        looked at (pending requests; nodes being built or deleted), and a contender must be
+        seen orphaned on two full passes in a row (a lock being taken right now is not).
+        """
+        engine = self.engine
+        dirs = [paths.request_lock_path(r.id) for r in engine.request_cache.requests()
+                if r.state == model.PENDING]
+        dirs += [paths.node_lock_path(n.id) for n in engine.node_cache.nodes()
+                 if n.state in OWN_LOCK_STATES]
+        found = set(locks.orphaned_contenders(engine.zk, dirs))
+        for path in sorted(found & self._orphans_seen):
+            try:
+                engine.zk.delete(path)
+            except errors.NoNodeError:
+                continue
+            self.orphans_released += 1
+            self.log.warning("Released lock %s: held by this launcher's session but by no "
+                             "live work", path)
+            self.wake()
+        self._orphans_seen = found - self._orphans_seen
 
     def _reconcile(self) -> None:
         """Evict cache entries ZooKeeper no longer has (a safety net for missed events)."""

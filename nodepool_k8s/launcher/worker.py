@@ -4,7 +4,8 @@ Owns: the loop every engine worker shares. `wake()` (from cache listeners, other
 the session supervisor) runs the next pass at once; passes coalesce, so a burst of events
 costs one pass. `run_once()` returns the epoch time of the next timed work (or None) and the
 loop waits exactly until then: no fixed sleep tick. A pass that raises is logged with its
-traceback and retried after a short backoff; the thread never dies silently.
+traceback and retried after a short backoff (a temporary error, such as ZooKeeper being
+unreachable, with a WARNING line instead); the thread never dies silently.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import math
 import threading
 
 from nodepool_k8s.clock import Clock
+from nodepool_k8s.exceptions import TemporaryError
 
 # Upper bound of one wait, so a worker re-evaluates even if a deadline computation was off.
 MAX_WAIT = 60.0
@@ -62,6 +64,11 @@ class Worker:
             self._wake.clear()
             try:
                 deadline = self.run_once()
+            except TemporaryError as exc:
+                # ZooKeeper or the API went away mid-pass (a failover, a lost reply): an
+                # expected condition, logged as such; the pass is retried after a backoff.
+                self.log.warning("%s pass interrupted (%s); retrying", self.name, exc)
+                deadline = self.clock.time() + ERROR_BACKOFF
             except Exception:
                 self.log.exception("%s pass failed; retrying", self.name)
                 deadline = self.clock.time() + ERROR_BACKOFF

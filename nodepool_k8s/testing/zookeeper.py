@@ -320,9 +320,20 @@ class ZooKeeperEnsemble:
             proc.kill()
             proc.wait(10)
 
-    def restart(self, index: int) -> None:
+    def restart(self, index: int, timeout: float = 60.0) -> None:
+        """Start server `index` again and wait until it serves (a JVM that dies at start,
+        e.g. on a port taken meanwhile, is started again)."""
         self.kill(index)
-        self._start_one(index)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self._start_one(index)
+            proc = self._procs[index]
+            while time.monotonic() < deadline and proc is not None and proc.poll() is None:
+                if self.mode(index):
+                    return
+                time.sleep(0.05)
+            self.kill(index)
+        raise ZooKeeperUnavailable(f"server {index + 1} did not rejoin within {timeout}s")
 
     def stop(self) -> None:
         for index in range(self.SIZE):

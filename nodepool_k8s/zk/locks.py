@@ -23,6 +23,7 @@ import re
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, field
 
 from nodepool_k8s.zk import errors, paths
@@ -34,15 +35,23 @@ log = logging.getLogger("nodepool_k8s.zk.locks")
 _CONTENDER = re.compile(r"__lock__(-?\d{10})$")
 
 
-@dataclass
+@dataclass(eq=False)
 class HeldLock:
-    """A lock we hold: the lock dir, our contender name and the session epoch it lives in."""
+    """A lock we hold: the lock dir, our contender name and the session epoch it lives in.
+
+    Every instance registers itself (weakly) as live work of this process; the orphan
+    self-check (`orphaned_contenders`) releases contenders of our session that no live
+    `HeldLock` stands for.
+    """
 
     zk: ZkClient
     path: str
     node: str
     epoch: int
     released: bool = field(default=False)
+
+    def __post_init__(self) -> None:
+        _LIVE.add(self)
 
     @property
     def child_path(self) -> str:
@@ -118,6 +127,36 @@ def reconcile_write(zk: ZkClient, path: str, data: bytes, old_version: int,
         return None
     held = contender is not None and zk.exists(contender) is not None
     return found[1].version, held
+
+
+_LIVE: "weakref.WeakSet[HeldLock]" = weakref.WeakSet()
+
+
+def live_contenders() -> set[str]:
+    """Contender paths held by live work of this process (not released, still referenced)."""
+    return {held.child_path for held in list(_LIVE) if not held.released}
+
+
+def orphaned_contenders(zk: ZkClient, lock_dirs: list[str]) -> list[str]:
+    """Contenders under `lock_dirs` that our own session owns but no live work holds.
+
+    Such a lock can never be released by anyone (the session is alive, the work that took
+    it is gone), so what it guards would stay locked forever.
+    """
+    session = zk.session_id
+    if session is None:
+        return []
+    live = live_contenders()
+    out: list[str] = []
+    for lock_dir in lock_dirs:
+        for name in zk.get_children(lock_dir) or []:
+            path = f"{lock_dir}/{name}"
+            if path in live or not _CONTENDER.search(name):
+                continue
+            stat = zk.exists(path)
+            if stat is not None and stat.ephemeral_owner == session:
+                out.append(path)
+    return out
 
 
 def contenders(children: list[str]) -> list[str]:

@@ -48,8 +48,8 @@ Decoder = Callable[[str, bytes, Any], T]
 Listener = Callable[[str, str], None]
 """`listener(kind, key)`: kind "changed", "removed", "lock", or "synced"/"reconnected"."""
 
-TOMBSTONE_TTL = 300.0
-MAX_TOMBSTONES = 20_000
+TOMBSTONE_TTL = 60.0
+MAX_TOMBSTONES = 4_000
 MAX_IN_FLIGHT = 256
 NO_CONTENDERS: frozenset[str] = frozenset()
 

@@ -275,6 +275,31 @@ def test_no_per_node_state_outlives_the_nodes(launchers: LauncherFactory,
     assert fake.resource_ids() == set()  # type: ignore[attr-defined]
 
 
+def test_orphaned_lock_of_our_own_session_is_released(launchers: LauncherFactory,
+                                                      kazoo_client: KazooClient) -> None:
+    """A lock our own session holds but no live work does (a lost commit reply, a crashed
+    handler) would keep its node locked until the session ends; another session's lock on
+    the same kind of node is left alone."""
+    launcher = launchers(body())
+    record = json.dumps({"state": "building", "provider": "fake", "pool": "main",
+                         "type": ["small"]}).encode()
+    ours, theirs = paths.node_path("0000000901"), paths.node_path("0000000902")
+    for path in (ours, theirs):
+        kazoo_client.create(path, record, makepath=True)
+    orphan = f"{ours}/lock/{'a' * 32}__lock__0000000000"
+    launcher.zk.create(orphan, b"", ephemeral=True, makepath=True)
+    foreign = f"{theirs}/lock/{'b' * 32}__lock__0000000000"
+    kazoo_client.create(foreign, b"", ephemeral=True, makepath=True)
+    wait_for(lambda: {"0000000901", "0000000902"} <= set(launcher.node_cache.ids()), 10)
+
+    def released() -> bool:
+        launcher.cleanup.request_full_pass()
+        return launcher.cleanup.orphans_released == 1
+    wait_for(released, 30, interval=0.2, message="the orphaned lock released")
+    assert kazoo_client.exists(orphan) is None
+    assert kazoo_client.exists(foreign) is not None
+
+
 def test_leak_sweep_needs_two_sightings(launchers: LauncherFactory, zuul: ZuulClient) -> None:
     clock = ManualClock(start=time.time())
     launcher = launchers(body(), clock=clock)

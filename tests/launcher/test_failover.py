@@ -9,6 +9,7 @@ and the launcher's log has no traceback or ERROR (connection events are warnings
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
 from typing import Iterator
 
@@ -118,7 +119,10 @@ def test_leader_killed_repeatedly_during_a_burst(ensemble: ZooKeeperEnsemble,
                    for lock in locks)
     finally:
         zuul.close()
-        launcher.stop()
+        # Bounded: if the ensemble did not recover, a stop must not hang the suite.
+        stopper = threading.Thread(target=launcher.stop, daemon=True)
+        stopper.start()
+        stopper.join(30)
     problems = [r for r in caplog.records
                 if r.levelno >= logging.ERROR or r.exc_info is not None]
     assert problems == [], [r.getMessage() for r in problems[:5]]

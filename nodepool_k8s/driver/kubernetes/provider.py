@@ -50,7 +50,7 @@ def _log(spec: LaunchSpec) -> logging.LoggerAdapter[logging.Logger]:
 LIST_PAGE_SIZE = 500
 # Deleted namespaces the shared namespace watch remembers (so a deletion that completed
 # before its waiter looked is still confirmed without an API call).
-NAMESPACE_TOMBSTONES = 4096
+NAMESPACE_TOMBSTONES = 1024
 
 
 @dataclass(frozen=True)
