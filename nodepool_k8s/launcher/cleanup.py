@@ -24,6 +24,7 @@ import threading
 from typing import Callable
 
 from nodepool_k8s import logconfig, model
+from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.deleter import NodeDeleter
@@ -113,7 +114,7 @@ class CleanupWorker(Worker):
         """Run one cleanup task; a failure is logged and does not stop the others."""
         try:
             fn()
-        except errors.ZkConnectionError as exc:
+        except TemporaryError as exc:  # ZooKeeper unreachable or the session lost
             self.log.warning("Cleanup step %s interrupted: %s", name, exc)
         except Exception:
             self.log.exception("Cleanup step %s failed", name)

@@ -164,3 +164,47 @@ def test_starts_with_ten_thousand_nodes(processes: Processes, zk: ZkConnection,
         zuul.cancel(request_id)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+
+
+def test_frozen_launcher_loses_its_session_beside_another(
+        processes: Processes, zk: ZkConnection, kazoo_client: KazooClient) -> None:
+    """A launcher frozen (SIGSTOP) past its session timeout while it holds requests: the
+    other launcher serves everything, nothing is allocated twice, and the frozen one, once
+    thawed, notices the lost session with a WARNING, rejoins and stops cleanly."""
+    body = CONFIG.format(max_servers=20, delay=1.0)
+    frozen = processes.start(body)
+    wait_for(lambda: len(pools(kazoo_client)) == 1, 30, message="first launcher registered")
+    with ZuulClient(zk.hosts) as zuul:
+        requests = [zuul.submit(["small"]) for _ in range(6)]
+        wait_for(lambda: len(kazoo_client.get_children(paths.NODES)) >= 3, 30,
+                 message="launches in progress on the first launcher")
+        frozen.send_signal(signal.SIGSTOP)
+        try:
+            other = processes.start(body)
+            # The session timeout is 2 s: the frozen launcher's registration vanishes.
+            wait_for(lambda: len(pools(kazoo_client)) == 1
+                     and len(kazoo_client.get_children(paths.LAUNCHER_COMPONENTS)) == 1,
+                     60, message="the frozen launcher's session expired")
+            results = [zuul.wait(request_id, 60) for request_id in requests]
+        finally:
+            frozen.send_signal(signal.SIGCONT)
+        nodes: list[str] = []
+        for request_id, result in zip(requests, results):
+            assert result is not None and result["state"] == "fulfilled", processes.logs()
+            nodes += result["nodes"]
+        assert len(nodes) == len(set(nodes)) == 6  # nothing allocated twice
+        for request_id in requests:
+            nodeset = zuul.accept(request_id)
+            zuul.use(nodeset)
+            zuul.release(nodeset)
+    log = processes.tmp / "launcher-0.log"
+    wait_for(lambda: b"ZooKeeper session lost" in log.read_bytes(), 30,
+             message="the thawed launcher noticed its lost session")
+    wait_for(lambda: len(pools(kazoo_client)) == 2, 60, message="the thawed launcher rejoined")
+    wait_for(lambda: not kazoo_client.get_children(paths.NODES), 60,
+             message="every node deleted")
+    for proc in (frozen, other):
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
