@@ -35,6 +35,8 @@ from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import locks as zk_locks
+from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.txn import Txn
@@ -427,11 +429,26 @@ class RequestHandler:
             txn.commit(self.engine.zk)
         except errors.TxnFailed as exc:
             return self._final_failed(exc, locks)
+        except errors.ZkConnectionError:
+            # Ambiguous: the reply was lost. If the request carries exactly what we wrote,
+            # the whole transaction was applied (it is atomic): nothing to do again.
+            if not with_request or not self._final_write_applied():
+                raise
         for lock in locks:
             lock.mark_released()
         if with_request:
             self.lock.mark_released()
         return DONE
+
+    def _final_write_applied(self) -> bool:
+        outcome = zk_locks.reconcile_write(self.engine.zk, paths.request_path(self.request.id),
+                                           request_codec.encode(self.request),
+                                           self.request.version)
+        if outcome is None:
+            return False
+        self.request.version = outcome[0]
+        self.log.info("The final write was applied although its reply was lost")
+        return True
 
     def _final_failed(self, exc: errors.TxnFailed, locks: list[HeldLock]) -> str:
         if exc.path == paths.request_path(self.request.id):
