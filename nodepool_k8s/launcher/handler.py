@@ -467,6 +467,21 @@ class RequestHandler:
                 return RETRY
         for slot in self.slots:
             if slot.node is not None and exc.path == paths.node_path(slot.node.id) \
+                    and isinstance(exc.cause, errors.VersionConflict):
+                # We hold this node's lock, so the newer version is a write of ours whose
+                # reply was lost (or someone ignoring the lock): our decision stands, so
+                # write it over that version on the next pass instead of failing forever.
+                stat = self.engine.zk.exists(exc.path)
+                if stat is None:
+                    break
+                self._node_log(slot.node).warning(
+                    "Node changed under our lock (version %d, expected %d); writing again",
+                    stat.version, slot.node.version)
+                slot.node.version = stat.version
+                self.wake()
+                return RETRY
+        for slot in self.slots:
+            if slot.node is not None and exc.path == paths.node_path(slot.node.id) \
                     and isinstance(exc.cause, errors.NoNodeError):
                 # Someone removed a node we held (e.g. an operator): replace it.
                 self._node_log(slot.node).warning("Node vanished while locked; replacing it")

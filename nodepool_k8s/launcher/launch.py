@@ -70,9 +70,13 @@ class LaunchPool:
             finally:
                 with self._lock:
                     self._in_flight -= 1
-                done()
 
-        return self._executor.submit(run)
+        future = self._executor.submit(run)
+        # `done` (the pool worker's wake) must run once the future reports done: called
+        # from inside `run` it could wake the worker before the result is set, the worker
+        # would see the launch still running and sleep until some unrelated event.
+        future.add_done_callback(lambda _future: done())
+        return future
 
     def shutdown(self, wait: bool = True) -> None:
         self._executor.shutdown(wait=wait, cancel_futures=False)

@@ -177,6 +177,9 @@ class NodeStore:
             results = txn.commit(self.zk)
         except errors.TxnFailed as exc:
             raise_for(exc, {held.child_path})
+        except errors.ZkConnectionError:
+            self._reconcile(node)
+            return
         node.version = results[idx].version
 
     def store_and_release(self, node: Node, held: HeldLock) -> None:
@@ -187,8 +190,26 @@ class NodeStore:
             results = txn.commit(self.zk)
         except errors.TxnFailed as exc:
             raise_for(exc, {held.child_path})
+        except errors.ZkConnectionError:
+            self._reconcile(node)  # applied: the same transaction released the lock
+            held.mark_released()
+            return
         node.version = results[idx].version
         held.mark_released()
+
+    def _reconcile(self, node: Node) -> None:
+        """After a lost reply to a write of `node`: adopt the write if it was applied (its
+        version moved on by one and the bytes are ours), else raise ZkConnectionError.
+
+        Without this, an applied write whose reply was lost leaves `node.version` one
+        behind, and every later guarded write of the node fails with a version conflict
+        for as long as we hold it (a node stuck in `building` under our own lock).
+        """
+        outcome = locks.reconcile_write(self.zk, paths.node_path(node.id), encode(node),
+                                        node.version)
+        if outcome is None:
+            raise errors.ZkConnectionError(f"write of node {node.id} was not applied")
+        node.version = outcome[0]
 
     def add_store(self, txn: Txn, node: Node, held: HeldLock | None,
                   release: bool = False) -> int:

@@ -127,7 +127,16 @@ class RequestStore:
             results = txn.commit(self.zk)
         except errors.TxnFailed as exc:
             raise_for(exc, {held.child_path})
-        request.version = results[idx].version
+        except errors.ZkConnectionError:
+            # Ambiguous: adopt the write if it was applied (see locks.reconcile_write), so
+            # the request's version stays right for the writes that follow.
+            outcome = locks.reconcile_write(self.zk, paths.request_path(request.id),
+                                            encode(request), request.version)
+            if outcome is None:
+                raise
+            request.version = outcome[0]
+        else:
+            request.version = results[idx].version
         if release:
             held.mark_released()
 

@@ -1,0 +1,74 @@
+"""Writes whose reply was lost (a ZooKeeper failover between commit and answer).
+
+Aspects: a node write that was applied while the launcher did not hear back leaves the
+node one version ahead of what the launcher believes; the request is still fulfilled (the
+final write adopts the newer version of the node it holds locked) instead of failing every
+pass forever with "bad version" and leaving the node `building` under our own lock; a
+launch completion wakes its pool worker only once the outcome is visible (woken earlier,
+the worker saw the launch still running and slept until some unrelated event).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+import pytest
+from kazoo.client import KazooClient
+
+from nodepool_k8s.driver.base import LaunchSpec
+from nodepool_k8s.launcher.launch import LaunchOutcome, LaunchPool, READY
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.testing_client import ZuulClient
+from tests.launchers import LauncherFactory
+
+
+def test_node_written_behind_our_back_under_our_lock_is_still_fulfilled(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    launcher = launchers()
+    bumped: list[str] = []
+
+    def applied_but_unanswered(spec: LaunchSpec) -> None:
+        # What a lost reply to the external-id write leaves behind: ZooKeeper has the
+        # write (version + 1, the same bytes), the launcher still holds the old version.
+        path = paths.node_path(spec.node_id)
+        data, _ = kazoo_client.get(path)
+        kazoo_client.set(path, data)
+        bumped.append(spec.node_id)
+
+    launcher.providers["fake"].on_launch = applied_but_unanswered  # type: ignore[attr-defined]
+    caplog.set_level(logging.WARNING)
+    request_id = zuul.submit(["small"])
+    body = zuul.wait(request_id, timeout=30)
+    assert body is not None and body["state"] == "fulfilled"
+    assert body["nodes"] == bumped
+    node = zuul.get_node(bumped[0])
+    assert node is not None and node["state"] == "ready"
+    assert node["allocated_to"] == request_id and node["connection_port"]["token"]
+    assert not kazoo_client.get_children(paths.node_lock_path(bumped[0]))
+    assert any("changed under our lock" in r.getMessage() for r in caplog.records)
+
+
+def test_launch_completion_wakes_after_the_outcome_is_visible() -> None:
+    pool = LaunchPool("p", 2)
+    seen: list[bool] = []
+    woke = threading.Event()
+    futures: list[object] = []
+
+    def wake() -> None:
+        # The worker woken here looks at the future: it must already be done.
+        seen.append(bool(futures) and futures[0].done())  # type: ignore[attr-defined]
+        woke.set()
+
+    release = threading.Event()
+
+    def run() -> LaunchOutcome:
+        release.wait(10)
+        return LaunchOutcome(READY)
+
+    futures.append(pool.submit(run, wake))
+    release.set()
+    assert woke.wait(10)
+    assert seen == [True]
+    pool.shutdown()
