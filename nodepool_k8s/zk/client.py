@@ -308,11 +308,22 @@ class ZkClient:
         while not connected.wait(0.1) and not stop.is_set() \
                 and time.monotonic() < deadline:
             pass
+        if client.connected and client.auth_data:
+            # kazoo reports CONNECTED before the server has answered the credentials it
+            # sends next; a request queued behind them fails if they were rejected.
+            try:
+                client.exists("/")
+            except _AUTH_ERRORS:
+                pass
+            except kex.KazooException as exc:
+                if client.client_state != KeeperState.AUTH_FAILED:
+                    client.stop()
+                    raise errors.ZkConnectionError(f"{type(exc).__name__}: {exc}") from exc
         if client.client_state == KeeperState.AUTH_FAILED:
             client.stop()
             schemes = ", ".join(sorted({scheme for scheme, _ in client.auth_data}))
             raise errors.ZkAuthError("AuthFailedError", None,
-                                     f"authentication ({schemes or 'TLS'}) was rejected")
+                                     f"ZooKeeper rejected the {schemes} credentials")
         if not client.connected:
             client.stop()
             raise errors.ZkConnectionError("connection attempt timed out" if not stop.is_set()
@@ -371,10 +382,15 @@ class ZkClient:
             stored, _ = client.get_acls(probe)
             client.delete(probe)
         except kex.InvalidACLError as exc:
+            schemes = sorted({g.scheme for g in self.settings.acl.grants}
+                             if self.settings.acl else set())
             raise errors.ZkAuthError(
-                "InvalidACLError", probe, "the session has no authenticated identity for"
-                " the `auth` ACL entry (set zookeeper-auth, or use a TLS client certificate"
-                " with ZooKeeper's x509 authentication provider)") from exc
+                "InvalidACLError", probe, "ZooKeeper refused the ACL: either the session has"
+                " no authenticated identity for its `auth` entry (set zookeeper-auth, or"
+                " use a TLS client certificate with ZooKeeper's x509 authentication"
+                " provider), or a grant names a scheme the server has no authentication"
+                " provider for or an id it does not accept (grant schemes:"
+                f" {', '.join(schemes) or 'none'})") from exc
         except _AUTH_ERRORS as exc:
             raise errors.ZkAuthError(type(exc).__name__, probe,
                                      "cannot create znodes with this ACL") from exc
