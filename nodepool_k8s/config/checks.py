@@ -168,7 +168,7 @@ def _zk_grant(grant: Raw, path: Path, report: _Report) -> None:
 def _zookeeper_access(data: Raw, report: _Report, skip: set[str]) -> None:
     """Cross-key checks of the merged settings (`zookeeper-*` may come from either file)."""
     acl = data.get("zookeeper-acl")
-    if acl and acl.get("enabled", True) and not data.get("zookeeper-auth") \
+    if acl is not None and acl.get("enabled", True) and not data.get("zookeeper-auth") \
             and not data.get("zookeeper-tls"):
         report.error(("zookeeper-acl",), "an ACL needs an identity for the launcher: set"
                      " zookeeper-auth (digest credentials) or zookeeper-tls (client"
