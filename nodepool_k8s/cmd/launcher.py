@@ -14,7 +14,9 @@ pipe; a relay thread acts on it, because the service's requests take locks and a
 handler that takes a lock the interrupted main thread holds would deadlock.
 
 Exit status: 0 after a graceful stop; 1 when the configuration, the logging file or the web
-app's address is unusable at start, or the launcher failed unexpectedly.
+app's address is unusable at start, when ZooKeeper refuses the configured credentials or
+ACL at start (one line naming the znode, "check zookeeper-auth/zookeeper-acl"), or the
+launcher failed unexpectedly.
 Engine tuning that is not part of nodepool.yaml comes from `NODEPOOL_K8S_*` environment
 variables (see launcher/settings.py); statsd from `STATSD_HOST`/`STATSD_PORT`.
 """
@@ -157,6 +159,7 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
     from nodepool_k8s.config.loader import config_fingerprint, load_config
     from nodepool_k8s.launcher.service import LauncherService
     from nodepool_k8s.launcher.settings import EngineSettings
+    from nodepool_k8s.zk.errors import ZkAuthError
 
     try:
         fingerprint = config_fingerprint(args.config, args.secure)
@@ -188,6 +191,11 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
                    signal.SIGUSR2: dump_stacks})
     try:
         status = service.run()
+    except ZkAuthError as exc:
+        log.error("Cannot use ZooKeeper: %s", exc)
+        print(f"nodepool-launcher: cannot use ZooKeeper: {exc}", file=sys.stderr)
+        logging.shutdown()
+        os._exit(1)
     except Exception:
         log.exception("The launcher failed")
         return 1

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.model import (
     INF, Config, LabelConfig, PoolConfig, PoolLabel, ProviderConfig, TenantLimit, WebappConfig,
-    ZkServer, ZkTls,
+    ZkAcl, ZkAuth, ZkGrant, ZkServer, ZkTls,
 )
 from nodepool_k8s.model import Resources
 
@@ -161,6 +161,22 @@ def build_tenant(tenant: Raw) -> TenantLimit:
     return TenantLimit(tenant_name=tenant["tenant-name"], limits=Resources.limits(limits))
 
 
+def build_zk_auth(auth: Raw | None) -> ZkAuth | None:
+    if not auth:
+        return None
+    return ZkAuth(scheme=auth.get("scheme", "digest"), username=auth["username"],
+                  password=auth["password"])
+
+
+def build_zk_acl(acl: Raw | None) -> ZkAcl | None:
+    if acl is None:
+        return None
+    return ZkAcl(enabled=acl.get("enabled", True), grants=tuple(
+        ZkGrant(scheme=g["scheme"], id=g.get("id"), username=g.get("username"),
+                password=g.get("password"), permissions=tuple(g.get("permissions", ["all"])))
+        for g in acl.get("grants") or ()))
+
+
 def build_config(data: Raw, sources: tuple[str, ...] = (),
                  warnings: tuple[str, ...] = ()) -> Config:
     tls = data.get("zookeeper-tls")
@@ -172,6 +188,8 @@ def build_config(data: Raw, sources: tuple[str, ...] = (),
             for s in data["zookeeper-servers"]),
         zookeeper_tls=ZkTls(cert=tls["cert"], key=tls["key"], ca=tls["ca"]) if tls else None,
         zookeeper_timeout=data.get("zookeeper-timeout", S.ZK_TIMEOUT),
+        zookeeper_auth=build_zk_auth(data.get("zookeeper-auth")),
+        zookeeper_acl=build_zk_acl(data.get("zookeeper-acl")),
         labels={lb["name"]: LabelConfig(
             name=lb["name"],
             # -1 is Nodepool's other spelling of "disabled"; consumers only see 0.

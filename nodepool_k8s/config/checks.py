@@ -68,6 +68,7 @@ def check(data: Raw, skip: Iterable[str] = ()) -> tuple[list[str], list[str]]:
     """
     report = _Report()
     _zookeeper(data, report, skip=set(skip))
+    _zookeeper_access(data, report, skip=set(skip))
     _unique(report, ("labels",), data.get("labels", []), "name", "label")
     _unique(report, ("tenant-resource-limits",), data.get("tenant-resource-limits", []),
             "tenant-name", "tenant")
@@ -136,6 +137,45 @@ def _zookeeper(data: Raw, report: _Report, skip: set[str]) -> None:
             except OSError as exc:
                 report.error(("zookeeper-tls", key),
                              f"cannot read {tls[key]!r}: {exc.strerror or exc}")
+    acl = data.get("zookeeper-acl")
+    if acl and "zookeeper-acl" not in skip:
+        for index, grant in enumerate(acl.get("grants") or ()):
+            _zk_grant(grant, ("zookeeper-acl", "grants", index), report)
+
+
+def _zk_grant(grant: Raw, path: Path, report: _Report) -> None:
+    has_id = "id" in grant
+    has_login = "username" in grant or "password" in grant
+    if grant["scheme"] == "digest":
+        if has_id == has_login:
+            report.error(path, "a digest grant needs either `id` (user:base64-sha1, as"
+                         " ZooKeeper's DigestAuthenticationProvider prints it) or"
+                         " `username` and `password`, not both")
+        elif has_login and not ("username" in grant and "password" in grant):
+            report.error(path, "a digest grant needs both `username` and `password`")
+        elif has_id and ":" not in grant["id"]:
+            report.error(path + ("id",), f"{grant['id']!r} is not a digest id: expected"
+                         " <user>:<base64 of SHA-1 of user:password>")
+    elif has_login:
+        report.error(path, f"`username`/`password` are for digest grants only; a"
+                     f" {grant['scheme']} grant names its `id`")
+    elif not has_id:
+        report.error(path + ("id",), f"required for a {grant['scheme']} grant"
+                     + (" (the certificate subject DN, e.g. CN=zuul,O=Example)"
+                        if grant["scheme"] == "x509" else ""))
+
+
+def _zookeeper_access(data: Raw, report: _Report, skip: set[str]) -> None:
+    """Cross-key checks of the merged settings (`zookeeper-*` may come from either file)."""
+    acl = data.get("zookeeper-acl")
+    if acl is not None and acl.get("enabled", True) and not data.get("zookeeper-auth") \
+            and not data.get("zookeeper-tls"):
+        report.error(("zookeeper-acl",), "an ACL needs an identity for the launcher: set"
+                     " zookeeper-auth (digest credentials) or zookeeper-tls (client"
+                     " certificate, with ZooKeeper's x509 authentication provider)")
+    if data.get("zookeeper-auth") and "zookeeper-auth" not in skip:
+        report.warn(("zookeeper-auth",), "holds a password: keep it in the secure file"
+                    " (-s), which only the launcher can read")
 
 
 # -- tenants, top-level labels -------------------------------------------------------------------

@@ -34,6 +34,38 @@ class ZkTls:
 
 
 @dataclass(frozen=True)
+class ZkAuth:
+    """Credentials the launcher authenticates its ZooKeeper session with (`zookeeper-auth`)."""
+
+    scheme: str
+    username: str
+    password: str = field(repr=False)
+
+
+@dataclass(frozen=True)
+class ZkGrant:
+    """One `zookeeper-acl.grants` entry: `scheme:id` gets `permissions` on every znode the
+    launcher creates. A digest grant given as username/password has its id computed by the
+    ZooKeeper layer (`id` is then None)."""
+
+    scheme: str
+    id: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    permissions: tuple[str, ...] = ("all",)
+
+
+@dataclass(frozen=True)
+class ZkAcl:
+    """`zookeeper-acl`: when enabled, the ACL of every znode the launcher creates is the
+    launcher's own authenticated identities (ZooKeeper's `auth` scheme) with all
+    permissions plus `grants`; nobody else (not even `world`) may read it."""
+
+    enabled: bool = True
+    grants: tuple[ZkGrant, ...] = ()
+
+
+@dataclass(frozen=True)
 class LabelConfig:
     """A top-level `labels` entry: what any provider may serve under this name."""
 
@@ -177,6 +209,8 @@ class Config:
     zookeeper_servers: tuple[ZkServer, ...]
     zookeeper_tls: ZkTls | None = None
     zookeeper_timeout: float = 10.0
+    zookeeper_auth: ZkAuth | None = None
+    zookeeper_acl: ZkAcl | None = None  # None or disabled: the open ACL (as Nodepool)
     labels: Mapping[str, LabelConfig] = field(default_factory=dict)
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     max_hold_age: float = INF  # seconds; 0 in the file means "no limit"

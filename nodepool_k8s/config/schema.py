@@ -60,7 +60,11 @@ IMAGE_PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 BUILDER_KEYS = ("diskimages", "elements-dir", "images-dir", "build-log-dir",
                 "build-log-retention")
 # Secure-file keys that override the main file.
-SECURE_KEYS = ("zookeeper-servers", "zookeeper-tls")
+SECURE_KEYS = ("zookeeper-servers", "zookeeper-tls", "zookeeper-auth", "zookeeper-acl")
+# ZooKeeper ACL permissions by name (`all` is every one of them).
+ZK_PERMISSIONS = ("read", "write", "create", "delete", "admin", "all")
+# Schemes a `zookeeper-acl` grant may name (`world` would undo the ACL; `auth` is implied).
+ZK_ACL_SCHEMES = ("digest", "x509", "sasl", "ip")
 # Nodepool's secure file may also carry diskimage env-vars; accepted and ignored.
 SECURE_IGNORED_KEYS = ("diskimages",)
 # tenant-resource-limits key -> resource name as stored in a node's `resources`.
@@ -297,9 +301,27 @@ _ZK_TLS = mapping({
     Required("key"): string(),
     Required("ca"): string(),
 })
+_ZK_AUTH = mapping({
+    Optional("scheme"): one_of("digest"),
+    Required("username"): string(),
+    Required("password"): string(),
+})
+_ZK_GRANT = mapping({
+    Required("scheme"): one_of(*ZK_ACL_SCHEMES),
+    Optional("id"): string(),
+    Optional("username"): string(),
+    Optional("password"): string(),
+    Optional("permissions"): list_of(one_of(*ZK_PERMISSIONS), min_items=1),
+})
+_ZK_ACL = mapping({
+    Optional("enabled"): boolean,
+    Optional("grants"): list_of(_ZK_GRANT, allow_none=True),
+})
 _ZK_KEYS: dict[Any, Validator] = {
     Optional("zookeeper-servers"): list_of(_ZK_SERVER, min_items=1),
     Optional("zookeeper-tls"): _ZK_TLS,
+    Optional("zookeeper-auth"): _ZK_AUTH,
+    Optional("zookeeper-acl"): _ZK_ACL,
 }
 _LABEL = mapping({
     Required("name"): string(),
@@ -434,6 +456,8 @@ def provider(value: Any) -> dict[str, Any]:
 MAIN = mapping({
     Required("zookeeper-servers"): list_of(_ZK_SERVER, min_items=1),
     Optional("zookeeper-tls"): _ZK_TLS,
+    Optional("zookeeper-auth"): _ZK_AUTH,
+    Optional("zookeeper-acl"): _ZK_ACL,
     Optional("zookeeper-timeout"): _timeout,
     Optional("labels"): list_of(_LABEL, allow_none=True),
     Optional("providers"): list_of(provider, allow_none=True),
@@ -444,7 +468,8 @@ MAIN = mapping({
 })
 SECURE = mapping(
     {**_ZK_KEYS, **{Optional(k): anything for k in SECURE_IGNORED_KEYS}},
-    unknown_hint="the secure file may only set " + " and ".join(SECURE_KEYS),
+    unknown_hint="the secure file may only set " + ", ".join(SECURE_KEYS[:-1])
+    + " and " + SECURE_KEYS[-1],
 )
 
 

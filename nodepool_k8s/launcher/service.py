@@ -168,8 +168,9 @@ class LauncherService:
                 log.warning("%s", warning)
             zk_settings = ZkSettings.from_config(config)
             if zk_settings != self._zk_settings:
-                log.warning("The ZooKeeper connection settings changed (servers, chroot, TLS "
-                            "or timeout); they take effect when the launcher is restarted")
+                log.warning("The ZooKeeper connection settings changed (servers, chroot, TLS, "
+                            "timeout, auth or ACL); they take effect when the launcher is "
+                            "restarted")
             if config == self.launcher.config:
                 log.info("The configuration is unchanged")
             else:

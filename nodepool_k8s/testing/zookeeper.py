@@ -154,6 +154,10 @@ class ZooKeeperServer:
                 "ssl.trustStore.type=PEM",
                 f"ssl.trustStore.location={self.tls_files.ca}",
                 "ssl.clientAuth=need",
+                # A TLS client is authenticated as `x509:<subject DN of its certificate>`
+                # (usable in ACLs); the plain port stays anonymous.
+                "authProvider.x509="
+                "org.apache.zookeeper.server.auth.X509AuthenticationProvider",
             ]
         cfg = Path(self.workdir) / "zoo.cfg"
         cfg.write_text("\n".join(lines) + "\n")

@@ -12,12 +12,15 @@ the node. Callers must therefore re-read the object under the broken lock and on
 decide what to write.
 
 Failure modes: `connect` raises `ZkConnectionError` when no session could be established
-before the deadline; `break_lock` raises `NoNodeError` when the lock's parent (the node)
-is gone, `LockNotAcquired` when contenders keep reappearing, and `ZkConnectionError`.
+before the deadline and `ZkAuthError` when ZooKeeper refuses the configured credentials
+(`zookeeper-auth`, `zookeeper-tls`) or they cannot use the tree; `break_lock` raises
+`NoNodeError` when the lock's parent (the node) is gone, `LockNotAcquired` when contenders
+keep reappearing, and `ZkConnectionError`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import uuid
@@ -37,9 +40,7 @@ def connect(settings: ZkSettings, timeout: float) -> ZkClient:
     """A started client, or `ZkConnectionError` once `timeout` seconds have passed."""
     # One connect attempt may use the whole budget; the stop event ends the retry loop of
     # `ZkClient.start` (which the launcher runs without a deadline).
-    bounded = ZkSettings(hosts=settings.hosts, timeout=settings.timeout, tls=settings.tls,
-                         connect_attempt_timeout=timeout,
-                         retry_log_interval=settings.retry_log_interval)
+    bounded = dataclasses.replace(settings, connect_attempt_timeout=timeout)
     client = ZkClient(bounded)
     give_up = threading.Event()
     timer = threading.Timer(timeout, give_up.set)

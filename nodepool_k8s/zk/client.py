@@ -11,9 +11,18 @@ ours is gone). `epoch` increases on every LOST, so a holder of a lock taken in a
 knows it no longer owns it. State listeners are called on a dedicated thread, in order, so
 they may perform ZooKeeper operations (kazoo's own listener thread must never block).
 
+Access control (see `access`): the session authenticates with `zookeeper-auth` (and, over TLS,
+with its client certificate when ZooKeeper runs the x509 provider); with `zookeeper-acl`
+enabled every znode created through this client gets the configured ACL (kazoo's
+`default_acl`). When either is configured, `start` checks access before returning: it lists
+the protocol's top-level znodes and, with an ACL, creates and deletes a probe znode, so a
+launcher with wrong credentials fails at once with a message naming the path.
+
 Failure modes: reads retry through connection loss for up to one session timeout, then raise
 `ZkConnectionError`; writes are never retried here (a lost reply would make a retry unsafe)
-and raise `ZkConnectionError` when the connection drops under them.
+and raise `ZkConnectionError` when the connection drops under them. ZooKeeper refusing us
+(authentication failed, an ACL without our identity, an ACL we may not set) raises the
+permanent `ZkAuthError`, never retried; `start` raises it instead of retrying forever.
 """
 
 from __future__ import annotations
@@ -32,11 +41,11 @@ from kazoo import exceptions as kex
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.handlers.utils import fileobj_to_fd
-from kazoo.protocol.states import KazooState, ZnodeStat
+from kazoo.protocol.states import KazooState, KeeperState, ZnodeStat
 from kazoo.retry import KazooRetry
 
-from nodepool_k8s.config.model import Config, ZkTls
-from nodepool_k8s.zk import errors, multiread
+from nodepool_k8s.config.model import Config, ZkAcl, ZkAuth, ZkTls
+from nodepool_k8s.zk import access, errors, multiread, paths
 
 log = logging.getLogger("nodepool_k8s.zk.client")
 
@@ -75,11 +84,18 @@ class ZkSettings:
     tls: ZkTls | None = None
     connect_attempt_timeout: float = 10.0
     retry_log_interval: float = 10.0
+    auth: ZkAuth | None = None
+    acl: ZkAcl | None = None
 
     @classmethod
     def from_config(cls, config: Config) -> "ZkSettings":
         return cls(hosts=config.zk_hosts(), timeout=config.zookeeper_timeout,
-                   tls=config.zookeeper_tls)
+                   tls=config.zookeeper_tls, auth=config.zookeeper_auth,
+                   acl=config.zookeeper_acl)
+
+    @property
+    def acl_enabled(self) -> bool:
+        return self.acl is not None and self.acl.enabled
 
 
 class WriteCounter:
@@ -103,8 +119,14 @@ class WriteCounter:
 StateListener = Callable[[ConnectionState, int], None]
 
 
-def translate(exc: Exception) -> Exception:
-    """Map a kazoo exception to our typed errors (unknown ones pass through)."""
+_AUTH_ERRORS = (kex.NoAuthError, kex.AuthFailedError, kex.InvalidACLError)
+
+
+def translate(exc: Exception, path: str | None = None) -> Exception:
+    """Map a kazoo exception to our typed errors (unknown ones pass through); `path` names
+    the znode in the message of a permanent access error."""
+    if isinstance(exc, _AUTH_ERRORS):
+        return errors.ZkAuthError(type(exc).__name__, path)
     if isinstance(exc, kex.NoNodeError):
         return errors.NoNodeError(str(exc) or "no node")
     if isinstance(exc, kex.BadVersionError):
@@ -186,6 +208,13 @@ def poll_select(rlist: list[Any], wlist: list[Any], xlist: list[Any],
     return revents, wevents, []
 
 
+def _batch_paths(paths: list[str]) -> str:
+    """How an access error of a batched read names its znodes."""
+    if len(paths) == 1:
+        return paths[0]
+    return f"one of {len(paths)} znodes from {paths[0]}" if paths else "(no znodes)"
+
+
 class PollThreadingHandler(SequentialThreadingHandler):  # type: ignore[misc]
     """kazoo's threading handler, waiting with `poll_select` (see there)."""
 
@@ -216,6 +245,12 @@ class ZkClient:
         if tls is not None:
             kw.update(use_ssl=True, ca=tls.ca, certfile=tls.cert, keyfile=tls.key,
                       verify_certs=True)
+        auth = access.auth_data(self.settings.auth)
+        if auth:
+            kw.update(auth_data=auth)
+        acl = access.default_acl(self.settings.acl)
+        if acl:
+            kw.update(default_acl=acl)
         return KazooClient(
             hosts=hosts, timeout=self.settings.timeout, handler=PollThreadingHandler(),
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
@@ -236,6 +271,8 @@ class ZkClient:
                     client.close()
                 except Exception:
                     pass
+                if isinstance(exc, errors.ZkAuthError):
+                    raise
                 now = time.monotonic()
                 if now - last_log >= self.settings.retry_log_interval:
                     log.warning("Retrying ZooKeeper connection to %s (attempt %d): %s",
@@ -244,7 +281,15 @@ class ZkClient:
                 stop.wait(1.0)
                 continue
             self._kazoo = client
-            self._ensure_chroot()
+            try:
+                self._ensure_chroot()
+                if self.settings.auth is not None or self.settings.acl_enabled:
+                    self.verify_access()
+            except errors.ZkAuthError:
+                self._kazoo = None
+                client.stop()
+                client.close()
+                raise
             client.add_listener(self._on_kazoo_state)
             self._connected.set()
             self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
@@ -263,6 +308,22 @@ class ZkClient:
         while not connected.wait(0.1) and not stop.is_set() \
                 and time.monotonic() < deadline:
             pass
+        if client.connected and client.auth_data:
+            # kazoo reports CONNECTED before the server has answered the credentials it
+            # sends next; a request queued behind them fails if they were rejected.
+            try:
+                client.exists("/")
+            except _AUTH_ERRORS:
+                pass
+            except kex.KazooException as exc:
+                if client.client_state != KeeperState.AUTH_FAILED:
+                    client.stop()
+                    raise errors.ZkConnectionError(f"{type(exc).__name__}: {exc}") from exc
+        if client.client_state == KeeperState.AUTH_FAILED:
+            client.stop()
+            schemes = ", ".join(sorted({scheme for scheme, _ in client.auth_data}))
+            raise errors.ZkAuthError("AuthFailedError", None,
+                                     f"ZooKeeper rejected the {schemes} credentials")
         if not client.connected:
             client.stop()
             raise errors.ZkConnectionError("connection attempt timed out" if not stop.is_set()
@@ -278,9 +339,63 @@ class ZkClient:
         outside.start(timeout=self.settings.connect_attempt_timeout)
         try:
             outside.ensure_path(chroot)
+        except _AUTH_ERRORS as exc:
+            raise translate(exc, f"{chroot} (the chroot, created from outside it)") from exc
         finally:
             outside.stop()
             outside.close()
+
+    # Listed at start-up when access control is configured: the protocol's top-level znodes
+    # and our own tree, where every later read and create happens.
+    ACCESS_CHECK_PATHS = ("/", paths.ROOT, paths.NODES, paths.REQUESTS, paths.REQUEST_LOCKS,
+                          paths.COMPONENTS, paths.LAUNCHER_COMPONENTS, paths.POOL_COMPONENTS,
+                          paths.ELECTIONS, paths.OWN_ROOT, paths.GUARDS)
+    ACCESS_PROBE_PREFIX = f"{paths.OWN_ROOT}/access-check-"
+
+    def verify_access(self) -> None:
+        """Raise `ZkAuthError` naming the first znode we may not use.
+
+        Lists every existing znode of `ACCESS_CHECK_PATHS` (read permission: a digest
+        password that does not match the one the tree was created with fails here). With
+        the ACL enabled it also creates (with the ACL) and deletes an ephemeral probe under
+        our own tree: ZooKeeper refuses an `auth` ACL with `InvalidACLError` when the
+        session has no authenticated identity (no `zookeeper-auth`, and no x509 identity
+        from the TLS client certificate), and logs the ACL it stored.
+        """
+        client = self.kazoo
+        for path in self.ACCESS_CHECK_PATHS:
+            try:
+                client.get_children(path)
+            except kex.NoNodeError:
+                continue
+            except _AUTH_ERRORS as exc:
+                raise errors.ZkAuthError(type(exc).__name__, path,
+                                         "cannot list it with these credentials") from exc
+        if not self.settings.acl_enabled:
+            log.info("ZooKeeper access checked (authenticated, open ACL on new znodes)")
+            return
+        probe = self.ACCESS_PROBE_PREFIX
+        try:
+            client.ensure_path(paths.OWN_ROOT)
+            probe = client.create(self.ACCESS_PROBE_PREFIX, b"", ephemeral=True,
+                                  sequence=True)
+            stored, _ = client.get_acls(probe)
+            client.delete(probe)
+        except kex.InvalidACLError as exc:
+            schemes = sorted({g.scheme for g in self.settings.acl.grants}
+                             if self.settings.acl else set())
+            raise errors.ZkAuthError(
+                "InvalidACLError", probe, "ZooKeeper refused the ACL: either the session has"
+                " no authenticated identity for its `auth` entry (set zookeeper-auth, or"
+                " use a TLS client certificate with ZooKeeper's x509 authentication"
+                " provider), or a grant names a scheme the server has no authentication"
+                " provider for or an id it does not accept (grant schemes:"
+                f" {', '.join(schemes) or 'none'})") from exc
+        except _AUTH_ERRORS as exc:
+            raise errors.ZkAuthError(type(exc).__name__, probe,
+                                     "cannot create znodes with this ACL") from exc
+        log.info("ZooKeeper access checked; new znodes get the ACL %s",
+                 access.describe(list(stored)))
 
     def stop(self) -> None:
         """Close the session (ephemeral znodes vanish at once). Idempotent."""
@@ -343,6 +458,10 @@ class ZkClient:
             self._events.put((ConnectionState.SUSPENDED, self._epoch))
         elif state == KazooState.LOST:
             self._connected.clear()
+            client = self._kazoo
+            if client is not None and client.client_state == KeeperState.AUTH_FAILED:
+                log.error("ZooKeeper rejected this session's credentials on reconnect; %s",
+                          errors.ZkAuthError.HINT)
             self._epoch += 1
             if not self._stopping.is_set():
                 log.warning("ZooKeeper session lost (epoch now %d)", self._epoch)
@@ -365,7 +484,7 @@ class ZkClient:
                     log.exception("ZooKeeper state listener failed")
 
     # -- primitive operations ----------------------------------------------------------------
-    def _read(self, fn: Callable[[], T]) -> T:
+    def _read(self, fn: Callable[[], T], path: str | None = None) -> T:
         """Run a read, retrying through connection loss for up to one session timeout."""
         deadline = time.monotonic() + max(self.settings.timeout, 1.0)
         while True:
@@ -376,27 +495,27 @@ class ZkClient:
                     raise errors.ZkConnectionError(f"read failed: {exc!r}") from exc
                 self._connected.wait(0.5)
             except kex.KazooException as exc:
-                raise translate(exc) from exc
+                raise translate(exc, path) from exc
 
     def get(self, path: str) -> tuple[bytes, Stat] | None:
         try:
-            data, stat = self._read(lambda: self.kazoo.get(path))
+            data, stat = self._read(lambda: self.kazoo.get(path), path)
         except errors.NoNodeError:
             return None
         return data, Stat.of(stat)
 
     def exists(self, path: str) -> Stat | None:
-        stat = self._read(lambda: self.kazoo.exists(path))
+        stat = self._read(lambda: self.kazoo.exists(path), path)
         return Stat.of(stat) if stat is not None else None
 
     def watch_exists(self, path: str, callback: Callable[[Any], None]) -> Stat | None:
         """`exists` that also leaves a one-shot watch calling `callback(event)`."""
-        stat = self._read(lambda: self.kazoo.exists(path, watch=callback))
+        stat = self._read(lambda: self.kazoo.exists(path, watch=callback), path)
         return Stat.of(stat) if stat is not None else None
 
     def get_children(self, path: str) -> list[str] | None:
         try:
-            return list(self._read(lambda: self.kazoo.get_children(path)))
+            return list(self._read(lambda: self.kazoo.get_children(path), path))
         except errors.NoNodeError:
             return None
 
@@ -419,7 +538,7 @@ class ZkClient:
                 children = None
             return stats, children
 
-        stats, children = self._read(run)
+        stats, children = self._read(run, children_path)
         return [Stat.of(s) if s is not None else None for s in stats], children
 
     def get_many(self, paths: list[str]) -> Iterator[tuple[str, tuple[bytes, Stat] | None]]:
@@ -427,7 +546,7 @@ class ZkClient:
         try:
             results = self._batch.read_many(self.kazoo, [(multiread.GET, p) for p in paths])
         except kex.KazooException as exc:
-            raise translate(exc) from exc
+            raise translate(exc, _batch_paths([p for p in paths])) from exc
         for path, found in zip(paths, results):
             yield path, ((found[0], Stat.of(found[1])) if found is not None else None)
 
@@ -436,7 +555,7 @@ class ZkClient:
         try:
             return self._batch.read_many(self.kazoo, ops)
         except kex.KazooException as exc:
-            raise translate(exc) from exc
+            raise translate(exc, _batch_paths([p for _, p in ops])) from exc
 
     def iter_many(self, ops: list[tuple[str, str]]) -> Iterator[list[Any]]:
         """`read_many` in consecutive parts, each as soon as it has arrived."""
@@ -447,27 +566,28 @@ class ZkClient:
             except StopIteration:
                 return
             except kex.KazooException as exc:
-                raise translate(exc) from exc
+                raise translate(exc, _batch_paths([p for _, p in ops])) from exc
             yield part
 
-    def _write(self, fn: Callable[[], T], ops: int = 1) -> T:
+    def _write(self, fn: Callable[[], T], path: str | None = None, ops: int = 1) -> T:
         self.writes.add(ops)
         try:
             return fn()
         except kex.KazooException as exc:
-            raise translate(exc) from exc
+            raise translate(exc, path) from exc
 
     def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
                sequence: bool = False, makepath: bool = False) -> str:
         created: str = self._write(lambda: self.kazoo.create(
-            path, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath))
+            path, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath), path)
         return created
 
     def set(self, path: str, data: bytes, version: int = -1) -> Stat:
-        return Stat.of(self._write(lambda: self.kazoo.set(path, data, version=version)))
+        return Stat.of(self._write(lambda: self.kazoo.set(path, data, version=version), path))
 
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> None:
-        self._write(lambda: self.kazoo.delete(path, version=version, recursive=recursive))
+        self._write(lambda: self.kazoo.delete(path, version=version, recursive=recursive),
+                    path)
 
     def ensure_path(self, path: str) -> None:
         """Create `path` and missing parents; no write when it already exists."""

@@ -4,7 +4,9 @@ Owns: the typed errors the stores raise. `ZkConnectionError` (and `ZkSessionLost
 temporary: the same operation may succeed after the session is back. `NoNodeError`,
 `VersionConflict` and `NodeExistsError` report the state of the tree. `LockLost` means a
 write was refused because our lock contender znode is gone (session expired): the caller
-must stop acting on that object.
+must stop acting on that object. `ZkAuthError` is permanent: ZooKeeper refused the session's
+credentials or an operation on a znode its ACL does not grant us; retrying cannot help, the
+configuration (`zookeeper-auth`, `zookeeper-acl`, `zookeeper-tls`) or the ACLs must change.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from nodepool_k8s.exceptions import (
 
 __all__ = ["NodepoolError", "ZkSessionLost", "ZkConnectionError", "NoNodeError",
            "VersionConflict", "NodeExistsError", "NotEmptyError", "LockLost", "TxnFailed",
-           "NotOurs"]
+           "NotOurs", "ZkAuthError"]
 
 
 class ZkConnectionError(TemporaryError):
@@ -40,6 +42,24 @@ class NotEmptyError(NodepoolError):
 class NotOurs(PermanentError):
     """A write or deletion the protocol does not allow us (e.g. deleting another
     requestor's request): a bug in the caller, never retried."""
+
+
+class ZkAuthError(PermanentError):
+    """ZooKeeper refused us: authentication failed (`AuthFailedError`), an ACL does not
+    grant the operation (`NoAuthError`), or the ACL we asked for is invalid for this session
+    (`InvalidACLError`, e.g. an `auth` ACL on a session without an authenticated identity).
+
+    `path` names the znode (None for a session-wide failure), `reason` the kazoo error.
+    """
+
+    HINT = "check zookeeper-auth/zookeeper-acl (and zookeeper-tls)"
+
+    def __init__(self, reason: str, path: str | None = None, detail: str = "") -> None:
+        where = f" on {path}" if path else ""
+        more = f": {detail}" if detail else ""
+        super().__init__(f"ZooKeeper refused access{where} ({reason}){more}; {self.HINT}")
+        self.reason = reason
+        self.path = path
 
 
 class LockLost(ZkSessionLost):

@@ -37,7 +37,7 @@ from kazoo import exceptions as kex
 from kazoo.protocol.states import EventType
 
 from nodepool_k8s import records
-from nodepool_k8s.zk import locks
+from nodepool_k8s.zk import errors, locks
 from nodepool_k8s.zk.client import ConnectionState, ZkClient
 
 log = logging.getLogger("nodepool_k8s.zk.mirror")
@@ -197,6 +197,9 @@ class ChildMirror(Generic[T]):
         except kex.NoNodeError:
             self.zk.ensure_path(self.root)
             self._submit(self._resync)
+            return
+        except (kex.NoAuthError, kex.AuthFailedError) as exc:
+            log.error("%s: %s", self.name, errors.ZkAuthError(type(exc).__name__, self.root))
             return
         except kex.KazooException as exc:
             log.warning("%s: resync failed (%s); waiting for the connection", self.name, exc)

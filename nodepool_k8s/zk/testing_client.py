@@ -66,11 +66,16 @@ def requestor_data(job: str = "job") -> dict[str, Any]:
 
 class ZuulClient:
     def __init__(self, hosts: str, *, system_id: str | None = None,
-                 tls: tuple[str, str, str] | None = None, timeout: float = 10.0) -> None:
-        """`tls` is (ca, cert, key) paths."""
+                 tls: tuple[str, str, str] | None = None, timeout: float = 10.0,
+                 auth_data: list[tuple[str, str]] | None = None) -> None:
+        """`tls` is (ca, cert, key) paths; `auth_data` kazoo's (scheme, credential) pairs,
+        e.g. `[("digest", "zuul:secret")]`. Like Zuul, it sets no ACL of its own: what
+        it creates (requests, lock contenders) gets ZooKeeper's open ACL."""
         kw: dict[str, Any] = {}
         if tls:
             kw.update(use_ssl=True, ca=tls[0], certfile=tls[1], keyfile=tls[2])
+        if auth_data:
+            kw.update(auth_data=auth_data)
         self.client = KazooClient(hosts=hosts, timeout=timeout, **kw)
         self.client.start(timeout=20)
         self.system_id = system_id or uuid.uuid4().hex

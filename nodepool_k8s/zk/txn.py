@@ -8,7 +8,11 @@ write request (and one ZooKeeper txn) however many operations it holds.
 Failure: `commit` raises `TxnFailed` naming the first refused operation and its typed cause
 (`NoNodeError`, `VersionConflict`, `NodeExistsError`, `NotEmptyError`); nothing was applied
 then. Connection trouble raises `ZkConnectionError`: the outcome is unknown and the caller
-must re-read before deciding anything.
+must re-read before deciding anything. An operation ZooKeeper refused for lack of access
+raises `ZkAuthError` (permanent) naming its path, not `TxnFailed`.
+
+Creates carry the client's default ACL (`zookeeper-acl`, see `access`), as kazoo's own
+creates do.
 """
 
 from __future__ import annotations
@@ -88,11 +92,13 @@ class Txn:
         try:
             results = tx.commit()
         except kex.KazooException as exc:
-            raise translate(exc) from exc
+            raise translate(exc, self.ops[0].path) from exc
         for index, result in enumerate(results):
             if isinstance(result, Exception) and not isinstance(result, kex.RolledBackError):
                 op = self.ops[index]
-                cause = translate(result)
+                cause = translate(result, op.path)
+                if isinstance(cause, errors.ZkAuthError):
+                    raise cause  # permanent, and about access, not the state of the tree
                 if not isinstance(cause, errors.NodepoolError):
                     cause = errors.ZkConnectionError(repr(result))
                 raise errors.TxnFailed(index, op.kind, op.path, cause)

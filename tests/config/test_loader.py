@@ -192,7 +192,8 @@ def test_secure_file_may_supply_the_required_servers(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("secure,problem", [
     ({"providers": []}, "providers: unknown key; the secure file may only set"
-                        " zookeeper-servers and zookeeper-tls"),
+                        " zookeeper-servers, zookeeper-tls, zookeeper-auth and"
+                        " zookeeper-acl"),
     ({"zookeeper-servers": [{"host": "zk", "port": "x"}]},
      "zookeeper-servers[0].port: expected int, got 'x'"),
     ({"zookeeper-servers": [{"host": "a", "chroot": "/a"}, {"host": "b", "chroot": "/b"}]},
