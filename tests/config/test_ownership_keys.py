@@ -27,10 +27,10 @@ def test_installation_id_is_derived_from_the_zookeeper_installation() -> None:
     one = load(_zk({"host": "zk1", "chroot": "/np"}, {"host": "ZK2", "port": 2181,
                                                       "chroot": "/np"}))
     same = load(_zk({"host": "zk2", "chroot": "/np"}, {"host": "zk1", "chroot": "/np"}))
-    other_chroot = load(_zk({"host": "zk1", "chroot": "/np2"}, {"host": "zk2",
-                                                               "chroot": "/np2"}))
-    other_ensemble = load(_zk({"host": "zk3", "chroot": "/np"}, {"host": "zk2",
-                                                                "chroot": "/np"}))
+    other_chroot = load(_zk({"host": "zk1", "chroot": "/np2"},
+                            {"host": "zk2", "chroot": "/np2"}))
+    other_ensemble = load(_zk({"host": "zk3", "chroot": "/np"},
+                              {"host": "zk2", "chroot": "/np"}))
     assert one.installation_id == same.installation_id
     assert one.installation_id.startswith("zk-") and len(one.installation_id) == 15
     assert len({one.installation_id, other_chroot.installation_id,

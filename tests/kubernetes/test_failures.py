@@ -43,7 +43,8 @@ def _launch(provider: Any, label: str, cancel: threading.Event | None = None,
 
 # -- API errors --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("verb,resource", [("create", "namespaces"), ("create", "serviceaccounts/token"),
+@pytest.mark.parametrize("verb,resource", [("create", "namespaces"),
+                                           ("create", "serviceaccounts/token"),
                                            ("create", "rolebindings"), ("create", "pods")])
 def test_api_errors_are_retried(sim: Simulator, make_k8s_provider: ProviderFactory,
                                 verb: str, resource: str,
