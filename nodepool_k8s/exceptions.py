@@ -39,6 +39,14 @@ class NotFound(PermanentError):
     """The object does not exist (any more)."""
 
 
+class NotOwned(PermanentError):
+    """The resource a record names is not provably ours: it was not deleted, and never will be.
+
+    Raised by `Provider.delete` before any destructive call when the object lacks our
+    ownership labels (provider, installation, node). The message says why.
+    """
+
+
 class QuotaExceeded(TemporaryError):
     """The cloud refused for lack of quota; capacity may free up later."""
 

@@ -60,6 +60,10 @@ def leaked_nodes_key(provider: str) -> str:
     return f"nodepool.provider.{key_part(provider)}.leaked.nodes"
 
 
+def delete_refused_key(provider: str) -> str:
+    return f"nodepool.provider.{key_part(provider)}.delete_refused"
+
+
 def malformed_key(kind: str) -> str:
     return f"nodepool.malformed.{key_part(kind)}"
 
@@ -96,6 +100,7 @@ PROM_LAUNCHES = "nodepool_launch_total"
 PROM_LEAKED = "nodepool_leaked_nodes_total"
 PROM_GAUGE_REPORTS = "nodepool_stats_gauge_reports_total"
 PROM_MALFORMED = "nodepool_malformed_records_total"
+PROM_DELETE_REFUSED = "nodepool_delete_refused_total"
 
 CounterKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -178,6 +183,11 @@ class Stats:
     def leaked_nodes(self, provider: str, count: int = 1) -> None:
         self._safe("incr", leaked_nodes_key(provider), count)
         self.count(PROM_LEAKED, count, provider=provider)
+
+    def delete_refused(self, provider: str) -> None:
+        """A node's resource was not provably ours: the record was dropped, nothing deleted."""
+        self._safe("incr", delete_refused_key(provider), 1)
+        self.count(PROM_DELETE_REFUSED, provider=provider)
 
     def malformed(self, kind: str) -> None:
         """A malformed record (`node`, `request`) was seen for the first time."""

@@ -11,6 +11,7 @@ fields render empty, and a malformed znode is a row in state `malformed` with it
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
 from nodepool_k8s.model import NodeRequest, NodeView
@@ -32,6 +33,16 @@ def age(seconds_since: float | None, now: float) -> str:
     return f"{days:02d}:{hours:02d}:{minutes:02d}:{secs:02d}"
 
 
+def token_expiry(value: Any) -> str | None:
+    """A node's `token_expires` (epoch seconds) as ISO 8601 UTC; None when unset or odd."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        return datetime.fromtimestamp(value, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    except (OverflowError, OSError, ValueError):
+        return None
+
+
 def redact_port(value: Any) -> Any:
     """A Kubernetes node's connection_port is a dict holding a token: never show it."""
     return value if isinstance(value, int) or value is None else REDACTED
@@ -47,6 +58,8 @@ NODE_DETAIL_COLUMNS = NODE_COLUMNS + (
     ("AZ", "AZ"), ("Username", "username"), ("Port", "connection_port"),
     ("Launcher", "launcher"), ("Allocated To", "allocated_to"), ("Hold Job", "hold_job"),
     ("Comment", "comment"), ("User Data", "user_data"), ("Driver Data", "driver_data"),
+    # Beyond Nodepool: when a Kubernetes node's service-account token expires (UTC).
+    ("Token Expires", "token_expires"),
 )
 REQUEST_COLUMNS = (
     ("Request ID", "id"), ("Priority", "relative_priority"), ("State", "state"),
@@ -93,6 +106,7 @@ def node_row(view: NodeView, now: float) -> dict[str, Any]:
         "comment": f("comment"),
         "user_data": f("user_data"),
         "driver_data": f("driver_data"),
+        "token_expires": token_expiry(n.extra.get("token_expires")),
         # Extensions beyond Nodepool's columns; harmless for its consumers.
         "connection_type": f("connection_type"),
         "tenant_name": f("tenant_name"),
@@ -140,6 +154,7 @@ def node_row_from_dict(node_id: str, data: Mapping[str, Any], locked: bool,
         "comment": g("comment"),
         "user_data": g("user_data"),
         "driver_data": g("driver_data"),
+        "token_expires": token_expiry(g("token_expires")),
         "connection_type": g("connection_type"),
         "tenant_name": g("tenant_name"),
         "state_time": state_time,

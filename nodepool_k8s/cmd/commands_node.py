@@ -7,7 +7,10 @@ a copy re-read after locking, with a versioned write; the lock is then released.
 - `delete`: lock (waiting up to `--lock-timeout`, 5 s), write `deleting`, unlock; the
   launcher serving the node's provider deletes the resource and the znode (it removes
   unlocked `deleting` nodes). `--now` does that work here instead: the provider is built
-  from the configuration, the resource deleted, then the znode removed with its lock.
+  from the configuration, the resource deleted, then the znode removed with its lock. A
+  resource that is not provably this installation's (and this node's) is not touched: the
+  reason is written to the record as `delete_refused`, the command says so on stderr, and
+  the znode is removed all the same (exactly what the launcher does).
 - A node whose lock is held by someone else (Zuul holds it for the whole job, a launcher
   while building or deleting) is refused, naming the reason. `--force` breaks that lock
   (see `zk.admin.break_lock`): the holder's lock contender is removed, the node is locked
@@ -32,7 +35,7 @@ from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.common import CliError, Session
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver import registry
-from nodepool_k8s.exceptions import NodepoolError, NotFound
+from nodepool_k8s.exceptions import NodepoolError, NotFound, NotOwned
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk import admin, paths
 from nodepool_k8s.zk.locks import HeldLock
@@ -150,23 +153,32 @@ def _delete_now(s: Session, locked: Locked) -> None:
             # Recorded first, so a failure below leaves a node its launcher finishes.
             _mark(node, model.DELETING)
             s.nodes.store(node, locked.lock)
-        _delete_resource(provider_config, node)
+        refused = _delete_resource(provider_config, node)
+        if refused is not None:
+            common.warn(f"node {node.id}: NOT deleting {node.external_id} of provider"
+                        f" {node.provider}: {refused}; only the node record is removed")
+            node.extra["delete_refused"] = refused
+            s.nodes.store(node, locked.lock)
     if not s.nodes.delete(node, locked.lock):
         common.warn(f"node {node.id}: other clients keep contending for its lock; it is left"
                     " in state deleted for a launcher to remove")
     _mark(node, model.DELETED)
 
 
-def _delete_resource(config: ProviderConfig, node: Node) -> None:
+def _delete_resource(config: ProviderConfig, node: Node) -> str | None:
+    """Delete the node's resource; the reason when it is not ours (then nothing is deleted)."""
     provider = registry.make_provider(config)
     try:
         provider.start()
-        provider.delete(node.external_id)
+        provider.delete(node.external_id, node_id=node.id)
+    except NotOwned as exc:
+        return str(exc)
     except NodepoolError as exc:  # the driver contract: TemporaryError (or a config error)
         raise CliError(f"could not delete {node.external_id} of node {node.id} ({exc}); the"
                        f" node stays in state deleting and its launcher retries") from exc
     finally:
         provider.stop()
+    return None
 
 
 # -- hold --------------------------------------------------------------------------------------

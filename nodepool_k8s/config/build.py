@@ -11,6 +11,7 @@ How it fails: it does not; it trusts its input to have passed `schema.validate` 
 from __future__ import annotations
 
 import copy
+import hashlib
 from typing import Any, Mapping
 
 from nodepool_k8s.config import schema as S
@@ -131,7 +132,22 @@ def build_pool(pool: Raw, provider: Raw) -> PoolConfig:
     )
 
 
-def build_provider(provider: Raw) -> ProviderConfig:
+def installation_id(data: Raw) -> str:
+    """`installation-id` if set, else a short hash of the sorted ZooKeeper servers + chroot.
+
+    Stable for one ZooKeeper installation (server order does not matter) and different for
+    two installations that share no ensemble or use different chroots.
+    """
+    if data.get("installation-id"):
+        return str(data["installation-id"])
+    servers = data.get("zookeeper-servers") or []
+    endpoints = sorted(f"{s['host'].lower()}:{s.get('port', S.ZK_PORT)}" for s in servers)
+    chroot = next((s.get("chroot") for s in servers if s.get("chroot")), "") or ""
+    digest = hashlib.sha256(("\n".join(endpoints) + "\n" + chroot.rstrip("/")).encode())
+    return "zk-" + digest.hexdigest()[:12]
+
+
+def build_provider(provider: Raw, installation: str = "default") -> ProviderConfig:
     return ProviderConfig(
         name=provider["name"],
         driver=provider["driver"],
@@ -150,6 +166,8 @@ def build_provider(provider: Raw) -> ProviderConfig:
         api_timeout=provider.get("api-timeout", S.API_TIMEOUT),
         unschedulable_grace=provider.get("unschedulable-grace", S.UNSCHEDULABLE_GRACE),
         delete_timeout=provider.get("delete-timeout", S.DELETE_TIMEOUT),
+        token_lifetime=provider.get("token-lifetime", S.TOKEN_LIFETIME),
+        installation_id=installation,
     )
 
 
@@ -182,7 +200,9 @@ def build_config(data: Raw, sources: tuple[str, ...] = (),
     tls = data.get("zookeeper-tls")
     webapp = data.get("webapp", {})
     max_hold_age = data.get("max-hold-age", S.MAX_HOLD_AGE)
+    installation = installation_id(data)
     return Config(
+        installation_id=installation,
         zookeeper_servers=tuple(
             ZkServer(host=s["host"], port=s.get("port", S.ZK_PORT), chroot=s.get("chroot"))
             for s in data["zookeeper-servers"]),
@@ -196,7 +216,7 @@ def build_config(data: Raw, sources: tuple[str, ...] = (),
             min_ready=max(0, lb.get("min-ready", S.MIN_READY)),
             max_ready_age=lb.get("max-ready-age", S.MAX_READY_AGE),
         ) for lb in data.get("labels", [])},
-        providers={p["name"]: build_provider(p) for p in data.get("providers", [])},
+        providers={p["name"]: build_provider(p, installation) for p in data.get("providers", [])},
         max_hold_age=max_hold_age if max_hold_age > 0 else INF,
         webapp=WebappConfig(port=webapp.get("port", S.WEBAPP_PORT),
                             listen_address=webapp.get("listen_address",

@@ -193,6 +193,11 @@ class ProviderConfig:
     # how long a deletion waits for the namespace to vanish (then TemporaryError, retried).
     unschedulable_grace: float = 30.0
     delete_timeout: float = 300.0
+    # Kubernetes driver: lifetime (seconds) of the TokenRequest token handed to a job.
+    token_lifetime: int = 86400
+    # The top-level `installation-id` (resolved), copied here so a provider built from this
+    # config alone (the launcher, `nodepool delete --now`) labels and recognises its objects.
+    installation_id: str = "default"
 
     def limits(self) -> Resources:
         values: dict[str, float] = dict(self.max_resources)
@@ -211,6 +216,8 @@ class Config:
     zookeeper_timeout: float = 10.0
     zookeeper_auth: ZkAuth | None = None
     zookeeper_acl: ZkAcl | None = None  # None or disabled: the open ACL (as Nodepool)
+    # Marks this installation's cloud objects (a label); see `config.build.installation_id`.
+    installation_id: str = "default"
     labels: Mapping[str, LabelConfig] = field(default_factory=dict)
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     max_hold_age: float = INF  # seconds; 0 in the file means "no limit"

@@ -48,6 +48,11 @@ API_BACKOFF = (0.2, 0.5, 1.0, 2.0, 4.0)
 API_TIMEOUT = 30.0
 UNSCHEDULABLE_GRACE = 30.0  # seconds a pod may stay Unschedulable before the attempt fails
 DELETE_TIMEOUT = 300.0  # seconds a deletion waits for the namespace to vanish
+TOKEN_LIFETIME = 86400  # seconds a node's service-account token (TokenRequest) stays valid
+MIN_TOKEN_LIFETIME = 600  # the API server refuses shorter TokenRequests (422)
+# installation-id: a Kubernetes label value; absent = derived from the ZooKeeper hosts+chroot.
+INSTALLATION_ID_MAX = 63
+INSTALLATION_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 IMAGE_PULL = "IfNotPresent"
 PYTHON_PATH = "auto"
 FAKE_LABEL_TYPE = "namespace"
@@ -291,6 +296,15 @@ _timeout = number(positive=True)
 _cpu = number(minimum=0)
 _mib = integer(minimum=0)
 
+
+def _token_lifetime(value: Any) -> int:
+    seconds = int(integer()(value))
+    if seconds < MIN_TOKEN_LIFETIME:
+        raise Invalid(f"must be at least {MIN_TOKEN_LIFETIME} seconds (the Kubernetes API"
+                      f" refuses shorter TokenRequests), got {seconds}")
+    return seconds
+
+
 _ZK_SERVER = mapping({
     Required("host"): string(),
     Optional("port"): integer(1, 65535),
@@ -430,6 +444,7 @@ def _provider(label: Validator) -> Validator:
         Optional("api-timeout"): _timeout,
         Optional("unschedulable-grace"): _seconds,
         Optional("delete-timeout"): _timeout,
+        Optional("token-lifetime"): _token_lifetime,
     })
 
 
@@ -453,8 +468,18 @@ def provider(value: Any) -> dict[str, Any]:
     return result
 
 
+def _installation_id(value: Any) -> str:
+    text = str(string()(value))
+    if len(text) > INSTALLATION_ID_MAX or not INSTALLATION_ID_RE.match(text):
+        raise Invalid(f"{_got(text)} must be a Kubernetes label value: at most"
+                      f" {INSTALLATION_ID_MAX} characters of [A-Za-z0-9_.-], starting and"
+                      " ending with a letter or digit")
+    return text
+
+
 MAIN = mapping({
     Required("zookeeper-servers"): list_of(_ZK_SERVER, min_items=1),
+    Optional("installation-id"): _installation_id,
     Optional("zookeeper-tls"): _ZK_TLS,
     Optional("zookeeper-auth"): _ZK_AUTH,
     Optional("zookeeper-acl"): _ZK_ACL,

@@ -13,7 +13,9 @@ Error contract:
   removed what it created for that attempt, or left it labelled so the leak sweeper finds it.
 - `delete` returns only once the resource is gone; a missing resource is success. It raises
   `TemporaryError` when deletion could not be confirmed (the core retries later, and keeps
-  the node record until then: nothing is forgotten).
+  the node record until then: nothing is forgotten), and `NotOwned` when the resource is not
+  provably this installation's (and, given `node_id`, that node's): nothing was deleted and
+  the core must not retry (it drops the record and says why).
 - `list_resources` raises `TemporaryError` when the cloud cannot be listed (no sweep then).
 """
 
@@ -67,6 +69,8 @@ class LaunchResult:
     driver_data: Any = None
     hostname: str | None = None
     username: str | None = None
+    # Further keys written onto the node record (e.g. `token_expires`); Zuul ignores them.
+    extra: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -101,8 +105,12 @@ class Provider(Protocol):
         as soon as the external id is known, so the core can record it before waiting.
         """
 
-    def delete(self, external_id: str) -> None:
-        """Delete the resource and wait until it is gone (missing = success)."""
+    def delete(self, external_id: str, node_id: str | None = None) -> None:
+        """Delete the resource and wait until it is gone (missing = success).
+
+        Only a resource carrying this installation's ownership labels (and node `node_id`'s,
+        when given) is deleted; anything else raises `NotOwned` without being touched.
+        """
 
     def list_resources(self) -> Sequence[CloudResource]:
         """Every resource carrying this provider's ownership labels."""

@@ -6,6 +6,11 @@ retries), reports its external id through `progress` at once, then waits the lab
 `launch-delay` (seconds) on the cancel event (never sleep-polling) and succeeds, unless the
 label has `fail: true` or an error was injected with `fail_next`. Every call is recorded.
 
+`delete` refuses (NotOwned) a resource it does not hold that another provider of the shared
+cloud holds, or one whose node id differs from the node being deleted, and any name in
+`foreign` (tests add e.g. `kube-system` there), as the Kubernetes driver's ownership check
+does; a name nobody holds is simply gone (success).
+
 State is per instance unless a `FakeCloud` is shared (two in-process launchers can then see
 the same resources, e.g. for leak tests). Nothing here persists across processes.
 """
@@ -19,7 +24,7 @@ from typing import Any, Callable, Sequence
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec
-from nodepool_k8s.exceptions import LaunchError
+from nodepool_k8s.exceptions import LaunchError, NotOwned
 from nodepool_k8s.model import Resources
 
 FAKE_API = "https://fake-k8s.invalid:6443"
@@ -43,6 +48,8 @@ class FakeCloud:
     # The most resources each provider ever had at once (quota tests check it exactly,
     # where sampling ZooKeeper could miss a short-lived excess).
     peak: dict[str, int] = field(default_factory=dict)
+    # Names that exist in the cloud but belong to nobody here (e.g. `kube-system`).
+    foreign: set[str] = field(default_factory=set)
 
 
 class FakeProvider:
@@ -163,12 +170,23 @@ class FakeProvider:
         with self.cloud.lock:
             self.cloud.resources.pop(external_id, None)
 
-    def delete(self, external_id: str) -> None:
+    def delete(self, external_id: str, node_id: str | None = None) -> None:
         self._record("delete", external_id)
         injected = self._injected("delete")
         if injected is not None:
             raise injected
-        self._remove(external_id)
+        with self.cloud.lock:
+            if external_id in self.cloud.foreign:
+                raise NotOwned(f"{external_id} is not ours (foreign)")
+            resource = self.cloud.resources.get(external_id)
+            if resource is None:
+                return
+            if resource.provider != self.name:
+                raise NotOwned(f"{external_id} belongs to provider {resource.provider}")
+            if node_id is not None and resource.node_id not in (None, node_id):
+                raise NotOwned(f"{external_id} belongs to node {resource.node_id}, not"
+                               f" {node_id}")
+            del self.cloud.resources[external_id]
 
     def list_resources(self) -> Sequence[CloudResource]:
         self._record("list", None)

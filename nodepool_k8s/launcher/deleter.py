@@ -5,7 +5,10 @@ re-read, re-check that it should still go (`check`), write `deleting`, have the 
 delete the resource (which returns once it is gone), then remove the znode with its lock in
 one transaction (`deleted` is written first only when another contender waits). A node
 whose resource could not be confirmed gone keeps its znode and is retried later with
-backoff: nothing is forgotten. Leaked resources (no node) go through `delete_leak`.
+backoff: nothing is forgotten. A node whose record names a resource that is not provably
+ours (`NotOwned`: e.g. `kube-system`, or another installation's namespace) gets the reason
+written as `delete_refused`, one WARNING, `nodepool.provider.<p>.delete_refused`, and its
+znode removed; the cloud is not touched. Leaked resources (no node) go through `delete_leak`.
 
 Idempotent: a node already being deleted by this process is not submitted twice; another
 launcher holding the lock simply makes this attempt a no-op.
@@ -27,7 +30,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 from nodepool_k8s import logconfig, model
-from nodepool_k8s.exceptions import TemporaryError, ZkSessionLost
+from nodepool_k8s.exceptions import NotOwned, TemporaryError, ZkSessionLost
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk.errors import ZkConnectionError
@@ -64,6 +67,7 @@ class NodeDeleter:
         self._retry: dict[RetryKey, Retry] = {}
         self.deleted = 0
         self.leaks_deleted = 0
+        self.refused = 0
         # Called after a deletion completed or failed (the cleanup worker re-evaluates).
         self.on_done: Callable[[], None] = lambda: None
 
@@ -188,9 +192,18 @@ class NodeDeleter:
             if node.state != model.DELETING:
                 node.state, node.state_time = model.DELETING, engine.clock.time()
                 engine.nodes.store(node, lock)
+            refused = False
             if node.external_id:
                 try:
-                    provider.delete(node.external_id)
+                    provider.delete(node.external_id, node_id=node.id)
+                except NotOwned as exc:
+                    # Never retried and never deleted: drop the record, keep the reason.
+                    nlog.warning("Refusing to delete %s of provider %s (%s); removing the node"
+                                 " record only", node.external_id, node.provider, exc)
+                    node.extra["delete_refused"] = str(exc)
+                    engine.nodes.store(node, lock)
+                    engine.stats.delete_refused(node.provider)
+                    refused = True
                 except TemporaryError as exc:
                     nlog.warning("Could not delete %s yet (%s); will retry",
                                  node.external_id, exc)
@@ -200,7 +213,12 @@ class NodeDeleter:
                 return False
             with self._lock:
                 self.deleted += 1
-            nlog.info("Deleted node %s (%s)", node.external_id or "", reason)
+                self.refused += int(refused)
+            if refused:
+                nlog.info("Removed the node record; %s was left alone (%s)", node.external_id,
+                          reason)
+            else:
+                nlog.info("Deleted node %s (%s)", node.external_id or "", reason)
             return True
         finally:
             if not lock.released:
@@ -211,7 +229,13 @@ class NodeDeleter:
         try:
             provider = self.engine.providers.get(provider_name)
             if provider is not None:
-                provider.delete(external_id)
+                try:
+                    provider.delete(external_id)
+                except NotOwned as exc:
+                    # Listed as ours, not ours on a closer look (labels changed): leave it.
+                    log.warning("Not deleting resource %s of provider %s: %s", external_id,
+                                provider_name, exc)
+                    return
                 self.engine.stats.leaked_nodes(provider_name)
                 with self._lock:
                     self.leaks_deleted += 1

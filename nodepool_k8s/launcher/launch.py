@@ -94,6 +94,8 @@ def apply_result(node: Node, result: LaunchResult) -> None:
         node.set(hostname=result.hostname)
     if result.username:
         node.set(username=result.username)
+    if result.extra:
+        node.extra.update(result.extra)
 
 
 def request_info(request: NodeRequest) -> RequestInfo:

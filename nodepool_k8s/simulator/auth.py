@@ -24,7 +24,7 @@ import secrets
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from nodepool_k8s.simulator.store import Store
 
@@ -77,6 +77,8 @@ class TokenAuthority:
         self.admin_token = admin_token or "sim-admin-" + secrets.token_urlsafe(24)
         self.admin = Identity("sim-admin", ("system:masters", "system:authenticated"),
                               admin=True)
+        # The token clock (epoch seconds): tests move it on to see tokens expire (401).
+        self.now: Callable[[], float] = time.time
 
     # -- issuing ----------------------------------------------------------------------------
     def issue_secret_token(self, namespace: str, sa_name: str, sa_uid: str,
@@ -95,7 +97,7 @@ class TokenAuthority:
 
     def issue_request_token(self, namespace: str, sa_name: str, sa_uid: str,
                             audiences: list[str], expiration_seconds: int) -> tuple[str, float]:
-        now = time.time()
+        now = self.now()
         expires = now + expiration_seconds
         token = _jwt_like({
             "aud": audiences, "exp": int(expires), "iat": int(now), "nbf": int(now),
@@ -117,7 +119,7 @@ class TokenAuthority:
             grant = self._grants.get(token)
         if grant is None:
             return None
-        if grant.expires is not None and time.time() >= grant.expires:
+        if grant.expires is not None and self.now() >= grant.expires:
             return None
         sa = self._store.get("serviceaccounts", grant.namespace, grant.sa_name)
         if sa is None or sa["metadata"]["uid"] != grant.sa_uid:

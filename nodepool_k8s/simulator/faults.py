@@ -61,6 +61,7 @@ class _Rule:
     resource: str
     remaining: int
     code: int
+    stall: float = 0.0  # > 0: apply the request, then answer this many seconds late
 
     def matches(self, verb: str, resource: str) -> bool:
         return (self.verb in ("*", verb) and self.resource in ("*", resource))
@@ -120,6 +121,13 @@ class FaultInjector:
         with self._lock:
             self._rules.append(_Rule(verb, resource, count, code))
 
+    def stall_next(self, verb: str, resource: str, count: int = 1,
+                   seconds: float = 30.0) -> None:
+        """Apply the next `count` (verb, resource) requests, then answer `seconds` late."""
+        verb = _VERB_ALIASES.get(verb, verb)
+        with self._lock:
+            self._rules.append(_Rule(verb, resource, count, 0, stall=seconds))
+
     def pending_rules(self) -> int:
         with self._lock:
             return sum(rule.remaining for rule in self._rules)
@@ -139,7 +147,10 @@ class FaultInjector:
             for rule in self._rules:
                 if rule.remaining > 0 and rule.matches(verb, resource):
                     rule.remaining -= 1
-                    decision.error_code = rule.code
+                    if rule.stall > 0:
+                        decision.stall = rule.stall
+                    else:
+                        decision.error_code = rule.code
                     self._rules = [r for r in self._rules if r.remaining > 0]
                     return decision
             # Draw both numbers every time so the sequence depends only on request order.

@@ -207,6 +207,12 @@ class Simulator:
         """Answer the next `count` (verb, resource) API calls with HTTP `code`."""
         self._faults.fail_next(verb, resource, count, code)
 
+    def stall_next(self, verb: str, resource: str, count: int = 1,
+                   seconds: float = 30.0) -> None:
+        """Apply the next `count` (verb, resource) calls but answer `seconds` late (a lost
+        reply: the client times out although the write happened)."""
+        self._faults.stall_next(verb, resource, count, seconds)
+
     def clear_faults(self) -> None:
         self._faults.clear()
         if self._controllers is not None:

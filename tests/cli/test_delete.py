@@ -3,6 +3,8 @@ refusal of nodes Zuul has locked, --force (breaking the lock), unknown ids and f
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
@@ -16,7 +18,7 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
 from tests.cli.conftest import (MIN_READY, Cli, fake_provider, foreign_node, in_use,
-                                lock_contenders, node_state, ready_node)
+                                lock_contenders, node_data, node_state, ready_node)
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 
@@ -203,3 +205,30 @@ def test_unreadable_record(cli: Cli, kazoo_client: KazooClient) -> None:
         assert result.err.splitlines()[-1] == (
             f"nodepool {command}: node 0000000005 has an unreadable record (empty or not a"
             " node); it cannot be changed with this command")
+
+
+def test_now_refuses_a_resource_that_is_not_ours(cli: Cli, launchers: LauncherFactory,
+                                                 kazoo_client: KazooClient,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # The record names kube-system (the fake cloud holds it as foreign): nothing is deleted
+    # in the cloud, the command says so, and the node record is removed all the same.
+    launcher = launchers(MIN_READY)
+    built = _share_cloud(monkeypatch, launcher)
+    cloud = fake_provider(launcher).cloud
+    cloud.foreign.add("kube-system")
+    node_id = ready_node(kazoo_client)
+    data = node_data(kazoo_client, node_id)
+    assert data is not None
+    kazoo_client.set(paths.node_path(node_id),
+                     json.dumps(dict(data, external_id="kube-system")).encode())
+
+    result = cli("delete", node_id, "--now", *FAST)
+    assert result.code == 0
+    assert result.err == (f"warning: node {node_id}: NOT deleting kube-system"
+                          " of provider fake: kube-system is not ours (foreign); only the"
+                          " node record is removed\n")
+    assert result.table()[0][6] == "deleted"
+    assert kazoo_client.exists(paths.node_path(node_id)) is None
+    assert "kube-system" in cloud.foreign
+    assert f"main-{node_id}" in fake_provider(launcher).resource_ids()  # left for the sweep
+    assert [p.call_names() for p in built] == [["start", "delete", "stop"]]

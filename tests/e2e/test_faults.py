@@ -113,7 +113,7 @@ def test_one_shot_api_errors_are_retried(launchers: LauncherFactory, zuul: ZuulC
     k8s_sim.set_faults(retry_after=0)
     k8s_sim.fail_next("create", "namespaces", count=2, code=500)
     k8s_sim.fail_next("create", "serviceaccounts", code=503)
-    k8s_sim.fail_next("create", "secrets", code=429)
+    k8s_sim.fail_next("create", "serviceaccounts/token", code=429)
     k8s_sim.fail_next("create", "roles", code=500)
     k8s_sim.fail_next("create", "rolebindings", code=500)
     k8s_sim.fail_next("create", "pods", count=2, code=500)

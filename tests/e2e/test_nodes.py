@@ -6,7 +6,7 @@ spec) pod label are fulfilled for a Zuul-like client in one request; each node c
 exactly what Zuul reads (nodepool-protocol.md B1.4); the kubeconfig Zuul's executor builds
 from `connection_port` authenticates against the cluster with the node's own token and
 gets the Role's rights, no more; the objects in the cluster (namespace `<pool>-<node id>`
-and its labels, service account, token secret, Role, RoleBinding, pod spec per key); after
+and its labels, service account, Role, RoleBinding, pod spec per key); after
 Zuul marks the nodes used and unlocks them, every namespace is deleted, every node znode
 removed, and nothing is left in the cluster.
 """
@@ -154,15 +154,17 @@ NODE_KEYS = {
 }
 
 
-def secret_token(sim: Simulator, namespace: str) -> str:
-    secret = sim.get("secrets", "zuul-worker", namespace)
-    assert secret is not None, f"no token secret in {namespace}"
-    return base64.b64decode(secret["data"]["token"]).decode()
+def assert_bound_token(sim: Simulator, token: str, namespace: str) -> None:
+    """`token` is a TokenRequest token bound to the namespace's zuul-worker account."""
+    who = sim.authority.authenticate_token(token)
+    assert who is not None, f"the token of {namespace} does not authenticate"
+    assert (who.sa_namespace, who.sa_name) == (namespace, "zuul-worker")
 
 
-def ownership(node_id: str, label: str) -> dict[str, str]:
+def ownership(node_id: str, label: str, installation: str) -> dict[str, str]:
     return {"nodepool_node_id": node_id, "nodepool_provider_name": "k8s",
-            "nodepool_pool_name": "main", "nodepool_node_label": label}
+            "nodepool_pool_name": "main", "nodepool_node_label": label,
+            "nodepool_installation_id": installation}
 
 
 @pytest.fixture
@@ -202,8 +204,11 @@ def test_nodes_carry_what_zuul_reads(served: tuple[Launcher, str, dict[str, Any]
         assert node["ssh_port"] == node["connection_port"]
         port = node["connection_port"]
         assert isinstance(port, dict)
+        assert_bound_token(k8s_sim, port["token"], namespace)
+        # The token's expiry is on the node (the default token-lifetime: one day).
+        assert abs(node["token_expires"] - (time.time() + 86400)) < 600
         expected_port = {"name": namespace, "namespace": namespace, "host": k8s_sim.url,
-                         "skiptls": False, "token": secret_token(k8s_sim, namespace),
+                         "skiptls": False, "token": port["token"],
                          "user": "zuul-worker", "ca_crt": ca_b64}
         if label == "k8s-namespace":
             assert node["connection_type"] == "namespace"
@@ -283,24 +288,22 @@ def test_zuul_kubeconfig_works_with_the_node_token(
 
 def test_cluster_objects(served: tuple[Launcher, str, dict[str, Any]],
                          k8s_sim: Simulator) -> None:
-    _, request_id, body = served
+    launcher, request_id, body = served
+    installation = launcher.config.installation_id
+    assert installation.startswith("zk-")  # derived from the ZooKeeper hosts and chroot
     ns_id, pod_id, raw_id = body["nodes"]
 
-    # -- namespace label: namespace, SA, token secret, Role `zuul`, RoleBinding; no pod.
+    # -- namespace label: namespace, SA, Role `zuul`, RoleBinding; no pod, no Secret.
     ns = f"main-{ns_id}"
     namespace = k8s_sim.get("namespaces", ns)
     assert namespace is not None and namespace["status"]["phase"] == "Active"
     labels = namespace["metadata"]["labels"]
     assert labels.pop("kubernetes.io/metadata.name") == ns  # set by the API server
     assert labels == {"team": "ci", "zuul-tenant": "tenant-1", "zuul-request": request_id,
-                      **ownership(ns_id, "k8s-namespace")}
+                      **ownership(ns_id, "k8s-namespace", installation)}
     sa = k8s_sim.get("serviceaccounts", "zuul-worker", ns)
     assert sa is not None and sa["metadata"]["labels"]["nodepool_node_id"] == ns_id
-    secret = k8s_sim.get("secrets", "zuul-worker", ns)
-    assert secret is not None
-    assert secret["type"] == "kubernetes.io/service-account-token"
-    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == \
-        "zuul-worker"
+    assert k8s_sim.list("secrets") == []  # tokens come from TokenRequest, never a Secret
     role = k8s_sim.get("roles", "zuul", ns)
     assert role is not None
     rules = {(tuple(r["apiGroups"]), resource): sorted(r["verbs"])
@@ -334,14 +337,13 @@ def test_cluster_objects(served: tuple[Launcher, str, dict[str, Any]],
                           "pods/portforward": ["create", "get"]}
     assert k8s_sim.get("rolebindings", "zuul-role", ns)["roleRef"]["name"] == \
         "zuul-restricted"  # type: ignore[index]
-    for kind in ("serviceaccounts", "secrets"):
-        assert k8s_sim.get(kind, "zuul-worker", ns) is not None
+    assert k8s_sim.get("serviceaccounts", "zuul-worker", ns) is not None
     pod = k8s_sim.get("pods", "pod-fedora", ns)
     assert pod is not None
     meta = pod["metadata"]
     assert meta["labels"] == {"team": "ci", "zuul-tenant": "tenant-1",
                               "zuul-first-label": "k8s-namespace",
-                              **ownership(pod_id, "pod-fedora")}
+                              **ownership(pod_id, "pod-fedora", installation)}
     assert meta["annotations"] == {"example.com/owner": "ci"}
     spec = pod["spec"]
     assert spec["restartPolicy"] == "Never"  # inside spec (Nodepool put it beside it)
@@ -375,7 +377,7 @@ def test_cluster_objects(served: tuple[Launcher, str, dict[str, Any]],
     assert_subset(FORM_B_SPEC, raw["spec"], "spec")
     assert raw["spec"]["restartPolicy"] == "OnFailure"  # theirs, not ours
     assert raw["metadata"]["labels"] == {"kind": "raw", "zuul-tenant": "tenant-1",
-                                         **ownership(raw_id, "pod-raw")}
+                                         **ownership(raw_id, "pod-raw", installation)}
     assert raw["metadata"]["annotations"] == {"note": "verbatim"}
     assert k8s_sim.get("roles", "zuul-restricted", ns) is not None
 
@@ -384,8 +386,10 @@ def test_cluster_objects(served: tuple[Launcher, str, dict[str, Any]],
     assert sorted(n["metadata"]["name"] for n in ours) == sorted(
         f"main-{n}" for n in body["nodes"])
     assert len(k8s_sim.list("pods")) == 2
-    for kind in ("serviceaccounts", "secrets", "roles", "rolebindings"):
+    for kind in ("serviceaccounts", "roles", "rolebindings"):
         assert len(k8s_sim.list(kind)) == 3, kind
+    assert not [s for s in k8s_sim.list("secrets")
+                if s.get("type") == "kubernetes.io/service-account-token"]
 
 
 def test_used_nodes_are_cleaned_up(served: tuple[Launcher, str, dict[str, Any]],
@@ -444,7 +448,7 @@ def test_insecure_context_from_a_kubeconfig_list(launchers: LauncherFactory, zuu
         port = node["connection_port"]
         assert port["skiptls"] is True and "ca_crt" not in port
         assert port["host"] == k8s_sim.url
-        assert port["token"] == secret_token(k8s_sim, port["namespace"])
+        assert_bound_token(k8s_sim, port["token"], port["namespace"])
         document_, _ = zuul_kubeconfig(port)
         assert document_["clusters"][0]["cluster"]["insecure-skip-tls-verify"] is True
         with warnings.catch_warnings():

@@ -43,7 +43,8 @@ def _launch(provider: Any, label: str, cancel: threading.Event | None = None,
 
 # -- API errors --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("verb,resource", [("create", "namespaces"), ("create", "secrets"),
+@pytest.mark.parametrize("verb,resource", [("create", "namespaces"),
+                                           ("create", "serviceaccounts/token"),
                                            ("create", "rolebindings"), ("create", "pods")])
 def test_api_errors_are_retried(sim: Simulator, make_k8s_provider: ProviderFactory,
                                 verb: str, resource: str,
@@ -83,7 +84,8 @@ def test_timed_out_creates_are_retried_and_their_409_accepted(
     # The simulator applies each create, then answers too late: the retry meets a 409 for
     # the object our own first attempt made, which must count as success.
     provider = make_k8s_provider(sim, NS, api_timeout=0.3, api_retries=1)
-    sim.set_faults(timeout_rate=1.0, timeout_seconds=1.0)
+    for kind in ("namespaces", "serviceaccounts", "roles", "rolebindings"):
+        sim.stall_next("create", kind, seconds=1.0)
     with caplog.at_level(logging.DEBUG, logger="nodepool_k8s"):
         result = _launch(provider, "k8s-namespace")
     assert result.external_id == "main-0000000000"
@@ -94,12 +96,12 @@ def test_timed_out_creates_are_retried_and_their_409_accepted(
 def test_timeouts_beyond_retries_raise_temporary(sim: Simulator,
                                                  make_k8s_provider: ProviderFactory) -> None:
     provider = make_k8s_provider(sim, NS, api_timeout=0.3, api_retries=0)
-    sim.set_faults(timeout_rate=1.0, timeout_seconds=1.0)
+    sim.stall_next("create", "namespaces", seconds=1.0)
     with pytest.raises(TemporaryError):
         _launch(provider, "k8s-namespace")
-    sim.set_faults(timeout_rate=0.0)
     assert _launch(provider, "k8s-namespace", node_id="0000000001").external_id
-    # The first attempt's namespace reached the server; its deletion did too.
+    # The first attempt's namespace reached the server; a GET proved it this node's (our
+    # labels, our installation, node id), so it was deleted.
     wait_for(lambda: sim.get("namespaces", "main-0000000000") is None,
              message="the first namespace to be removed")
 
@@ -202,15 +204,16 @@ def test_quota_exceeded(sim: Simulator, make_k8s_provider: ProviderFactory) -> N
 
 
 def test_boot_timeout(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
-    sim = make_sim(token_delay=3600)
+    # The token is requested at once (TokenRequest); what a launch waits for is the pod.
+    sim = make_sim(start_delay=3600)
     clock = ManualClock()
-    provider = make_k8s_provider(sim, NS, clock=clock)
+    provider = make_k8s_provider(sim, POD, clock=clock)
     outcome: dict[str, BaseException] = {}
     progressed = threading.Event()
 
     def run() -> None:
         try:
-            provider.launch(make_spec(provider.config, "k8s-namespace"), threading.Event(),
+            provider.launch(make_spec(provider.config, "pod-fedora"), threading.Event(),
                             progress=lambda _: progressed.set())
         except BaseException as exc:  # noqa: BLE001 - checked below
             outcome["error"] = exc

@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client as k8s
 
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
-from nodepool_k8s.exceptions import TemporaryError
+from nodepool_k8s.exceptions import NotOwned, TemporaryError
 from nodepool_k8s.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory
@@ -49,7 +49,7 @@ def test_delete_waits_until_gone(make_sim: Any, make_k8s_provider: ProviderFacto
     result = _launch(provider)
     provider.delete(result.external_id)
     assert sim.get("namespaces", result.external_id) is None
-    assert sim.list("secrets", result.external_id) == []
+    assert sim.list("secrets") == []  # no Secret is ever made (TokenRequest tokens)
 
 
 def test_delete_missing_namespace_is_success(sim: Simulator,
@@ -149,7 +149,8 @@ def test_delete_survives_a_broken_namespace_watch(sim: Simulator,
     assert outcome == [None]
     assert sim.get("namespaces", result.external_id) is None
     assert sim.counters.get("list namespaces", 0) >= 1  # the watch re-listed
-    assert _per_node(sim) == {"delete namespaces": 1}, sim.counters
+    # One GET (the ownership proof) and one DELETE (with the uid precondition).
+    assert _per_node(sim) == {"get namespaces": 1, "delete namespaces": 1}, sim.counters
 
 
 def test_delete_confirmed_after_the_namespace_watch_expires(
@@ -169,28 +170,28 @@ def test_delete_confirmed_after_the_namespace_watch_expires(
     assert outcome == [None]
     assert sim.get("namespaces", result.external_id) is None
     assert _per_node(sim).get("delete namespaces") == 1
-    assert _per_node(sim).get("get namespaces", 0) <= 1
+    assert _per_node(sim).get("get namespaces", 0) <= 2  # the ownership proof + one check
 
 
-def test_delete_of_a_namespace_without_our_labels(make_sim: Any,
-                                                  make_k8s_provider: ProviderFactory,
-                                                  tmp_path: Any) -> None:
-    # A name collision: the shared (label-selected) watch never sees it, so its deletion
-    # is confirmed by watching that one name.
+def test_delete_of_a_namespace_without_our_labels_is_refused(
+        make_sim: Any, make_k8s_provider: ProviderFactory, tmp_path: Any) -> None:
+    # A name collision: not ours by label, so no DELETE is ever sent.
     sim = make_sim(namespace_delete_delay=0.3)
     provider = make_k8s_provider(sim, NS)
     _admin_core(sim, tmp_path).create_namespace(
         {"metadata": {"name": "main-0000000042", "labels": {"team": "x"}}})
     sim.reset_counters()
-    provider.delete("main-0000000042")
-    assert sim.get("namespaces", "main-0000000042") is None
-    assert sim.counters.get("watch namespaces", 0) >= 1  # the by-name fallback
+    with pytest.raises(NotOwned, match="nodepool_provider_name"):
+        provider.delete("main-0000000042")
+    assert sim.get("namespaces", "main-0000000042") is not None
+    assert sim.counters.get("delete namespaces", 0) == 0
 
 
 def test_delete_uses_one_call_and_no_new_watch(make_sim: Any,
                                                make_k8s_provider: ProviderFactory) -> None:
     # With a real finalization delay the namespace is seen Terminating, then DELETED on the
-    # shared watch: no per-deletion watch, no read, however many deletions run at once.
+    # shared watch: no per-deletion watch, one read each (the ownership proof before the
+    # DELETE), however many deletions run at once.
     sim = make_sim(namespace_delete_delay=0.3)
     provider = make_k8s_provider(sim, NS)
     results = [_launch(provider, node_id=f"{i:010d}") for i in range(5)]
@@ -203,7 +204,7 @@ def test_delete_uses_one_call_and_no_new_watch(make_sim: Any,
     assert [outcome for _, outcome in threads] == [[None]] * 5
     assert all(sim.get("namespaces", r.external_id) is None for r in results)
     assert sim.counters.get("delete namespaces") == 5
-    assert _per_node(sim) == {"delete namespaces": 5}, sim.counters
+    assert _per_node(sim) == {"get namespaces": 5, "delete namespaces": 5}, sim.counters
     assert sim.counters.get("watch namespaces", 0) == 0
 
 
@@ -271,34 +272,36 @@ def test_one_watch_per_kind_for_many_launches(sim: Simulator,
     for thread in threads:
         thread.join(30)
     assert not errors and len(results) == 20
-    assert sim.open_watches == 3  # pods, secrets and namespaces, shared by every launch
-    assert sim.counters.get("get pods", 0) == 0 and sim.counters.get("get secrets", 0) == 0
+    assert sim.open_watches == 2  # pods and namespaces, shared by every launch
+    assert sim.counters.get("get pods", 0) == 0
+    # No Secret is listed, watched or created: tokens come from TokenRequest.
+    assert not [k for k in sim.counters if k.endswith(" secrets")], sim.counters
+    assert sim.counters.get("create serviceaccounts/token") == 20
 
 
 def test_watches_list_again_on_410(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     provider = make_k8s_provider(sim, NS,
                                  settings=dataclasses.replace(FAST, watch_timeout=1))
     sim.reset_counters()
-    sim.fail_next("watch", "secrets", count=1, code=410)
+    sim.fail_next("watch", "pods", count=1, code=410)
     # The watch ends after 1 s; resuming is refused with 410 Gone, so the cache is rebuilt.
-    wait_for(lambda: sim.counters.get("list secrets", 0) >= 1, timeout=10,
-             message="the secret watch to list again")
+    wait_for(lambda: sim.counters.get("list pods", 0) >= 1, timeout=10,
+             message="the pod watch to list again")
     assert _launch(provider).external_id
 
 
 def test_watches_recover_from_errors(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     provider = make_k8s_provider(sim, NS, POD,
                                  settings=dataclasses.replace(FAST, watch_timeout=1))
-    sim.fail_next("watch", "secrets", count=2, code=500)
     sim.fail_next("watch", "pods", count=2, code=500)
-    wait_for(lambda: sim.counters.get("watch secrets", 0) >= 3, timeout=15,
-             message="the secret watch to be re-established")
+    wait_for(lambda: sim.counters.get("watch pods", 0) >= 3, timeout=15,
+             message="the pod watch to be re-established")
     assert _launch(provider, "pod-fedora").external_id
 
 
 def test_stop_ends_watch_threads(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     provider = make_k8s_provider(sim, NS)
-    wait_for(lambda: sim.open_watches == 3, message="the three shared watches to open")
+    wait_for(lambda: sim.open_watches == 2, message="the two shared watches to open")
     started = time.monotonic()
     provider.stop()
     assert time.monotonic() - started < 5

@@ -91,6 +91,7 @@ def test_object_labels_merge_static_dynamic_and_ownership() -> None:
         "team": "ci", "tenant": "tenant-1", "req": "200-0000000007",
         "nodepool_node_id": "0000000009", "nodepool_provider_name": "kubespray",
         "nodepool_pool_name": "main", "nodepool_node_label": "k8s-ns",
+        "nodepool_installation_id": "default",
     }
 
 
@@ -113,15 +114,14 @@ def test_dynamic_label_values_are_sanitised() -> None:
 
 # -- access objects ----------------------------------------------------------------------------
 
-def test_service_account_and_token_secret() -> None:
+def test_service_account_and_token_request() -> None:
     labels = {"nodepool_provider_name": "p"}
     sa = m.service_account_body("main-0", labels)
     assert sa["metadata"] == {"name": "zuul-worker", "namespace": "main-0", "labels": labels}
-    secret = m.token_secret_body("main-0", labels)
-    assert secret["type"] == "kubernetes.io/service-account-token"
-    assert secret["metadata"]["annotations"] == {
-        "kubernetes.io/service-account.name": "zuul-worker"}
-    assert secret["metadata"]["labels"] == labels  # the shared secret watch selects on it
+    request = m.token_request_body(3600)
+    assert request["kind"] == "TokenRequest"
+    assert request["spec"] == {"audiences": ["https://kubernetes.default.svc.cluster.local"],
+                               "expirationSeconds": 3600}
 
 
 def test_namespace_role_grants_core_apps_and_batch() -> None:
@@ -264,5 +264,21 @@ def test_namespace_body() -> None:
                                  "labels": {"nodepool_node_id": "0000000000"}}}
 
 
-def test_provider_selector() -> None:
-    assert m.provider_selector("kube spray") == "nodepool_provider_name=kube_spray"
+def test_provider_selector_names_the_installation() -> None:
+    assert m.provider_selector("kube spray", "zk-abc") == (
+        "nodepool_provider_name=kube_spray,nodepool_installation_id=zk-abc")
+
+
+def test_ownership_problem() -> None:
+    def ns(**labels: str) -> dict[str, object]:
+        return {"metadata": {"name": "x", "labels": labels}}
+    ours = ns(nodepool_provider_name="p", nodepool_installation_id="i",
+              nodepool_node_id="0000000001")
+    assert m.ownership_problem(ours, "p", "i") is None
+    assert m.ownership_problem(ours, "p", "i", "0000000001") is None
+    assert "nodepool_node_id" in str(m.ownership_problem(ours, "p", "i", "0000000002"))
+    assert "nodepool_installation_id" in str(m.ownership_problem(ours, "p", "other"))
+    assert "nodepool_provider_name" in str(m.ownership_problem(ours, "q", "i"))
+    assert m.ownership_problem({"metadata": {"name": "kube-system"}}, "p", "i") is not None
+    # The installation label alone is not enough: the provider must match too.
+    assert m.ownership_problem(ns(nodepool_installation_id="i"), "p", "i") is not None

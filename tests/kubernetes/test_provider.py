@@ -1,7 +1,8 @@
 """KubernetesProvider against the simulated cluster, through the official client over HTTPS.
 
 Aspects: the LaunchResult/connection data Zuul reads for both label types (token equals the
-secret's decoded token, ca_crt only when TLS is verified, pod/host_id for kubectl), objects
+TokenRequest token of the node's service account with its expiry recorded, no Secret made,
+ca_crt only when TLS is verified, pod/host_id for kubectl), objects
 created in the cluster (names, labels, RBAC, pod spec per key, form B), API calls per node,
 the RBAC the token really gets, start/stop.
 """
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -40,10 +42,10 @@ FORM_B = make_label("pod-raw", spec={"containers": [
     labels={"kind": "raw"}, annotations={"note": "verbatim"})
 
 
-def _decoded_token(sim: Simulator, namespace: str) -> str:
-    secret = sim.get("secrets", "zuul-worker", namespace)
-    assert secret is not None
-    return base64.b64decode(secret["data"]["token"]).decode()
+def _assert_bound_token(sim: Simulator, token: str, namespace: str) -> None:
+    """The token is a TokenRequest token of the namespace's zuul-worker account."""
+    who = sim.authority.authenticate_token(token)
+    assert who is not None and (who.sa_namespace, who.sa_name) == (namespace, "zuul-worker")
 
 
 def _launch(provider: KubernetesProvider, label: str, **kw: Any) -> Any:
@@ -63,12 +65,17 @@ def test_namespace_launch_result(sim: Simulator, make_k8s_provider: ProviderFact
     assert result.cloud == "sim"
     assert result.python_path == "auto" and result.shell_type is None
     assert result.resources == {"instances": 1, "cores": 1, "ram": 512}
-    secret = sim.get("secrets", "zuul-worker", "main-0000000000")
-    assert dict(result.connection_port) == {
+    port = dict(result.connection_port)
+    _assert_bound_token(sim, port.pop("token"), "main-0000000000")
+    assert port == {
         "name": "main-0000000000", "namespace": "main-0000000000", "host": sim.url,
-        "skiptls": False, "token": _decoded_token(sim, "main-0000000000"),
-        "user": "zuul-worker", "ca_crt": secret["data"]["ca.crt"],
+        "skiptls": False, "user": "zuul-worker",
+        "ca_crt": base64.b64encode(str(sim.ca_pem).encode()).decode(),
     }
+    # The expiry (default token-lifetime: one day) goes onto the node, never the token.
+    expires = result.extra["token_expires"]
+    assert isinstance(expires, int) and abs(expires - (time.time() + 86400)) < 600
+    assert sim.list("secrets") == []
     assert result.connection_port["host"].startswith("https://")
     assert base64.b64decode(result.connection_port["ca_crt"]).decode() == sim.ca_pem
     assert "<redacted>" in repr(result) and result.connection_port["token"] not in repr(result)
@@ -86,10 +93,8 @@ def test_namespace_objects(sim: Simulator, make_k8s_provider: ProviderFactory) -
         "team": "ci", "nodepool_node_id": "0000000005", "nodepool_provider_name": "kubespray",
         "nodepool_pool_name": "main", "nodepool_node_label": "k8s-namespace"}
     assert sim.get("serviceaccounts", "zuul-worker", "main-0000000005") is not None
-    secret = sim.get("secrets", "zuul-worker", "main-0000000005")
-    assert secret["type"] == "kubernetes.io/service-account-token"
-    assert secret["metadata"]["annotations"]["kubernetes.io/service-account.name"] == \
-        "zuul-worker"
+    assert labels["nodepool_installation_id"] == "default"
+    assert sim.list("secrets", "main-0000000005") == []
     role = sim.get("roles", "zuul", "main-0000000005")
     assert role["rules"] == manifests.NAMESPACE_RULES
     binding = sim.get("rolebindings", "zuul-role", "main-0000000005")
@@ -106,7 +111,7 @@ def test_pod_launch_result_and_spec(sim: Simulator, make_k8s_provider: ProviderF
     assert result.connection_type == "kubectl"
     assert result.interface_ip == "pod-fedora"
     assert result.connection_port["pod"] == "pod-fedora"
-    assert result.connection_port["token"] == _decoded_token(sim, ns)
+    _assert_bound_token(sim, result.connection_port["token"], ns)
     assert result.host_id == "sim-node-1"
     assert result.python_path == "/usr/bin/python3" and result.shell_type == "bash"
     assert result.resources == {"instances": 1, "cores": 2, "ram": 1024,
@@ -168,7 +173,7 @@ def test_api_calls_per_node(sim: Simulator, make_k8s_provider: ProviderFactory) 
     assert sum(_launch_calls(sim).values()) == 6, sim.counters
     sim.reset_counters()
     provider.delete(result.external_id)
-    assert _launch_calls(sim) == {"delete namespaces": 1}, sim.counters
+    assert _launch_calls(sim) == {"get namespaces": 1, "delete namespaces": 1}, sim.counters
 
 
 def test_skiptls_omits_ca(sim: Simulator, make_k8s_provider: ProviderFactory,

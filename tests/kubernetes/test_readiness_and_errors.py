@@ -7,8 +7,6 @@ reasons, failed phases, unschedulable grace on an injected clock, deletion), the
 
 from __future__ import annotations
 
-import base64
-
 import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
@@ -16,33 +14,28 @@ from kubernetes.client.exceptions import ApiException
 from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.driver.kubernetes import errors
 from nodepool_k8s.driver.kubernetes.client import RetryPolicy
-from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_secret
+from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
 from nodepool_k8s.exceptions import (LaunchError, NotFound, PermanentError, QuotaExceeded,
                                      TemporaryError)
 
 
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
 # -- token -------------------------------------------------------------------------------------
 
-def test_token_waits_for_both_keys() -> None:
-    assert token_from_secret(None) is None
-    assert token_from_secret({"data": {}}) is None
-    assert token_from_secret({"data": {"token": b64("t")}}) is None
-    assert token_from_secret({"data": {"ca.crt": b64("ca")}}) is None
+def test_token_and_expiry_come_from_the_token_request_answer() -> None:
+    token = token_from_request({"status": {"token": "bound-token",
+                                           "expirationTimestamp": "2030-01-02T03:04:05Z"}})
+    assert token == Token(token="bound-token", expires=1893553445.0)
 
 
-def test_token_is_decoded_and_ca_kept_base64() -> None:
-    token = token_from_secret({"data": {"token": b64("secret-token"), "ca.crt": b64("PEM")}})
-    assert token == Token(token="secret-token", ca_crt=b64("PEM"))
+def test_token_request_answer_without_token_fails() -> None:
+    for answer in ({}, {"status": {}}, {"status": {"token": ""}}):
+        with pytest.raises(LaunchError) as info:
+            token_from_request(answer)
+        assert info.value.reason == "BadToken"
 
 
-def test_bad_token_fails() -> None:
-    with pytest.raises(LaunchError) as info:
-        token_from_secret({"data": {"token": "!!!", "ca.crt": "x"}})
-    assert info.value.reason == "BadToken"
+def test_token_without_expiry_is_kept() -> None:
+    assert token_from_request({"status": {"token": "t"}}).expires is None
 
 
 # -- pod ---------------------------------------------------------------------------------------

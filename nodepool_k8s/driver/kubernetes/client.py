@@ -14,6 +14,7 @@ the last failure "#n/n giving up". A cancelled wait between retries raises the l
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import os
@@ -140,6 +141,21 @@ class KubeClient:
     @property
     def verify_ssl(self) -> bool:
         return bool(self.configuration.verify_ssl)
+
+    def ca_crt(self) -> str | None:
+        """Base64 of the CA bundle (PEM) this client trusts, or None (system CAs, no file).
+
+        The kubeconfig loader writes `certificate-authority-data` to a file; in-cluster it is
+        the service account's ca.crt. Jobs get the same CA the launcher verified.
+        """
+        path = self.configuration.ssl_ca_cert
+        if not path:
+            return None
+        try:
+            with open(path, "rb") as f:
+                return base64.b64encode(f.read()).decode("ascii")
+        except OSError as exc:
+            raise TemporaryError(f"cannot read the cluster CA {path}: {exc}") from exc
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any,
              sleep: Sleeper | None = None, created_ok: bool = False,

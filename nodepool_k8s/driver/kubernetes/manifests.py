@@ -25,16 +25,17 @@ log = logging.getLogger(__name__)
 # -- fixed names (Zuul's executor reads `user`; operators know the rest from Nodepool) --------
 
 SERVICE_ACCOUNT = "zuul-worker"
-TOKEN_SECRET = "zuul-worker"
 ROLE_BINDING = "zuul-role"
 NAMESPACE_ROLE = "zuul"
 POD_ROLE = "zuul-restricted"
-TOKEN_SECRET_TYPE = "kubernetes.io/service-account-token"
-SA_NAME_ANNOTATION = "kubernetes.io/service-account.name"
+# The audience a TokenRequest token is issued for: the API server's own (its default).
+TOKEN_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
 
-# Ownership labels: list_resources and the shared watches select on PROVIDER_LABEL.
+# Ownership labels: list_resources and the shared watches select on PROVIDER_LABEL and
+# INSTALLATION_LABEL together; a delete requires both (and NODE_ID_LABEL for a node's).
 NODE_ID_LABEL = "nodepool_node_id"
 PROVIDER_LABEL = "nodepool_provider_name"
+INSTALLATION_LABEL = "nodepool_installation_id"
 POOL_LABEL = "nodepool_pool_name"
 NODE_LABEL_LABEL = "nodepool_node_label"
 
@@ -159,10 +160,11 @@ def format_dynamic_labels(templates: Mapping[str, str], request: RequestInfo) ->
 
 
 def ownership_labels(spec: LaunchSpec) -> dict[str, str]:
-    """The four labels that mark an object as ours (and whose node it belongs to)."""
+    """The labels that mark an object as ours (installation, provider) and whose node it is."""
     return {
         NODE_ID_LABEL: label_value(spec.node_id),
         PROVIDER_LABEL: label_value(spec.provider.name),
+        INSTALLATION_LABEL: label_value(spec.provider.installation_id),
         POOL_LABEL: label_value(spec.pool.name),
         NODE_LABEL_LABEL: label_value(spec.label.name),
     }
@@ -177,8 +179,30 @@ def object_labels(spec: LaunchSpec) -> dict[str, str]:
     return labels
 
 
-def provider_selector(provider_name: str) -> str:
-    return f"{PROVIDER_LABEL}={label_value(provider_name)}"
+def provider_selector(provider_name: str, installation_id: str) -> str:
+    """Selects the objects of this provider of this installation only."""
+    return (f"{PROVIDER_LABEL}={label_value(provider_name)},"
+            f"{INSTALLATION_LABEL}={label_value(installation_id)}")
+
+
+def ownership_problem(obj: Mapping[str, Any], provider_name: str, installation_id: str,
+                      node_id: str | None = None) -> str | None:
+    """Why `obj` (a namespace as read) is not provably ours; None when it is.
+
+    Ours = our provider label and our installation label, and, when `node_id` is given,
+    the node-id label naming that node. Used before every DELETE.
+    """
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    wanted = [(PROVIDER_LABEL, label_value(provider_name)),
+              (INSTALLATION_LABEL, label_value(installation_id))]
+    if node_id is not None:
+        wanted.append((NODE_ID_LABEL, label_value(node_id)))
+    for key, value in wanted:
+        found = labels.get(key)
+        if found != value:
+            return (f"label {key} is {found!r}, not {value!r}" if found is not None
+                    else f"it has no label {key} (want {value!r})")
+    return None
 
 
 # -- namespace and access objects --------------------------------------------------------------
@@ -202,11 +226,10 @@ def service_account_body(namespace: str, labels: Mapping[str, str]) -> dict[str,
             "metadata": _meta(SERVICE_ACCOUNT, labels, namespace)}
 
 
-def token_secret_body(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    """A legacy token secret: since k8s 1.24 the token controller fills it only on request."""
-    return {"apiVersion": "v1", "kind": "Secret", "type": TOKEN_SECRET_TYPE,
-            "metadata": _meta(TOKEN_SECRET, labels, namespace,
-                              {SA_NAME_ANNOTATION: SERVICE_ACCOUNT})}
+def token_request_body(lifetime: int) -> dict[str, Any]:
+    """A TokenRequest for the service account: a bound token expiring after `lifetime` s."""
+    return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"audiences": [TOKEN_AUDIENCE], "expirationSeconds": int(lifetime)}}
 
 
 def role_name(label: PoolLabel) -> str:

@@ -1,16 +1,24 @@
 """`KubernetesProvider`: the Provider protocol over one cluster context.
 
-Owns: the order of API calls for a launch (namespace, service account, token secret, role,
-role binding, pod), the node data handed back to the core (exactly what Zuul's executor
-reads), deletion with confirmation, and listing our namespaces for the leak sweeper. Waiting
-is delegated to three shared watches (pods, secrets, namespaces) per provider, so a namespace
-node costs five API calls to launch and a pod node six, and a deletion one (the DELETE; its
-completion arrives through the shared namespace watch).
+Owns: the order of API calls for a launch (namespace, service account, role, role binding,
+a TokenRequest for the service account, pod), the node data handed back to the core (exactly
+what Zuul's executor reads), deletion with an ownership proof and confirmation, and listing
+our namespaces for the leak sweeper. Waiting is delegated to two shared watches (pods,
+namespaces) per provider, both selected by our provider AND installation labels, so a
+namespace node costs five API calls to launch and a pod node six, and a deletion two (a GET
+that proves the namespace ours, then the DELETE with `preconditions.uid`; its completion
+arrives through the shared namespace watch). No Secret is created or watched: the token is
+a bound, expiring TokenRequest token (`token-lifetime`).
+
+Ownership: no DELETE is ever sent for a namespace that a GET did not just show to carry our
+provider label, our installation label and (for a node's namespace) the node's id label, and
+the DELETE names the uid that GET saw, so an object replaced in between is not deleted (409).
 
 How it fails (see `driver.base` for the contract): every failed launch attempt first deletes
-its namespace (best effort, confirmed within `cleanup_timeout` unless cancelled; whatever is
-left carries our labels for the leak sweeper) and then raises LaunchError (with `reason`),
-QuotaExceeded, or TemporaryError. `delete` raises TemporaryError until the namespace is
+its namespace (best effort, ownership-checked, confirmed within `cleanup_timeout` unless
+cancelled; whatever is left carries our labels for the leak sweeper) and then raises
+LaunchError (with `reason`), QuotaExceeded, or TemporaryError. `delete` raises NotOwned when
+the namespace is not provably ours (nothing is sent), TemporaryError until the namespace is
 confirmed gone. `list_resources` raises TemporaryError when listing fails.
 """
 
@@ -24,6 +32,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+from kubernetes import client as k8s
+
 from nodepool_k8s import logconfig
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
@@ -31,12 +41,12 @@ from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Pr
 from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.client import KubeClient, Sleeper, connect
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
-from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_secret
+from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, object_uid,
                                                    resource_version, wait_namespace_deleted,
                                                    wait_namespace_gone)
-from nodepool_k8s.exceptions import (LaunchError, NodepoolError, NotFound, PermanentError,
-                                     TemporaryError)
+from nodepool_k8s.exceptions import (LaunchError, NodepoolError, NotFound, NotOwned,
+                                     PermanentError, TemporaryError)
 from nodepool_k8s.model import Resources
 
 log = logging.getLogger(__name__)
@@ -51,6 +61,8 @@ LIST_PAGE_SIZE = 500
 # Deleted namespaces the shared namespace watch remembers (so a deletion that completed
 # before its waiter looked is still confirmed without an API call).
 NAMESPACE_TOMBSTONES = 1024
+# GET + DELETE rounds when the namespace keeps being replaced under us (uid precondition 409).
+DELETE_ROUNDS = 3
 
 
 @dataclass(frozen=True)
@@ -117,7 +129,6 @@ class KubernetesProvider:
         self._lock = threading.Lock()
         self._client: KubeClient | None = None
         self._pods: ObjectWatch | None = None
-        self._secrets: ObjectWatch | None = None
         self._namespaces: ObjectWatch | None = None
 
     @property
@@ -137,13 +148,12 @@ class KubernetesProvider:
             pool_size = max(self.settings.connection_pool_maxsize,
                             self.config.max_concurrency + 8)
             client = connect(self.config, self._kubeconfig, pool_size)
-            selector = manifests.provider_selector(self.name)
+            selector = self.selector
             watches = {
-                kind: ObjectWatch(kind, client, list_fn, selector, self._clock,
-                                  watch_timeout=self.settings.watch_timeout,
-                                  tick=self.settings.wait_tick)
-                for kind, list_fn in (("pods", client.core.list_pod_for_all_namespaces),
-                                      ("secrets", client.core.list_secret_for_all_namespaces))
+                "pods": ObjectWatch("pods", client, client.core.list_pod_for_all_namespaces,
+                                    selector, self._clock,
+                                    watch_timeout=self.settings.watch_timeout,
+                                    tick=self.settings.wait_tick)
             }
             # Namespaces: confirms deletions (one stream per provider, not one per delete).
             watches["namespaces"] = ObjectWatch(
@@ -152,15 +162,15 @@ class KubernetesProvider:
                 tombstones=NAMESPACE_TOMBSTONES, owned=self._owns)
             for watch in watches.values():
                 watch.start()
-            self._client, self._pods, self._secrets = client, watches["pods"], watches["secrets"]
+            self._client, self._pods = client, watches["pods"]
             self._namespaces = watches["namespaces"]
             log.info("Provider %s connected to %s (context %s)", self.name, client.host,
                      client.context)
 
     def stop(self) -> None:
         with self._lock:
-            client, watches = self._client, (self._pods, self._secrets, self._namespaces)
-            self._client = self._pods = self._secrets = self._namespaces = None
+            client, watches = self._client, (self._pods, self._namespaces)
+            self._client = self._pods = self._namespaces = None
         for watch in watches:
             if watch is not None:
                 watch.stop()
@@ -168,16 +178,16 @@ class KubernetesProvider:
             client.close()
 
     def watches_synced(self) -> bool:
-        """True once the shared pod, secret and namespace watches have listed once."""
+        """True once the shared pod and namespace watches have listed once."""
         with self._lock:
-            watches = (self._pods, self._secrets, self._namespaces)
+            watches = (self._pods, self._namespaces)
         return all(w is not None and w.synced for w in watches)
 
-    def _connected(self) -> tuple[KubeClient, ObjectWatch, ObjectWatch]:
+    def _connected(self) -> tuple[KubeClient, ObjectWatch]:
         with self._lock:
-            if self._client is None or self._pods is None or self._secrets is None:
+            if self._client is None or self._pods is None:
                 raise TemporaryError(f"provider {self.name} is not started")
-            return self._client, self._pods, self._secrets
+            return self._client, self._pods
 
     def _namespace_watch(self) -> ObjectWatch:
         with self._lock:
@@ -185,10 +195,21 @@ class KubernetesProvider:
                 raise TemporaryError(f"provider {self.name} is not started")
             return self._namespaces
 
+    @property
+    def installation_id(self) -> str:
+        return self.config.installation_id
+
+    @property
+    def selector(self) -> str:
+        """Our provider label and our installation label: the watches and the sweep use it."""
+        return manifests.provider_selector(self.name, self.installation_id)
+
     def _owns(self, obj: dict[str, Any]) -> bool:
-        """Whether a namespace carries this provider's ownership label."""
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        return labels.get(manifests.PROVIDER_LABEL) == manifests.label_value(self.name)
+        """Whether a namespace carries this provider's and this installation's labels."""
+        return self._ownership_problem(obj) is None
+
+    def _ownership_problem(self, obj: dict[str, Any], node_id: str | None = None) -> str | None:
+        return manifests.ownership_problem(obj, self.name, self.installation_id, node_id)
 
     def _wait_gone(self, client: KubeClient, namespace: str,
                    response: dict[str, Any] | None, deadline: float) -> None:
@@ -206,7 +227,7 @@ class KubernetesProvider:
 
     def launch(self, spec: LaunchSpec, cancel: threading.Event,
                progress: Callable[[str], None] | None = None) -> LaunchResult:
-        client, pods, secret_watch = self._connected()
+        client, pods = self._connected()
         label = spec.label
         _validate(label)
         if cancel.is_set():
@@ -225,9 +246,7 @@ class KubernetesProvider:
             if progress is not None:
                 progress(namespace)
             self._create_contents(client, namespace, label, labels, cancel.wait)
-            token: Token = secret_watch.wait(
-                namespace, manifests.TOKEN_SECRET, token_from_secret, deadline, cancel,
-                what=f"the token of namespace {namespace}")
+            token = self._request_token(client, namespace, cancel.wait)
             pod = None
             if label.type == "pod":
                 name = manifests.pod_name(label)
@@ -239,7 +258,7 @@ class KubernetesProvider:
             failure = _as_launch_failure(exc, cancel)
             _log(spec).warning("Attempt %d in namespace %s failed: %s", spec.attempt,
                                namespace, exc)
-            self._discard(client, namespace, cancelled=cancel.is_set())
+            self._discard(client, namespace, spec.node_id, cancelled=cancel.is_set())
             if failure is exc or failure is None:
                 raise
             raise failure from exc
@@ -252,9 +271,13 @@ class KubernetesProvider:
         for suffix in ("", "r" + secrets.token_hex(3)):
             name = manifests.namespace_name(spec.pool.name, spec.node_id, spec.attempt, suffix)
             try:
-                client.call(f"create namespace {name}", client.core.create_namespace,
-                            manifests.namespace_body(name, labels), sleep=sleep,
-                            created_ok=True)
+                created = client.call(f"create namespace {name}", client.core.create_namespace,
+                                      manifests.namespace_body(name, labels), sleep=sleep,
+                                      created_ok=True)
+                if not created:
+                    # A retried create met 409: accept it only when the namespace is provably
+                    # this node's (our earlier try reached the server), never someone else's.
+                    self._require_ours(client, name, spec.node_id, sleep)
                 return name
             except Conflict:
                 # Not ours to delete: perhaps an earlier attempt still Terminating.
@@ -262,11 +285,33 @@ class KubernetesProvider:
             except NodepoolError as exc:
                 if isinstance(exc, TemporaryError):
                     # The create may have reached the server before the answer was lost
-                    # (a timeout): remove that name too, without waiting.
-                    self._discard(client, name, cancelled=True)
+                    # (a timeout): remove that name too, without waiting, but only if a GET
+                    # shows it carries this installation's and this node's labels.
+                    self._discard(client, name, spec.node_id, cancelled=True)
                 raise
         raise LaunchError(f"no free namespace name for node {spec.node_id}",
                           reason="NamespaceExists")
+
+    def _require_ours(self, client: KubeClient, name: str, node_id: str,
+                      sleep: Sleeper) -> None:
+        """Raise Conflict unless namespace `name` carries our and node `node_id`'s labels."""
+        try:
+            current = client.call(f"read namespace {name}", client.core.read_namespace, name,
+                                  sleep=sleep)
+        except NotFound as exc:
+            raise TemporaryError(f"namespace {name} vanished right after its creation") \
+                from exc
+        problem = self._ownership_problem(current, node_id)
+        if problem is not None:
+            raise Conflict(f"namespace {name} exists and is not ours: {problem}")
+
+    def _request_token(self, client: KubeClient, namespace: str, sleep: Sleeper) -> Token:
+        """A bound token of the namespace's service account, valid for `token-lifetime`."""
+        answer = client.call(
+            f"request a token for {namespace}/{manifests.SERVICE_ACCOUNT}",
+            client.core.create_namespaced_service_account_token, manifests.SERVICE_ACCOUNT,
+            namespace, manifests.token_request_body(self.config.token_lifetime), sleep=sleep)
+        return token_from_request(answer)
 
     def _create_contents(self, client: KubeClient, namespace: str, label: PoolLabel,
                          labels: dict[str, str], sleep: Sleeper) -> None:
@@ -274,8 +319,6 @@ class KubernetesProvider:
         steps: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
             ("serviceaccount", core.create_namespaced_service_account,
              manifests.service_account_body(namespace, labels)),
-            ("secret", core.create_namespaced_secret,
-             manifests.token_secret_body(namespace, labels)),
             ("role", rbac.create_namespaced_role,
              manifests.role_body(namespace, label, labels)),
             ("rolebinding", rbac.create_namespaced_role_binding,
@@ -300,7 +343,9 @@ class KubernetesProvider:
             "user": manifests.SERVICE_ACCOUNT,
         })
         if not skiptls:
-            port["ca_crt"] = token.ca_crt
+            ca_crt = client.ca_crt()
+            if ca_crt is not None:
+                port["ca_crt"] = ca_crt
         pod_name = None
         host_id = None
         if pod is not None:
@@ -317,50 +362,79 @@ class KubernetesProvider:
             python_path=label.python_path,
             shell_type=label.shell_type,
             resources={k: _plain_number(v) for k, v in label.quota().items()},
+            extra={"token_expires": int(token.expires)} if token.expires is not None else None,
         )
 
-    def _discard(self, client: KubeClient, namespace: str, cancelled: bool) -> None:
+    def _discard(self, client: KubeClient, namespace: str, node_id: str,
+                 cancelled: bool) -> None:
         """Remove a failed attempt's namespace; never raises (the sweeper is the backstop)."""
         try:
-            response = client.call(f"delete namespace {namespace}",
-                                   client.core.delete_namespace, namespace,
-                                   propagation_policy="Background")
-            if cancelled or deletion_finished(response):
-                return
-            self._wait_gone(client, namespace, response,
-                            self._clock.monotonic() + self.settings.cleanup_timeout)
-        except NotFound:
-            return
+            self._delete_owned(client, namespace, node_id,
+                               self._clock.monotonic() + self.settings.cleanup_timeout,
+                               wait=not cancelled)
+        except NotOwned as exc:
+            log.warning("Not deleting namespace %s of a failed attempt: %s", namespace, exc)
         except Exception as exc:  # noqa: BLE001 - best effort by contract
             log.warning("Namespace %s of a failed attempt may remain (labelled for the leak "
                         "sweeper): %s", namespace, exc)
 
-    # -- delete and list ---------------------------------------------------------------------
+    def _delete_owned(self, client: KubeClient, name: str, node_id: str | None,
+                      deadline: float, wait: bool = True) -> None:
+        """GET `name`, prove it ours, DELETE it with `preconditions.uid`, confirm it is gone.
 
-    def delete(self, external_id: str) -> None:
-        client, _, _ = self._connected()
-        deadline = self._clock.monotonic() + self.delete_timeout
-        try:
-            response: dict[str, Any] | None
+        Missing = success. Raises NotOwned (nothing was sent), TemporaryError, or another
+        NodepoolError from the API. A 409 (the uid changed: the namespace was replaced, or it
+        is already Terminating) is never a delete: it is looked at again from the GET.
+        """
+        for _ in range(DELETE_ROUNDS):
             try:
-                response = client.call(f"delete namespace {external_id}",
-                                       client.core.delete_namespace, external_id,
-                                       propagation_policy="Background")
-                if deletion_finished(response):
-                    return
+                current = client.call(f"read namespace {name}", client.core.read_namespace,
+                                      name)
             except NotFound:
                 return
-            except Conflict:
-                response = None  # already Terminating: just confirm it goes
-            self._wait_gone(client, external_id, response, deadline)
+            problem = self._ownership_problem(current, node_id)
+            if problem is not None:
+                raise NotOwned(f"namespace {name} is not provably ours: {problem}")
+            uid = object_uid(current)
+            if not uid:
+                raise TemporaryError(f"namespace {name} was read without a uid")
+            response: dict[str, Any] = current
+            if not (current.get("metadata") or {}).get("deletionTimestamp"):
+                try:
+                    response = self._delete_uid(client, name, uid)
+                except NotFound:
+                    return
+                except Conflict:
+                    continue  # replaced or Terminating: judge what is there now
+            if wait and not deletion_finished(response):
+                self._wait_gone(client, name, response, deadline)
+            return
+        raise TemporaryError(f"namespace {name} kept changing while being deleted")
+
+    @staticmethod
+    def _delete_uid(client: KubeClient, name: str, uid: str) -> dict[str, Any]:
+        """DELETE namespace `name` only if its uid is still `uid` (409 Conflict otherwise)."""
+        options = k8s.V1DeleteOptions(propagation_policy="Background",
+                                      preconditions=k8s.V1Preconditions(uid=uid))
+        return client.call(f"delete namespace {name}", client.core.delete_namespace, name,
+                           body=options)
+
+    # -- delete and list ---------------------------------------------------------------------
+
+    def delete(self, external_id: str, node_id: str | None = None) -> None:
+        client, _ = self._connected()
+        deadline = self._clock.monotonic() + self.delete_timeout
+        try:
+            self._delete_owned(client, external_id, node_id, deadline)
+        except NotOwned:
+            raise
         except PermanentError as exc:
             # Never swallowed (Nodepool logged and forgot): the core keeps the node and retries.
             raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") from exc
         log.info("Namespace %s deleted", external_id)
 
     def list_resources(self) -> Sequence[CloudResource]:
-        client, _, _ = self._connected()
-        owner = manifests.label_value(self.name)
+        client, _ = self._connected()
         found: list[CloudResource] = []
         token: str | None = None
         try:
@@ -369,10 +443,10 @@ class KubernetesProvider:
                 if token:
                     kwargs["_continue"] = token
                 body = client.call("list namespaces", client.core.list_namespace,
-                                   label_selector=manifests.provider_selector(self.name),
+                                   label_selector=self.selector,
                                    **kwargs)
                 for item in body.get("items") or []:
-                    resource = self._as_resource(item, owner)
+                    resource = self._as_resource(item)
                     if resource is not None:
                         found.append(resource)
                 token = (body.get("metadata") or {}).get("continue")
@@ -383,11 +457,11 @@ class KubernetesProvider:
         except NodepoolError as exc:
             raise TemporaryError(f"cannot list namespaces of {self.name}: {exc}") from exc
 
-    def _as_resource(self, item: dict[str, Any], owner: str) -> CloudResource | None:
+    def _as_resource(self, item: dict[str, Any]) -> CloudResource | None:
+        if not self._owns(item):  # the selector says so; never trust a list blindly
+            return None
         meta = item.get("metadata") or {}
         labels = dict(meta.get("labels") or {})
-        if labels.get(manifests.PROVIDER_LABEL) != owner:
-            return None
         name = str(meta.get("name") or "")
         node_id = labels.get(manifests.NODE_ID_LABEL)
         if not node_id:

@@ -1,6 +1,6 @@
 """Pure verdicts on watched objects: is the token there, is the pod up, has it failed?
 
-Owns: reading a service-account token secret (`token_from_secret`) and judging a pod
+Owns: reading a TokenRequest answer (`token_from_request`) and judging a pod
 (`PodCheck`), both over plain JSON dicts as the watch delivers them. No I/O; time comes from
 the injected clock. A verdict is a value (ready), None (keep waiting) or a raised
 LaunchError whose `reason` names the cause, so the launch fails at the first sign of a
@@ -15,9 +15,8 @@ failure instead of at the boot timeout:
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from nodepool_k8s.clock import Clock
@@ -37,24 +36,26 @@ DEFAULT_UNSCHEDULABLE_GRACE = UNSCHEDULABLE_GRACE
 
 @dataclass(frozen=True)
 class Token:
-    token: str  # plain (base64-decoded) bearer token
-    ca_crt: str  # base64 of the CA PEM, exactly as in the secret
+    token: str  # plain bearer token (never logged)
+    expires: float | None  # epoch seconds (the answer's status.expirationTimestamp)
 
 
-def token_from_secret(secret: dict[str, Any] | None) -> Token | None:
-    """The token once the token controller has filled the secret, else None."""
-    if not secret:
-        return None
-    data = secret.get("data") or {}
-    raw, ca_crt = data.get("token"), data.get("ca.crt")
-    if not raw or not ca_crt:
+def _epoch(value: Any) -> float | None:
+    if not value:
         return None
     try:
-        token = base64.b64decode(raw, validate=True).decode("utf-8")
-    except (binascii.Error, ValueError) as exc:
-        raise LaunchError(f"service-account token is not base64: {exc}",
-                          reason="BadToken") from exc
-    return Token(token=token, ca_crt=str(ca_crt))
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def token_from_request(answer: dict[str, Any]) -> Token:
+    """The token of a TokenRequest answer (`status.token`, `status.expirationTimestamp`)."""
+    status = answer.get("status") or {}
+    token = status.get("token")
+    if not token or not isinstance(token, str):
+        raise LaunchError("the TokenRequest answer carries no token", reason="BadToken")
+    return Token(token=token, expires=_epoch(status.get("expirationTimestamp")))
 
 
 def _container_statuses(status: dict[str, Any]) -> list[dict[str, Any]]:

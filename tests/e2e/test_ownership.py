@@ -1,0 +1,174 @@
+"""Ownership through the launcher: records naming namespaces that are not ours, and two
+installations with the same provider name on one cluster.
+
+Aspects: a `used` record whose external id is `kube-system`, a `deleting` record naming an
+unrelated namespace and one naming another node's namespace never lead to a DELETE (the
+simulator's call counters); the namespaces stay, each znode is removed with the reason
+written first as `delete_refused`, one WARNING per node and
+`nodepool.provider.k8s.delete_refused` counted. Two launchers (different ZooKeeper chroots,
+so different installation ids; same provider name, colliding node ids) sweep leaks on the
+same cluster for longer than `leak-grace` and never delete each other's namespaces.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.launcher.daemon import Launcher
+from nodepool_k8s.model import Node
+from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.testing_client import ZuulClient
+from tests.e2e.util import admin_api
+from tests.helpers import ZkConnection, wait_for
+from tests.launchers import TEST_SETTINGS, LauncherFactory
+
+SWEEP_INTERVAL = 10.0
+LEAK_GRACE = 30
+
+CONFIG = f"""
+labels:
+  - name: ns
+providers:
+  - name: k8s
+    driver: kubernetes
+    context: sim
+    leak-grace: {LEAK_GRACE}
+    api-backoff: [0.01]
+    pools:
+      - name: main
+        labels:
+          - name: ns
+            type: namespace
+"""
+
+
+def fulfilled(zuul: ZuulClient) -> tuple[str, str]:
+    request_id = zuul.submit(["ns"])
+    body = zuul.wait(request_id, 30)
+    assert body is not None and body["state"] == "fulfilled", body
+    return request_id, str(body["nodes"][0])
+
+
+def record_stores(launcher: Launcher, monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every node record the launcher writes (the znode itself is gone afterwards)."""
+    written: list[dict[str, Any]] = []
+    store = launcher.engine.nodes.store
+
+    def recording(node: Node, held: HeldLock) -> None:
+        store(node, held)
+        written.append(dict(node.to_dict(), id=node.id))
+
+    monkeypatch.setattr(launcher.engine.nodes, "store", recording)
+    return written
+
+
+def test_records_naming_namespaces_not_ours_are_dropped_without_a_delete(
+        launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
+        kazoo_client: KazooClient, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    k8s_sim.config.enforce_rbac = True
+    launcher = launchers(CONFIG)
+    written = record_stores(launcher, monkeypatch)
+    keep_request, keep = fulfilled(zuul)
+    request_id, tampered = fulfilled(zuul)
+    admin_api(k8s_sim).create_namespace({"metadata": {"name": "team-x", "labels": {
+        "nodepool_provider_name": "k8s", "nodepool_node_id": "0000000099"}}})
+    before = {n["metadata"]["name"] for n in k8s_sim.list("namespaces")}
+    k8s_sim.reset_counters()
+
+    # 1. Zuul used a node whose record (corrupted) names kube-system, and returns it.
+    nodeset = zuul.accept(request_id)
+    nodeset.nodes[0].data["external_id"] = "kube-system"
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+    # 2. A `deleting` record naming an unrelated namespace, 3. one naming a live node's.
+    created = []
+    for external_id in ("team-x", f"main-{keep}"):
+        body = {"state": "deleting", "provider": "k8s", "pool": "main", "type": ["ns"],
+                "external_id": external_id, "state_time": time.time()}
+        path = kazoo_client.create(f"{paths.NODES}/", json.dumps(body).encode(),
+                                   sequence=True)
+        created.append(paths.basename(path))
+    refused = [tampered, *created]
+
+    for node_id in refused:
+        wait_for(lambda: kazoo_client.exists(paths.node_path(node_id)) is None, 30,
+                 message=f"node {node_id}'s record to be removed")
+    # Not one DELETE reached the cluster; everything is still there.
+    assert k8s_sim.counters.get("delete namespaces", 0) == 0, k8s_sim.counters
+    assert {n["metadata"]["name"] for n in k8s_sim.list("namespaces")} == before
+    assert zuul.get_node(keep)["state"] == "ready"  # type: ignore[index]
+    # The reason was written onto each record before it went.
+    reasons = {w["id"]: w.get("delete_refused") for w in written if w.get("delete_refused")}
+    assert set(reasons) == set(refused)
+    assert "nodepool_provider_name" in reasons[tampered]  # kube-system: no labels at all
+    assert "nodepool_installation_id" in reasons[created[0]]
+    assert "nodepool_node_id" in reasons[created[1]]
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING
+                and "Refusing to delete" in r.getMessage()]
+    for name in ("kube-system", "team-x", f"main-{keep}"):
+        assert len([r for r in warnings if f"Refusing to delete {name} " in r.getMessage()]) \
+            == 1, name
+    for node_id in refused:
+        assert len([r for r in warnings if f"[node: {node_id}]" in r.getMessage()]) == 1
+    keys = launcher.engine.stats.backend.keys("incr")  # type: ignore[attr-defined]
+    assert keys.count("nodepool.provider.k8s.delete_refused") == 3
+
+
+def sweep_after(launcher: Launcher, clock: ManualClock, seconds: float) -> None:
+    """Move time on and return once the launcher finished a leak sweep at the new time."""
+    clock.advance(seconds)
+    due = clock.time() + SWEEP_INTERVAL
+    launcher.cleanup.wake()
+    wait_for(lambda: launcher.cleanup.leaks.next_due() >= due, message="a sweep")
+    passes = launcher.cleanup.passes
+    launcher.cleanup.wake()
+    wait_for(lambda: launcher.cleanup.passes > passes, message="the sweeping pass to end")
+
+
+def test_two_installations_never_sweep_each_other(
+        launchers: LauncherFactory, zuul: ZuulClient, zk: ZkConnection, k8s_sim: Simulator,
+        kazoo_client: KazooClient) -> None:
+    # A second installation: another chroot on the same ZooKeeper, same provider name.
+    kazoo_client.ensure_path("/second")
+    zk_b = ZkConnection(host=zk.host, port=zk.port, chroot=f"{zk.chroot}/second")
+    launchers_b = LauncherFactory(zk_b)
+    zuul_b = ZuulClient(zk_b.hosts)
+    clock = ManualClock(start=time.time())
+    settings = TEST_SETTINGS.replace(leak_sweep_interval=SWEEP_INTERVAL)
+    try:
+        a = launchers(CONFIG, clock=clock, settings=settings)
+        b = launchers_b(CONFIG, clock=clock, settings=settings)
+        assert a.config.installation_id != b.config.installation_id
+        _, node_a = fulfilled(zuul)
+        _, node_b = fulfilled(zuul_b)
+        assert node_a == node_b  # each installation counts its node ids from zero
+        ns_a = zuul.get_node(node_a)["external_id"]  # type: ignore[index]
+        ns_b = zuul_b.get_node(node_b)["external_id"]  # type: ignore[index]
+        # Same provider, same pool, same node id: only the installation label tells them
+        # apart (the second got a fresh name as the first one's was taken).
+        assert ns_a != ns_b and ns_b.startswith(f"main-{node_b}-r")
+        k8s_sim.reset_counters()
+        for seconds in (SWEEP_INTERVAL, SWEEP_INTERVAL, LEAK_GRACE, LEAK_GRACE):
+            sweep_after(a, clock, seconds)
+            sweep_after(b, clock, 0)
+        assert k8s_sim.counters.get("delete namespaces", 0) == 0, k8s_sim.counters
+        for name, installation in ((ns_a, a.config.installation_id),
+                                   (ns_b, b.config.installation_id)):
+            ns = k8s_sim.get("namespaces", name)
+            assert ns is not None and ns["status"]["phase"] == "Active"
+            assert ns["metadata"]["labels"]["nodepool_installation_id"] == installation
+        assert a.cleanup.leaks.leaks_found == 0 and b.cleanup.leaks.leaks_found == 0
+    finally:
+        launchers_b.stop_all()
+        zuul_b.close()
