@@ -21,10 +21,11 @@ from typing import Any, Iterator, Sequence
 
 from nodepool_k8s import status, validate
 from nodepool_k8s.config.loader import load_config
-from nodepool_k8s.config.model import Config
+from nodepool_k8s.config.model import Config, with_installation_id
 from nodepool_k8s.exceptions import NodepoolError
 from nodepool_k8s.zk import admin
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
+from nodepool_k8s.zk.identity import recorded_installation_id
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.reader import ZkReader
 
@@ -56,6 +57,11 @@ def session(args: argparse.Namespace) -> Iterator[Session]:
     config = load_config(args.config, args.secure)
     client = admin.connect(ZkSettings.from_config(config), CONNECT_TIMEOUT)
     try:
+        if not config.installation_id_explicit:
+            # The id the launchers use (recorded by the first one), for `delete --now`.
+            recorded = recorded_installation_id(client)
+            if recorded is not None:
+                config = with_installation_id(config, recorded)
         yield Session(config, client, ZkReader(client), NodeStore(client))
     finally:
         client.stop()

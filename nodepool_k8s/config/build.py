@@ -203,6 +203,7 @@ def build_config(data: Raw, sources: tuple[str, ...] = (),
     installation = installation_id(data)
     return Config(
         installation_id=installation,
+        installation_id_explicit=bool(data.get("installation-id")),
         zookeeper_servers=tuple(
             ZkServer(host=s["host"], port=s.get("port", S.ZK_PORT), chroot=s.get("chroot"))
             for s in data["zookeeper-servers"]),

@@ -10,6 +10,8 @@ Infinite limits are `math.inf`. Memory is in MiB, storage in MB, as in Nodepool.
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -218,6 +220,9 @@ class Config:
     zookeeper_acl: ZkAcl | None = None  # None or disabled: the open ACL (as Nodepool)
     # Marks this installation's cloud objects (a label); see `config.build.installation_id`.
     installation_id: str = "default"
+    # False when derived (not in the file): the launcher then prefers the id recorded in
+    # ZooKeeper by the first launcher (see `zk.identity`), so it survives host changes.
+    installation_id_explicit: bool = False
     labels: Mapping[str, LabelConfig] = field(default_factory=dict)
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     max_hold_age: float = INF  # seconds; 0 in the file means "no limit"
@@ -243,3 +248,13 @@ class Config:
 
     def pools(self) -> list[PoolConfig]:
         return [pool for provider in self.providers.values() for pool in provider.pools.values()]
+
+
+def with_installation_id(config: Config, installation_id: str) -> Config:
+    """`config` with `installation_id` in force (top level and every provider's copy)."""
+    if config.installation_id == installation_id and all(
+            p.installation_id == installation_id for p in config.providers.values()):
+        return config
+    providers = {name: dataclasses.replace(p, installation_id=installation_id)
+                 for name, p in config.providers.items()}
+    return dataclasses.replace(config, installation_id=installation_id, providers=providers)

@@ -28,7 +28,7 @@ from typing import Callable
 
 from nodepool_k8s import model, records
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
-from nodepool_k8s.config.model import Config, ProviderConfig
+from nodepool_k8s.config.model import Config, ProviderConfig, with_installation_id
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.registry import make_provider
 from nodepool_k8s.exceptions import NodepoolError
@@ -44,6 +44,7 @@ from nodepool_k8s.model import Node
 from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
+from nodepool_k8s.zk.identity import resolve_installation_id
 from nodepool_k8s.zk.reader import ZkReader
 from nodepool_k8s.zk.registry import Registration
 
@@ -83,6 +84,7 @@ class Launcher:
         self._failed_providers: set[str] = set()
         self._registration: Registration | None = None
         self._registered_epoch = 0
+        self._installation_id: str | None = None
         self._ready = threading.Event()
         self._components_changed = threading.Condition()
         self._stop = threading.Event()
@@ -138,6 +140,7 @@ class Launcher:
         if not self.zk.start(self._stop):
             return False
         engine = self.engine
+        engine.set_config(self._with_installation_id(engine.config))
         self._registered_epoch = self.zk.epoch
         self.zk.add_listener(self._on_session)
         records.REPORTS.add_listener(self._on_malformed)
@@ -293,9 +296,19 @@ class Launcher:
     def _request_delete(self, node_id: str, reason: str) -> bool:
         return self.deleter.submit(node_id, reason, _ready_and_unallocated)
 
+    def _with_installation_id(self, config: Config) -> Config:
+        """An id set in the file wins; else the one recorded in ZooKeeper (recording the
+        derived one if this is the installation's first launcher), read once."""
+        if config.installation_id_explicit:
+            return config
+        if self._installation_id is None:
+            self._installation_id = resolve_installation_id(self.zk, config.installation_id)
+        return with_installation_id(config, self._installation_id)
+
     # -- reload ---------------------------------------------------------------------------
     def reload(self, config: Config) -> None:
         """Switch to `config`: providers and pools are added, replaced or removed."""
+        config = self._with_installation_id(config)
         with self._lock:
             old = self.engine.config
             self.engine.set_config(config)
