@@ -91,6 +91,15 @@ class PoolLabel:
     labels: Mapping[str, str] = field(default_factory=dict)
     dynamic_labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # Guarded namespaces (kubernetes driver; see doc/security.md): the Pod Security level
+    # enforced on the namespace, a ResourceQuota/LimitRange from the requests and limits above,
+    # a default-deny egress NetworkPolicy allowing DNS and `egress_allow` (CIDRs), and whether
+    # the quota leaves out services.loadbalancers/nodeports = 0.
+    pod_security: str = "baseline"
+    resource_quota: bool = True
+    network_policy: bool = False
+    egress_allow: tuple[str, ...] = ()
+    allow_external_services: bool = False
     # Seconds to wait for the pod to run (and the token to appear) per attempt.
     boot_timeout: float = 300.0
     # Fake driver only: simulated launch time and failure injection for tests/benchmarks.
@@ -161,6 +170,9 @@ class ProviderConfig:
     # how long a deletion waits for the namespace to vanish (then TemporaryError, retried).
     unschedulable_grace: float = 30.0
     delete_timeout: float = 300.0
+    # Kubernetes driver: "role" creates a Role per namespace (the launcher needs the rights it
+    # grants, or `escalate`); "cluster-role" binds pre-created ClusterRoles (it needs `bind`).
+    job_role: str = "role"
 
     def limits(self) -> Resources:
         values: dict[str, float] = dict(self.max_resources)

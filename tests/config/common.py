@@ -23,7 +23,8 @@ _BASE: dict[str, Any] = {
     "labels": [{"name": "ns"}, {"name": "pod"}, {"name": "custom"}, {"name": "fake"}],
     "tenant-resource-limits": [{"tenant-name": "t1"}],
     "providers": [
-        {"name": "k8s", "driver": "kubernetes", "pools": [{"name": "main", "labels": [
+        {"name": "k8s", "driver": "kubernetes", "pools": [{
+            "name": "main", "allow-verbatim-spec": True, "labels": [
             {"name": "ns", "type": "namespace"},
             {"name": "pod", "type": "pod", "image": "busybox"},
             {"name": "custom", "type": "pod",
