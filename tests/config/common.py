@@ -25,11 +25,11 @@ _BASE: dict[str, Any] = {
     "providers": [
         {"name": "k8s", "driver": "kubernetes", "pools": [{
             "name": "main", "allow-verbatim-spec": True, "labels": [
-            {"name": "ns", "type": "namespace"},
-            {"name": "pod", "type": "pod", "image": "busybox"},
-            {"name": "custom", "type": "pod",
-             "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
-        ]}]},
+                {"name": "ns", "type": "namespace"},
+                {"name": "pod", "type": "pod", "image": "busybox"},
+                {"name": "custom", "type": "pod",
+                 "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+            ]}]},
         {"name": "fake", "driver": "fake", "pools": [{"name": "fake", "labels": [
             {"name": "fake"},
         ]}]},
