@@ -82,6 +82,8 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("limitranges", "LimitRange", short_names=("limits",)),
     ResourceType("networkpolicies", "NetworkPolicy", group=NETWORKING_GROUP,
                  short_names=("netpol",)),
+    ResourceType("deployments", "Deployment", group="apps", short_names=("deploy",),
+                 categories=("all",), subresources=("status",)),
     ResourceType("roles", "Role", group=RBAC_GROUP, path_segment_names=True),
     ResourceType("rolebindings", "RoleBinding", group=RBAC_GROUP, path_segment_names=True),
     ResourceType("clusterroles", "ClusterRole", group=RBAC_GROUP, namespaced=False,
