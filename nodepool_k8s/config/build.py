@@ -72,6 +72,68 @@ def resolve_limit(label: Raw, pool: Raw, resource: str) -> tuple[Any, str | None
     return value, (f"the {origin} request" if origin else None)
 
 
+def resolve_guard(label: Raw, pool: Raw, provider: Raw, key: str) -> tuple[Any, str | None]:
+    """(value, where) of a guard key: label, pool default-label-*, provider default-label-*."""
+    default_key = f"default-label-{key}"
+    for value, where in ((label.get(key), "label"), (pool.get(default_key), "pool"),
+                         (provider.get(default_key), "provider")):
+        if value is not None:
+            return value, where
+    return None, None
+
+
+def permitted(pool: Raw, provider: Raw, key: str) -> bool:
+    """A permission key (allow-privileged, ...): the pool's value, else the provider's."""
+    return bool(_first(pool.get(key), provider.get(key), default=False))
+
+
+# (path inside the label, what it is, the permission key that allows it, needs privileged)
+Danger = tuple[tuple[Any, ...], str, str, bool]
+
+
+def dangerous_settings(label: Raw) -> list[Danger]:
+    """The pod settings of a kubernetes label that need a pool/provider permission."""
+    found: list[Danger] = []
+    if label.get("privileged") is True:
+        found.append((("privileged",), "privileged: true", "allow-privileged", True))
+    for index, volume in enumerate(label.get("volumes") or []):
+        if isinstance(volume, dict) and "hostPath" in volume:
+            found.append((("volumes", index, "hostPath"), "a hostPath volume",
+                          "allow-host-path", True))
+    spec = label.get("spec")
+    if isinstance(spec, dict):
+        found.append((("spec",), "a verbatim pod spec", "allow-verbatim-spec", False))
+        for key in ("hostNetwork", "hostPID", "hostIPC"):
+            if spec.get(key) is True:
+                found.append((("spec", key), f"{key}: true", "allow-host-namespaces", True))
+        for section in ("initContainers", "containers"):
+            for index, container in enumerate(spec.get(section) or []):
+                context = container.get("securityContext") if isinstance(container,
+                                                                         dict) else None
+                if isinstance(context, dict) and context.get("privileged") is True:
+                    found.append((("spec", section, index, "securityContext", "privileged"),
+                                  "a privileged container", "allow-privileged", True))
+        for index, volume in enumerate(spec.get("volumes") or []):
+            if isinstance(volume, dict) and "hostPath" in volume:
+                found.append((("spec", "volumes", index, "hostPath"), "a hostPath volume",
+                              "allow-host-path", True))
+    return found
+
+
+def needs_privileged(label: Raw) -> bool:
+    return any(danger[3] for danger in dangerous_settings(label))
+
+
+def pod_security(label: Raw, pool: Raw, provider: Raw) -> str:
+    """The label's own level; else privileged when it needs it; else the defaults."""
+    if label.get("pod-security") is not None:
+        return str(label["pod-security"])
+    if needs_privileged(label):
+        return "privileged"
+    value, _ = resolve_guard(label, pool, provider, "pod-security")
+    return str(value if value is not None else S.POD_SECURITY)
+
+
 def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
     driver = provider["driver"]
     kind = label_type(label, driver)
@@ -113,6 +175,15 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
         labels=dict(label.get("labels", {})),
         dynamic_labels=dict(label.get("dynamic-labels", {})),
         annotations=dict(label.get("annotations", {})),
+        pod_security=pod_security(label, pool, provider),
+        resource_quota=bool(_first(resolve_guard(label, pool, provider, "resource-quota")[0],
+                                   default=S.RESOURCE_QUOTA)),
+        network_policy=bool(_first(resolve_guard(label, pool, provider, "network-policy")[0],
+                                   default=S.NETWORK_POLICY)),
+        egress_allow=tuple(resolve_guard(label, pool, provider, "egress-allow")[0] or ()),
+        allow_external_services=bool(_first(
+            resolve_guard(label, pool, provider, "allow-external-services")[0],
+            default=S.ALLOW_EXTERNAL_SERVICES)),
     )
     return PoolLabel(**values)
 
@@ -168,6 +239,7 @@ def build_provider(provider: Raw, installation: str = "default") -> ProviderConf
         delete_timeout=provider.get("delete-timeout", S.DELETE_TIMEOUT),
         token_lifetime=provider.get("token-lifetime", S.TOKEN_LIFETIME),
         installation_id=installation,
+        job_role=provider.get("job-role", S.JOB_ROLE),
     )
 
 

@@ -11,6 +11,7 @@ How it fails: `check(data)` never raises; it returns `(errors, warnings)`, each 
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 import re
 import string
@@ -42,7 +43,9 @@ REQUEST_FIELDS = ("id", "labels", "requestor", "requestor_data", "relative_prior
                   "event_id", "created_time", "tenant_name")
 # What a verbatim-spec (form B) label may carry besides the spec.
 FORM_B_KEYS = frozenset({"name", "type", "spec", "labels", "dynamic-labels", "annotations",
-                         "boot-timeout"})
+                         "boot-timeout", *S.GUARD_KEYS})
+# Namespace label prefix the driver manages through `pod-security`.
+POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
 # Keys that only make sense for a pod nodepool_k8s builds itself.
 POD_ONLY_KEYS = ("image", "image-pull", "cpu-limit", "memory-limit", "storage-limit", "gpu",
                  "gpu-resource", "env", "node-selector", "privileged", "scheduler-name",
@@ -255,6 +258,7 @@ def _pool(pool: Raw, provider: Raw, path: Path, top_labels: set[str], report: _R
                          " the top-level labels")
         if provider["driver"] == "kubernetes":
             _kubernetes_label(label, pool, label_path, report)
+            _guards(label, pool, provider, label_path, path, report)
         if not built.disabled:
             _fits(build.build_label(label, pool, provider), built, provider, label_path, report)
 
@@ -317,6 +321,46 @@ def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> Non
         report.error(path + ("gpu-resource",), f"{label['gpu-resource']!r} is not a valid"
                      " resource name (e.g. nvidia.com/gpu)")
     _metadata(label, path, report)
+
+
+def _guards(label: Raw, pool: Raw, provider: Raw, path: Path, pool_path: Path,
+            report: _Report) -> None:
+    """Dangerous pod settings need a permission; the Pod Security level must allow them."""
+    provider_path = pool_path[:2]
+    for where, what, key, _ in build.dangerous_settings(label):
+        if not build.permitted(pool, provider, key):
+            report.error(path + where, f"{what} is not allowed here: set `{key}: true` on the"
+                         f" pool ({format_path(pool_path)}) or the provider"
+                         f" ({format_path(provider_path)}) to allow it")
+    level = label.get("pod-security")
+    if level is not None and level != "privileged" and build.needs_privileged(label):
+        needing = ", ".join(what for _, what, _, privileged in build.dangerous_settings(label)
+                            if privileged)
+        report.error(path + ("pod-security",), f"{level} forbids {needing}; set pod-security:"
+                     " privileged (or leave it out: such labels get privileged)")
+    if (build.pod_security(label, pool, provider) == "restricted" and label["type"] == "pod"
+            and "spec" not in label):
+        report.error(path + ("pod-security",), "restricted: the pod nodepool_k8s builds"
+                     " (image/command) does not set runAsNonRoot, seccompProfile and the"
+                     " capability drops restricted requires; use baseline, or a verbatim"
+                     " spec that sets them")
+    allowed, origin = build.resolve_guard(label, pool, provider, "egress-allow")
+    cidr_path = path + ("egress-allow",) if origin == "label" else (
+        pool_path + ("default-label-egress-allow",) if origin == "pool"
+        else provider_path + ("default-label-egress-allow",))
+    for index, cidr in enumerate(allowed or []):
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            report.error(cidr_path + (index,), f"{cidr!r} is not a CIDR (like 10.0.0.0/8)")
+    policy, _ = build.resolve_guard(label, pool, provider, "network-policy")
+    if origin == "label" and not policy:
+        report.warn(path + ("egress-allow",), "has no effect without network-policy: true")
+    for section in ("labels", "dynamic-labels"):
+        for key in label.get(section, {}):
+            if str(key).startswith(POD_SECURITY_PREFIX):
+                report.error(path + (section, key), "set by nodepool_k8s from pod-security;"
+                             " use that key instead")
 
 
 def _limits(label: Raw, pool: Raw, path: Path, report: _Report) -> None:

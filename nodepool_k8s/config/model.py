@@ -125,6 +125,15 @@ class PoolLabel:
     labels: Mapping[str, str] = field(default_factory=dict)
     dynamic_labels: Mapping[str, str] = field(default_factory=dict)
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # Guarded namespaces (kubernetes driver; see doc/security.md): the Pod Security level
+    # enforced on the namespace, a ResourceQuota/LimitRange from the requests and limits above,
+    # a default-deny egress NetworkPolicy allowing DNS and `egress_allow` (CIDRs), and whether
+    # the quota leaves out services.loadbalancers/nodeports = 0.
+    pod_security: str = "baseline"
+    resource_quota: bool = True
+    network_policy: bool = False
+    egress_allow: tuple[str, ...] = ()
+    allow_external_services: bool = False
     # Seconds to wait for the pod to run (and the token to appear) per attempt.
     boot_timeout: float = 300.0
     # Fake driver only: simulated launch time and failure injection for tests/benchmarks.
@@ -200,6 +209,9 @@ class ProviderConfig:
     # The top-level `installation-id` (resolved), copied here so a provider built from this
     # config alone (the launcher, `nodepool delete --now`) labels and recognises its objects.
     installation_id: str = "default"
+    # Kubernetes driver: "role" creates a Role per namespace (the launcher needs the rights it
+    # grants, or `escalate`); "cluster-role" binds pre-created ClusterRoles (it needs `bind`).
+    job_role: str = "role"
 
     def limits(self) -> Resources:
         values: dict[str, float] = dict(self.max_resources)

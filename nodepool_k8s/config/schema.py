@@ -56,6 +56,21 @@ INSTALLATION_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
 IMAGE_PULL = "IfNotPresent"
 PYTHON_PATH = "auto"
 FAKE_LABEL_TYPE = "namespace"
+# Guarded namespaces (kubernetes labels; label -> pool default-label-* -> provider
+# default-label-* -> these). A label that uses a setting baseline forbids gets "privileged".
+POD_SECURITY_LEVELS = ("privileged", "baseline", "restricted")
+POD_SECURITY = "baseline"
+RESOURCE_QUOTA = True
+NETWORK_POLICY = False  # needs a CNI that enforces it, and CIDRs of what jobs may reach
+ALLOW_EXTERNAL_SERVICES = False
+# Label keys whose pool and provider defaults are `default-label-<key>`.
+GUARD_KEYS = ("pod-security", "resource-quota", "network-policy", "egress-allow",
+              "allow-external-services")
+# Pool or provider permissions for pod settings that reach past the pod's own sandbox.
+PERMISSION_KEYS = ("allow-privileged", "allow-host-path", "allow-host-namespaces",
+                   "allow-verbatim-spec")
+JOB_ROLE_MODES = ("role", "cluster-role")
+JOB_ROLE = "role"
 FAKE_LAUNCH_DELAY = 0.0
 
 DRIVERS = ("fake", "kubernetes")
@@ -370,6 +385,19 @@ _ENV = open_mapping({"name": string()})
 _VOLUME = open_mapping({"name": string()})
 _MOUNT = open_mapping({"name": string(), "mountPath": string()})
 
+_GUARDS: dict[str, Validator] = {
+    "pod-security": one_of(*POD_SECURITY_LEVELS),
+    "resource-quota": boolean,
+    "network-policy": boolean,
+    "egress-allow": list_of(string()),
+    "allow-external-services": boolean,
+}
+# Pool and provider keys of the kubernetes driver only.
+_KUBERNETES_DEFAULTS: dict[Any, Validator] = {
+    **{Optional(f"default-label-{k}"): v for k, v in _GUARDS.items()},
+    **{Optional(k): boolean for k in PERMISSION_KEYS},
+}
+
 # One schema holds both forms; `checks` enforces that `spec` excludes the form A keys and
 # that `type: namespace` labels set no pod-only key, with an error per offending key.
 KUBERNETES_LABEL = mapping({
@@ -394,6 +422,7 @@ KUBERNETES_LABEL = mapping({
     Optional("dynamic-labels"): _str_map,
     Optional("annotations"): _str_map,
     Optional("spec"): _any_mapping,
+    **{Optional(k): v for k, v in _GUARDS.items()},
 })
 FAKE_LABEL = mapping({
     **_LABEL_COMMON,
@@ -403,8 +432,9 @@ FAKE_LABEL = mapping({
 })
 
 
-def _pool(label: Validator) -> Validator:
+def _pool(label: Validator, extra: dict[Any, Validator]) -> Validator:
     return mapping({
+        **extra,
         Required("name"): string(),
         Required("labels"): list_of(label),
         Optional("max-servers"): integer(),
@@ -424,8 +454,9 @@ def _pool(label: Validator) -> Validator:
     })
 
 
-def _provider(label: Validator) -> Validator:
+def _provider(label: Validator, extra: dict[Any, Validator]) -> Validator:
     return mapping({
+        **extra,
         Required("name"): string(),
         Required("driver"): one_of(*DRIVERS),
         Optional("max-concurrency"): integer(),
@@ -436,7 +467,8 @@ def _provider(label: Validator) -> Validator:
         Optional("max-cores"): integer(minimum=0),
         Optional("max-ram"): integer(minimum=0),
         Optional("max-resources"): _int_map,
-        Required("pools"): list_of(_pool(label)),
+        Required("pools"): list_of(_pool(label, {k: v for k, v in extra.items()
+                                                 if _key_name(k) != "job-role"})),
         Optional("boot-timeout"): _timeout,
         Optional("leak-grace"): _seconds,
         Optional("api-retries"): integer(minimum=0),
@@ -448,7 +480,11 @@ def _provider(label: Validator) -> Validator:
     })
 
 
-_PROVIDERS = {"kubernetes": _provider(KUBERNETES_LABEL), "fake": _provider(FAKE_LABEL)}
+_PROVIDERS = {
+    "kubernetes": _provider(KUBERNETES_LABEL, {**_KUBERNETES_DEFAULTS,
+                                               Optional("job-role"): one_of(*JOB_ROLE_MODES)}),
+    "fake": _provider(FAKE_LABEL, {}),
+}
 
 
 def provider(value: Any) -> dict[str, Any]:

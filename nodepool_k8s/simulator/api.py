@@ -25,8 +25,8 @@ from urllib.parse import parse_qs, unquote
 
 import yaml
 
-from nodepool_k8s.simulator import (discovery, errors, openapi, patch, protobuf, tables,
-                                    validation)
+from nodepool_k8s.simulator import (admission, discovery, errors, openapi, patch, protobuf,
+                                    tables, validation)
 from nodepool_k8s.simulator.auth import Identity, TokenAuthority
 from nodepool_k8s.simulator.config import SimulatorConfig
 from nodepool_k8s.simulator.data import clone, dumps
@@ -40,7 +40,8 @@ SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 UNDELETABLE_NAMESPACES = ("default", "kube-system", "kube-public")
 ANONYMOUS_PATHS = ("/version", "/healthz", "/livez", "/readyz")
 DEBUG_COUNTERS_PATH = "/debug/counters"  # the admin reads `Counters` here (JSON)
-_STATUS_KINDS = ("pods", "namespaces", "nodes")  # status is only written via /status
+# status is only written via /status
+_STATUS_KINDS = ("pods", "namespaces", "nodes", "services", "resourcequotas")
 _SUBRESOURCE_VERBS = {"status": ("get", "update", "patch"), "token": ("create",)}
 
 
@@ -290,9 +291,9 @@ class Api:
         if verb == "list":
             return self._list(req, route)
         if verb == "create":
-            return self._create(req, route, decision)
+            return self._create(req, route, decision, identity)
         if verb in ("update", "patch"):
-            return self._update(req, route, verb)
+            return self._update(req, route, verb, identity)
         if verb == "delete":
             return self._delete(req, resource, route.namespace, str(route.name))
         if verb == "deletecollection":
@@ -421,7 +422,44 @@ class Api:
             raise errors.namespace_terminating(resource.plural, name, str(namespace),
                                                resource.group)
 
-    def _create(self, req: Request, route: Route, decision: Decision) -> Response:
+    def _admit(self, resource: ResourceType, namespace: str | None, obj: Obj) -> None:
+        """Built-in admission (lock held): see `admission`."""
+        if resource.plural == "pods":
+            admission.check_pod_security(obj, self.store.get("namespaces", None,
+                                                             str(namespace)))
+            ranges, _ = self.store.list("limitranges", namespace)
+            admission.apply_limit_ranges(obj, ranges)
+        if resource.plural in ("pods", "services"):
+            quotas, _ = self.store.list("resourcequotas", namespace)
+            if quotas:
+                existing, _ = self.store.list(resource.plural, namespace)
+                admission.check_quota(resource.plural, obj, quotas, existing)
+        if resource.plural == "resourcequotas":
+            pods, _ = self.store.list("pods", namespace)
+            services, _ = self.store.list("services", namespace)
+            obj["status"] = {"hard": dict((obj.get("spec") or {}).get("hard") or {}),
+                             "used": admission.quota_used(obj, pods, services)}
+
+    def _check_escalation(self, identity: Identity, resource: ResourceType,
+                          namespace: str | None, obj: Obj) -> None:
+        """RBAC escalation prevention for roles and bindings (see `auth`)."""
+        if not self.config.enforce_rbac or identity.admin:
+            return
+        problem: str | None = None
+        if resource.plural in ("roles", "clusterroles"):
+            problem = self.authority.escalation_problem(identity, resource.plural, namespace,
+                                                        obj)
+        elif resource.plural in ("rolebindings", "clusterrolebindings"):
+            problem = self.authority.binding_problem(identity, namespace, obj)
+        if problem:
+            raise errors.forbidden(resource.plural, str(obj["metadata"].get("name") or ""),
+                                   f'user "{identity.username}" (groups='
+                                   f'{list(identity.groups)}) is attempting to grant RBAC '
+                                   f"permissions not currently held: {problem}",
+                                   resource.group)
+
+    def _create(self, req: Request, route: Route, decision: Decision,
+                identity: Identity) -> Response:
         resource = route.resource
         obj = self._object_body(req, route)
         obj.pop("status", None)
@@ -441,6 +479,10 @@ class Api:
             obj["status"] = {"phase": "Active"}
         with self.store.lock:
             self._check_namespace(resource, route.namespace, meta.get("name", ""))
+            self._check_escalation(identity, resource, route.namespace, obj)
+            self._admit(resource, route.namespace, obj)
+            if resource.plural == "pods":
+                obj["status"]["qosClass"] = _qos_class(obj)  # after LimitRange defaults
             if decision.quota_exceeded:
                 raise self._quota_error(req, obj)
             if req.query.get("dryRun"):
@@ -450,7 +492,8 @@ class Api:
                 return Response(201, obj)
             return Response(201, self.store.create(resource, obj))
 
-    def _update(self, req: Request, route: Route, verb: str) -> Response:
+    def _update(self, req: Request, route: Route, verb: str,
+                identity: Identity) -> Response:
         resource, name = route.resource, str(route.name)
         with self.store.lock:
             current = self.store.require(resource, route.namespace, name)
@@ -486,6 +529,7 @@ class Api:
             validation.apply_defaults(resource, new)
             validation.validate(resource, new)
             validation.validate_update(resource, current, new)
+            self._check_escalation(identity, resource, route.namespace, new)
             if req.query.get("dryRun"):
                 return Response(200, new)
             return Response(200, self.store.replace(resource, new, expect_rv or None))

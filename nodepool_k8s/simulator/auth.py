@@ -10,9 +10,15 @@ TokenRequest token while it has not expired and its ServiceAccount (same uid) ex
 deleting a namespace revokes its tokens, as on a real cluster.
 
 Authorization: the admin may do everything. Service accounts are not restricted unless RBAC
-enforcement is switched on (`SimulatorConfig.enforce_rbac`); then only namespaced Roles bound
-by RoleBindings in the request's namespace grant access (ClusterRoles and cluster-scoped
-access are not modelled, so service accounts cannot touch cluster-scoped resources).
+enforcement is switched on (`SimulatorConfig.enforce_rbac`); then a request is allowed when a
+rule grants it: ClusterRoles bound by ClusterRoleBindings (everywhere, cluster scope
+included), and Roles or ClusterRoles bound by RoleBindings in the request's namespace.
+Escalation prevention is modelled as on a real server: creating or updating a Role or
+ClusterRole needs every permission it grants (in that namespace; cluster-wide for a
+ClusterRole) or `escalate` on roles/clusterroles; creating or updating a binding needs every
+permission of the referenced role or `bind` on it (see `escalation_problem`,
+`binding_problem`). Not modelled: aggregated ClusterRoles, nonResourceURLs,
+impersonation.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import Any, Callable
 from nodepool_k8s.simulator.store import Store
 
 ISSUER = "https://kubernetes.default.svc.cluster.local"
+RBAC_GROUP = "rbac.authorization.k8s.io"
 
 
 @dataclass(frozen=True)
@@ -143,26 +150,76 @@ class TokenAuthority:
 
     def authorize(self, identity: Identity, verb: str, group: str, resource: str,
                   namespace: str | None, name: str | None) -> bool:
-        """Does a Role bound in `namespace` grant `verb` on `resource` to `identity`?"""
+        """Does a rule bound to `identity` grant `verb` on `resource` (in `namespace`)?"""
         if identity.admin:
             return True
-        if not namespace:
-            return False
-        bindings, _ = self._store.list("rolebindings", namespace)
-        for binding in bindings:
-            if not any(self._subject_matches(s, identity, namespace)
-                       for s in binding.get("subjects") or []):
+        return any(self._rule_allows(rule, verb, group, resource, name)
+                   for rule in self._rules(identity, namespace))
+
+    def _rules(self, identity: Identity, namespace: str | None) -> list[dict[str, Any]]:
+        """Every rule granted to `identity` in `namespace` (None: cluster-wide only)."""
+        rules: list[dict[str, Any]] = []
+        scopes: list[tuple[str, str | None]] = [("clusterrolebindings", None)]
+        if namespace:
+            scopes.append(("rolebindings", namespace))
+        for plural, scope in scopes:
+            bindings, _ = self._store.list(plural, scope)
+            for binding in bindings:
+                if not any(self._subject_matches(s, identity, scope or "")
+                           for s in binding.get("subjects") or []):
+                    continue
+                ref = binding.get("roleRef") or {}
+                if ref.get("kind") == "ClusterRole":
+                    role = self._store.get("clusterroles", None, ref.get("name", ""))
+                elif ref.get("kind") == "Role" and scope:
+                    role = self._store.get("roles", scope, ref.get("name", ""))
+                else:
+                    role = None
+                if role is not None:
+                    rules += [r for r in role.get("rules") or [] if isinstance(r, dict)]
+        return rules
+
+    def _uncovered(self, identity: Identity, namespace: str | None,
+                   rules: list[Any]) -> list[str]:
+        """The permissions of `rules` that `identity` does not hold in `namespace`."""
+        missing: list[str] = []
+        for rule in rules:
+            if not isinstance(rule, dict):
                 continue
-            ref = binding.get("roleRef") or {}
-            if ref.get("kind") != "Role":
-                continue
-            role = self._store.get("roles", namespace, ref.get("name", ""))
-            if role is None:
-                continue
-            for rule in role.get("rules") or []:
-                if self._rule_allows(rule, verb, group, resource, name):
-                    return True
-        return False
+            names = rule.get("resourceNames") or [None]
+            for group in rule.get("apiGroups") or []:
+                for resource in rule.get("resources") or []:
+                    for verb in rule.get("verbs") or []:
+                        for name in names:
+                            if not self.authorize(identity, verb, group, resource, namespace,
+                                                  name):
+                                what = f"{verb} {resource}" + (f".{group}" if group else "")
+                                missing.append(what + (f" {name}" if name else ""))
+        return missing
+
+    def escalation_problem(self, identity: Identity, plural: str, namespace: str | None,
+                           role: dict[str, Any]) -> str | None:
+        """Why `identity` may not write `role` (None: it may)."""
+        name = str((role.get("metadata") or {}).get("name") or "")
+        if self.authorize(identity, "escalate", RBAC_GROUP, plural, namespace, name):
+            return None
+        missing = self._uncovered(identity, namespace, list(role.get("rules") or []))
+        return "; ".join(missing) if missing else None
+
+    def binding_problem(self, identity: Identity, namespace: str | None,
+                        binding: dict[str, Any]) -> str | None:
+        """Why `identity` may not write `binding` (None: it may)."""
+        ref = binding.get("roleRef") or {}
+        kind, name = ref.get("kind"), str(ref.get("name") or "")
+        plural = "clusterroles" if kind == "ClusterRole" else "roles"
+        if self.authorize(identity, "bind", RBAC_GROUP, plural, namespace, name):
+            return None
+        role = (self._store.get("clusterroles", None, name) if kind == "ClusterRole"
+                else self._store.get("roles", namespace, name) if namespace else None)
+        if role is None:
+            return f"{kind} {name!r} not found and no bind permission on it"
+        missing = self._uncovered(identity, namespace, list(role.get("rules") or []))
+        return "; ".join(missing) if missing else None
 
     @staticmethod
     def _subject_matches(subject: dict[str, Any], identity: Identity, namespace: str) -> bool:

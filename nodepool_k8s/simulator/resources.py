@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 RBAC_GROUP = "rbac.authorization.k8s.io"
 AUTHN_GROUP = "authentication.k8s.io"
+NETWORKING_GROUP = "networking.k8s.io"
 
 _CRUD = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 _COMMON_FIELDS = ("metadata.name", "metadata.namespace")
@@ -71,8 +72,24 @@ RESOURCES: tuple[ResourceType, ...] = (
     ResourceType("configmaps", "ConfigMap", short_names=("cm",)),
     ResourceType("nodes", "Node", namespaced=False, short_names=("no",),
                  field_labels=("spec.unschedulable",), subresources=("status",)),
+    ResourceType("services", "Service", short_names=("svc",), categories=("all",),
+                 field_labels=("spec.clusterIP", "spec.type"), subresources=("status",)),
+    ResourceType("events", "Event", short_names=("ev",),
+                 field_labels=("involvedObject.kind", "involvedObject.name",
+                               "involvedObject.namespace", "reason", "type")),
+    ResourceType("resourcequotas", "ResourceQuota", short_names=("quota",),
+                 subresources=("status",)),
+    ResourceType("limitranges", "LimitRange", short_names=("limits",)),
+    ResourceType("networkpolicies", "NetworkPolicy", group=NETWORKING_GROUP,
+                 short_names=("netpol",)),
+    ResourceType("deployments", "Deployment", group="apps", short_names=("deploy",),
+                 categories=("all",), subresources=("status",)),
     ResourceType("roles", "Role", group=RBAC_GROUP, path_segment_names=True),
     ResourceType("rolebindings", "RoleBinding", group=RBAC_GROUP, path_segment_names=True),
+    ResourceType("clusterroles", "ClusterRole", group=RBAC_GROUP, namespaced=False,
+                 path_segment_names=True),
+    ResourceType("clusterrolebindings", "ClusterRoleBinding", group=RBAC_GROUP,
+                 namespaced=False, path_segment_names=True),
     ResourceType("tokenreviews", "TokenReview", group=AUTHN_GROUP, namespaced=False,
                  verbs=("create",)),
 )

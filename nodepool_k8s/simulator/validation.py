@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import ipaddress
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -287,13 +288,92 @@ def _rolebinding_causes(obj: dict[str, Any]) -> Causes:
     return causes
 
 
+def _quantities_causes(field: str, amounts: Any) -> Causes:
+    if amounts is None:
+        return []
+    if not isinstance(amounts, dict):
+        return [(field, "FieldValueInvalid", "Invalid value: must be a map")]
+    return [(f"{field}[{key}]", "FieldValueInvalid",
+             f'Invalid value: "{value}": quantities must match the regular expression '
+             "'^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'")
+            for key, value in amounts.items() if parse_quantity(value) is None]
+
+
+def _quota_causes(obj: dict[str, Any]) -> Causes:
+    return _quantities_causes("spec.hard", (obj.get("spec") or {}).get("hard"))
+
+
+def _limitrange_causes(obj: dict[str, Any]) -> Causes:
+    causes: Causes = []
+    for i, item in enumerate((obj.get("spec") or {}).get("limits") or []):
+        if not isinstance(item, dict):
+            causes.append((f"spec.limits[{i}]", "FieldValueInvalid",
+                           "Invalid value: must be an object"))
+            continue
+        if item.get("type") not in ("Container", "Pod", "PersistentVolumeClaim"):
+            causes.append((f"spec.limits[{i}].type", "FieldValueNotSupported",
+                           f'Unsupported value: "{item.get("type")}": supported values: '
+                           '"Container", "Pod", "PersistentVolumeClaim"'))
+        for section in ("default", "defaultRequest", "max", "min", "maxLimitRequestRatio"):
+            causes += _quantities_causes(f"spec.limits[{i}].{section}", item.get(section))
+    return causes
+
+
+def _service_causes(obj: dict[str, Any]) -> Causes:
+    spec = obj.get("spec") or {}
+    kind = spec.get("type")
+    if kind not in ("ClusterIP", "NodePort", "LoadBalancer", "ExternalName"):
+        return [("spec.type", "FieldValueNotSupported",
+                 f'Unsupported value: "{kind}": supported values: "ClusterIP", '
+                 '"ExternalName", "LoadBalancer", "NodePort"')]
+    causes: Causes = []
+    for i, port in enumerate(spec.get("ports") or []):
+        if not isinstance(port, dict) or not isinstance(port.get("port"), int):
+            causes.append((f"spec.ports[{i}].port", "FieldValueRequired", "Required value"))
+    return causes
+
+
+def _networkpolicy_causes(obj: dict[str, Any]) -> Causes:
+    spec = obj.get("spec")
+    if not isinstance(spec, dict) or not isinstance(spec.get("podSelector"), dict):
+        return [("spec.podSelector", "FieldValueRequired", "Required value")]
+    causes: Causes = []
+    for i, kind in enumerate(spec.get("policyTypes") or []):
+        if kind not in ("Ingress", "Egress"):
+            causes.append((f"spec.policyTypes[{i}]", "FieldValueNotSupported",
+                           f'Unsupported value: "{kind}": supported values: "Ingress", '
+                           '"Egress"'))
+    for i, rule in enumerate(spec.get("egress") or []):
+        for j, peer in enumerate((rule or {}).get("to") or []):
+            block = (peer or {}).get("ipBlock")
+            if block is not None and not _is_cidr((block or {}).get("cidr")):
+                causes.append((f"spec.egress[{i}].to[{j}].ipBlock.cidr", "FieldValueInvalid",
+                               f'Invalid value: "{(block or {}).get("cidr")}": must be a valid '
+                               "CIDR"))
+    return causes
+
+
+def _is_cidr(value: Any) -> bool:
+    try:
+        ipaddress.ip_network(str(value), strict=False)
+    except ValueError:
+        return False
+    return isinstance(value, str) and "/" in value
+
+
 _KIND_CAUSES = {
     "pods": _pod_causes,
     "secrets": _secret_causes,
     "configmaps": lambda obj: (_data_key_causes("data", obj.get("data"))
                                + _data_key_causes("binaryData", obj.get("binaryData"))),
     "roles": _role_causes,
+    "clusterroles": _role_causes,
     "rolebindings": _rolebinding_causes,
+    "clusterrolebindings": _rolebinding_causes,
+    "resourcequotas": _quota_causes,
+    "limitranges": _limitrange_causes,
+    "services": _service_causes,
+    "networkpolicies": _networkpolicy_causes,
 }
 
 
@@ -347,6 +427,17 @@ def apply_defaults(resource: ResourceType, obj: dict[str, Any]) -> None:
             labels["kubernetes.io/metadata.name"] = name
     elif resource.plural == "nodes":
         obj.setdefault("spec", {})
+    elif resource.plural == "services":
+        spec = obj.setdefault("spec", {})
+        if isinstance(spec, dict):
+            spec.setdefault("type", "ClusterIP")
+            for port in spec.get("ports") or []:
+                if isinstance(port, dict):
+                    port.setdefault("protocol", "TCP")
+    elif resource.plural == "networkpolicies":
+        spec = obj.get("spec")
+        if isinstance(spec, dict) and not spec.get("policyTypes"):
+            spec["policyTypes"] = ["Ingress"] + (["Egress"] if spec.get("egress") else [])
 
 
 def validate(resource: ResourceType, obj: dict[str, Any]) -> None:
@@ -373,7 +464,8 @@ def validate(resource: ResourceType, obj: dict[str, Any]) -> None:
 
 def validate_update(resource: ResourceType, old: dict[str, Any], new: dict[str, Any]) -> None:
     """Checks on fields that cannot change after creation."""
-    if resource.plural == "rolebindings" and old.get("roleRef") != new.get("roleRef"):
+    if resource.plural in ("rolebindings", "clusterrolebindings") and \
+            old.get("roleRef") != new.get("roleRef"):
         raise errors.invalid(resource.kind, old["metadata"]["name"],
                              [("roleRef", "FieldValueInvalid",
                                "Invalid value: cannot change roleRef")], resource.group)

@@ -23,12 +23,13 @@ _BASE: dict[str, Any] = {
     "labels": [{"name": "ns"}, {"name": "pod"}, {"name": "custom"}, {"name": "fake"}],
     "tenant-resource-limits": [{"tenant-name": "t1"}],
     "providers": [
-        {"name": "k8s", "driver": "kubernetes", "pools": [{"name": "main", "labels": [
-            {"name": "ns", "type": "namespace"},
-            {"name": "pod", "type": "pod", "image": "busybox"},
-            {"name": "custom", "type": "pod",
-             "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
-        ]}]},
+        {"name": "k8s", "driver": "kubernetes", "pools": [{
+            "name": "main", "allow-verbatim-spec": True, "labels": [
+                {"name": "ns", "type": "namespace"},
+                {"name": "pod", "type": "pod", "image": "busybox"},
+                {"name": "custom", "type": "pod",
+                 "spec": {"containers": [{"name": "c", "image": "busybox"}]}},
+            ]}]},
         {"name": "fake", "driver": "fake", "pools": [{"name": "fake", "labels": [
             {"name": "fake"},
         ]}]},

@@ -237,6 +237,7 @@ def test_kubernetes_label_values_are_copied_through() -> None:
         "volumes": [{"name": "v", "emptyDir": {}}],
         "volume-mounts": [{"name": "v", "mountPath": "/v"}], "labels": {"a": "b"},
         "dynamic-labels": {"t": "{request.tenant_name}"}, "annotations": {"c": "d"}})
+    at(data, "pool")["allow-privileged"] = True
     pod = _pod(data)
     assert (pod.image_pull, pod.shell_type) == ("Always", "sh")
     assert pod.python_path == "/usr/bin/python3"

@@ -55,6 +55,8 @@ providers:
           executor-zone: sim-zone
         default-label-cpu: 1
         default-label-memory: 256
+        allow-privileged: true     # pod-fedora
+        allow-verbatim-spec: true  # pod-raw
         labels:
           - name: k8s-namespace
             type: namespace
@@ -299,6 +301,8 @@ def test_cluster_objects(served: tuple[Launcher, str, dict[str, Any]],
     assert namespace is not None and namespace["status"]["phase"] == "Active"
     labels = namespace["metadata"]["labels"]
     assert labels.pop("kubernetes.io/metadata.name") == ns  # set by the API server
+    assert labels.pop("pod-security.kubernetes.io/enforce") == "baseline"  # guards.py
+    assert labels.pop("pod-security.kubernetes.io/warn") == "baseline"
     assert labels == {"team": "ci", "zuul-tenant": "tenant-1", "zuul-request": request_id,
                       **ownership(ns_id, "k8s-namespace", installation)}
     sa = k8s_sim.get("serviceaccounts", "zuul-worker", ns)

@@ -26,7 +26,8 @@ from tests.helpers import wait_for
 # Namespaces a fresh simulator has; everything else was made by someone.
 SYSTEM_NAMESPACES = frozenset({"default", "kube-node-lease", "kube-public", "kube-system"})
 NAMESPACED_KINDS = ("pods", "serviceaccounts", "secrets", "configmaps", "roles",
-                    "rolebindings")
+                    "rolebindings", "resourcequotas", "limitranges", "networkpolicies",
+                    "services", "events")
 
 
 def leftovers(sim: Simulator) -> dict[str, list[str]]:

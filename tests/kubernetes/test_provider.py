@@ -31,7 +31,7 @@ POD_LABEL = make_label(
     storage=10, cpu_limit=4, memory_limit=2048, storage_limit=20, gpu=1.0,
     gpu_resource="nvidia.com/gpu", env=({"name": "FOO", "value": "bar"},),
     node_selector={"kubernetes.io/hostname": "sim-node-1"}, scheduler_name="default-scheduler",
-    privileged=True, volumes=({"name": "cache", "emptyDir": {}},),
+    privileged=True, pod_security="privileged", volumes=({"name": "cache", "emptyDir": {}},),
     volume_mounts=({"name": "cache", "mountPath": "/cache"},), labels={"team": "ci"},
     dynamic_labels={"tenant": "{request.tenant_name}"}, annotations={"owner": "ci"},
     python_path="/usr/bin/python3", shell_type="bash", extra_resources={"licenses": 1})
@@ -167,10 +167,11 @@ def test_api_calls_per_node(sim: Simulator, make_k8s_provider: ProviderFactory) 
     provider = make_k8s_provider(sim, NS_LABEL, POD_LABEL)
     sim.reset_counters()
     result = _launch(provider, "k8s-namespace")
-    assert sum(_launch_calls(sim).values()) == 5, sim.counters
+    # namespace, resourcequota, limitrange, serviceaccount, secret, role, rolebinding
+    assert sum(_launch_calls(sim).values()) == 7, sim.counters
     sim.reset_counters()
     _launch(provider, "pod-fedora", node_id="0000000001")
-    assert sum(_launch_calls(sim).values()) == 6, sim.counters
+    assert sum(_launch_calls(sim).values()) == 8, sim.counters
     sim.reset_counters()
     provider.delete(result.external_id)
     assert _launch_calls(sim) == {"get namespaces": 1, "delete namespaces": 1}, sim.counters

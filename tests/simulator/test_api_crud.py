@@ -295,6 +295,6 @@ def test_inspection_api_returns_copies(kube: Kube, k8s_sim: Simulator) -> None:
         == ["i"]
     assert k8s_sim.list("configmaps", namespace="default") == []
     with pytest.raises(KeyError):
-        k8s_sim.get("deployments", "x")
+        k8s_sim.get("replicasets", "x")
     k8s_sim.patch("configmaps", "c", {"data": {"k": "v"}}, namespace="i")
     assert kube.core.read_namespaced_config_map("c", "i").data == {"k": "v"}

@@ -24,9 +24,12 @@ def as_token(sim: Simulator, token: str, tmp_path: Path) -> client.CoreV1Api:
     return client.CoreV1Api(config.new_client_from_config(config_file=path, context="sim"))
 
 
-def test_pod_goes_pending_scheduled_running(kube: Kube) -> None:
+def test_pod_goes_pending_scheduled_running(kube: Kube, k8s_sim: Simulator) -> None:
     kube.core.create_namespace({"metadata": {"name": "life"}})
+    watches = k8s_sim.open_watches
     c = Collector(kube.core.list_namespaced_pod, "life", timeout_seconds=10)
+    # The watch must be open before the pod exists, or its first event is a later state.
+    wait_for(lambda: k8s_sim.open_watches > watches, message="the watch to open")
     try:
         kube.core.create_namespaced_pod("life", pod_body("p"))
         created = c.next()["raw_object"]

@@ -143,16 +143,18 @@ def test_discovery(k8s_sim: Simulator) -> None:
     assert version["major"] == "1" and version["gitVersion"].startswith("v1.32.")
     assert call(conn, "GET", "/api", token)[1]["versions"] == ["v1"]
     groups = {g["name"] for g in call(conn, "GET", "/apis", token)[1]["groups"]}
-    assert groups == {"rbac.authorization.k8s.io", "authentication.k8s.io"}
+    assert groups == {"rbac.authorization.k8s.io", "authentication.k8s.io",
+                      "networking.k8s.io", "apps"}
     core = {r["name"]: r for r in call(conn, "GET", "/api/v1", token)[1]["resources"]}
     assert core["pods"]["shortNames"] == ["po"] and core["namespaces"]["namespaced"] is False
     assert core["serviceaccounts"]["shortNames"] == ["sa"]
     assert core["configmaps"]["shortNames"] == ["cm"] and "watch" in core["pods"]["verbs"]
     assert core["serviceaccounts/token"]["kind"] == "TokenRequest"
     rbac = call(conn, "GET", "/apis/rbac.authorization.k8s.io/v1", token)[1]
-    assert {r["kind"] for r in rbac["resources"]} == {"Role", "RoleBinding"}
+    assert {r["kind"] for r in rbac["resources"]} == {"Role", "RoleBinding", "ClusterRole",
+                                                      "ClusterRoleBinding"}
     assert call(conn, "GET", "/apis/authentication.k8s.io/v1", token)[0] == 200
-    assert call(conn, "GET", "/apis/apps/v1", token)[0] == 404
+    assert call(conn, "GET", "/apis/batch/v1", token)[0] == 404
     index = call(conn, "GET", "/openapi/v3", token)[1]
     assert set(index["paths"]) >= {"api/v1", "apis/rbac.authorization.k8s.io/v1"}
 

@@ -133,6 +133,7 @@ class KubeClient:
         self.api_client = k8s.ApiClient(configuration)
         self.core = k8s.CoreV1Api(self.api_client)
         self.rbac = k8s.RbacAuthorizationV1Api(self.api_client)
+        self.networking = k8s.NetworkingV1Api(self.api_client)
 
     @property
     def host(self) -> str:

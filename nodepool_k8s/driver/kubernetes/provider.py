@@ -1,14 +1,16 @@
 """`KubernetesProvider`: the Provider protocol over one cluster context.
 
-Owns: the order of API calls for a launch (namespace, service account, role, role binding,
-a TokenRequest for the service account, pod), the node data handed back to the core (exactly
-what Zuul's executor reads), deletion with an ownership proof and confirmation, and listing
-our namespaces for the leak sweeper. Waiting is delegated to two shared watches (pods,
-namespaces) per provider, both selected by our provider AND installation labels, so a
-namespace node costs five API calls to launch and a pod node six, and a deletion two (a GET
-that proves the namespace ours, then the DELETE with `preconditions.uid`; its completion
-arrives through the shared namespace watch). No Secret is created or watched: the token is
-a bound, expiring TokenRequest token (`token-lifetime`).
+Owns: the order of API calls for a launch (namespace, its fences from `guards` — quota,
+limit range, network policy — service account, role, role binding, a TokenRequest for the
+service account, pod), the node data handed back to the core (exactly what Zuul's executor
+reads), deletion with an ownership proof and confirmation, and listing our namespaces for
+the leak sweeper. Waiting is delegated to two shared watches (pods, namespaces) per
+provider, both selected by our provider AND installation labels, so a namespace node with a
+quota costs seven API calls to launch and a pod node eight (one less with `job-role:
+cluster-role`, one more with a network policy), and a deletion two (a GET that proves the
+namespace ours, then the DELETE with `preconditions.uid`; its completion arrives through
+the shared namespace watch). No Secret is created or watched: the token is a bound,
+expiring TokenRequest token (`token-lifetime`).
 
 Ownership: no DELETE is ever sent for a namespace that a GET did not just show to carry our
 provider label, our installation label and (for a node's namespace) the node's id label, and
@@ -38,7 +40,7 @@ from nodepool_k8s import logconfig
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Provider
-from nodepool_k8s.driver.kubernetes import manifests
+from nodepool_k8s.driver.kubernetes import guards, manifests
 from nodepool_k8s.driver.kubernetes.client import KubeClient, Sleeper, connect
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
@@ -46,7 +48,7 @@ from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finishe
                                                    resource_version, wait_namespace_deleted,
                                                    wait_namespace_gone)
 from nodepool_k8s.exceptions import (LaunchError, NodepoolError, NotFound, NotOwned,
-                                     PermanentError, TemporaryError)
+                                     PermanentError, QuotaExceeded, TemporaryError)
 from nodepool_k8s.model import Resources
 
 log = logging.getLogger(__name__)
@@ -271,9 +273,10 @@ class KubernetesProvider:
         for suffix in ("", "r" + secrets.token_hex(3)):
             name = manifests.namespace_name(spec.pool.name, spec.node_id, spec.attempt, suffix)
             try:
+                body = manifests.namespace_body(
+                    name, {**labels, **guards.namespace_labels(spec.label)})
                 created = client.call(f"create namespace {name}", client.core.create_namespace,
-                                      manifests.namespace_body(name, labels), sleep=sleep,
-                                      created_ok=True)
+                                      body, sleep=sleep, created_ok=True)
                 if not created:
                     # A retried create met 409: accept it only when the namespace is provably
                     # this node's (our earlier try reached the server), never someone else's.
@@ -316,18 +319,31 @@ class KubernetesProvider:
     def _create_contents(self, client: KubeClient, namespace: str, label: PoolLabel,
                          labels: dict[str, str], sleep: Sleeper) -> None:
         core, rbac = client.core, client.rbac
-        steps: list[tuple[str, Callable[..., Any], dict[str, Any]]] = [
+        steps: list[tuple[str, Callable[..., Any], dict[str, Any] | None]] = [
+            # The fences first: the quota must exist before any pod is admitted.
+            ("resourcequota", core.create_namespaced_resource_quota,
+             guards.resource_quota_body(namespace, label, labels)),
+            ("limitrange", core.create_namespaced_limit_range,
+             guards.limit_range_body(namespace, label, labels)),
+            ("networkpolicy", client.networking.create_namespaced_network_policy,
+             guards.network_policy_body(namespace, label, labels)),
             ("serviceaccount", core.create_namespaced_service_account,
              manifests.service_account_body(namespace, labels)),
-            ("role", rbac.create_namespaced_role,
-             manifests.role_body(namespace, label, labels)),
-            ("rolebinding", rbac.create_namespaced_role_binding,
-             manifests.role_binding_body(namespace, label, labels)),
         ]
+        if self.config.job_role == "cluster-role":
+            steps.append(("rolebinding", rbac.create_namespaced_role_binding,
+                          guards.cluster_role_binding_body(namespace, label, labels)))
+        else:
+            steps += [("role", rbac.create_namespaced_role,
+                       manifests.role_body(namespace, label, labels)),
+                      ("rolebinding", rbac.create_namespaced_role_binding,
+                       manifests.role_binding_body(namespace, label, labels))]
         if label.type == "pod":
             steps.append(("pod", core.create_namespaced_pod,
                           manifests.pod_body(namespace, label, labels)))
         for kind, create, body in steps:
+            if body is None:
+                continue
             client.call(f"create {kind} {namespace}/{body['metadata']['name']}", create,
                         namespace, body, sleep=sleep, created_ok=True)
 
@@ -500,6 +516,10 @@ def _as_launch_failure(exc: BaseException, cancel: threading.Event) -> BaseExcep
             isinstance(exc, LaunchError) and exc.reason == "Cancelled"):
         # An API error met while giving up is not the story: the core cancelled us.
         return LaunchError(f"cancelled ({exc})", reason="Cancelled")
+    if isinstance(exc, QuotaExceeded) and guards.own_quota_refusal(str(exc)):
+        # Not the cluster being full: the pod asks for more than its label was counted for.
+        return LaunchError(f"the pod exceeds its label's ResourceQuota: {exc}",
+                           reason="LabelQuota", retryable=False)
     if isinstance(exc, (LaunchError, TemporaryError)):
         return exc  # includes QuotaExceeded
     if isinstance(exc, Invalid):
