@@ -306,6 +306,9 @@ class RequestHandler:
                 return verdict
             new_nodes = [self._new_node(s.label, pool_cfg) for s in remaining]
             txn = Txn()
+            # Only while the request is still ours: a pass that began before our session
+            # expired must not create nodes for a request another launcher now serves.
+            self.lock.guard(txn)
             self.engine.guard.add_bumps(txn, versions)
             indexes = [NodeStore.add_create(txn, node) for node in new_nodes]
             try:
@@ -313,6 +316,9 @@ class RequestHandler:
             except errors.TxnFailed as exc:
                 if self.engine.guard.is_conflict(exc, versions):
                     continue  # another launcher created nodes meanwhile: decide again
+                if exc.path == self.lock.child_path:
+                    self.abandon("the request's lock vanished before its nodes were created")
+                    return quota.Verdict(False, CONTENTION, ())
                 raise exc.cause from exc
             for slot, node, index in zip(remaining, new_nodes, indexes):
                 node.id, node.version = NodeStore.created_id(results[index]), 0
@@ -394,6 +400,9 @@ class RequestHandler:
                         or node.label != slot.label:
                     lock.release()
                     continue
+                if not self.lock.valid:  # our session expired during this pass
+                    lock.release()
+                    return
                 node.set(allocated_to=self.request.id, tenant_name=self.request.tenant_name,
                          requestor=self.request.requestor)
                 try:

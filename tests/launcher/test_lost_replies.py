@@ -20,6 +20,7 @@ from nodepool_k8s.driver.base import LaunchSpec
 from nodepool_k8s.launcher.launch import LaunchOutcome, LaunchPool, READY
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.testing_client import ZuulClient
+from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 
 
@@ -72,3 +73,45 @@ def test_launch_completion_wakes_after_the_outcome_is_visible() -> None:
     assert woke.wait(10)
     assert seen == [True]
     pool.shutdown()
+
+
+ONE_SERVER = """
+labels:
+  - name: small
+providers:
+  - name: fake
+    driver: fake
+    pools:
+      - name: main
+        max-servers: 1
+        labels:
+          - name: small
+            type: namespace
+            launch-delay: 0.01
+"""
+
+
+def test_no_node_is_created_for_a_request_whose_lock_vanished(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient) -> None:
+    """What a launcher whose session expired mid-pass sees: its request lock is gone. The
+    node-create transaction checks the lock, so no node is created for a request that
+    another launcher may already serve; the request is reset and served once."""
+    launchers(ONE_SERVER)
+    first = zuul.submit(["small"])
+    body = zuul.wait(first)
+    assert body is not None and body["state"] == "fulfilled"
+    first_node = int(body["nodes"][0])
+    second = zuul.submit(["small"])
+    # Paused at quota, locked by the launcher.
+    wait_for(lambda: (zuul.get_request(second) or {}).get("state") == "pending", 30,
+             message="second request accepted and paused")
+    lock_dir = paths.request_lock_path(second)
+    for contender in kazoo_client.get_children(lock_dir):
+        kazoo_client.delete(f"{lock_dir}/{contender}")
+    nodeset = zuul.accept(first)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+    body = zuul.wait(second, timeout=60)
+    assert body is not None and body["state"] == "fulfilled"
+    # Exactly one node was created for it: none while its lock was gone.
+    assert body["nodes"] == [f"{first_node + 1:010d}"]
