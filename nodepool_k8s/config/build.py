@@ -82,6 +82,16 @@ def resolve_guard(label: Raw, pool: Raw, provider: Raw, key: str) -> tuple[Any, 
     return None, None
 
 
+def scheduling(label: Raw, pool: Raw, provider: Raw, key: str) -> tuple[Any, ...]:
+    """A scheduling key (tolerations, node-requirements, ...) of a form A pod label: the
+    label's list, else the pool's `default-label-<key>`, else the provider's (first found
+    wins, no merging). Namespaces and verbatim specs get none."""
+    if label.get("type") != "pod" or "spec" in label:
+        return ()
+    value, _ = resolve_guard(label, pool, provider, key)
+    return tuple(copy.deepcopy(value or ()))
+
+
 def permitted(pool: Raw, provider: Raw, key: str) -> bool:
     """A permission key (allow-privileged, ...): the pool's value, else the provider's."""
     return bool(_first(pool.get(key), provider.get(key), default=False))
@@ -172,6 +182,10 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
         volumes=tuple(copy.deepcopy(label.get("volumes", []))),
         volume_mounts=tuple(copy.deepcopy(label.get("volume-mounts", []))),
         spec=copy.deepcopy(label.get("spec")),
+        tolerations=scheduling(label, pool, provider, "tolerations"),
+        node_requirements=scheduling(label, pool, provider, "node-requirements"),
+        preferred_node_requirements=scheduling(label, pool, provider,
+                                               "preferred-node-requirements"),
         labels=dict(label.get("labels", {})),
         dynamic_labels=dict(label.get("dynamic-labels", {})),
         annotations=dict(label.get("annotations", {})),

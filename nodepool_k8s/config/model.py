@@ -119,6 +119,12 @@ class PoolLabel:
     volumes: tuple[Mapping[str, Any], ...] = ()
     volume_mounts: tuple[Mapping[str, Any], ...] = ()
     extra_resources: Mapping[str, int] = field(default_factory=dict)
+    # Scheduling (form A; label -> pool -> provider default-label-*): Kubernetes tolerations,
+    # node requirements rendered as required node affinity (one term, all must hold) and
+    # preferred ones (each its own weighted term). Items are Kubernetes-shaped mappings.
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_requirements: tuple[Mapping[str, Any], ...] = ()
+    preferred_node_requirements: tuple[Mapping[str, Any], ...] = ()
     # Form B: a verbatim pod spec (exclusive with the form A keys above).
     spec: Mapping[str, Any] | None = None
     # Both forms.

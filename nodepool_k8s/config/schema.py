@@ -63,6 +63,13 @@ POD_SECURITY = "baseline"
 RESOURCE_QUOTA = True
 NETWORK_POLICY = False  # needs a CNI that enforces it, and CIDRs of what jobs may reach
 ALLOW_EXTERNAL_SERVICES = False
+# Scheduling (kubernetes pod labels): tolerations and node requirements, as Kubernetes
+# accepts them (see checks._scheduling for the operator/values rules).
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+REQUIREMENT_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+# Label keys whose pool and provider defaults are `default-label-<key>` (first found wins).
+SCHEDULING_KEYS = ("tolerations", "node-requirements", "preferred-node-requirements")
 # Label keys whose pool and provider defaults are `default-label-<key>`.
 GUARD_KEYS = ("pod-security", "resource-quota", "network-policy", "egress-allow",
               "allow-external-services")
@@ -385,6 +392,34 @@ _ENV = open_mapping({"name": string()})
 _VOLUME = open_mapping({"name": string()})
 _MOUNT = open_mapping({"name": string(), "mountPath": string()})
 
+
+def _requirement_value(value: Any) -> str:
+    """Kubernetes wants strings; an unquoted YAML number (`values: [4]`) is taken as one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return str(string()(value))
+
+
+_TOLERATION = mapping({
+    Optional("key"): string(),
+    Optional("operator"): one_of(*TOLERATION_OPERATORS),
+    Optional("value"): string(allow_empty=True),
+    Optional("effect"): one_of(*TAINT_EFFECTS),
+    Optional("tolerationSeconds"): integer(),
+})
+_REQUIREMENT_FIELDS: dict[Any, Validator] = {
+    Required("key"): string(),
+    Required("operator"): one_of(*REQUIREMENT_OPERATORS),
+    Optional("values"): list_of(_requirement_value),
+}
+_REQUIREMENT = mapping(_REQUIREMENT_FIELDS)
+_PREFERRED = mapping({**_REQUIREMENT_FIELDS, Required("weight"): integer(1, 100)})
+_SCHEDULING: dict[str, Validator] = {
+    "tolerations": list_of(_TOLERATION),
+    "node-requirements": list_of(_REQUIREMENT),
+    "preferred-node-requirements": list_of(_PREFERRED),
+}
+
 _GUARDS: dict[str, Validator] = {
     "pod-security": one_of(*POD_SECURITY_LEVELS),
     "resource-quota": boolean,
@@ -395,6 +430,7 @@ _GUARDS: dict[str, Validator] = {
 # Pool and provider keys of the kubernetes driver only.
 _KUBERNETES_DEFAULTS: dict[Any, Validator] = {
     **{Optional(f"default-label-{k}"): v for k, v in _GUARDS.items()},
+    **{Optional(f"default-label-{k}"): v for k, v in _SCHEDULING.items()},
     **{Optional(k): boolean for k in PERMISSION_KEYS},
 }
 
@@ -423,6 +459,7 @@ KUBERNETES_LABEL = mapping({
     Optional("annotations"): _str_map,
     Optional("spec"): _any_mapping,
     **{Optional(k): v for k, v in _GUARDS.items()},
+    **{Optional(k): v for k, v in _SCHEDULING.items()},
 })
 FAKE_LABEL = mapping({
     **_LABEL_COMMON,
