@@ -15,8 +15,10 @@ import hashlib
 from typing import Any, Mapping
 
 from nodepool_k8s.config import schema as S
+from nodepool_k8s.config.cron import parse_duration
 from nodepool_k8s.config.model import (
-    INF, Config, LabelConfig, PoolConfig, PoolLabel, ProviderConfig, TenantLimit, WebappConfig,
+    INF, Config, DriftBudget, LabelConfig, MaintenanceWindow, PoolConfig, PoolLabel,
+    ProviderConfig, TenantLimit, WebappConfig,
     ZkAcl, ZkAuth, ZkGrant, ZkServer, ZkTls,
 )
 from nodepool_k8s.model import Resources
@@ -202,6 +204,25 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
     return PoolLabel(**values)
 
 
+def build_maintenance(entries: list[Raw] | None) -> tuple[MaintenanceWindow, ...]:
+    return tuple(MaintenanceWindow(
+        schedule=w["schedule"], duration=parse_duration(w["duration"]),
+        action=w.get("action", S.MAINTENANCE_ACTION), timezone=w.get("timezone", S.TIMEZONE))
+        for w in entries or ())
+
+
+def build_drift_budget(budget: Raw | None) -> DriftBudget:
+    if not budget:
+        return DriftBudget()
+    only_percent = budget.get("max-nodes") is None and budget.get("max-percent") is not None
+    return DriftBudget(
+        max_nodes=None if only_percent else budget.get("max-nodes", S.DRIFT_MAX_NODES),
+        max_percent=budget.get("max-percent"),
+        schedule=budget.get("schedule"),
+        duration=parse_duration(budget["duration"]) if "duration" in budget else None,
+        timezone=budget.get("timezone", S.TIMEZONE))
+
+
 def build_pool(pool: Raw, provider: Raw) -> PoolConfig:
     # Provider limits double as the pool defaults (as in Nodepool) besides being totals.
     return PoolConfig(
@@ -214,6 +235,8 @@ def build_pool(pool: Raw, provider: Raw) -> PoolConfig:
         max_resources={**provider.get("max-resources", {}), **pool.get("max-resources", {})},
         node_attributes=copy.deepcopy(pool.get("node-attributes")),
         priority=_first(pool.get("priority"), provider.get("priority"), default=S.PRIORITY),
+        maintenance=build_maintenance(pool.get("maintenance")),
+        drift_budget=build_drift_budget(pool.get("drift-budget")),
     )
 
 

@@ -17,7 +17,7 @@ import re
 import string
 from typing import Any, Iterable, Mapping
 
-from nodepool_k8s.config import build
+from nodepool_k8s.config import build, cron
 from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.model import PoolConfig, PoolLabel
 from nodepool_k8s.config.schema import format_path
@@ -252,9 +252,16 @@ def _pool(pool: Raw, provider: Raw, path: Path, top_labels: set[str], report: _R
                          f" {build.REQUESTS[resource]} {request:g}")
     if provider["driver"] == "kubernetes":
         _scheduling_defaults(pool, path, report)
+    before = len(report.errors)
+    for index, window in enumerate(pool.get("maintenance") or []):
+        _window(window, path + ("maintenance", index), report)
+    if "drift-budget" in pool:
+        _drift_budget(pool["drift-budget"], path + ("drift-budget",), report)
     if not pool["labels"]:
         report.warn(path + ("labels",), "the pool has no labels, so it serves nothing")
     _unique(report, path + ("labels",), pool["labels"], "name", "label")
+    if len(report.errors) > before:
+        return  # build_pool below needs the windows and budget to parse
     built = build.build_pool(pool, provider)
     for index, label in enumerate(pool["labels"]):
         label_path = path + ("labels", index)
@@ -328,6 +335,33 @@ def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> Non
     for key in S.SCHEDULING_KEYS:
         _scheduling(key, label.get(key) or [], path + (key,), report)
     _metadata(label, path, report)
+
+
+def _window(window: Raw, path: Path, report: _Report) -> None:
+    """A maintenance window (or a drift budget's window): cron, duration, time zone."""
+    timezone = window.get("timezone", S.TIMEZONE)
+    try:
+        cron.zone(timezone)
+    except ValueError as exc:
+        report.error(path + ("timezone",), str(exc))
+        timezone = S.TIMEZONE
+    if "schedule" in window:
+        try:
+            cron.Cron.parse(window["schedule"], timezone)
+        except ValueError as exc:
+            report.error(path + ("schedule",), f"not a 5-field cron schedule: {exc}")
+    if "duration" in window:
+        try:
+            cron.parse_duration(window["duration"])
+        except ValueError as exc:
+            report.error(path + ("duration",), str(exc))
+
+
+def _drift_budget(budget: Raw, path: Path, report: _Report) -> None:
+    if ("schedule" in budget) != ("duration" in budget):
+        missing = "duration" if "schedule" in budget else "schedule"
+        report.error(path + (missing,), "schedule and duration must be given together")
+    _window(budget, path, report)
 
 
 def _scheduling_defaults(section: Raw, path: Path, report: _Report) -> None:

@@ -70,6 +70,11 @@ TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 REQUIREMENT_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
 # Label keys whose pool and provider defaults are `default-label-<key>` (first found wins).
 SCHEDULING_KEYS = ("tolerations", "node-requirements", "preferred-node-requirements")
+# Fleet control (pool keys): maintenance windows and the drift replacement budget.
+MAINTENANCE_ACTIONS = ("pause", "drain")
+MAINTENANCE_ACTION = "pause"
+TIMEZONE = "UTC"
+DRIFT_MAX_NODES = 1  # drifted spares replaced at once when no budget is configured
 # Label keys whose pool and provider defaults are `default-label-<key>`.
 GUARD_KEYS = ("pod-security", "resource-quota", "network-policy", "egress-allow",
               "allow-external-services")
@@ -469,6 +474,28 @@ FAKE_LABEL = mapping({
 })
 
 
+def _duration(value: Any) -> Any:
+    """Seconds (a number) or a text like "2h"; parsed and range-checked in `checks`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _type_error("seconds or a duration like '2h'", value)
+    return value
+
+
+_MAINTENANCE = mapping({
+    Required("schedule"): string(),
+    Required("duration"): _duration,
+    Optional("action"): one_of(*MAINTENANCE_ACTIONS),
+    Optional("timezone"): string(),
+})
+_DRIFT_BUDGET = mapping({
+    Optional("max-nodes"): integer(minimum=0),
+    Optional("max-percent"): number(minimum=0, maximum=100),
+    Optional("schedule"): string(),
+    Optional("duration"): _duration,
+    Optional("timezone"): string(),
+})
+
+
 def _pool(label: Validator, extra: dict[Any, Validator]) -> Validator:
     return mapping({
         **extra,
@@ -488,6 +515,8 @@ def _pool(label: Validator, extra: dict[Any, Validator]) -> Validator:
         Optional("default-label-storage-limit"): _mib,
         Optional("default-label-extra-resources"): _int_map,
         Optional("boot-timeout"): _timeout,
+        Optional("maintenance"): list_of(_MAINTENANCE, allow_none=True),
+        Optional("drift-budget"): _DRIFT_BUDGET,
     })
 
 
