@@ -223,6 +223,11 @@ def build_drift_budget(budget: Raw | None) -> DriftBudget:
         timezone=budget.get("timezone", S.TIMEZONE))
 
 
+def pool_disabled(pool: Raw, provider: Raw) -> bool:
+    """`PoolConfig.disabled` without building the pool (checks use it on unchecked data)."""
+    return _cap(_first(pool.get("max-servers"), provider.get("max-servers"))) <= 0
+
+
 def build_pool(pool: Raw, provider: Raw) -> PoolConfig:
     # Provider limits double as the pool defaults (as in Nodepool) besides being totals.
     return PoolConfig(

@@ -200,7 +200,7 @@ def _min_ready(data: Raw, report: _Report) -> None:
     serving: set[str] = set()
     for provider in data.get("providers", []):
         for pool in provider["pools"]:
-            if build.build_pool(pool, provider).disabled:
+            if build.pool_disabled(pool, provider):
                 continue
             serving.update(label["name"] for label in pool["labels"])
     for index, label in enumerate(data.get("labels", [])):
@@ -358,6 +358,8 @@ def _window(window: Raw, path: Path, report: _Report) -> None:
 
 
 def _drift_budget(budget: Raw, path: Path, report: _Report) -> None:
+    report.warn(path, "drift replacement of spare nodes is not implemented yet; the budget"
+                " is validated but has no effect")
     if ("schedule" in budget) != ("duration" in budget):
         missing = "duration" if "schedule" in budget else "schedule"
         report.error(path + (missing,), "schedule and duration must be given together")
