@@ -26,6 +26,7 @@ from nodepool_k8s import __version__
 from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.commands_list import cmd_info, cmd_label_list, cmd_list, cmd_request_list
 from nodepool_k8s.cmd.commands_node import cmd_delete, cmd_hold
+from nodepool_k8s.cmd.commands_pool import add_parsers as _add_pool_control
 from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.exceptions import ConfigError, NodepoolError
 
@@ -143,6 +144,7 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     _add_request_list,
     _add_label_list,
     _add_info,
+    _add_pool_control,  # pause, drain, resume, pool-state
 ]
 
 

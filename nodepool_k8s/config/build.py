@@ -15,8 +15,10 @@ import hashlib
 from typing import Any, Mapping
 
 from nodepool_k8s.config import schema as S
+from nodepool_k8s.config.cron import parse_duration
 from nodepool_k8s.config.model import (
-    INF, Config, LabelConfig, PoolConfig, PoolLabel, ProviderConfig, TenantLimit, WebappConfig,
+    INF, Config, DriftBudget, LabelConfig, MaintenanceWindow, PoolConfig, PoolLabel,
+    ProviderConfig, TenantLimit, WebappConfig,
     ZkAcl, ZkAuth, ZkGrant, ZkServer, ZkTls,
 )
 from nodepool_k8s.model import Resources
@@ -80,6 +82,16 @@ def resolve_guard(label: Raw, pool: Raw, provider: Raw, key: str) -> tuple[Any, 
         if value is not None:
             return value, where
     return None, None
+
+
+def scheduling(label: Raw, pool: Raw, provider: Raw, key: str) -> tuple[Any, ...]:
+    """A scheduling key (tolerations, node-requirements, ...) of a form A pod label: the
+    label's list, else the pool's `default-label-<key>`, else the provider's (first found
+    wins, no merging). Namespaces and verbatim specs get none."""
+    if label.get("type") != "pod" or "spec" in label:
+        return ()
+    value, _ = resolve_guard(label, pool, provider, key)
+    return tuple(copy.deepcopy(value or ()))
 
 
 def permitted(pool: Raw, provider: Raw, key: str) -> bool:
@@ -172,6 +184,10 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
         volumes=tuple(copy.deepcopy(label.get("volumes", []))),
         volume_mounts=tuple(copy.deepcopy(label.get("volume-mounts", []))),
         spec=copy.deepcopy(label.get("spec")),
+        tolerations=scheduling(label, pool, provider, "tolerations"),
+        node_requirements=scheduling(label, pool, provider, "node-requirements"),
+        preferred_node_requirements=scheduling(label, pool, provider,
+                                               "preferred-node-requirements"),
         labels=dict(label.get("labels", {})),
         dynamic_labels=dict(label.get("dynamic-labels", {})),
         annotations=dict(label.get("annotations", {})),
@@ -188,6 +204,30 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
     return PoolLabel(**values)
 
 
+def build_maintenance(entries: list[Raw] | None) -> tuple[MaintenanceWindow, ...]:
+    return tuple(MaintenanceWindow(
+        schedule=w["schedule"], duration=parse_duration(w["duration"]),
+        action=w.get("action", S.MAINTENANCE_ACTION), timezone=w.get("timezone", S.TIMEZONE))
+        for w in entries or ())
+
+
+def build_drift_budget(budget: Raw | None) -> DriftBudget:
+    if not budget:
+        return DriftBudget()
+    only_percent = budget.get("max-nodes") is None and budget.get("max-percent") is not None
+    return DriftBudget(
+        max_nodes=None if only_percent else budget.get("max-nodes", S.DRIFT_MAX_NODES),
+        max_percent=budget.get("max-percent"),
+        schedule=budget.get("schedule"),
+        duration=parse_duration(budget["duration"]) if "duration" in budget else None,
+        timezone=budget.get("timezone", S.TIMEZONE))
+
+
+def pool_disabled(pool: Raw, provider: Raw) -> bool:
+    """`PoolConfig.disabled` without building the pool (checks use it on unchecked data)."""
+    return _cap(_first(pool.get("max-servers"), provider.get("max-servers"))) <= 0
+
+
 def build_pool(pool: Raw, provider: Raw) -> PoolConfig:
     # Provider limits double as the pool defaults (as in Nodepool) besides being totals.
     return PoolConfig(
@@ -200,6 +240,8 @@ def build_pool(pool: Raw, provider: Raw) -> PoolConfig:
         max_resources={**provider.get("max-resources", {}), **pool.get("max-resources", {})},
         node_attributes=copy.deepcopy(pool.get("node-attributes")),
         priority=_first(pool.get("priority"), provider.get("priority"), default=S.PRIORITY),
+        maintenance=build_maintenance(pool.get("maintenance")),
+        drift_budget=build_drift_budget(pool.get("drift-budget")),
     )
 
 

@@ -17,7 +17,7 @@ import re
 import string
 from typing import Any, Iterable, Mapping
 
-from nodepool_k8s.config import build
+from nodepool_k8s.config import build, cron
 from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.model import PoolConfig, PoolLabel
 from nodepool_k8s.config.schema import format_path
@@ -49,7 +49,8 @@ POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
 # Keys that only make sense for a pod nodepool_k8s builds itself.
 POD_ONLY_KEYS = ("image", "image-pull", "cpu-limit", "memory-limit", "storage-limit", "gpu",
                  "gpu-resource", "env", "node-selector", "privileged", "scheduler-name",
-                 "volumes", "volume-mounts")
+                 "volumes", "volume-mounts", *S.SCHEDULING_KEYS)
+_INT64 = re.compile(r"^[+-]?[0-9]+$")
 
 
 class _Report:
@@ -199,7 +200,7 @@ def _min_ready(data: Raw, report: _Report) -> None:
     serving: set[str] = set()
     for provider in data.get("providers", []):
         for pool in provider["pools"]:
-            if build.build_pool(pool, provider).disabled:
+            if build.pool_disabled(pool, provider):
                 continue
             serving.update(label["name"] for label in pool["labels"])
     for index, label in enumerate(data.get("labels", [])):
@@ -223,6 +224,8 @@ def _provider(provider: Raw, path: Path, top_labels: set[str], report: _Report) 
     if provider.get("max-servers") is not None and provider["max-servers"] <= 0:
         report.warn(path + ("max-servers",), "0 or less disables every pool that does not set"
                     " its own max-servers")
+    if driver == "kubernetes":
+        _scheduling_defaults(provider, path, report)
     if not provider["pools"]:
         report.warn(path + ("pools",), "the provider has no pools, so it serves nothing")
     _unique(report, path + ("pools",), provider["pools"], "name", "pool")
@@ -247,9 +250,18 @@ def _pool(pool: Raw, provider: Raw, path: Path, top_labels: set[str], report: _R
         if request is not None and limit is not None and limit < request:
             report.error(path + (default_key,), f"{limit:g} is below"
                          f" {build.REQUESTS[resource]} {request:g}")
+    if provider["driver"] == "kubernetes":
+        _scheduling_defaults(pool, path, report)
+    before = len(report.errors)
+    for index, window in enumerate(pool.get("maintenance") or []):
+        _window(window, path + ("maintenance", index), report)
+    if "drift-budget" in pool:
+        _drift_budget(pool["drift-budget"], path + ("drift-budget",), report)
     if not pool["labels"]:
         report.warn(path + ("labels",), "the pool has no labels, so it serves nothing")
     _unique(report, path + ("labels",), pool["labels"], "name", "label")
+    if len(report.errors) > before:
+        return  # build_pool below needs the windows and budget to parse
     built = build.build_pool(pool, provider)
     for index, label in enumerate(pool["labels"]):
         label_path = path + ("labels", index)
@@ -320,7 +332,89 @@ def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> Non
     if "gpu-resource" in label and not _is_qualified_name(label["gpu-resource"]):
         report.error(path + ("gpu-resource",), f"{label['gpu-resource']!r} is not a valid"
                      " resource name (e.g. nvidia.com/gpu)")
+    for key in S.SCHEDULING_KEYS:
+        _scheduling(key, label.get(key) or [], path + (key,), report)
     _metadata(label, path, report)
+
+
+def _window(window: Raw, path: Path, report: _Report) -> None:
+    """A maintenance window (or a drift budget's window): cron, duration, time zone."""
+    timezone = window.get("timezone", S.TIMEZONE)
+    try:
+        cron.zone(timezone)
+    except ValueError as exc:
+        report.error(path + ("timezone",), str(exc))
+        timezone = S.TIMEZONE
+    if "schedule" in window:
+        try:
+            cron.Cron.parse(window["schedule"], timezone)
+        except ValueError as exc:
+            report.error(path + ("schedule",), f"not a 5-field cron schedule: {exc}")
+    if "duration" in window:
+        try:
+            cron.parse_duration(window["duration"])
+        except ValueError as exc:
+            report.error(path + ("duration",), str(exc))
+
+
+def _drift_budget(budget: Raw, path: Path, report: _Report) -> None:
+    report.warn(path, "drift replacement of spare nodes is not implemented yet; the budget"
+                " is validated but has no effect")
+    if ("schedule" in budget) != ("duration" in budget):
+        missing = "duration" if "schedule" in budget else "schedule"
+        report.error(path + (missing,), "schedule and duration must be given together")
+    _window(budget, path, report)
+
+
+def _scheduling_defaults(section: Raw, path: Path, report: _Report) -> None:
+    """`default-label-tolerations` etc. of a pool or provider, checked where they are."""
+    for key in S.SCHEDULING_KEYS:
+        default_key = f"default-label-{key}"
+        _scheduling(key, section.get(default_key) or [], path + (default_key,), report)
+
+
+def _scheduling(key: str, items: list[Raw], path: Path, report: _Report) -> None:
+    check_item = _toleration if key == "tolerations" else _requirement
+    for index, item in enumerate(items):
+        check_item(item, path + (index,), report)
+
+
+def _requirement(item: Raw, path: Path, report: _Report) -> None:
+    """A node selector requirement as the API server validates one."""
+    operator, values = item["operator"], item.get("values") or []
+    if not _is_qualified_name(item["key"]):
+        report.error(path + ("key",), f"{item['key']!r} is not a valid node label key"
+                     " ([prefix/]name, name at most 63 letters, digits, '-', '_' or '.')")
+    if operator in ("In", "NotIn") and not values:
+        report.error(path + ("values",), f"operator {operator} needs at least one value")
+    elif operator in ("Exists", "DoesNotExist") and values:
+        report.error(path + ("values",), f"operator {operator} takes no values")
+    elif operator in ("Gt", "Lt"):
+        if len(values) != 1:
+            report.error(path + ("values",), f"operator {operator} takes exactly one value"
+                         f" (an integer), got {len(values)}")
+        elif not _INT64.match(str(values[0])) or not -2**63 <= int(values[0]) < 2**63:
+            report.error(path + ("values", 0), f"operator {operator} compares integers;"
+                         f" {values[0]!r} is not one")
+
+
+def _toleration(item: Raw, path: Path, report: _Report) -> None:
+    """A toleration as the API server validates one."""
+    key, operator = item.get("key"), item.get("operator", "Equal")
+    if key is not None and not _is_qualified_name(key):
+        report.error(path + ("key",), f"{key!r} is not a valid taint key ([prefix/]name,"
+                     " name at most 63 letters, digits, '-', '_' or '.')")
+    if key is None and operator != "Exists":
+        report.error(path + ("operator",), "must be Exists when no key is given (an empty"
+                     " key with Exists tolerates every taint)")
+    if operator == "Exists" and item.get("value"):
+        report.error(path + ("value",), "must be empty when operator is Exists")
+    if operator == "Equal" and not _is_label_value(item.get("value", "")):
+        report.error(path + ("value",), f"{item.get('value')!r} is not a valid taint value"
+                     f" ({_LABEL_VALUE_RULE})")
+    if "tolerationSeconds" in item and item.get("effect") != "NoExecute":
+        report.error(path + ("tolerationSeconds",), "only applies to effect: NoExecute (set"
+                     " effect: NoExecute or leave tolerationSeconds out)")
 
 
 def _guards(label: Raw, pool: Raw, provider: Raw, path: Path, pool_path: Path,

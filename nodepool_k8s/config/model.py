@@ -119,6 +119,12 @@ class PoolLabel:
     volumes: tuple[Mapping[str, Any], ...] = ()
     volume_mounts: tuple[Mapping[str, Any], ...] = ()
     extra_resources: Mapping[str, int] = field(default_factory=dict)
+    # Scheduling (form A; label -> pool -> provider default-label-*): Kubernetes tolerations,
+    # node requirements rendered as required node affinity (one term, all must hold) and
+    # preferred ones (each its own weighted term). Items are Kubernetes-shaped mappings.
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_requirements: tuple[Mapping[str, Any], ...] = ()
+    preferred_node_requirements: tuple[Mapping[str, Any], ...] = ()
     # Form B: a verbatim pod spec (exclusive with the form A keys above).
     spec: Mapping[str, Any] | None = None
     # Both forms.
@@ -157,6 +163,30 @@ class PoolLabel:
 
 
 @dataclass(frozen=True)
+class MaintenanceWindow:
+    """A pool `maintenance` entry: from each `schedule` start (5-field cron, read in
+    `timezone`) for `duration` seconds the pool is paused or drained."""
+
+    schedule: str
+    duration: float
+    action: str = "pause"
+    timezone: str = "UTC"
+
+
+@dataclass(frozen=True)
+class DriftBudget:
+    """A pool `drift-budget`: how many drifted spares may be being replaced at once (the
+    smaller of `max_nodes` and `max_percent` of the pool's spares, at least one when either
+    allows any), optionally only inside a cron `schedule` window of `duration` seconds."""
+
+    max_nodes: int | None = 1
+    max_percent: float | None = None
+    schedule: str | None = None
+    duration: float | None = None
+    timezone: str = "UTC"
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     name: str
     provider: str
@@ -168,6 +198,9 @@ class PoolConfig:
     max_resources: Mapping[str, float] = field(default_factory=dict)
     node_attributes: Mapping[str, Any] | None = None
     priority: int = 100  # resolved: pool -> provider -> 100; lower is preferred
+    # Fleet control: windows when the pool is paused/drained, and drift replacement pace.
+    maintenance: tuple[MaintenanceWindow, ...] = ()
+    drift_budget: DriftBudget = field(default_factory=DriftBudget)
 
     def limits(self) -> Resources:
         values: dict[str, float] = dict(self.max_resources)

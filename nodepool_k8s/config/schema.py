@@ -63,6 +63,18 @@ POD_SECURITY = "baseline"
 RESOURCE_QUOTA = True
 NETWORK_POLICY = False  # needs a CNI that enforces it, and CIDRs of what jobs may reach
 ALLOW_EXTERNAL_SERVICES = False
+# Scheduling (kubernetes pod labels): tolerations and node requirements, as Kubernetes
+# accepts them (see checks._scheduling for the operator/values rules).
+TOLERATION_OPERATORS = ("Equal", "Exists")
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+REQUIREMENT_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+# Label keys whose pool and provider defaults are `default-label-<key>` (first found wins).
+SCHEDULING_KEYS = ("tolerations", "node-requirements", "preferred-node-requirements")
+# Fleet control (pool keys): maintenance windows and the drift replacement budget.
+MAINTENANCE_ACTIONS = ("pause", "drain")
+MAINTENANCE_ACTION = "pause"
+TIMEZONE = "UTC"
+DRIFT_MAX_NODES = 1  # drifted spares replaced at once when no budget is configured
 # Label keys whose pool and provider defaults are `default-label-<key>`.
 GUARD_KEYS = ("pod-security", "resource-quota", "network-policy", "egress-allow",
               "allow-external-services")
@@ -385,6 +397,34 @@ _ENV = open_mapping({"name": string()})
 _VOLUME = open_mapping({"name": string()})
 _MOUNT = open_mapping({"name": string(), "mountPath": string()})
 
+
+def _requirement_value(value: Any) -> str:
+    """Kubernetes wants strings; an unquoted YAML number (`values: [4]`) is taken as one."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return str(string()(value))
+
+
+_TOLERATION = mapping({
+    Optional("key"): string(),
+    Optional("operator"): one_of(*TOLERATION_OPERATORS),
+    Optional("value"): string(allow_empty=True),
+    Optional("effect"): one_of(*TAINT_EFFECTS),
+    Optional("tolerationSeconds"): integer(),
+})
+_REQUIREMENT_FIELDS: dict[Any, Validator] = {
+    Required("key"): string(),
+    Required("operator"): one_of(*REQUIREMENT_OPERATORS),
+    Optional("values"): list_of(_requirement_value),
+}
+_REQUIREMENT = mapping(_REQUIREMENT_FIELDS)
+_PREFERRED = mapping({**_REQUIREMENT_FIELDS, Required("weight"): integer(1, 100)})
+_SCHEDULING: dict[str, Validator] = {
+    "tolerations": list_of(_TOLERATION),
+    "node-requirements": list_of(_REQUIREMENT),
+    "preferred-node-requirements": list_of(_PREFERRED),
+}
+
 _GUARDS: dict[str, Validator] = {
     "pod-security": one_of(*POD_SECURITY_LEVELS),
     "resource-quota": boolean,
@@ -395,6 +435,7 @@ _GUARDS: dict[str, Validator] = {
 # Pool and provider keys of the kubernetes driver only.
 _KUBERNETES_DEFAULTS: dict[Any, Validator] = {
     **{Optional(f"default-label-{k}"): v for k, v in _GUARDS.items()},
+    **{Optional(f"default-label-{k}"): v for k, v in _SCHEDULING.items()},
     **{Optional(k): boolean for k in PERMISSION_KEYS},
 }
 
@@ -423,12 +464,35 @@ KUBERNETES_LABEL = mapping({
     Optional("annotations"): _str_map,
     Optional("spec"): _any_mapping,
     **{Optional(k): v for k, v in _GUARDS.items()},
+    **{Optional(k): v for k, v in _SCHEDULING.items()},
 })
 FAKE_LABEL = mapping({
     **_LABEL_COMMON,
     Optional("type"): one_of(*LABEL_TYPES),
     Optional("launch-delay"): _seconds,
     Optional("fail"): boolean,
+})
+
+
+def _duration(value: Any) -> Any:
+    """Seconds (a number) or a text like "2h"; parsed and range-checked in `checks`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise _type_error("seconds or a duration like '2h'", value)
+    return value
+
+
+_MAINTENANCE = mapping({
+    Required("schedule"): string(),
+    Required("duration"): _duration,
+    Optional("action"): one_of(*MAINTENANCE_ACTIONS),
+    Optional("timezone"): string(),
+})
+_DRIFT_BUDGET = mapping({
+    Optional("max-nodes"): integer(minimum=0),
+    Optional("max-percent"): number(minimum=0, maximum=100),
+    Optional("schedule"): string(),
+    Optional("duration"): _duration,
+    Optional("timezone"): string(),
 })
 
 
@@ -451,6 +515,8 @@ def _pool(label: Validator, extra: dict[Any, Validator]) -> Validator:
         Optional("default-label-storage-limit"): _mib,
         Optional("default-label-extra-resources"): _int_map,
         Optional("boot-timeout"): _timeout,
+        Optional("maintenance"): list_of(_MAINTENANCE, allow_none=True),
+        Optional("drift-budget"): _DRIFT_BUDGET,
     })
 
 

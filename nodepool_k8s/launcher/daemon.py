@@ -144,9 +144,11 @@ class Launcher:
         self._registered_epoch = self.zk.epoch
         self.zk.add_listener(self._on_session)
         records.REPORTS.add_listener(self._on_malformed)
-        for cache in (engine.components, engine.node_cache, engine.request_cache):
+        for cache in (engine.components, engine.node_cache, engine.request_cache,
+                      engine.pool_states):
             cache.start()
-        for cache in (engine.components, engine.node_cache, engine.request_cache):
+        for cache in (engine.components, engine.node_cache, engine.request_cache,
+                      engine.pool_states):
             if not cache.wait_synced(CACHE_SYNC_TIMEOUT):
                 log.warning("%s did not finish its initial sync in %.0fs", cache.name,
                             CACHE_SYNC_TIMEOUT)
@@ -154,6 +156,8 @@ class Launcher:
         engine.node_cache.add_listener(self._on_node_event)
         engine.request_cache.add_listener(self._on_request_event)
         engine.components.add_listener(self._on_component_event)
+        # A pause, drain or resume takes effect at once: every pool worker looks again.
+        engine.pool_states.add_listener(lambda kind, key: self.wake_all())
         for cache in (engine.node_cache, engine.request_cache, engine.components):
             cache.add_listener(self.gauges.changed)
         self.gauges.start()
@@ -379,7 +383,8 @@ class Launcher:
                 engine.registry.unregister_all()
             except NodepoolError as exc:
                 log.debug("unregister failed: %s", exc)
-            for cache in (engine.request_cache, engine.node_cache, engine.components):
+            for cache in (engine.request_cache, engine.node_cache, engine.components,
+                          engine.pool_states):
                 cache.stop()
             for provider in list(engine.providers.values()):
                 try:

@@ -25,7 +25,7 @@ import math
 from nodepool_k8s import logconfig, model, quota
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher import fleet, maintenance, plan
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.launch import LaunchPool
@@ -84,7 +84,13 @@ class PoolWorker(Worker):
         if provider_cfg is None or pool_cfg is None or provider is None:
             return None
         registered = self._registered(pool_cfg)
-        paused = self._advance_handlers()
+        # Paused or drained by the operator or a maintenance window: accept nothing (and
+        # decline nothing only this pool could serve: such requests wait); in-flight
+        # handlers carry on. Draining also deletes the pool's spare nodes.
+        control = fleet.control(engine, self.ref.provider, pool_cfg)
+        if control is not None:
+            fleet.drain_spares(engine, self.ref.provider, self.ref.pool, control)
+        paused = self._advance_handlers() or control is not None
         scopes = {h.blocked_scope for h in self.handlers.values() if h.paused}
         if scopes & {quota.SCOPE_POOL, quota.SCOPE_PROVIDER, quota.SCOPE_CLOUD}:
             self._reclaim(whole_provider=bool(scopes - {quota.SCOPE_POOL}))
@@ -96,6 +102,9 @@ class PoolWorker(Worker):
                                    priority=pool_cfg.priority)
         deadlines = [h.next_deadline for h in self.handlers.values()
                      if h.next_deadline is not None]
+        window_change = maintenance.next_change(pool_cfg, engine.clock.time())
+        if window_change is not None:
+            deadlines.append(window_change)
         return min(deadlines) if deadlines else None
 
     def _registered(self, pool_cfg: PoolConfig) -> list[plan.PoolInfo]:

@@ -36,6 +36,8 @@ class SimulatorConfig:
     pod_delete_delay: float = 0.0
     # Node name -> labels. Pods are scheduled onto nodes whose labels satisfy nodeSelector.
     node_labels: dict[str, dict[str, str]] = field(default_factory=_default_nodes)
+    # Node name -> taints ({key, value, effect}) of configured nodes; pods need tolerations.
+    node_taints: dict[str, list[dict[str, str]]] = field(default_factory=dict)
     faults: Faults = field(default_factory=Faults)
     # Fixed admin token (default: random per simulator).
     admin_token: str | None = None

@@ -27,7 +27,8 @@ import secrets
 import threading
 from typing import Any, Callable
 
-from nodepool_k8s.simulator import errors
+from nodepool_k8s.simulator import errors, scheduler as filters
+from nodepool_k8s.simulator.config import DEFAULT_NODE
 from nodepool_k8s.simulator.auth import TokenAuthority
 from nodepool_k8s.simulator.config import SimulatorConfig
 from nodepool_k8s.simulator.faults import FaultInjector
@@ -49,7 +50,7 @@ def _b64(text: str) -> str:
 
 
 def node_object(name: str, labels: dict[str, str], index: int,
-                kubelet_version: str) -> Obj:
+                kubelet_version: str, taints: list[dict[str, Any]] | None = None) -> Obj:
     """A Ready node with plenty of capacity, as the simulator's fake kubelet reports it."""
     all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                   "kubernetes.io/arch": "amd64", **labels}
@@ -58,7 +59,7 @@ def node_object(name: str, labels: dict[str, str], index: int,
     now = now_rfc3339()
     return {
         "metadata": {"name": name, "labels": all_labels},
-        "spec": {},
+        "spec": {"taints": [dict(t) for t in taints]} if taints else {},
         "status": {
             "capacity": dict(capacity), "allocatable": dict(capacity),
             "addresses": [{"type": "InternalIP", "address": f"10.0.0.{index + 1}"},
@@ -111,32 +112,6 @@ def _waiting_statuses(pod: Obj, reasons: dict[str, tuple[str, str]]) -> list[dic
                          "ready": False, "started": False, "restartCount": 0,
                          "state": {"waiting": waiting}, "lastState": {}})
     return statuses
-
-
-def _selector_matches(pod: Obj, node: Obj) -> bool:
-    labels = node["metadata"].get("labels") or {}
-    spec = pod.get("spec") or {}
-    for key, value in (spec.get("nodeSelector") or {}).items():
-        if labels.get(key) != value:
-            return False
-    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
-                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
-    terms = required.get("nodeSelectorTerms") or []
-    if terms:
-        return any(_term_matches(term, labels) for term in terms)
-    return True
-
-
-def _term_matches(term: dict[str, Any], labels: dict[str, str]) -> bool:
-    for expr in term.get("matchExpressions") or []:
-        key, op, values = expr.get("key"), expr.get("operator"), expr.get("values") or []
-        present, value = key in labels, labels.get(key)
-        ok = {"In": present and value in values,
-              "NotIn": not present or value not in values,
-              "Exists": present, "DoesNotExist": not present}.get(op, False)
-        if not ok:
-            return False
-    return True
 
 
 class Controllers:
@@ -222,34 +197,34 @@ class Controllers:
             return None
         return pod
 
-    def _pick_node(self, pod: Obj) -> tuple[Obj | None, str]:
+    def _pick_node(self, pod: Obj) -> tuple[str | None, str]:
+        """(node name, "") or (None, the scheduler's FitError message)."""
         nodes = self.store.list(NODES.plural)[0]
-        ready = [n for n in nodes if not (n.get("spec") or {}).get("unschedulable")]
         total = len(nodes)
         if self.faults.faults.unschedulable:
             return None, (f"0/{total} nodes are available: {total} Insufficient cpu. "
                           f"preemption: 0/{total} nodes are available: {total} No preemption "
                           "victims found for incoming pod.")
-        candidates = [n for n in ready if _selector_matches(pod, n)]
+        if not nodes:
+            return DEFAULT_NODE, ""  # a cluster without Node objects: schedule anywhere
+        candidates, why = filters.feasible(pod, nodes)
         if not candidates:
-            return None, (f"0/{total} nodes are available: {total} node(s) didn't match Pod's "
-                          f"node affinity/selector. preemption: 0/{total} nodes are available: "
-                          f"{total} Preemption is not helpful for scheduling.")
-        return candidates[next(self._node_turn) % len(candidates)], ""
+            return None, why
+        best = filters.best(pod, candidates)
+        return str(best[next(self._node_turn) % len(best)]["metadata"]["name"]), ""
 
     def _schedule_pod(self, ns: str, name: str, uid: str) -> None:
         pod = self._live_pod(ns, name, uid)
         if pod is None or (pod.get("spec") or {}).get("nodeName") or (
                 pod.get("status") or {}).get("phase") != "Pending":
             return
-        node, why = self._pick_node(pod)
-        if node is None:
+        node_name, why = self._pick_node(pod)
+        if node_name is None:
             def unschedulable(draft: Obj) -> None:
                 _set_condition(draft.setdefault("status", {}), "PodScheduled", "False",
                                "Unschedulable", why)
             self.store.mutate(PODS, ns, name, unschedulable, uid)
             return  # reconsider() retries when faults or nodes change
-        node_name = node["metadata"]["name"]
 
         def bind(draft: Obj) -> None:
             draft.setdefault("spec", {})["nodeName"] = node_name

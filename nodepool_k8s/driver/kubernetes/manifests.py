@@ -301,6 +301,28 @@ def container_resources(label: PoolLabel) -> dict[str, dict[str, str]]:
     return resources
 
 
+def _expression(requirement: Mapping[str, Any]) -> dict[str, Any]:
+    expression: dict[str, Any] = {"key": requirement["key"],
+                                  "operator": requirement["operator"]}
+    if requirement.get("values"):
+        expression["values"] = [str(v) for v in requirement["values"]]
+    return expression
+
+
+def node_affinity(label: PoolLabel) -> dict[str, Any]:
+    """`node-requirements` as one required term (all must hold), each
+    `preferred-node-requirements` entry as its own weighted preferred term."""
+    affinity: dict[str, Any] = {}
+    if label.node_requirements:
+        affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": [
+            {"matchExpressions": [_expression(r) for r in label.node_requirements]}]}
+    if label.preferred_node_requirements:
+        affinity["preferredDuringSchedulingIgnoredDuringExecution"] = [
+            {"weight": int(r["weight"]), "preference": {"matchExpressions": [_expression(r)]}}
+            for r in label.preferred_node_requirements]
+    return affinity
+
+
 def pod_spec(label: PoolLabel) -> dict[str, Any]:
     """Form B: the configured spec, deep-copied verbatim. Form A: one sleeping container."""
     if label.spec is not None:
@@ -328,6 +350,11 @@ def pod_spec(label: PoolLabel) -> dict[str, Any]:
         spec["nodeSelector"] = plain(label.node_selector)
     if label.scheduler_name:
         spec["schedulerName"] = label.scheduler_name
+    if label.tolerations:
+        spec["tolerations"] = plain(label.tolerations)
+    affinity = node_affinity(label)
+    if affinity:
+        spec["affinity"] = {"nodeAffinity": affinity}
     if label.volumes:
         spec["volumes"] = plain(label.volumes)
     return spec
