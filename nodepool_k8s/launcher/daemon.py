@@ -42,7 +42,7 @@ from nodepool_k8s.launcher.pool_worker import PoolWorker
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.model import Node
 from nodepool_k8s.stats import Stats
-from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
+from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
 from nodepool_k8s.zk.reader import ZkReader
 from nodepool_k8s.zk.registry import Registration
@@ -248,23 +248,22 @@ class Launcher:
         worker.unregister()
 
     # -- events ---------------------------------------------------------------------------
-    def _on_node_event(self, kind: str, node_id: str) -> None:
+    def _on_node_event(self, kind: CacheEvent, node_id: str) -> None:
         self.cleanup.on_node_event(kind, node_id)
-        # "lock" too: the cache reports a node's data change and its unlock as separate
-        # events, so a paused pool may have looked while a released node still seemed
-        # locked (reuse, reclaim of the oldest idle node) and must look again.
-        if kind in ("removed", "changed", "lock", "synced", "reconnected"):
-            for worker in list(self.pool_workers.values()):
-                worker.wake()
-            self.min_ready.wake()
+        # Every kind, LOCK too: the cache reports a node's data change and its unlock as
+        # separate events, so a paused pool may have looked while a released node still
+        # seemed locked (reuse, reclaim of the oldest idle node) and must look again.
+        for worker in list(self.pool_workers.values()):
+            worker.wake()
+        self.min_ready.wake()
 
-    def _on_request_event(self, kind: str, request_id: str) -> None:
+    def _on_request_event(self, kind: CacheEvent, request_id: str) -> None:
         self.cleanup.on_request_event(kind, request_id)
         for worker in list(self.pool_workers.values()):
             worker.wake()
         self.min_ready.wake()
 
-    def _on_component_event(self, kind: str, key: str) -> None:
+    def _on_component_event(self, kind: CacheEvent, key: str) -> None:
         with self._components_changed:
             self._components_changed.notify_all()
         self.cleanup.on_component_event(kind, key)

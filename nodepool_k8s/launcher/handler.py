@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
 from nodepool_k8s import logconfig, model, quota
+from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig, TenantLimit
 from nodepool_k8s.driver.base import LaunchResult, Provider
 from nodepool_k8s.launcher import launch as launching
@@ -42,8 +42,17 @@ from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.txn import Txn
 
 CONTENTION = "contention"
-# Outcomes of the final transaction.
-DONE, GONE, RETRY = "done", "gone", "retry"
+
+
+class Final(enum.Enum):
+    """Outcomes of the final transaction."""
+
+    DONE = "done"  # written (or found applied after a lost reply), or abandoned
+    GONE = "gone"  # the request vanished
+    RETRY = "retry"  # adopted a newer version or replaced a node: write again next pass
+
+
+DONE, GONE, RETRY = Final.DONE, Final.GONE, Final.RETRY
 
 
 class SlotState(enum.Enum):
@@ -84,7 +93,7 @@ class RequestHandler:
         self.lock = lock
         self.registered_ids = registered_ids
         self.wake = wake
-        self.cancel = threading.Event()
+        self.cancel = CancelEvent()  # wakes a waiting driver when set
         self.slots = [Slot(i, label) for i, label in enumerate(request.node_types)]
         self.paused = False
         self.done = False
@@ -246,14 +255,14 @@ class RequestHandler:
             # The future (and so the outcome) is dropped only once the outcome is applied:
             # if writing the node's final state fails (ZooKeeper unreachable), the next
             # advance collects the same outcome again instead of waiting forever.
-            if outcome.kind == launching.READY:
+            if outcome.kind is launching.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
-            elif outcome.kind == launching.ABORTED:
+            elif outcome.kind is launching.ABORTED:
                 self._finish_node(slot, model.ABORTED)
                 slot.state, slot.node, slot.lock = SlotState.NEED, None, None
                 self.retry_at = self.engine.clock.time() + self.engine.settings.quota_retry
             else:
-                if outcome.kind == launching.CANCELLED and not self.lock.valid:
+                if outcome.kind is launching.CANCELLED and not self.lock.valid:
                     return  # advance() abandons on the next check
                 self._finish_node(slot, model.FAILED)
                 slot.state = SlotState.FAILED
@@ -423,7 +432,7 @@ class RequestHandler:
             locks.append(slot.lock)
         return txn, locks
 
-    def _commit_final(self, txn: Txn, locks: list[HeldLock], with_request: bool) -> str:
+    def _commit_final(self, txn: Txn, locks: list[HeldLock], with_request: bool) -> Final:
         """Commit the final transaction: DONE, GONE (request vanished) or RETRY."""
         try:
             txn.commit(self.engine.zk)
@@ -450,7 +459,7 @@ class RequestHandler:
         self.log.info("The final write was applied although its reply was lost")
         return True
 
-    def _final_failed(self, exc: errors.TxnFailed, locks: list[HeldLock]) -> str:
+    def _final_failed(self, exc: errors.TxnFailed, locks: list[HeldLock]) -> Final:
         if exc.path == paths.request_path(self.request.id):
             if isinstance(exc.cause, errors.NoNodeError):
                 return GONE
@@ -503,7 +512,7 @@ class RequestHandler:
         self.request.state_time = self.engine.clock.time()
         self.engine.requests.add_store(txn, self.request, self.lock, release=True)
         if self._settle(self._commit_final(txn, locks, with_request=True),
-                        "Fulfilled request with nodes %s", self.request.nodes) == RETRY:
+                        "Fulfilled request with nodes %s", self.request.nodes) is RETRY:
             self.request.state = model.PENDING
 
     def _decline(self, reason: str) -> None:
@@ -514,14 +523,14 @@ class RequestHandler:
                                     self.engine.clock.time())
         self.engine.requests.add_store(txn, self.request, self.lock, release=True)
         if self._settle(self._commit_final(txn, locks, with_request=True),
-                        "Declined request (%s); request is now %s", reason, state) == RETRY:
+                        "Declined request (%s); request is now %s", reason, state) is RETRY:
             self.request.declined_by, self.request.state, self.request.nodes = saved
 
-    def _settle(self, outcome: str, message: str, *args: object) -> str:
+    def _settle(self, outcome: Final, message: str, *args: object) -> Final:
         """Act on the outcome of the final transaction (see `_commit_final`)."""
-        if outcome == GONE:
+        if outcome is GONE:
             self._finish_cancelled()
-        elif outcome == DONE and not self.done:
+        elif outcome is DONE and not self.done:
             self.done = True
             self.log.info(message, *args)
         return outcome
