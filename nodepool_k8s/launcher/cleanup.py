@@ -45,7 +45,7 @@ OWN_LOCK_STATES = frozenset({model.INIT, model.BUILDING, model.DELETING, model.D
 
 class CleanupWorker(Worker):
     def __init__(self, engine: Engine, deleter: NodeDeleter) -> None:
-        super().__init__("CleanupWorker", engine.clock)
+        super().__init__("CleanupWorker", engine.clock, engine.stats.thread_crashed)
         self.engine = engine
         self.deleter = deleter
         self.leaks = LeakSweeper(engine, deleter)

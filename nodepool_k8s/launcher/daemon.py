@@ -26,7 +26,7 @@ import socket
 import threading
 from typing import Callable
 
-from nodepool_k8s import model, records
+from nodepool_k8s import model, records, threads
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import Config, ProviderConfig
 from nodepool_k8s.driver.base import Provider
@@ -212,7 +212,8 @@ class Launcher:
                 provider.stop()
             except Exception:
                 log.exception("Error stopping replaced provider %s", provider.name)
-        threading.Thread(target=run, name=f"retire-{provider.name}", daemon=True).start()
+        threads.start(f"retire-{provider.name}", run, on_crash=threads.Crash.END,
+                      report=self.engine.stats.thread_crashed)
 
     def _ensure_retry_thread(self) -> None:
         if self._retry_thread is not None and self._retry_thread.is_alive():
@@ -227,8 +228,12 @@ class Launcher:
                             self._failed_providers.discard(name)
                         elif self._start_provider(provider_cfg):
                             self.wake_all()
-        self._retry_thread = threading.Thread(target=run, name="provider-retry", daemon=True)
-        self._retry_thread.start()
+        # The guard restarts the loop after anything unexpected (a provider factory raising
+        # something other than NodepoolError), logged and counted, instead of dying silently.
+        self._retry_thread = threads.start("provider-retry", run,
+                                           on_crash=threads.Crash.RESTART,
+                                           report=self.engine.stats.thread_crashed,
+                                           stopping=self._stop)
 
     def _start_pool(self, key: PoolKey) -> None:
         provider, pool = key

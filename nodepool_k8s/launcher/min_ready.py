@@ -32,7 +32,7 @@ from nodepool_k8s.zk.txn import Txn
 
 class MinReadyWorker(Worker):
     def __init__(self, engine: Engine) -> None:
-        super().__init__("MinReadyWorker", engine.clock)
+        super().__init__("MinReadyWorker", engine.clock, engine.stats.thread_crashed)
         self.engine = engine
         self._backoff: dict[str, tuple[float, float]] = {}  # label -> (until, delay)
         self.created = 0
