@@ -158,6 +158,7 @@ def _delete_now(s: Session, locked: Locked) -> None:
 
 
 def _delete_resource(config: ProviderConfig, node: Node) -> None:
+    assert node.external_id, "_provider_config returns None for a node without one"
     provider = registry.make_provider(config)
     try:
         provider.start()
