@@ -63,16 +63,17 @@ class Launcher:
                  provider_factory: ProviderFactory = make_provider,
                  hostname: str | None = None, fqdn: str | None = None) -> None:
         self.zk = ZkClient(ZkSettings.from_config(config))
+        # Callbacks are wired here, at construction; they reach workers made below, and are
+        # only called once start() runs.
         self.engine = Engine(self.zk, config, clock=clock, stats=stats or Stats(),
                              settings=settings or EngineSettings(),
-                             hostname=hostname or socket.gethostname())
-        self.engine.wake_all = self.wake_all
-        self.engine.request_delete = self._request_delete
+                             hostname=hostname or socket.gethostname(),
+                             wake_all=self.wake_all, request_delete=self._request_delete)
         self.provider_factory = provider_factory
         self.fqdn = fqdn
-        self.deleter = NodeDeleter(self.engine, self.engine.settings.delete_workers)
+        self.deleter = NodeDeleter(self.engine, self.engine.settings.delete_workers,
+                                   on_done=self._deletion_done)
         self.cleanup = CleanupWorker(self.engine, self.deleter)
-        self.deleter.on_done = self.cleanup.wake
         self.min_ready = MinReadyWorker(self.engine)
         engine = self.engine
         self.gauges = GaugeReporter(self.zk, engine.stats, engine.node_cache,
@@ -293,6 +294,9 @@ class Launcher:
                     log.warning("Could not re-register components yet: %s", exc)
                 self.cleanup.request_full_pass()
             self.wake_all()
+
+    def _deletion_done(self) -> None:
+        self.cleanup.wake()  # a deletion completed or failed: cleanup re-evaluates
 
     def _request_delete(self, node_id: str, reason: str) -> bool:
         return self.deleter.submit(node_id, reason, _ready_and_unallocated)

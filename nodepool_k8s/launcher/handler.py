@@ -3,9 +3,10 @@ machine driven by its pool worker's passes.
 
 Owns: the nodes of one request. Each slot (one per entry of `node_types`, order kept, so
 `nodes` lines up with `node_types`) is satisfied by reusing a ready node of the pool or by
-creating a node and launching it; the handler pauses at quota and resumes when capacity
-frees; it finishes with exactly one transaction that writes every node and the request and
-releases every lock (fulfilled, declined, or the request was cancelled).
+creating a node (both in `allocation.py`: quota check and guarded create) and launching
+it; the handler pauses at quota and resumes when capacity frees; it finishes with exactly
+one transaction that writes every node and the request and releases every lock
+(fulfilled, declined, or the request was cancelled).
 
 ZooKeeper writes per new node: the guarded create (one transaction for all nodes of the
 request), lock + `building` (one transaction), the external id (driver progress) and a
@@ -22,26 +23,23 @@ from __future__ import annotations
 
 import enum
 import logging
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Callable
 
 from nodepool_k8s import logconfig, model, quota
 from nodepool_k8s.cancel import CancelEvent
-from nodepool_k8s.config.model import PoolConfig, ProviderConfig, TenantLimit
-from nodepool_k8s.driver.base import LaunchResult, Provider
+from nodepool_k8s.config.model import PoolConfig, ProviderConfig
+from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher import launch as launching
 from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.allocation import CONTENTION, Allocator, Slot, SlotState
+from nodepool_k8s.launcher.allocation import PoolRef as PoolRef
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import locks as zk_locks
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.txn import Txn
-
-CONTENTION = "contention"
 
 
 class Final(enum.Enum):
@@ -53,32 +51,6 @@ class Final(enum.Enum):
 
 
 DONE, GONE, RETRY = Final.DONE, Final.GONE, Final.RETRY
-
-
-class SlotState(enum.Enum):
-    NEED = "need"
-    LAUNCHING = "launching"
-    READY = "ready"
-    FAILED = "failed"
-
-
-@dataclass
-class Slot:
-    index: int
-    label: str
-    state: SlotState = SlotState.NEED
-    node: Node | None = None
-    lock: HeldLock | None = None
-    future: "Future[launching.LaunchOutcome] | None" = None
-    result: LaunchResult | None = None
-    reused: bool = False
-
-
-@dataclass(frozen=True)
-class PoolRef:
-    pool_id: str
-    provider: str
-    pool: str
 
 
 class RequestHandler:
@@ -102,6 +74,7 @@ class RequestHandler:
         self.blocked_scope: str | None = None
         base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
         self.log = logconfig.annotate(base, request.event_id, request.id)
+        self.allocator = Allocator(engine, ref, provider, request, self.log, self._node_log)
 
     # -- lifecycle ------------------------------------------------------------------------
     def advance(self, may_allocate: bool = True) -> bool:
@@ -285,75 +258,14 @@ class RequestHandler:
     def _allocate(self, needed: list[Slot], provider_cfg: ProviderConfig,
                   pool_cfg: PoolConfig) -> quota.Verdict:
         if self.request.reuse:
-            self._reuse(needed)
+            self.allocator.reuse(needed)
         remaining = [s for s in needed if s.state is SlotState.NEED]
         if not remaining:
             return quota.FITS
-        need = quota.demand([s.label for s in remaining], pool_cfg)
-        tenant = self.request.tenant_name
-        tenant_limit = self.engine.config.tenant_resource_limits.get(tenant) if tenant else None
-
-        def counts(node: quota.NodeUsage) -> bool:
-            """Only this provider's nodes (and the tenant's, if limited) enter the checks."""
-            return node.provider == provider_cfg.name \
-                or (tenant_limit is not None and node.tenant_name == tenant)
-
-        # A cheap look at the cache first: while paused this is all a pass costs.
-        verdict = self._check(need, self.engine.cached_usage(counts), provider_cfg, pool_cfg,
-                              tenant_limit)
-        if not verdict:
-            return verdict
-        guards = [paths.provider_guard_path(provider_cfg.name)]
-        if tenant_limit is not None and tenant:
-            guards.append(paths.tenant_guard_path(tenant))
-        for _ in range(self.engine.settings.guard_attempts):
-            # Guard versions and the node listing in one round trip (pipelined).
-            versions, ids = self.engine.guard.read_listing(guards)
-            verdict = self._check(need, self.engine.usage(counts, ids), provider_cfg,
-                                  pool_cfg, tenant_limit)
-            if not verdict:
-                return verdict
-            new_nodes = [self._new_node(s.label, pool_cfg) for s in remaining]
-            txn = Txn()
-            self.engine.guard.add_bumps(txn, versions)
-            indexes = [NodeStore.add_create(txn, node) for node in new_nodes]
-            try:
-                results = txn.commit(self.engine.zk)
-            except errors.TxnFailed as exc:
-                if self.engine.guard.is_conflict(exc, versions):
-                    continue  # another launcher created nodes meanwhile: decide again
-                raise exc.cause from exc
-            for slot, node, index in zip(remaining, new_nodes, indexes):
-                node.id, node.version = NodeStore.created_id(results[index]), 0
-                slot.node = node
-            self.engine.guard.note_created(new_nodes, [n.id for n in new_nodes])
+        verdict = self.allocator.create(remaining, provider_cfg, pool_cfg)
+        if verdict:
             self._start_launches(remaining, provider_cfg, pool_cfg)
-            return quota.FITS
-        return quota.Verdict(False, CONTENTION, ())
-
-    def _check(self, need: model.Resources, records: list[quota.UsageRecord],
-               provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
-               tenant_limit: TenantLimit | None) -> quota.Verdict:
-        verdict = quota.check(
-            need, pool_usage=quota.total(records, provider=provider_cfg.name,
-                                         pool=pool_cfg.name),
-            provider_usage=quota.total(records, provider=provider_cfg.name),
-            pool=pool_cfg, provider=provider_cfg, cloud_limits=self.provider.cloud_limits())
-        if verdict and tenant_limit is not None:
-            verdict = quota.check_tenant(
-                need, quota.total(records, tenant=self.request.tenant_name), tenant_limit)
         return verdict
-
-    def _new_node(self, label: str, pool_cfg: PoolConfig) -> Node:
-        now = self.engine.clock.time()
-        node = Node(id="", state=model.INIT, state_time=now, type=[label])
-        attributes = dict(pool_cfg.node_attributes) if pool_cfg.node_attributes else None
-        node.set(provider=self.ref.provider, pool=self.ref.pool, launcher=self.ref.pool_id,
-                 allocated_to=self.request.id, tenant_name=self.request.tenant_name,
-                 requestor=self.request.requestor, attributes=attributes,
-                 resources=self.provider.quota_for_label(pool_cfg.labels[label]).as_dict(),
-                 created_time=now)
-        return node
 
     def _start_launches(self, slots: list[Slot], provider_cfg: ProviderConfig,
                         pool_cfg: PoolConfig) -> None:
@@ -379,40 +291,6 @@ class RequestHandler:
                 stats=self.engine.stats, log=self._node_log(node))
             self._node_log(node).info("Launching %s node", slot.label)
             slot.future = self.launches.submit(job.run, self.wake)
-
-    def _reuse(self, needed: list[Slot]) -> None:
-        cache = self.engine.node_cache
-        candidates = sorted(
-            (n for n in cache.nodes()
-             if n.state == model.READY and not n.allocated_to
-             and n.provider == self.ref.provider and n.pool == self.ref.pool
-             and not cache.is_locked(n.id)),
-            key=lambda n: (n.state_time or 0.0, n.id))
-        taken: set[str] = set()
-        for slot in needed:
-            for candidate in candidates:
-                if candidate.id in taken or candidate.label != slot.label:
-                    continue
-                taken.add(candidate.id)
-                got = self.engine.nodes.lock_and_read(candidate.id)
-                if got is None:
-                    continue
-                lock, node = got
-                if node.state != model.READY or node.allocated_to \
-                        or node.provider != self.ref.provider or node.pool != self.ref.pool \
-                        or node.label != slot.label:
-                    lock.release()
-                    continue
-                node.set(allocated_to=self.request.id, tenant_name=self.request.tenant_name,
-                         requestor=self.request.requestor)
-                try:
-                    self.engine.nodes.store(node, lock)
-                except (errors.LockLost, errors.NoNodeError, errors.VersionConflict):
-                    lock.release()
-                    continue
-                slot.node, slot.lock, slot.state, slot.reused = node, lock, SlotState.READY, True
-                self._node_log(node).info("Reusing ready node for %s", slot.label)
-                break
 
     def _final_txn(self, *, allocated: bool) -> tuple[Txn, list[HeldLock]]:
         """Every ready node: written `ready` (allocated or not) and unlocked."""
