@@ -61,6 +61,20 @@ class LaunchError(NodepoolError):
         self.retryable = retryable
 
 
+class LaunchCancelled(LaunchError):
+    """The core gave up on the launch (its cancel event was set, or the provider stopped)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="Cancelled")
+
+
+class BootTimeout(LaunchError):
+    """The node did not become usable before its boot timeout."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="BootTimeout")
+
+
 class ZkSessionLost(TemporaryError):
     """The ZooKeeper session was suspended or lost; stop acting until it is back."""
 

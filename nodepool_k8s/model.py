@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Generic, Iterable, Iterator, Mapping, TypeVar, overload
 
 # -- states ------------------------------------------------------------------------------------
 
@@ -155,10 +155,53 @@ _NODE_DEFAULTS: dict[str, Any] = {
 # empty list, and an empty dict for `node_properties` (copied into Ansible variables).
 
 
+_MUTABLE_DEFAULTS = tuple((k, type(v)) for k, v in _NODE_DEFAULTS.items()
+                          if isinstance(v, (list, dict)))
+# Keys of a node record that are not in `fields` (nor in `extra`).
+_NODE_OWN_KEYS = frozenset(("state", "state_time", "type", "ssh_port"))
+
+
 def _fresh_defaults() -> dict[str, Any]:
     """A copy of the defaults whose list/dict values are not shared between nodes."""
-    return {k: (type(v)() if isinstance(v, (list, dict)) else v)
-            for k, v in _NODE_DEFAULTS.items()}
+    fields = dict(_NODE_DEFAULTS)
+    for key, kind in _MUTABLE_DEFAULTS:
+        fields[key] = kind()
+    return fields
+
+
+F = TypeVar("F")
+
+
+class _Field(Generic[F]):
+    """A typed attribute of `Node` stored in `Node.fields` under the attribute's name.
+
+    Declared without an annotation (`provider = _Field[str | None]()`), so the dataclass does
+    not take it for a field, while mypy types `node.provider` (and rejects `node.providr`).
+    The types are what `records.check_node` guarantees for a decoded record.
+    """
+
+    __slots__ = ("key", "default")
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name not in _NODE_DEFAULTS:
+            raise TypeError(f"{name} is not a node field")
+        self.key = name
+        self.default = _NODE_DEFAULTS[name]
+
+    @overload
+    def __get__(self, obj: None, objtype: type | None = None) -> "_Field[F]": ...
+
+    @overload
+    def __get__(self, obj: "Node", objtype: type | None = None) -> F: ...
+
+    def __get__(self, obj: "Node | None", objtype: type | None = None) -> "F | _Field[F]":
+        if obj is None:
+            return self
+        value: F = obj.fields.get(self.key, self.default)
+        return value
+
+    def __set__(self, obj: "Node", value: F) -> None:
+        obj.fields[self.key] = value
 
 
 @dataclass
@@ -171,12 +214,42 @@ class Node:
     extra: dict[str, Any] = field(default_factory=dict)
     version: int = -1
 
-    # Frequently used fields as properties over `fields`, so the key set stays in one place.
-    def __getattr__(self, name: str) -> Any:
-        key = name
-        if key in _NODE_DEFAULTS:
-            return self.__dict__["fields"].get(key, _NODE_DEFAULTS[key])
-        raise AttributeError(name)
+    # Every key of `_NODE_DEFAULTS` as a typed attribute over `fields` (a test checks that
+    # none is missing). Types as `records.check_node` guarantees them for decoded records.
+    cloud = _Field[str | None]()
+    provider = _Field[str | None]()
+    pool = _Field[str | None]()
+    allocated_to = _Field[str | None]()
+    az = _Field[str | None]()
+    region = _Field[str | None]()
+    public_ipv4 = _Field[str | None]()
+    private_ipv4 = _Field[str | None]()
+    public_ipv6 = _Field[str | None]()
+    host_id = _Field[str | None]()
+    interface_ip = _Field[str | None]()
+    # An int (SSH) or, for Kubernetes nodes, a dict with the API endpoint and token.
+    connection_port = _Field[Any]()
+    image_id = _Field[str | None]()
+    launcher = _Field[str | None]()
+    created_time = _Field[float | None]()
+    external_id = _Field[str | None]()
+    hostname = _Field[str | None]()
+    comment = _Field[str | None]()
+    user_data = _Field[Any]()
+    hold_job = _Field[str | None]()
+    host_keys = _Field[list[Any] | None]()
+    username = _Field[str | None]()
+    connection_type = _Field[str | None]()
+    shell_type = _Field[str | None]()
+    hold_expiration = _Field[float | None]()
+    resources = _Field[dict[str, float] | None]()
+    slot = _Field[Any]()
+    attributes = _Field[dict[str, Any] | None]()
+    python_path = _Field[str | None]()
+    tenant_name = _Field[str | None]()
+    driver_data = _Field[Any]()
+    requestor = _Field[str | None]()
+    node_properties = _Field[dict[str, Any] | None]()
 
     def set(self, **values: Any) -> "Node":
         for key, value in values.items():
@@ -202,7 +275,7 @@ class Node:
         for key, value in data.items():
             if key in fields:
                 fields[key] = value
-            elif key not in ("state", "state_time", "type", "ssh_port"):
+            elif key not in _NODE_OWN_KEYS:
                 extra[key] = value
         if "connection_port" not in data and "ssh_port" in data:
             fields["connection_port"] = data["ssh_port"]

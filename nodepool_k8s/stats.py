@@ -68,6 +68,10 @@ def malformed_key(kind: str) -> str:
     return f"nodepool.malformed.{key_part(kind)}"
 
 
+def thread_crash_key(thread: str) -> str:
+    return f"nodepool.launcher.thread_crash.{sanitize(thread)}"
+
+
 # Gauges the stats leader reports for the whole system (see launcher/gauges.py).
 def nodes_key(state: str) -> str:
     return f"nodepool.nodes.{key_part(state)}"
@@ -101,6 +105,7 @@ PROM_LEAKED = "nodepool_leaked_nodes_total"
 PROM_GAUGE_REPORTS = "nodepool_stats_gauge_reports_total"
 PROM_MALFORMED = "nodepool_malformed_records_total"
 PROM_DELETE_REFUSED = "nodepool_delete_refused_total"
+PROM_THREAD_CRASHES = "nodepool_thread_crashes_total"
 
 CounterKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -193,6 +198,11 @@ class Stats:
         """A malformed record (`node`, `request`) was seen for the first time."""
         self._safe("incr", malformed_key(kind), 1)
         self.count(PROM_MALFORMED, kind=kind)
+
+    def thread_crashed(self, thread: str) -> None:
+        """A long-lived thread's body raised (see nodepool_k8s/threads.py)."""
+        self._safe("incr", thread_crash_key(thread), 1)
+        self.count(PROM_THREAD_CRASHES, thread=thread)
 
     def gauges(self, values: Mapping[str, float]) -> int:
         """Send many gauges, batched into few packets when the client can; returns how many.

@@ -81,8 +81,8 @@ POOL_COLUMNS = (
 def node_row(view: NodeView, now: float) -> dict[str, Any]:
     """The web app's JSON object for one node (all keys, secrets redacted)."""
     n = view.node
-    # Direct dict reads: `Node.__getattr__` costs a third of listing 10,000 nodes. Every
-    # field but connection_port defaults to None, so `.get` gives the same values.
+    # Direct dict reads (cheaper than the typed attributes when listing 10,000 nodes):
+    # every field but connection_port defaults to None, so `.get` gives the same values.
     f = n.fields.get
     return {
         "id": n.id,
@@ -112,53 +112,6 @@ def node_row(view: NodeView, now: float) -> dict[str, Any]:
         "tenant_name": f("tenant_name"),
         "state_time": n.state_time,
         "resources": f("resources"),
-    }
-
-
-def node_row_from_dict(node_id: str, data: Mapping[str, Any], locked: bool,
-                       now: float) -> dict[str, Any]:
-    """`node_row` straight from a node znode's decoded JSON, without building a `Node`.
-
-    For listings of many nodes (`nodepool list`): the same keys and values as
-    `node_row(NodeView(Node.from_dict(node_id, data), locked), now)` for every record
-    `Node.from_dict` accepts (callers check that first, see `zk.reader.ZkReader.node_records`).
-    """
-    g = data.get
-    node_type = g("type") or []
-    if isinstance(node_type, str):
-        node_type = [node_type]
-    if "connection_port" in data:
-        port = data["connection_port"]
-    else:
-        port = g("ssh_port", 22)
-    state_time = g("state_time")
-    return {
-        "id": node_id,
-        "provider": g("provider"),
-        "label": list(node_type),
-        "server_id": g("external_id"),
-        "public_ipv4": g("public_ipv4"),
-        "ipv6": g("public_ipv6"),
-        "state": data["state"],
-        "age": age(state_time, now),
-        "locked": "locked" if locked else "unlocked",
-        "pool": g("pool"),
-        "hostname": g("hostname"),
-        "private_ipv4": g("private_ipv4"),
-        "AZ": g("az"),
-        "username": g("username"),
-        "connection_port": port if type(port) is int or port is None else redact_port(port),
-        "launcher": g("launcher"),
-        "allocated_to": g("allocated_to"),
-        "hold_job": g("hold_job"),
-        "comment": g("comment"),
-        "user_data": g("user_data"),
-        "driver_data": g("driver_data"),
-        "token_expires": token_expiry(g("token_expires")),
-        "connection_type": g("connection_type"),
-        "tenant_name": g("tenant_name"),
-        "state_time": state_time,
-        "resources": g("resources"),
     }
 
 

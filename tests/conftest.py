@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s import records
 from nodepool_k8s.simulator import Simulator, SimulatorConfig
 from nodepool_k8s.testing.zookeeper import ZooKeeperServer
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection
 from tests.launchers import LauncherFactory
 
@@ -117,7 +117,7 @@ def launchers(zk: ZkConnection) -> Iterator[LauncherFactory]:
 
 @pytest.fixture
 def zuul(zk: ZkConnection) -> Iterator[ZuulClient]:
-    """A client speaking Zuul's half of the protocol (nodepool_k8s.zk.testing_client)."""
+    """A client speaking Zuul's half of the protocol (nodepool_k8s.testing.zuul_client)."""
     client = ZuulClient(zk.hosts)
     try:
         yield client

@@ -43,11 +43,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     malformed: list[MalformedRecord] = []
     with common.session(args) as s:
-        records = s.reader.node_records(malformed)
-    # Rows straight from the decoded records (in id order): no `Node` per record.
+        views = s.reader.nodes(malformed)
     now = common.now()
-    table = [status.node_row_from_dict(node_id, data, locked, now)
-             for node_id, data, locked in records]
+    table = [status.node_row(view, now) for view in views]
     if malformed:
         table.extend(status.malformed_node_row(m) for m in malformed)
         table.sort(key=lambda row: str(row["id"]))
@@ -90,16 +88,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _info(args: argparse.Namespace) -> int:
     provider = args.provider
     with common.session(args) as s:
-        node_records = [r for r in s.reader.node_records() if r[1].get("provider") == provider]
+        views = [v for v in s.reader.nodes() if v.node.provider == provider]
         pools = [p.data for p in s.reader.pool_components() if p.provider_name == provider]
         configured = provider in s.config.providers
-    if not (configured or node_records or pools):
+    if not (configured or views or pools):
         raise common.CliError(
             f"provider {provider!r} is not in the configuration and has neither nodes nor"
             " registered pools")
     now = common.now()
-    nodes = [status.node_row_from_dict(node_id, data, locked, now)
-             for node_id, data, locked in node_records]
+    nodes = [status.node_row(view, now) for view in views]
     pool_rows = status.pool_list(pools)
     if args.json:
         sys.stdout.write(status.render_json_document(

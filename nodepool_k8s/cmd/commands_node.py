@@ -167,6 +167,7 @@ def _delete_now(s: Session, locked: Locked) -> None:
 
 def _delete_resource(config: ProviderConfig, node: Node) -> str | None:
     """Delete the node's resource; the reason when it is not ours (then nothing is deleted)."""
+    assert node.external_id, "_provider_config returns None for a node without one"
     provider = registry.make_provider(config)
     try:
         provider.start()

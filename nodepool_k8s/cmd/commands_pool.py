@@ -21,6 +21,7 @@ from typing import Any
 from nodepool_k8s import model
 from nodepool_k8s.cmd import common
 from nodepool_k8s.config.model import Config, PoolConfig
+from nodepool_k8s.model import NodeView
 from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.zk.pool_state import DRAIN, PAUSE, PoolState, PoolStateStore, strongest
 
@@ -61,18 +62,18 @@ def _target(config: Config, text: str) -> tuple[str, list[PoolConfig]]:
     return f"{provider_name}/{pool_name}", [pool]
 
 
-Records = list[tuple[str, dict[str, Any], bool]]
+Records = list[NodeView]
 
 
 def _counts(records: Records) -> dict[tuple[str, str], dict[str, int]]:
     counts: dict[tuple[str, str], dict[str, int]] = {}
-    for _, data, locked in records:
-        key = (str(data.get("provider")), str(data.get("pool")))
+    for view in records:
+        node = view.node
+        key = (str(node.provider), str(node.pool))
         entry = counts.setdefault(key, {"spare": 0, "in_use": 0, "deleting": 0})
-        state = data.get("state")
-        if state == model.DELETING:
+        if node.state == model.DELETING:
             entry["deleting"] += 1
-        elif state == model.READY and not data.get("allocated_to") and not locked:
+        elif node.state == model.READY and not node.allocated_to and not view.locked:
             entry["spare"] += 1
         else:
             entry["in_use"] += 1
@@ -120,7 +121,7 @@ def _state(governing: PoolState | None, count: dict[str, int]) -> str:
 
 def _show(args: argparse.Namespace, s: common.Session, only: list[PoolConfig] | None) -> None:
     states = PoolStateStore(s.zk).list()
-    records = s.reader.node_records()
+    records = s.reader.nodes()
     rows = pool_rows(s.config, states, records, common.now())
     if only is not None:
         wanted = {(p.provider, p.name) for p in only}

@@ -101,7 +101,7 @@ class Provider(Protocol):
         """Create everything for one node and wait until it is usable.
 
         `cancel` is set when the core gives up (shutdown, ZooKeeper session loss): return
-        promptly by raising LaunchError(reason="Cancelled"). `progress(external_id)` is called
+        promptly by raising LaunchCancelled (a LaunchError). `progress(external_id)` is called
         as soon as the external id is known, so the core can record it before waiting.
         """
 

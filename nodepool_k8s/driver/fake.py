@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec
-from nodepool_k8s.exceptions import LaunchError, NotOwned
+from nodepool_k8s.exceptions import LaunchCancelled, LaunchError, NotOwned
 from nodepool_k8s.model import Resources
 
 FAKE_API = "https://fake-k8s.invalid:6443"
@@ -144,7 +144,7 @@ class FakeProvider:
         if cancel.wait(label.fake_launch_delay) if label.fake_launch_delay > 0 \
                 else cancel.is_set():
             self._remove(external_id)
-            raise LaunchError("launch cancelled", reason="Cancelled")
+            raise LaunchCancelled("launch cancelled")
         if label.fake_fail:
             self._remove(external_id)
             raise LaunchError(f"label {label.name} is configured to fail", reason="FakeFail")

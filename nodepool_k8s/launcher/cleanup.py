@@ -32,6 +32,7 @@ from nodepool_k8s.launcher.leaks import LeakSweeper
 from nodepool_k8s.launcher.worker import Worker
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk import errors, locks, paths
+from nodepool_k8s.zk.cache import CacheEvent
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.txn import Txn
 
@@ -44,7 +45,7 @@ OWN_LOCK_STATES = frozenset({model.INIT, model.BUILDING, model.DELETING, model.D
 
 class CleanupWorker(Worker):
     def __init__(self, engine: Engine, deleter: NodeDeleter) -> None:
-        super().__init__("CleanupWorker", engine.clock)
+        super().__init__("CleanupWorker", engine.clock, engine.stats.thread_crashed)
         self.engine = engine
         self.deleter = deleter
         self.leaks = LeakSweeper(engine, deleter)
@@ -58,22 +59,22 @@ class CleanupWorker(Worker):
         self.orphans_released = 0
 
     # -- cache listeners (quick, on the cache thread) -------------------------------------
-    def on_node_event(self, kind: str, node_id: str) -> None:
-        if kind in ("changed", "lock", "removed"):
+    def on_node_event(self, kind: CacheEvent, node_id: str) -> None:
+        if kind in (CacheEvent.CHANGED, CacheEvent.LOCK, CacheEvent.REMOVED):
             with self._dirty_lock:
                 self._dirty.add(node_id)
             self.wake()
 
-    def on_request_event(self, kind: str, request_id: str) -> None:
-        if kind == "removed":
+    def on_request_event(self, kind: CacheEvent, request_id: str) -> None:
+        if kind is CacheEvent.REMOVED:
             nodes = self.engine.node_cache.allocated_to(request_id)
             if nodes:
                 with self._dirty_lock:
                     self._dirty.update(nodes)
                 self.wake()
 
-    def on_component_event(self, kind: str, key: str) -> None:
-        if kind == "removed":
+    def on_component_event(self, kind: CacheEvent, key: str) -> None:
+        if kind is CacheEvent.REMOVED:
             self._lost_due = True
             self.wake()
 

@@ -31,7 +31,10 @@ from nodepool_k8s.zk.requests import RequestStore
 
 class Engine:
     def __init__(self, zk: ZkClient, config: Config, *, clock: Clock, stats: Stats,
-                 settings: EngineSettings, hostname: str | None = None) -> None:
+                 settings: EngineSettings, hostname: str | None = None,
+                 wake_all: Callable[[], None] = lambda: None,
+                 request_delete: Callable[[str, str], bool] = lambda node_id, reason: False
+                 ) -> None:
         self.zk = zk
         self._config = config
         self.clock = clock
@@ -48,10 +51,10 @@ class Engine:
         self.pool_states = PoolStateCache(zk)
         self.providers: dict[str, Provider] = {}
         self.stopping = threading.Event()
-        # Called when capacity may have freed or new work may exist (set by the daemon).
-        self.wake_all: Callable[[], None] = lambda: None
-        # Asks the deleter to remove a node (set by the daemon).
-        self.request_delete: Callable[[str, str], bool] = lambda node_id, reason: False
+        # Called when capacity may have freed or new work may exist (the daemon's).
+        self.wake_all: Callable[[], None] = wake_all
+        # Asks the deleter to remove a node (the daemon's, wired at construction).
+        self.request_delete: Callable[[str, str], bool] = request_delete
 
     @property
     def config(self) -> Config:

@@ -26,7 +26,7 @@ import socket
 import threading
 from typing import Callable
 
-from nodepool_k8s import model, records
+from nodepool_k8s import model, records, threads
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import Config, ProviderConfig, with_installation_id
 from nodepool_k8s.driver.base import Provider
@@ -42,7 +42,7 @@ from nodepool_k8s.launcher.pool_worker import PoolWorker
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.model import Node
 from nodepool_k8s.stats import Stats
-from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
+from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
 from nodepool_k8s.zk.identity import resolve_installation_id
 from nodepool_k8s.zk.reader import ZkReader
@@ -64,16 +64,17 @@ class Launcher:
                  provider_factory: ProviderFactory = make_provider,
                  hostname: str | None = None, fqdn: str | None = None) -> None:
         self.zk = ZkClient(ZkSettings.from_config(config))
+        # Callbacks are wired here, at construction; they reach workers made below, and are
+        # only called once start() runs.
         self.engine = Engine(self.zk, config, clock=clock, stats=stats or Stats(),
                              settings=settings or EngineSettings(),
-                             hostname=hostname or socket.gethostname())
-        self.engine.wake_all = self.wake_all
-        self.engine.request_delete = self._request_delete
+                             hostname=hostname or socket.gethostname(),
+                             wake_all=self.wake_all, request_delete=self._request_delete)
         self.provider_factory = provider_factory
         self.fqdn = fqdn
-        self.deleter = NodeDeleter(self.engine, self.engine.settings.delete_workers)
+        self.deleter = NodeDeleter(self.engine, self.engine.settings.delete_workers,
+                                   on_done=self._deletion_done)
         self.cleanup = CleanupWorker(self.engine, self.deleter)
-        self.deleter.on_done = self.cleanup.wake
         self.min_ready = MinReadyWorker(self.engine)
         engine = self.engine
         self.gauges = GaugeReporter(self.zk, engine.stats, engine.node_cache,
@@ -219,7 +220,8 @@ class Launcher:
                 provider.stop()
             except Exception:
                 log.exception("Error stopping replaced provider %s", provider.name)
-        threading.Thread(target=run, name=f"retire-{provider.name}", daemon=True).start()
+        threads.start(f"retire-{provider.name}", run, on_crash=threads.Crash.END,
+                      report=self.engine.stats.thread_crashed)
 
     def _ensure_retry_thread(self) -> None:
         if self._retry_thread is not None and self._retry_thread.is_alive():
@@ -234,8 +236,12 @@ class Launcher:
                             self._failed_providers.discard(name)
                         elif self._start_provider(provider_cfg):
                             self.wake_all()
-        self._retry_thread = threading.Thread(target=run, name="provider-retry", daemon=True)
-        self._retry_thread.start()
+        # The guard restarts the loop after anything unexpected (a provider factory raising
+        # something other than NodepoolError), logged and counted, instead of dying silently.
+        self._retry_thread = threads.start("provider-retry", run,
+                                           on_crash=threads.Crash.RESTART,
+                                           report=self.engine.stats.thread_crashed,
+                                           stopping=self._stop)
 
     def _start_pool(self, key: PoolKey) -> None:
         provider, pool = key
@@ -255,23 +261,22 @@ class Launcher:
         worker.unregister()
 
     # -- events ---------------------------------------------------------------------------
-    def _on_node_event(self, kind: str, node_id: str) -> None:
+    def _on_node_event(self, kind: CacheEvent, node_id: str) -> None:
         self.cleanup.on_node_event(kind, node_id)
-        # "lock" too: the cache reports a node's data change and its unlock as separate
-        # events, so a paused pool may have looked while a released node still seemed
-        # locked (reuse, reclaim of the oldest idle node) and must look again.
-        if kind in ("removed", "changed", "lock", "synced", "reconnected"):
-            for worker in list(self.pool_workers.values()):
-                worker.wake()
-            self.min_ready.wake()
+        # Every kind, LOCK too: the cache reports a node's data change and its unlock as
+        # separate events, so a paused pool may have looked while a released node still
+        # seemed locked (reuse, reclaim of the oldest idle node) and must look again.
+        for worker in list(self.pool_workers.values()):
+            worker.wake()
+        self.min_ready.wake()
 
-    def _on_request_event(self, kind: str, request_id: str) -> None:
+    def _on_request_event(self, kind: CacheEvent, request_id: str) -> None:
         self.cleanup.on_request_event(kind, request_id)
         for worker in list(self.pool_workers.values()):
             worker.wake()
         self.min_ready.wake()
 
-    def _on_component_event(self, kind: str, key: str) -> None:
+    def _on_component_event(self, kind: CacheEvent, key: str) -> None:
         with self._components_changed:
             self._components_changed.notify_all()
         self.cleanup.on_component_event(kind, key)
@@ -296,6 +301,9 @@ class Launcher:
                     log.warning("Could not re-register components yet: %s", exc)
                 self.cleanup.request_full_pass()
             self.wake_all()
+
+    def _deletion_done(self) -> None:
+        self.cleanup.wake()  # a deletion completed or failed: cleanup re-evaluates
 
     def _request_delete(self, node_id: str, reason: str) -> bool:
         return self.deleter.submit(node_id, reason, _ready_and_unallocated)

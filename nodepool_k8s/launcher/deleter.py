@@ -32,6 +32,7 @@ from typing import Callable, Iterable
 from nodepool_k8s import logconfig, model
 from nodepool_k8s.exceptions import NotOwned, TemporaryError, ZkSessionLost
 from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.launcher.settings import next_backoff
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk.errors import ZkConnectionError
 
@@ -58,7 +59,8 @@ class Retry:
 
 
 class NodeDeleter:
-    def __init__(self, engine: Engine, workers: int) -> None:
+    def __init__(self, engine: Engine, workers: int,
+                 on_done: Callable[[], None] = lambda: None) -> None:
         self.engine = engine
         self._executor = ThreadPoolExecutor(max_workers=workers,
                                             thread_name_prefix="deleter")
@@ -69,7 +71,7 @@ class NodeDeleter:
         self.leaks_deleted = 0
         self.refused = 0
         # Called after a deletion completed or failed (the cleanup worker re-evaluates).
-        self.on_done: Callable[[], None] = lambda: None
+        self.on_done = on_done
 
     # -- scheduling -----------------------------------------------------------------------
     def _claim(self, key: RetryKey) -> bool:
@@ -88,8 +90,7 @@ class NodeDeleter:
             self._in_flight.discard(key)
             if failed:
                 last = self._retry[key].delay if key in self._retry else 0.0
-                delay = min(settings.delete_retry_max,
-                            last * 2 if last else settings.delete_retry)
+                delay = next_backoff(last, settings.delete_retry, settings.delete_retry_max)
                 self._retry[key] = Retry(self.engine.clock.time() + delay, delay)
             else:
                 self._retry.pop(key, None)

@@ -32,7 +32,7 @@ import time
 from collections import Counter
 from typing import Iterable, Protocol, Sequence
 
-from nodepool_k8s import stats
+from nodepool_k8s import stats, threads
 from nodepool_k8s.config.model import Config
 from nodepool_k8s.model import NODE_STATES, NodeRequest
 from nodepool_k8s.stats import Stats
@@ -133,9 +133,10 @@ class GaugeReporter:
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
         self.zk.add_listener(self._on_session)
-        self._thread = threading.Thread(target=self.election.run, args=(self._lead, self._stop),
-                                        name="StatsWorker", daemon=True)
-        self._thread.start()
+        self._thread = threads.start(
+            "StatsWorker", lambda: self.election.run(self._lead, self._stop),
+            on_crash=threads.Crash.RESTART, report=self.stats.thread_crashed,
+            stopping=self._stop)
 
     def stop(self, timeout: float | None = None) -> None:
         """Leave the election (before the session closes, so the next leader takes over at

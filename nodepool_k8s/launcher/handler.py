@@ -3,9 +3,10 @@ machine driven by its pool worker's passes.
 
 Owns: the nodes of one request. Each slot (one per entry of `node_types`, order kept, so
 `nodes` lines up with `node_types`) is satisfied by reusing a ready node of the pool or by
-creating a node and launching it; the handler pauses at quota and resumes when capacity
-frees; it finishes with exactly one transaction that writes every node and the request and
-releases every lock (fulfilled, declined, or the request was cancelled).
+creating a node (both in `allocation.py`: quota check and guarded create) and launching
+it; the handler pauses at quota and resumes when capacity frees; it finishes with exactly
+one transaction that writes every node and the request and releases every lock
+(fulfilled, declined, or the request was cancelled).
 
 ZooKeeper writes per new node: the guarded create (one transaction for all nodes of the
 request), lock + `building` (one transaction), the external id (driver progress) and a
@@ -22,54 +23,34 @@ from __future__ import annotations
 
 import enum
 import logging
-import threading
-from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Callable
 
 from nodepool_k8s import logconfig, model, quota
-from nodepool_k8s.config.model import PoolConfig, ProviderConfig, TenantLimit
-from nodepool_k8s.driver.base import LaunchResult, Provider
+from nodepool_k8s.cancel import CancelEvent
+from nodepool_k8s.config.model import PoolConfig, ProviderConfig
+from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher import launch as launching
 from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.allocation import CONTENTION, Allocator, Slot, SlotState
+from nodepool_k8s.launcher.allocation import PoolRef as PoolRef
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import locks as zk_locks
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.txn import Txn
 
-CONTENTION = "contention"
-# Outcomes of the final transaction.
-DONE, GONE, RETRY = "done", "gone", "retry"
+
+class Final(enum.Enum):
+    """Outcomes of the final transaction."""
+
+    DONE = "done"  # written (or found applied after a lost reply), or abandoned
+    GONE = "gone"  # the request vanished
+    RETRY = "retry"  # adopted a newer version or replaced a node: write again next pass
 
 
-class SlotState(enum.Enum):
-    NEED = "need"
-    LAUNCHING = "launching"
-    READY = "ready"
-    FAILED = "failed"
-
-
-@dataclass
-class Slot:
-    index: int
-    label: str
-    state: SlotState = SlotState.NEED
-    node: Node | None = None
-    lock: HeldLock | None = None
-    future: "Future[launching.LaunchOutcome] | None" = None
-    result: LaunchResult | None = None
-    reused: bool = False
-
-
-@dataclass(frozen=True)
-class PoolRef:
-    pool_id: str
-    provider: str
-    pool: str
+DONE, GONE, RETRY = Final.DONE, Final.GONE, Final.RETRY
 
 
 class RequestHandler:
@@ -84,7 +65,7 @@ class RequestHandler:
         self.lock = lock
         self.registered_ids = registered_ids
         self.wake = wake
-        self.cancel = threading.Event()
+        self.cancel = CancelEvent()  # wakes a waiting driver when set
         self.slots = [Slot(i, label) for i, label in enumerate(request.node_types)]
         self.paused = False
         self.done = False
@@ -93,6 +74,8 @@ class RequestHandler:
         self.blocked_scope: str | None = None
         base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
         self.log = logconfig.annotate(base, request.event_id, request.id)
+        self.allocator = Allocator(engine, ref, provider, request, lock, self.log,
+                                   self._node_log)
 
     # -- lifecycle ------------------------------------------------------------------------
     def advance(self, may_allocate: bool = True) -> bool:
@@ -246,14 +229,14 @@ class RequestHandler:
             # The future (and so the outcome) is dropped only once the outcome is applied:
             # if writing the node's final state fails (ZooKeeper unreachable), the next
             # advance collects the same outcome again instead of waiting forever.
-            if outcome.kind == launching.READY:
+            if outcome.kind is launching.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
-            elif outcome.kind == launching.ABORTED:
+            elif outcome.kind is launching.ABORTED:
                 self._finish_node(slot, model.ABORTED)
                 slot.state, slot.node, slot.lock = SlotState.NEED, None, None
                 self.retry_at = self.engine.clock.time() + self.engine.settings.quota_retry
             else:
-                if outcome.kind == launching.CANCELLED and not self.lock.valid:
+                if outcome.kind is launching.CANCELLED and not self.lock.valid:
                     return  # advance() abandons on the next check
                 self._finish_node(slot, model.FAILED)
                 slot.state = SlotState.FAILED
@@ -276,81 +259,18 @@ class RequestHandler:
     def _allocate(self, needed: list[Slot], provider_cfg: ProviderConfig,
                   pool_cfg: PoolConfig) -> quota.Verdict:
         if self.request.reuse:
-            self._reuse(needed)
+            self.allocator.reuse(needed)
         remaining = [s for s in needed if s.state is SlotState.NEED]
         if not remaining:
             return quota.FITS
-        need = quota.demand([s.label for s in remaining], pool_cfg)
-        tenant = self.request.tenant_name
-        tenant_limit = self.engine.config.tenant_resource_limits.get(tenant) if tenant else None
-
-        def counts(node: quota.NodeUsage) -> bool:
-            """Only this provider's nodes (and the tenant's, if limited) enter the checks."""
-            return node.provider == provider_cfg.name \
-                or (tenant_limit is not None and node.tenant_name == tenant)
-
-        # A cheap look at the cache first: while paused this is all a pass costs.
-        verdict = self._check(need, self.engine.cached_usage(counts), provider_cfg, pool_cfg,
-                              tenant_limit)
-        if not verdict:
-            return verdict
-        guards = [paths.provider_guard_path(provider_cfg.name)]
-        if tenant_limit is not None and tenant:
-            guards.append(paths.tenant_guard_path(tenant))
-        for _ in range(self.engine.settings.guard_attempts):
-            # Guard versions and the node listing in one round trip (pipelined).
-            versions, ids = self.engine.guard.read_listing(guards)
-            verdict = self._check(need, self.engine.usage(counts, ids), provider_cfg,
-                                  pool_cfg, tenant_limit)
-            if not verdict:
-                return verdict
-            new_nodes = [self._new_node(s.label, pool_cfg) for s in remaining]
-            txn = Txn()
-            # Only while the request is still ours: a pass that began before our session
-            # expired must not create nodes for a request another launcher now serves.
-            self.lock.guard(txn)
-            self.engine.guard.add_bumps(txn, versions)
-            indexes = [NodeStore.add_create(txn, node) for node in new_nodes]
-            try:
-                results = txn.commit(self.engine.zk)
-            except errors.TxnFailed as exc:
-                if self.engine.guard.is_conflict(exc, versions):
-                    continue  # another launcher created nodes meanwhile: decide again
-                if exc.path == self.lock.child_path:
-                    self.abandon("the request's lock vanished before its nodes were created")
-                    return quota.Verdict(False, CONTENTION, ())
-                raise exc.cause from exc
-            for slot, node, index in zip(remaining, new_nodes, indexes):
-                node.id, node.version = NodeStore.created_id(results[index]), 0
-                slot.node = node
-            self.engine.guard.note_created(new_nodes, [n.id for n in new_nodes])
+        try:
+            verdict = self.allocator.create(remaining, provider_cfg, pool_cfg)
+        except errors.LockLost:
+            self.abandon("the request's lock vanished before its nodes were created")
+            return quota.Verdict(False, CONTENTION, ())
+        if verdict:
             self._start_launches(remaining, provider_cfg, pool_cfg)
-            return quota.FITS
-        return quota.Verdict(False, CONTENTION, ())
-
-    def _check(self, need: model.Resources, records: list[quota.UsageRecord],
-               provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
-               tenant_limit: TenantLimit | None) -> quota.Verdict:
-        verdict = quota.check(
-            need, pool_usage=quota.total(records, provider=provider_cfg.name,
-                                         pool=pool_cfg.name),
-            provider_usage=quota.total(records, provider=provider_cfg.name),
-            pool=pool_cfg, provider=provider_cfg, cloud_limits=self.provider.cloud_limits())
-        if verdict and tenant_limit is not None:
-            verdict = quota.check_tenant(
-                need, quota.total(records, tenant=self.request.tenant_name), tenant_limit)
         return verdict
-
-    def _new_node(self, label: str, pool_cfg: PoolConfig) -> Node:
-        now = self.engine.clock.time()
-        node = Node(id="", state=model.INIT, state_time=now, type=[label])
-        attributes = dict(pool_cfg.node_attributes) if pool_cfg.node_attributes else None
-        node.set(provider=self.ref.provider, pool=self.ref.pool, launcher=self.ref.pool_id,
-                 allocated_to=self.request.id, tenant_name=self.request.tenant_name,
-                 requestor=self.request.requestor, attributes=attributes,
-                 resources=self.provider.quota_for_label(pool_cfg.labels[label]).as_dict(),
-                 created_time=now)
-        return node
 
     def _start_launches(self, slots: list[Slot], provider_cfg: ProviderConfig,
                         pool_cfg: PoolConfig) -> None:
@@ -377,43 +297,6 @@ class RequestHandler:
             self._node_log(node).info("Launching %s node", slot.label)
             slot.future = self.launches.submit(job.run, self.wake)
 
-    def _reuse(self, needed: list[Slot]) -> None:
-        cache = self.engine.node_cache
-        candidates = sorted(
-            (n for n in cache.nodes()
-             if n.state == model.READY and not n.allocated_to
-             and n.provider == self.ref.provider and n.pool == self.ref.pool
-             and not cache.is_locked(n.id)),
-            key=lambda n: (n.state_time or 0.0, n.id))
-        taken: set[str] = set()
-        for slot in needed:
-            for candidate in candidates:
-                if candidate.id in taken or candidate.label != slot.label:
-                    continue
-                taken.add(candidate.id)
-                got = self.engine.nodes.lock_and_read(candidate.id)
-                if got is None:
-                    continue
-                lock, node = got
-                if node.state != model.READY or node.allocated_to \
-                        or node.provider != self.ref.provider or node.pool != self.ref.pool \
-                        or node.label != slot.label:
-                    lock.release()
-                    continue
-                if not self.lock.valid:  # our session expired during this pass
-                    lock.release()
-                    return
-                node.set(allocated_to=self.request.id, tenant_name=self.request.tenant_name,
-                         requestor=self.request.requestor)
-                try:
-                    self.engine.nodes.store(node, lock)
-                except (errors.LockLost, errors.NoNodeError, errors.VersionConflict):
-                    lock.release()
-                    continue
-                slot.node, slot.lock, slot.state, slot.reused = node, lock, SlotState.READY, True
-                self._node_log(node).info("Reusing ready node for %s", slot.label)
-                break
-
     def _final_txn(self, *, allocated: bool) -> tuple[Txn, list[HeldLock]]:
         """Every ready node: written `ready` (allocated or not) and unlocked."""
         txn = Txn()
@@ -432,7 +315,7 @@ class RequestHandler:
             locks.append(slot.lock)
         return txn, locks
 
-    def _commit_final(self, txn: Txn, locks: list[HeldLock], with_request: bool) -> str:
+    def _commit_final(self, txn: Txn, locks: list[HeldLock], with_request: bool) -> Final:
         """Commit the final transaction: DONE, GONE (request vanished) or RETRY."""
         try:
             txn.commit(self.engine.zk)
@@ -459,7 +342,7 @@ class RequestHandler:
         self.log.info("The final write was applied although its reply was lost")
         return True
 
-    def _final_failed(self, exc: errors.TxnFailed, locks: list[HeldLock]) -> str:
+    def _final_failed(self, exc: errors.TxnFailed, locks: list[HeldLock]) -> Final:
         if exc.path == paths.request_path(self.request.id):
             if isinstance(exc.cause, errors.NoNodeError):
                 return GONE
@@ -512,7 +395,7 @@ class RequestHandler:
         self.request.state_time = self.engine.clock.time()
         self.engine.requests.add_store(txn, self.request, self.lock, release=True)
         if self._settle(self._commit_final(txn, locks, with_request=True),
-                        "Fulfilled request with nodes %s", self.request.nodes) == RETRY:
+                        "Fulfilled request with nodes %s", self.request.nodes) is RETRY:
             self.request.state = model.PENDING
 
     def _decline(self, reason: str) -> None:
@@ -523,14 +406,14 @@ class RequestHandler:
                                     self.engine.clock.time())
         self.engine.requests.add_store(txn, self.request, self.lock, release=True)
         if self._settle(self._commit_final(txn, locks, with_request=True),
-                        "Declined request (%s); request is now %s", reason, state) == RETRY:
+                        "Declined request (%s); request is now %s", reason, state) is RETRY:
             self.request.declined_by, self.request.state, self.request.nodes = saved
 
-    def _settle(self, outcome: str, message: str, *args: object) -> str:
+    def _settle(self, outcome: Final, message: str, *args: object) -> Final:
         """Act on the outcome of the final transaction (see `_commit_final`)."""
-        if outcome == GONE:
+        if outcome is GONE:
             self._finish_cancelled()
-        elif outcome == DONE and not self.done:
+        elif outcome is DONE and not self.done:
             self.done = True
             self.log.info(message, *args)
         return outcome

@@ -6,14 +6,15 @@ Owns: calling `provider.launch` for one node (attempt after attempt, up to the p
 `nodepool.launch.*` stats. Launches run on a `LaunchPool`: at most `max-concurrency`
 threads per provider (or `launch_workers` when unlimited), never one thread per node.
 
-Outcomes: `ready` (with the LaunchResult), `failed` (every attempt failed, or a
-non-retryable error), `aborted` (the cloud refused for quota: not a failure, the request
-waits for capacity), `cancelled` (shutdown or session loss set the cancel event). This
+Outcomes (`Outcome`): READY (with the LaunchResult), FAILED (every attempt failed, or a
+non-retryable error), ABORTED (the cloud refused for quota: not a failure, the request
+waits for capacity), CANCELLED (shutdown or session loss set the cancel event). This
 module writes only the external id; the request handler writes every state change.
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 import time
@@ -29,18 +30,27 @@ from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore
 
-READY = "ready"
-FAILED = "failed"
-ABORTED = "aborted"
-CANCELLED = "cancelled"
+
+class Outcome(enum.Enum):
+    READY = "ready"
+    FAILED = "failed"
+    ABORTED = "aborted"
+    CANCELLED = "cancelled"
+
+
+READY, FAILED, ABORTED, CANCELLED = (Outcome.READY, Outcome.FAILED, Outcome.ABORTED,
+                                     Outcome.CANCELLED)
 
 
 @dataclass(frozen=True)
 class LaunchOutcome:
-    kind: str
+    kind: Outcome
     result: LaunchResult | None = None
     error: str = ""
     attempts: int = 0
+    # The type of the last attempt's exception (FAILED, ABORTED): stats tell a driver's
+    # LaunchError from anything unexpected by type, never by the error text.
+    error_type: type[BaseException] | None = None
 
 
 class LaunchPool:
@@ -139,12 +149,13 @@ class NodeLaunch:
         outcome = self._attempts()
         result = {READY: stats.RESULT_READY, ABORTED: stats.RESULT_QUOTA}.get(outcome.kind)
         if result is None:
-            if outcome.kind == CANCELLED:
+            if outcome.kind is CANCELLED:
                 result = stats.RESULT_ZKSESSION if not self.lock.valid \
                     else stats.RESULT_UNKNOWN
             else:
-                result = stats.RESULT_NODEPOOL if outcome.error.startswith("LaunchError") \
-                    else stats.RESULT_UNKNOWN
+                failed_by_driver = outcome.error_type is not None \
+                    and issubclass(outcome.error_type, LaunchError)
+                result = stats.RESULT_NODEPOOL if failed_by_driver else stats.RESULT_UNKNOWN
         self.stats.launch(self.provider_config.name, self.request.requestor, result,
                           (time.monotonic() - started) * 1000.0)
         return outcome
@@ -152,6 +163,7 @@ class NodeLaunch:
     def _attempts(self) -> LaunchOutcome:
         attempts = max(1, self.provider_config.launch_retries)
         error = ""
+        error_type: type[BaseException] | None = None
         for attempt in range(1, attempts + 1):
             if self.cancel.is_set():
                 return LaunchOutcome(CANCELLED, attempts=attempt - 1)
@@ -165,19 +177,19 @@ class NodeLaunch:
             except QuotaExceeded as exc:
                 self.log.info("Cloud refused the launch for quota: %s", exc)
                 return LaunchOutcome(ABORTED, error=f"QuotaExceeded: {exc}",
-                                     attempts=attempt)
+                                     attempts=attempt, error_type=type(exc))
             except LaunchError as exc:
                 if self.cancel.is_set():
                     return LaunchOutcome(CANCELLED, attempts=attempt)
-                error = f"LaunchError({exc.reason}): {exc}"
+                error, error_type = f"LaunchError({exc.reason}): {exc}", type(exc)
                 self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
                 if not exc.retryable:
                     break
             except TemporaryError as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                error, error_type = f"{type(exc).__name__}: {exc}", type(exc)
                 self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
             except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
+                error, error_type = f"{type(exc).__name__}: {exc}", type(exc)
                 self.log.exception("Launch attempt %d/%d failed unexpectedly", attempt,
                                    attempts)
-        return LaunchOutcome(FAILED, error=error, attempts=attempts)
+        return LaunchOutcome(FAILED, error=error, attempts=attempts, error_type=error_type)

@@ -17,22 +17,25 @@ let every launcher create its own (over-provisioning).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from nodepool_k8s import model
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.launcher.settings import next_backoff
 from nodepool_k8s.launcher.worker import Worker
 from nodepool_k8s.model import NodeRequest
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.nodes import encode as encode_node
+from nodepool_k8s.zk.quota_guard import GuardedWrite, commit_guarded
 from nodepool_k8s.zk.requests import RequestStore, min_ready_request
 from nodepool_k8s.zk.txn import Txn
 
 
 class MinReadyWorker(Worker):
     def __init__(self, engine: Engine) -> None:
-        super().__init__("MinReadyWorker", engine.clock)
+        super().__init__("MinReadyWorker", engine.clock, engine.stats.thread_crashed)
         self.engine = engine
         self._backoff: dict[str, tuple[float, float]] = {}  # label -> (until, delay)
         self.created = 0
@@ -89,27 +92,24 @@ class MinReadyWorker(Worker):
         return found
 
     def _create(self, wanted: dict[str, int], now: float) -> None:
-        guard = self.engine.guard
-        for _ in range(self.engine.settings.guard_attempts):
-            versions = guard.read([paths.MIN_READY_GUARD])
+        def attempt() -> GuardedWrite[None] | None:
+            versions = self.engine.guard.read([paths.MIN_READY_GUARD])
             short = self._shortfall(wanted, self._authoritative_requests())
             if not short:
-                return
+                return None
             txn = Txn()
-            guard.add_bumps(txn, versions)
             for label, count in sorted(short.items()):
                 for _ in range(count):
                     RequestStore.add_create(txn, min_ready_request(label, now),
                                             model.MIN_READY_PRIORITY, ephemeral=True)
-            try:
-                txn.commit(self.engine.zk)
-            except errors.TxnFailed as exc:
-                if guard.is_conflict(exc, versions):
-                    continue
-                raise exc.cause from exc
-            self.created += sum(short.values())
-            self.log.info("Created min-ready requests: %s", short)
-            return
+
+            def committed(results: list[Any]) -> None:
+                self.created += sum(short.values())
+                self.log.info("Created min-ready requests: %s", short)
+            return GuardedWrite(versions, txn, committed)
+
+        # CONTENDED (every attempt lost to another launcher): the next pass decides again.
+        commit_guarded(self.engine.zk, self.engine.settings.guard_attempts, attempt)
 
     def _finish_own(self, now: float) -> None:
         engine = self.engine
@@ -148,8 +148,8 @@ class MinReadyWorker(Worker):
         settings = self.engine.settings
         for label in request.node_types:
             _, last = self._backoff.get(label, (0.0, 0.0))
-            delay = min(settings.min_ready_backoff_max,
-                        last * 2 if last else settings.min_ready_backoff)
+            delay = next_backoff(last, settings.min_ready_backoff,
+                                 settings.min_ready_backoff_max)
             self._backoff[label] = (now + delay, delay)
             self.log.info("min-ready request for %s failed; next attempt in %.0fs", label,
                           delay)

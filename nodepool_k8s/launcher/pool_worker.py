@@ -21,6 +21,7 @@ session abandons every handler without writing (see handler.py).
 from __future__ import annotations
 
 import math
+import threading
 
 from nodepool_k8s import logconfig, model, quota
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
@@ -43,12 +44,16 @@ def copy_request(request: NodeRequest) -> NodeRequest:
 class PoolWorker(Worker):
     def __init__(self, engine: Engine, provider: str, pool: str, launches: LaunchPool,
                  fqdn: str | None = None) -> None:
-        super().__init__(f"PoolWorker.{provider}-{pool}", engine.clock)
+        super().__init__(f"PoolWorker.{provider}-{pool}", engine.clock, engine.stats.thread_crashed)
         self.engine = engine
         self.ref = PoolRef(pool_worker_id(provider, pool, fqdn), provider, pool)
         self.id = self.ref.pool_id
         self.launches = launches
+        # Only this worker's thread adds or removes handlers, under `_handlers_lock`; other
+        # threads (the ZooKeeper state thread's cancel_launches, the stop) read a snapshot
+        # taken under it. The worker's own thread may read without it.
         self.handlers: dict[str, RequestHandler] = {}
+        self._handlers_lock = threading.Lock()
         self.registration: Registration | None = None
         self._epoch = engine.zk.epoch
         self._last_reclaim = -math.inf
@@ -68,7 +73,16 @@ class PoolWorker(Worker):
 
     @property
     def paused(self) -> bool:
-        return any(h.paused for h in self.handlers.values())
+        return any(h.paused for h in self._handler_snapshot())
+
+    def _handler_snapshot(self) -> list[RequestHandler]:
+        with self._handlers_lock:
+            return list(self.handlers.values())
+
+    def _remove_handlers(self, request_ids: list[str]) -> None:
+        with self._handlers_lock:
+            for request_id in request_ids:
+                self.handlers.pop(request_id, None)
 
     # -- the pass -------------------------------------------------------------------------
     def run_once(self) -> float | None:
@@ -122,8 +136,7 @@ class PoolWorker(Worker):
         for handler in sorted(self.handlers.values(), key=lambda h: h.request.sort_key()):
             if handler.advance(may_allocate=may_allocate):
                 may_allocate = False
-        for request_id in [k for k, h in self.handlers.items() if h.done]:
-            del self.handlers[request_id]
+        self._remove_handlers([k for k, h in self.handlers.items() if h.done])
         return self.paused
 
     def _assign(self, provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
@@ -152,11 +165,12 @@ class PoolWorker(Worker):
             handler = self._take(request, decision, provider, me, pool_cfg, provider_cfg,
                                  registered, cloud, paused)
             if handler is not None:
-                self.handlers[handler.request.id] = handler
+                with self._handlers_lock:
+                    self.handlers[handler.request.id] = handler
                 if handler.advance(may_allocate=True):
                     paused = True
                 if handler.done:
-                    del self.handlers[handler.request.id]
+                    self._remove_handlers([handler.request.id])
         return paused
 
     def _take(self, request: NodeRequest, decision: plan.Decision, provider: Provider,
@@ -264,23 +278,28 @@ class PoolWorker(Worker):
                           oldest.id)
 
     # -- stopping -------------------------------------------------------------------------
+    def _take_all_handlers(self) -> list[RequestHandler]:
+        with self._handlers_lock:
+            handlers = list(self.handlers.values())
+            self.handlers.clear()
+        return handlers
+
     def drop_handlers(self, why: str) -> None:
-        for handler in self.handlers.values():
+        for handler in self._take_all_handlers():
             handler.abandon(why)
-        self.handlers.clear()
 
     def cancel_launches(self) -> None:
         """Session lost: tell running launches to give up (thread-safe)."""
-        for handler in list(self.handlers.values()):
+        for handler in self._handler_snapshot():
             handler.cancel.set()
 
     def shutdown_handlers(self, timeout: float) -> None:
         """Called after the thread stopped: return requests, release locks."""
-        for handler in list(self.handlers.values()):
+        handlers = self._take_all_handlers()
+        for handler in handlers:
             handler.cancel.set()
-        for handler in list(self.handlers.values()):
+        for handler in handlers:
             try:
                 handler.shutdown(timeout)
             except Exception:
                 self.log.exception("Error while returning request %s", handler.request.id)
-        self.handlers.clear()

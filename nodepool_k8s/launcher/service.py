@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from nodepool_k8s import sdnotify
+from nodepool_k8s import sdnotify, threads
 from nodepool_k8s.config.loader import Fingerprint, config_fingerprint, load_config
 from nodepool_k8s.config.model import Config, WebappConfig
 from nodepool_k8s.exceptions import ConfigError
@@ -113,8 +113,8 @@ class LauncherService:
             if self.webapp is not None:
                 self.webapp.stop()
                 self.webapp = None
-        worker = threading.Thread(target=stop_all, name="graceful-stop", daemon=True)
-        worker.start()
+        worker = threads.start("graceful-stop", stop_all, on_crash=threads.Crash.END,
+                               report=self.launcher.engine.stats.thread_crashed)
         worker.join(self.launcher.engine.settings.stop_timeout)
         if worker.is_alive():
             self.stop_overran = True

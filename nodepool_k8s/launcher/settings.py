@@ -99,3 +99,10 @@ class EngineSettings:
                 raise ConfigError(f"{ENV_PREFIX}{f.name.upper()}: {exc}") from None
         # Zero and the ranges are checked once, by __post_init__, for every way in.
         return cls(**changes)  # type: ignore[arg-type]
+
+
+def next_backoff(last: float, first: float, maximum: float) -> float:
+    """The delay after another failure: `first`, then doubling, never above `maximum`
+    (`last`: the previous delay, 0 for none). The one backoff formula of the engine (the
+    deleter's retries, min-ready's failed requests)."""
+    return min(maximum, last * 2 if last else first)

@@ -5,7 +5,9 @@ the session supervisor) runs the next pass at once; passes coalesce, so a burst 
 costs one pass. `run_once()` returns the epoch time of the next timed work (or None) and the
 loop waits exactly until then: no fixed sleep tick. A pass that raises is logged with its
 traceback and retried after a short backoff (a temporary error, such as ZooKeeper being
-unreachable, with a WARNING line instead); the thread never dies silently.
+unreachable, with a WARNING line instead); the loop itself runs inside the thread guard
+(`nodepool_k8s/threads.py`: logged, counted in stats, restarted), so the thread never dies
+silently.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from typing import Callable
 
+from nodepool_k8s import threads
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.exceptions import TemporaryError
 
@@ -23,9 +27,11 @@ ERROR_BACKOFF = 1.0
 
 
 class Worker:
-    def __init__(self, name: str, clock: Clock) -> None:
+    def __init__(self, name: str, clock: Clock,
+                 report_crash: Callable[[str], None] | None = None) -> None:
         self.name = name
         self.clock = clock
+        self._report_crash = report_crash
         self.log = logging.getLogger(f"nodepool_k8s.{name}")
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -33,8 +39,9 @@ class Worker:
         self.passes = 0
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-        self._thread.start()
+        self._thread = threads.start(
+            self.name, self._run, on_crash=threads.Crash.RESTART, stopping=self._stop,
+            report=self._report_crash or threads.no_report)
 
     def wake(self) -> None:
         self._wake.set()

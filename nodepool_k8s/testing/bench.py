@@ -257,7 +257,7 @@ class Load:
             self.zuul_writes += writes
 
     def build(self, zuul: Any, sample: Sample) -> None:
-        from nodepool_k8s.zk.loadtools import timed_wait
+        from nodepool_k8s.testing.loadtools import timed_wait
         sample.submitted = time.monotonic()
         sample.request_id = zuul.submit(sample.types, priority=sample.priority)
         self._count(1)
@@ -487,7 +487,7 @@ class Bench:
 
     # -- phases ---------------------------------------------------------------------------
     def latency_phase(self, profile: str) -> None:
-        from nodepool_k8s.zk.loadtools import NodeWatcher
+        from nodepool_k8s.testing.loadtools import NodeWatcher
         delays = ZERO_DELAYS if profile == "zero" else self.p.realistic
         log(f"profile {profile} ({delays.describe()}): starting the simulator and a launcher")
         sim = self.stack.start_simulator(delays, error_rate=self.p.error_rate)
@@ -518,7 +518,7 @@ class Bench:
         self.stop(procs)
 
     def launchers_phase(self) -> None:
-        from nodepool_k8s.zk.loadtools import NodeWatcher
+        from nodepool_k8s.testing.loadtools import NodeWatcher
         sim = self.stack.start_simulator(ZERO_DELAYS, error_rate=self.p.error_rate)
         for count in self.p.launchers:
             log(f"{count} launcher(s) on one provider, max-servers {self.p.quota}")
@@ -541,7 +541,7 @@ class Bench:
             self.stop(procs)
 
     def scale_phase(self) -> None:
-        from nodepool_k8s.zk.loadtools import NodeWatcher, fill_nodes
+        from nodepool_k8s.testing.loadtools import NodeWatcher, fill_nodes
         n = self.p.scale_nodes
         log(f"scale: {n} extra nodes")
         self.stack.start_simulator(ZERO_DELAYS, error_rate=self.p.error_rate)
@@ -623,7 +623,7 @@ class Bench:
     def soak_phase(self) -> None:
         """Rounds of namespace builds (optionally with API errors) against one launcher;
         after each round (every node released and deleted) its RSS and thread count."""
-        from nodepool_k8s.zk.loadtools import NodeWatcher
+        from nodepool_k8s.testing.loadtools import NodeWatcher
         p = self.p
         log(f"soak: {p.soak_rounds} rounds of {p.soak_requests} namespace requests, "
             f"{p.error_rate:.0%} of Kubernetes writes failing")
@@ -687,7 +687,7 @@ class Bench:
 
 
 def _wait(zuul: Any, request_id: str, timeout: float) -> tuple[dict[str, Any], float]:
-    from nodepool_k8s.zk.loadtools import timed_wait
+    from nodepool_k8s.testing.loadtools import timed_wait
     body, at = timed_wait(zuul.client, request_id, timeout)
     if body is None or body.get("state") != "fulfilled":
         raise BenchFailed(f"request {request_id} was not fulfilled: {body}")

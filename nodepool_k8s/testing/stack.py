@@ -397,7 +397,7 @@ class Stack:
 
     def zuul(self, chroot: str) -> Any:
         """A connected `ZuulClient` for `chroot`, closed by `stop()` if still open."""
-        from nodepool_k8s.zk.testing_client import ZuulClient
+        from nodepool_k8s.testing.zuul_client import ZuulClient
         client = ZuulClient(self.zk_hosts(chroot))
         with self._lock:
             self._clients.append(client)

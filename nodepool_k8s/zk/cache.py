@@ -29,6 +29,7 @@ from nodepool_k8s.model import NodeRequest
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.mirror import CacheEvent as CacheEvent
 from nodepool_k8s.zk.mirror import ChildMirror, Listener
 
 log = logging.getLogger("nodepool_k8s.zk.cache")
@@ -295,7 +296,7 @@ class ComponentCache:
     def synced(self) -> bool:
         return self._synced.is_set()
 
-    def _notify(self, kind: str, key: str) -> None:
+    def _notify(self, kind: CacheEvent, key: str) -> None:
         for listener in list(self._listeners):
             try:
                 listener(kind, key)
@@ -321,7 +322,7 @@ class ComponentCache:
         etype = event.event_type
         if etype == TreeEvent.INITIALIZED:
             self._synced.set()
-            self._notify("synced", "")
+            self._notify(CacheEvent.SYNCED, "")
             return
         if etype not in (TreeEvent.NODE_ADDED, TreeEvent.NODE_UPDATED, TreeEvent.NODE_REMOVED):
             return
@@ -339,7 +340,7 @@ class ComponentCache:
                 self._components.pop(key, None)
             else:
                 self._components[key] = component
-        self._notify("removed" if removed else "changed", "/".join(parts))
+        self._notify(CacheEvent.REMOVED if removed else CacheEvent.CHANGED, "/".join(parts))
 
     def components(self, kind: str | None = None) -> list[Component]:
         with self._lock:

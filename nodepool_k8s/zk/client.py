@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import enum
 import logging
-import math
 import queue
-import select
 import threading
 import time
 from dataclasses import dataclass
@@ -39,13 +37,11 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from kazoo import exceptions as kex
 from kazoo.client import KazooClient
-from kazoo.handlers.threading import SequentialThreadingHandler
-from kazoo.handlers.utils import fileobj_to_fd
 from kazoo.protocol.states import KazooState, KeeperState, ZnodeStat
 from kazoo.retry import KazooRetry
 
 from nodepool_k8s.config.model import Config, ZkAcl, ZkAuth, ZkTls
-from nodepool_k8s.zk import access, errors, multiread, paths
+from nodepool_k8s.zk import _kazoo_ext, access, errors, multiread, paths
 
 log = logging.getLogger("nodepool_k8s.zk.client")
 
@@ -143,83 +139,11 @@ def translate(exc: Exception, path: str | None = None) -> Exception:
     return exc
 
 
-_POLL_READ = select.POLLIN | select.POLLPRI
-_POLL_WRITE = select.POLLOUT
-_NOT_OUT = ~select.POLLOUT
-_NOT_IN = ~select.POLLIN
-_pollers = threading.local()
-
-
-def _fd(fileobj: Any) -> int:
-    fd = fileobj if type(fileobj) is int else fileobj_to_fd(fileobj)
-    if fd < 0:
-        raise ValueError(f"Invalid file descriptor: {fd}")
-    return fd
-
-
-def poll_select(rlist: list[Any], wlist: list[Any], xlist: list[Any],
-                timeout: float | None = None) -> tuple[list[Any], list[Any], list[Any]]:
-    """kazoo's `selector_select` with one `poll()` call instead of an epoll object.
-
-    kazoo 2.11 creates, registers and closes an epoll selector for every wait of its
-    connection loop, before every request it writes and for every read: four system calls
-    where one does. `poll()` keeps no kernel state, so a poll object per thread and set of
-    descriptors is reused. Same results: a descriptor ready for reading (or in error /
-    hung up, as selectors report it) is listed in the first list, else a writable one in
-    the second; the third is always empty.
-    """
-    if timeout is not None:
-        if not isinstance(timeout, (int, float)):
-            raise TypeError("timeout must be a number")
-        if timeout < 0:
-            raise ValueError("timeout must be non-negative")
-    rfds = tuple(_fd(f) for f in rlist)
-    wfds = tuple(_fd(f) for f in wlist)
-    cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] | None = \
-        getattr(_pollers, "cache", None)
-    if cache is None:
-        cache = _pollers.cache = {}
-    key = (rfds, wfds)
-    poller = cache.get(key)
-    if poller is None:
-        if len(cache) >= 16:
-            cache.clear()
-        masks: dict[int, int] = {}
-        for fd in rfds:
-            masks[fd] = masks.get(fd, 0) | _POLL_READ
-        for fd in wfds:
-            masks[fd] = masks.get(fd, 0) | _POLL_WRITE
-        poller = select.poll()
-        for fd, mask in masks.items():
-            poller.register(fd, mask)
-        cache[key] = poller
-    ready = poller.poll(None if timeout is None else math.ceil(timeout * 1e3))
-    revents: list[Any] = []
-    wevents: list[Any] = []
-    for fd, events in ready:
-        if events & select.POLLNVAL:  # not open: what registering it with epoll raised
-            raise ValueError("Invalid event mask or fd")
-        # As selectors map poll/epoll events: anything but POLLOUT counts as readable,
-        # anything but POLLIN as writable (for a descriptor registered for that).
-        if events & _NOT_OUT and fd in rfds:
-            revents.extend(f for f, d in zip(rlist, rfds) if d == fd)
-        elif events & _NOT_IN and fd in wfds:
-            wevents.extend(f for f, d in zip(wlist, wfds) if d == fd)
-    return revents, wevents, []
-
-
 def _batch_paths(paths: list[str]) -> str:
     """How an access error of a batched read names its znodes."""
     if len(paths) == 1:
         return paths[0]
     return f"one of {len(paths)} znodes from {paths[0]}" if paths else "(no znodes)"
-
-
-class PollThreadingHandler(SequentialThreadingHandler):  # type: ignore[misc]
-    """kazoo's threading handler, waiting with `poll_select` (see there)."""
-
-    def select(self, *args: Any, **kwargs: Any) -> Any:
-        return poll_select(*args, **kwargs)
 
 
 class ZkClient:
@@ -252,12 +176,13 @@ class ZkClient:
         if acl:
             kw.update(default_acl=acl)
         return KazooClient(
-            hosts=hosts, timeout=self.settings.timeout, handler=PollThreadingHandler(),
+            hosts=hosts, timeout=self.settings.timeout, handler=_kazoo_ext.PollThreadingHandler(),
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_delay=2.0),
             **kw)
 
     def start(self, stop: threading.Event | None = None) -> bool:
         """Connect, retrying until connected (True) or `stop` is set (False)."""
+        _kazoo_ext.check()  # KazooIncompatible (permanent) before anything misbehaves
         stop = stop or self._stopping
         last_log = -1e9
         attempt = 0

@@ -27,6 +27,7 @@ are ignored here: the state listener resyncs after a reconnect.
 from __future__ import annotations
 
 import collections
+import enum
 import logging
 import queue
 import threading
@@ -45,8 +46,20 @@ log = logging.getLogger("nodepool_k8s.zk.mirror")
 T = TypeVar("T")
 Decoder = Callable[[str, bytes, Any], T]
 """`decode(key, data, stat)`: the record, or an exception (records.Malformed) if unusable."""
-Listener = Callable[[str, str], None]
-"""`listener(kind, key)`: kind "changed", "removed", "lock", or "synced"/"reconnected"."""
+
+
+class CacheEvent(enum.Enum):
+    """What a cache listener is told: `listener(event, key)` (key "" for SYNCED/RECONNECTED)."""
+
+    CHANGED = "changed"  # a record was added or changed
+    REMOVED = "removed"  # a record is gone
+    LOCK = "lock"  # a record's lock (contenders) changed
+    SYNCED = "synced"  # the initial listing (or a resync) is complete
+    RECONNECTED = "reconnected"  # the session came back: records may have changed unseen
+
+
+Listener = Callable[[CacheEvent, str], None]
+"""`listener(event, key)`, called on the cache's thread; must be quick."""
 
 TOMBSTONE_TTL = 60.0
 MAX_TOMBSTONES = 4_000
@@ -135,7 +148,7 @@ class ChildMirror(Generic[T]):
             except Exception:
                 log.exception("%s: error while applying a change", self.name)
 
-    def _notify(self, kind: str, key: str) -> None:
+    def _notify(self, kind: CacheEvent, key: str) -> None:
         for listener in list(self._listeners):
             try:
                 listener(kind, key)
@@ -145,7 +158,7 @@ class ChildMirror(Generic[T]):
     def _on_state(self, state: ConnectionState, epoch: int) -> None:
         if state is ConnectionState.CONNECTED:
             self._submit(self._resync)
-            self._notify("reconnected", "")
+            self._notify(CacheEvent.RECONNECTED, "")
         elif state is ConnectionState.LOST:
             self._synced.clear()
 
@@ -229,7 +242,7 @@ class ChildMirror(Generic[T]):
     def _finish_sync(self) -> None:
         self._resyncing = False
         self._synced.set()
-        self._notify("synced", "")
+        self._notify(CacheEvent.SYNCED, "")
 
     def _refresh_root(self) -> None:
         try:
@@ -318,7 +331,7 @@ class ChildMirror(Generic[T]):
                     self.malformed[key] = reason or "unusable"
             if self._on_change is not None:
                 self._on_change(key, old, record)
-        self._notify("changed", key)
+        self._notify(CacheEvent.CHANGED, key)
 
     def _on_lock(self, key: str, result: Any) -> None:
         if self._is_dead(key):
@@ -348,7 +361,7 @@ class ChildMirror(Generic[T]):
                 self.contenders[key] = held
             else:
                 self.contenders.pop(key, None)
-        self._notify("lock", key)
+        self._notify(CacheEvent.LOCK, key)
 
     def _on_lock_exists(self, key: str, result: Any) -> None:
         """The lock dir may have been created between our listing and the exists call:
@@ -383,4 +396,4 @@ class ChildMirror(Generic[T]):
             self.contenders.pop(key, None)
             self._mzxid.pop(key, None)
         if existed:
-            self._notify("removed", key)
+            self._notify(CacheEvent.REMOVED, key)

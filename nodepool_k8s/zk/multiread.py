@@ -1,8 +1,9 @@
 """Batched reads: ZooKeeper's `multiRead` (3.6+), which kazoo 2.11 does not offer.
 
-Owns: the wire encoding of a multiRead request (opcode 22: a list of getData/getChildren
-operations framed like a multi) and its response, and `read_many`, which reads thousands of
-znodes in a handful of round trips. kazoo sends each ordinary request with its own wake-up
+Owns: `read_many`, which reads thousands of znodes in a handful of round trips with
+multiRead requests (opcode 22: a list of getData/getChildren operations framed like a
+multi; the wire encoding and the sending are in `_kazoo_ext`, the one module that touches
+kazoo's internals). kazoo sends each ordinary request with its own wake-up
 of the connection thread (about 0.1 ms each on a small machine), so 20,000 pipelined reads
 take seconds; batched, ten thousand nodes with their lock dirs list in a fraction of that.
 
@@ -15,16 +16,11 @@ from __future__ import annotations
 
 import collections
 import logging
-from collections import namedtuple
 from typing import Any, Iterable, Iterator, Sequence
 
 from kazoo import exceptions as kex
-from kazoo.exceptions import EXCEPTIONS
-from kazoo.protocol.paths import _prefix_root
-from kazoo.protocol.serialization import (GetChildren, GetData, MultiHeader, int_struct,
-                                          multiheader_struct, read_buffer, read_string,
-                                          stat_struct)
-from kazoo.protocol.states import ZnodeStat
+
+from nodepool_k8s.zk import _kazoo_ext
 
 log = logging.getLogger("nodepool_k8s.zk.multiread")
 
@@ -38,45 +34,6 @@ WINDOW = 4
 ReadResult = Any  # (bytes, ZnodeStat) for GET, list[str] for CHILDREN, None when missing
 
 
-class MultiRead(namedtuple("MultiRead", "operations")):
-    """A multiRead request; `operations` are kazoo GetData/GetChildren records."""
-
-    type = 22
-
-    def serialize(self) -> bytearray:
-        b = bytearray()
-        for op in self.operations:
-            b.extend(MultiHeader(op.type, False, -1).serialize() + op.serialize())
-        b.extend(multiheader_struct.pack(-1, True, -1))
-        return b
-
-    @classmethod
-    def deserialize(cls, data: bytes, offset: int) -> list[ReadResult]:
-        results: list[ReadResult] = []
-        while True:
-            op_type, done, err = multiheader_struct.unpack_from(data, offset)
-            offset += multiheader_struct.size
-            if done:
-                return results
-            if op_type == GetData.type:
-                value, offset = read_buffer(data, offset)
-                stat = ZnodeStat._make(stat_struct.unpack_from(data, offset))
-                offset += stat_struct.size
-                results.append((value or b"", stat))
-            elif op_type == GetChildren.type:
-                count = int_struct.unpack_from(data, offset)[0]
-                offset += int_struct.size
-                children = []
-                for _ in range(max(count, 0)):
-                    child, offset = read_string(data, offset)
-                    children.append(child)
-                results.append(children)
-            else:  # error result for this operation
-                code = int_struct.unpack_from(data, offset)[0]
-                offset += int_struct.size
-                results.append(EXCEPTIONS[code]())
-
-
 class MultiReadUnsupported(Exception):
     pass
 
@@ -84,7 +41,7 @@ class MultiReadUnsupported(Exception):
 def _send(client: Any, ops: Sequence[tuple[str, str]]) -> Any:
     """Queue one multiRead; returns its kazoo AsyncResult."""
     chroot = client.chroot
-    root: str = _prefix_root(chroot, "/x")[:-2]  # the normalised chroot ("" without one)
+    root = _kazoo_ext.chroot_prefix(chroot)
 
     def full(path: str) -> str:
         # kazoo's normalisation costs more than the rest of a 10,000-node listing's
@@ -92,13 +49,12 @@ def _send(client: Any, ops: Sequence[tuple[str, str]]) -> Any:
         if path[:1] == "/" and "//" not in path and "/." not in path \
                 and (len(path) == 1 or path[-1] != "/"):
             return root + path if path != "/" or not root else root
-        return str(_prefix_root(chroot, path))
+        return _kazoo_ext.full_path(chroot, path)
 
-    records = [GetData(full(path), None) if kind == GET else GetChildren(full(path), None)
+    get_data, get_children = _kazoo_ext.get_data, _kazoo_ext.get_children
+    records = [get_data(full(path)) if kind == GET else get_children(full(path))
                for kind, path in ops]
-    async_result = client.handler.async_result()
-    client._call(MultiRead(records), async_result)
-    return async_result
+    return _kazoo_ext.send_request(client, _kazoo_ext.MultiRead(records))
 
 
 def _batch(client: Any, ops: Sequence[tuple[str, str]]) -> list[ReadResult]:

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 from urllib.parse import quote, unquote
 
 from nodepool_k8s import records
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
-from nodepool_k8s.zk.mirror import ChildMirror
+from nodepool_k8s.zk.mirror import ChildMirror, Listener
 
 ROOT = f"{paths.OWN_ROOT}/pool-state"
 PAUSE, DRAIN = "pause", "drain"
@@ -137,7 +137,7 @@ class PoolStateCache:
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._mirror.wait_synced(timeout)
 
-    def add_listener(self, listener: Callable[[str, str], None]) -> None:
+    def add_listener(self, listener: Listener) -> None:
         self._mirror.add_listener(listener)
 
     def states(self) -> list[PoolState]:

@@ -17,7 +17,8 @@ covered by the same guard happened between steps 1 and 4, and ZooKeeper's per-se
 ordering guarantees step 2 saw every node created before `v`. A concurrent decision makes
 the commit fail with `VersionConflict` on a guard; the caller re-reads and decides again.
 The guard bump rides inside the transaction that creates the nodes, so serialisation costs
-no extra write. Deleting nodes needs no guard (usage only goes down).
+no extra write. Deleting nodes needs no guard (usage only goes down). `commit_guarded` is
+that loop, written once (the request handler and min-ready use it).
 
 Node `provider`, `pool` and `resources` never change after creation, so cached copies of
 existing nodes are exact for provider and pool usage. A node's `tenant_name` can change
@@ -26,8 +27,10 @@ when a ready node is reused; tenant usage of such nodes is as fresh as the cache
 
 from __future__ import annotations
 
+import enum
 import threading
-from typing import Callable, Optional, Protocol, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Optional, Protocol, Sequence, TypeVar
 
 from nodepool_k8s import quota
 from nodepool_k8s.model import Resources
@@ -35,6 +38,53 @@ from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import parse
 from nodepool_k8s.zk.txn import Txn
+
+
+R = TypeVar("R")
+
+
+class Contended(enum.Enum):
+    """Every attempt of `commit_guarded` lost to a concurrent decision."""
+
+    CONTENDED = "contended"
+
+
+CONTENDED = Contended.CONTENDED
+
+
+@dataclass(frozen=True)
+class GuardedWrite(Generic[R]):
+    """What one attempt decided to write: the guard versions the decision was based on, the
+    transaction (without the bumps) and what to return once it committed."""
+
+    versions: dict[str, int]
+    txn: Txn
+    committed: Callable[[list[Any]], R]
+
+
+def commit_guarded(zk: ZkClient, attempts: int,
+                   attempt: Callable[[], "GuardedWrite[R] | R"]) -> "R | Contended":
+    """Steps 1-4 of the module docstring, retried on a guard conflict.
+
+    `attempt()` reads the guard versions and decides: a `GuardedWrite` to commit (the guard
+    bumps are added here), or any other value, which is returned as it is (nothing to
+    write). On a conflict on one of the read guards the attempt is made again, up to
+    `attempts` times (then CONTENDED); any other failure raises the typed cause.
+    """
+    for _ in range(attempts):
+        decided = attempt()
+        if not isinstance(decided, GuardedWrite):
+            return decided
+        write: GuardedWrite[R] = decided
+        QuotaGuard.add_bumps(write.txn, write.versions)
+        try:
+            results = write.txn.commit(zk)
+        except errors.TxnFailed as exc:
+            if QuotaGuard.is_conflict(exc, write.versions):
+                continue  # another launcher decided meanwhile: decide again
+            raise exc.cause from exc
+        return write.committed(results)
+    return CONTENDED
 
 
 class NodeLookup(Protocol):

@@ -13,7 +13,6 @@ Failure: `ZkConnectionError` when ZooKeeper cannot be read.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 from nodepool_k8s import records
 from nodepool_k8s.model import NodeRequest, NodeView
@@ -41,40 +40,14 @@ class ZkReader:
 
     def _rows(self, ids: list[str],
               malformed: list[MalformedRecord] | None = None) -> list[NodeView]:
+        """The nodes of `ids` (in that order) with their lock state: one decoder for every
+        listing (`nodes.decode`, the strict `records.decode_node` underneath)."""
         ops: list[tuple[str, str]] = []
         for node_id in ids:
             ops.append((multiread.GET, paths.node_path(node_id)))
             ops.append((multiread.CHILDREN, paths.node_lock_path(node_id)))
-        results = self.zk.read_many(ops)
         rows: list[NodeView] = []
-        for index, node_id in enumerate(ids):
-            found, children = results[2 * index], results[2 * index + 1]
-            if not found or not found[0]:
-                continue
-            try:
-                node = node_codec.decode(node_id, found[0], found[1].version)
-            except records.Malformed as exc:
-                _report(malformed, "node", node_id, found[1].version, exc.reason)
-                continue
-            rows.append(NodeView(node, bool(locks.contenders(children or []))))
-        return rows
-
-    def node_records(self, malformed: list[MalformedRecord] | None = None
-                     ) -> list[tuple[str, dict[str, Any], bool]]:
-        """Every node as `(id, decoded JSON, locked)`, in id order, without building `Node`s.
-
-        For listings of many nodes (`status.node_row_from_dict`): the same strict decoder
-        as everywhere else (`records.decode_node`), but the ~35 defaults of a `Node` are not
-        copied per node. Malformed ones are appended to `malformed` when given.
-        """
-        ids = sorted(c for c in (self.zk.get_children(paths.NODES) or [])
-                     if paths.is_node_id(c))
-        ops: list[tuple[str, str]] = []
-        for node_id in ids:
-            ops.append((multiread.GET, paths.node_path(node_id)))
-            ops.append((multiread.CHILDREN, paths.node_lock_path(node_id)))
-        out: list[tuple[str, dict[str, Any], bool]] = []
-        decode, contenders = records.decode_node, locks.contenders
+        decode, contenders = node_codec.decode, locks.contenders
         # Decoded part by part as the batches arrive (overlapping the server's work on
         # the next ones); each node's two results are consecutive.
         results = itertools.chain.from_iterable(self.zk.iter_many(ops))
@@ -83,12 +56,12 @@ class ZkReader:
             if not found or not found[0]:
                 continue
             try:
-                data = decode(found[0])
+                node = decode(node_id, found[0], found[1].version)
             except records.Malformed as exc:
                 _report(malformed, "node", node_id, found[1].version, exc.reason)
                 continue
-            out.append((node_id, data, bool(children) and bool(contenders(children))))
-        return out
+            rows.append(NodeView(node, bool(children) and bool(contenders(children))))
+        return rows
 
     def requests(self, malformed: list[MalformedRecord] | None = None
                  ) -> list[NodeRequest]:

@@ -21,12 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazoo import exceptions as kex
-from kazoo.protocol.paths import _prefix_root
-from kazoo.protocol.serialization import Create
 from kazoo.protocol.states import ZnodeStat
 from kazoo.security import OPEN_ACL_UNSAFE
 
-from nodepool_k8s.zk import errors
+from nodepool_k8s.zk import _kazoo_ext, errors
 from nodepool_k8s.zk.client import Stat, ZkClient, translate
 
 
@@ -74,14 +72,10 @@ class Txn:
         tx = zk.transaction()
         for op in self.ops:
             if op.kind == "create":
-                # kazoo's TransactionRequest.create normalises away a trailing "/", so a
-                # sequential create of "/nodepool/nodes/" would make "/nodepool/nodes<seq>";
-                # build the request with the trailing slash kept, as KazooClient.create does.
-                flags = (1 if op.ephemeral else 0) | (2 if op.sequence else 0)
+                # Not tx.create: it drops the trailing "/" of a sequential create.
                 acl = zk.kazoo.default_acl or OPEN_ACL_UNSAFE
-                tx.operations.append(Create(
-                    _prefix_root(zk.kazoo.chroot, op.path, trailing=op.sequence), op.data,
-                    acl, flags))
+                _kazoo_ext.add_create(tx, zk.kazoo.chroot, op.path, op.data, acl,
+                                      op.ephemeral, op.sequence)
             elif op.kind == "set":
                 tx.set_data(op.path, op.data, version=op.version)
             elif op.kind == "delete":

@@ -23,7 +23,7 @@ from nodepool_k8s.cmd.nodepoolcmd import main
 from nodepool_k8s.driver.fake import FakeProvider
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import NodeSet, ZuulClient
+from nodepool_k8s.testing.zuul_client import NodeSet, ZuulClient
 from tests.helpers import ZkConnection, wait_for
 
 SCRIPT = Path(sys.executable).with_name("nodepool")

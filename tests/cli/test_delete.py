@@ -16,7 +16,7 @@ from nodepool_k8s.driver.fake import FakeProvider
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.cli.conftest import (MIN_READY, Cli, fake_provider, foreign_node, in_use,
                                 lock_contenders, node_data, node_state, ready_node)
 from tests.helpers import wait_for

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kazoo.client import KazooClient
 
 from nodepool_k8s import status
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.cli.conftest import (MIN_READY, Cli, foreign_node, in_use, lock_contenders,
                                 ready_node, record)
 from tests.launchers import LauncherFactory

@@ -12,7 +12,7 @@ from nodepool_k8s import status
 from nodepool_k8s.cmd.nodepoolcmd import main
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.cli.conftest import Cli, in_use
 from tests.launchers import LauncherFactory
 

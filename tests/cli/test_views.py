@@ -5,7 +5,7 @@ from __future__ import annotations
 from kazoo.client import KazooClient
 
 from nodepool_k8s import status
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.cli.conftest import Cli, foreign_node, in_use, parse_table
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory

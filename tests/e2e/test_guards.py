@@ -30,7 +30,7 @@ from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.config.model import PoolLabel
 from nodepool_k8s.driver.kubernetes import guards, manifests
 from nodepool_k8s.simulator import Simulator
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.e2e.util import node_api
 from tests.launchers import LauncherFactory
 

@@ -17,7 +17,7 @@ from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.e2e.util import admin_api, our_namespaces
 from tests.helpers import wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory

@@ -26,7 +26,7 @@ from nodepool_k8s.model import Node
 from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.e2e.util import admin_api
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory

@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.e2e.util import our_namespaces, wait_cluster_empty
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.util import Processes

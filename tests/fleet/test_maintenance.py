@@ -14,7 +14,7 @@ from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.config.cron import Cron, parse_duration
 from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.config.common import assert_problem, at, base, load, prefix
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory

@@ -18,8 +18,9 @@ from typing import Any
 
 import pytest
 
+from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.clock import ManualClock
-from nodepool_k8s.exceptions import LaunchError, QuotaExceeded, TemporaryError
+from nodepool_k8s.exceptions import LaunchCancelled, LaunchError, QuotaExceeded, TemporaryError
 from nodepool_k8s.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory
@@ -231,7 +232,7 @@ def test_boot_timeout(make_sim: Any, make_k8s_provider: ProviderFactory) -> None
 def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
     sim = make_sim(start_delay=3600)
     provider = make_k8s_provider(sim, POD)
-    cancel = threading.Event()
+    cancel = CancelEvent()  # what the core passes: setting it wakes the waiting launch
     outcome: dict[str, BaseException] = {}
     progressed = threading.Event()
 
@@ -252,7 +253,7 @@ def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: Provider
     thread.join(5)
     assert time.monotonic() - started < 2
     error = outcome["error"]
-    assert isinstance(error, LaunchError) and error.reason == "Cancelled"
+    assert isinstance(error, LaunchCancelled) and error.reason == "Cancelled"
     wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 

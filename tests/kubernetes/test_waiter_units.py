@@ -15,11 +15,12 @@ from typing import Any, Iterator
 
 import pytest
 
+from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.driver.kubernetes import client as kclient
 from nodepool_k8s.driver.kubernetes.errors import Gone
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch, iter_events, wait_namespace_deleted
-from nodepool_k8s.exceptions import LaunchError, NotFound, TemporaryError
+from nodepool_k8s.exceptions import LaunchCancelled, LaunchError, NotFound, TemporaryError
 from tests.helpers import wait_for
 
 
@@ -84,6 +85,67 @@ def test_wait_is_woken_by_events() -> None:
     watch._apply({"type": "ADDED", "object": obj}, "2")
     thread.join(5)
     assert results == [obj]
+
+
+def test_cancel_event_wakes_a_waiter_without_a_tick() -> None:
+    # No tick and a deadline 1000 s away: only the cancel event's subscription can wake it.
+    watch = ObjectWatch("pods", None, lambda **kw: None, "x=y",  # type: ignore[arg-type]
+                        ManualClock())
+    cancel = CancelEvent()
+    errors: list[BaseException] = []
+    waiting = threading.Event()
+
+    def check(obj: Any) -> Any:
+        waiting.set()
+        return None
+
+    def run() -> None:
+        try:
+            watch.wait("ns", "p", check, deadline=2000.0, cancel=cancel, what="p")
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert waiting.wait(5)
+    cancel.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], LaunchCancelled)
+    assert errors[0].reason == "Cancelled"
+    assert not cancel._subscribers  # the waiter unsubscribed
+
+
+def test_a_time_dependent_check_is_run_again_without_events() -> None:
+    # No tick, no events, a deadline 1000 s away: only recheck_in brings the check back.
+    watch = ObjectWatch("pods", None, lambda **kw: None, "x=y",  # type: ignore[arg-type]
+                        ManualClock())
+    grace_over = threading.Event()
+    checked = threading.Event()
+    results: list[Any] = []
+
+    def check(obj: Any) -> Any:
+        checked.set()
+        return "gave up" if grace_over.is_set() else None
+
+    thread = threading.Thread(target=lambda: results.append(watch.wait(
+        "ns", "p", check, deadline=2000.0, cancel=CancelEvent(), what="p",
+        recheck_in=lambda: 0.01)))
+    thread.start()
+    assert checked.wait(5)
+    grace_over.set()
+    thread.join(30)
+    assert not thread.is_alive() and results == ["gave up"]
+
+
+def test_cancel_event_calls_late_subscribers_at_once() -> None:
+    cancel = CancelEvent()
+    cancel.set()
+    called: list[int] = []
+    unsubscribe = cancel.subscribe(lambda: called.append(1))
+    unsubscribe()
+    unsubscribe()  # idempotent
+    assert called == [1] and cancel.is_set()
 
 
 def test_wait_deadline_uses_the_clock() -> None:

@@ -21,7 +21,7 @@ from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.exceptions import LaunchError, TemporaryError
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory
 from tests.sessions import expire_session

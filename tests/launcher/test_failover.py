@@ -22,7 +22,7 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.stats import RecordingBackend, Stats
 from nodepool_k8s.testing.zookeeper import ZooKeeperEnsemble
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import TEST_SETTINGS
 

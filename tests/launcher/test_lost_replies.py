@@ -19,7 +19,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s.driver.base import LaunchSpec
 from nodepool_k8s.launcher.launch import LaunchOutcome, LaunchPool, READY
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 

@@ -12,7 +12,7 @@ from kazoo.exceptions import NoNodeError
 from nodepool_k8s import model
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 from tests.launcher.util import NodeCounter

@@ -24,7 +24,7 @@ from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.stats import RecordingBackend, Stats
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.util import Processes
 from tests.launchers import TEST_SETTINGS

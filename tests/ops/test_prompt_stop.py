@@ -19,7 +19,7 @@ import pytest
 from nodepool_k8s.simulator import Simulator, SimulatorConfig
 from nodepool_k8s.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.ops.conftest import LauncherProcess, LauncherProcesses
 

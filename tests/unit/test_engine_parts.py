@@ -175,3 +175,11 @@ def test_stats_keys_are_sanitised() -> None:
     assert keys[2] == "nodepool.launch.requestor.zuul__c_5.ready"
     # Nodepool-compatible where names are ordinary: dots in labels stay.
     assert st.label_nodes_key("ubuntu-22.04", "ready") == "nodepool.label.ubuntu-22.04.nodes.ready"
+
+
+def test_one_backoff_formula() -> None:
+    from nodepool_k8s.launcher.settings import next_backoff
+    delays = [0.0]
+    for _ in range(6):
+        delays.append(next_backoff(delays[-1], 5.0, 60.0))
+    assert delays[1:] == [5.0, 10.0, 20.0, 40.0, 60.0, 60.0]

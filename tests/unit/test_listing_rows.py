@@ -1,5 +1,6 @@
-"""The slim listing path (`ZkReader.node_records` + `status.node_row_from_dict`) gives the
-same rows as decoding every record into a `Node` (`nodes.parse` + `status.node_row`)."""
+"""Listing rows: every odd-but-valid node record decodes into a `Node` (the one decoder) and
+renders as a row (the one row builder) with secrets redacted; `model.Node` has a typed
+attribute for every field (no catch-all), and unknown keys round-trip; tables render."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 
 import pytest
 
-from nodepool_k8s import status
+from nodepool_k8s import model, status
 from nodepool_k8s.zk import nodes as node_codec
 
 NOW = 1_700_000_000.0
@@ -33,12 +34,30 @@ RECORDS = [
 
 @pytest.mark.parametrize("locked", [False, True])
 @pytest.mark.parametrize("record", RECORDS)
-def test_row_from_dict_matches_node_row(record: dict, locked: bool) -> None:
-    data = json.loads(json.dumps(record))
+def test_rows_of_decoded_records(record: dict, locked: bool) -> None:
     node = node_codec.parse("0000000001", json.dumps(record).encode())
     assert node is not None
-    expected = status.node_row(status.NodeView(node, locked), NOW)
-    assert status.node_row_from_dict("0000000001", data, locked, NOW) == expected
+    row = status.node_row(status.NodeView(node, locked), NOW)
+    assert row["id"] == "0000000001" and row["state"] == record["state"]
+    assert row["locked"] == ("locked" if locked else "unlocked")
+    port = row["connection_port"]
+    assert port is None or isinstance(port, int) or port == status.REDACTED
+    assert "secret" not in json.dumps(row)
+    types = record.get("type")
+    assert row["label"] == ([types] if isinstance(types, str) else list(types or []))
+
+
+def test_node_has_a_typed_attribute_per_field_and_no_catch_all() -> None:
+    node = model.Node.from_dict("0000000001", RECORDS[0])
+    assert not hasattr(model.Node, "__getattr__")
+    for key in model._NODE_DEFAULTS:
+        assert isinstance(getattr(model.Node, key), model._Field), key
+        assert getattr(node, key) == node.fields[key]
+    with pytest.raises(AttributeError):
+        getattr(node, "providr")
+    node.provider = "other"  # typed setter: writes the field
+    assert node.fields["provider"] == "other" and node.to_dict()["provider"] == "other"
+    assert node.to_dict()["unknown"] == 3 and node.to_dict()["id"] == "zuul-extra"
 
 
 def test_render_table_layout() -> None:

@@ -18,7 +18,7 @@ from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock
 
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
+from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ConnectionState, ZkClient
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
 from tests.helpers import ZkConnection, wait_for
@@ -32,10 +32,10 @@ def node_json(state: str = "ready", **extra: object) -> bytes:
 def test_node_cache_events_and_contenders(zkc: ZkClient, kazoo_client: KazooClient,
                                           caplog: pytest.LogCaptureFixture) -> None:
     cache = NodeCache(zkc)
-    seen: list[tuple[str, str]] = []
+    seen: list[tuple[CacheEvent, str]] = []
     changed = threading.Event()
 
-    def listener(kind: str, key: str) -> None:
+    def listener(kind: CacheEvent, key: str) -> None:
         seen.append((kind, key))
         changed.set()
 
@@ -70,7 +70,8 @@ def test_node_cache_events_and_contenders(zkc: ZkClient, kazoo_client: KazooClie
         assert cache.get("0000000002") is None
         kazoo_client.delete(paths.node_path("0000000001"), recursive=True)
         wait_for(lambda: cache.get("0000000001") is None)
-        assert ("removed", "0000000001") in seen and ("lock", "0000000001") in seen
+        assert (CacheEvent.REMOVED, "0000000001") in seen
+        assert (CacheEvent.LOCK, "0000000001") in seen
     finally:
         cache.stop()
 

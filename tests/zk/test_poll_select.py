@@ -1,4 +1,5 @@
-"""`poll_select`, the `poll()`-based select of our kazoo handler, answers like kazoo's."""
+"""`_kazoo_ext`: `poll_select` (our kazoo handler's select) answers like kazoo's; the
+version check and self-test pass on the installed kazoo and stop the client on another."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import time
 
 import pytest
 
-from nodepool_k8s.zk.client import poll_select
+from nodepool_k8s.zk._kazoo_ext import poll_select
 
 
 def test_readable_writable_and_timeout() -> None:
@@ -38,3 +39,45 @@ def test_bad_arguments() -> None:
         poll_select([], [], [], -1)
     with pytest.raises((TypeError, ValueError)):
         poll_select([a], [], [], 0)
+
+
+# -- the rest of _kazoo_ext: the version check and the self-test ---------------------------
+
+def test_self_test_passes_on_the_installed_kazoo() -> None:
+    from nodepool_k8s.zk import _kazoo_ext
+    assert _kazoo_ext.problems() == []
+    _kazoo_ext.check()
+
+
+def test_unsupported_kazoo_fails_with_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodepool_k8s.exceptions import PermanentError
+    from nodepool_k8s.zk import _kazoo_ext
+    from nodepool_k8s.zk.client import ZkClient, ZkSettings
+    monkeypatch.setattr(_kazoo_ext, "installed_version", lambda: "2.12.1")
+    monkeypatch.setattr(_kazoo_ext, "_result", [])  # forget the passed check of this process
+    with pytest.raises(_kazoo_ext.KazooIncompatible) as info:
+        ZkClient(ZkSettings(hosts="127.0.0.1:1")).start()
+    assert isinstance(info.value, PermanentError)
+    assert "kazoo 2.12.1" in str(info.value) and ">=2.10,<2.12" in str(info.value)
+
+
+KAZOO_INTERNALS = ("kazoo.protocol.paths", "kazoo.protocol.serialization",
+                   "kazoo.protocol.connection", "kazoo.handlers.utils", "._call(",
+                   "_prefix_root", ".operations.append", "SequentialThreadingHandler")
+
+
+def test_only_kazoo_ext_touches_kazoo_internals() -> None:
+    """import-linter squashes external packages to `kazoo`, so this rule is checked here:
+    no production module but zk/_kazoo_ext.py names one of kazoo's internals."""
+    import pathlib
+
+    import nodepool_k8s
+    root = pathlib.Path(nodepool_k8s.__file__).parent
+    offenders = []
+    for path in sorted(root.rglob("*.py")):
+        relative = path.relative_to(root).as_posix()
+        if relative == "zk/_kazoo_ext.py" or relative.startswith(("testing/", "simulator/")):
+            continue
+        text = path.read_text()
+        offenders += [f"{relative}: {name}" for name in KAZOO_INTERNALS if name in text]
+    assert offenders == []

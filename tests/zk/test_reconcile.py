@@ -20,7 +20,7 @@ from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.requests import RequestStore, encode
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk.txn import Txn
 
 

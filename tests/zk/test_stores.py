@@ -22,7 +22,7 @@ from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.requests import RequestStore, min_ready_request
-from nodepool_k8s.zk.testing_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
+from nodepool_k8s.testing.zuul_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import ZkConnection
 

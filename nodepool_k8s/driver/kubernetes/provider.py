@@ -47,8 +47,8 @@ from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, object_uid,
                                                    resource_version, wait_namespace_deleted,
                                                    wait_namespace_gone)
-from nodepool_k8s.exceptions import (LaunchError, NodepoolError, NotFound, NotOwned,
-                                     PermanentError, QuotaExceeded, TemporaryError)
+from nodepool_k8s.exceptions import (LaunchCancelled, LaunchError, NodepoolError, NotFound,
+                                     NotOwned, PermanentError, QuotaExceeded, TemporaryError)
 from nodepool_k8s.model import Resources
 
 log = logging.getLogger(__name__)
@@ -82,8 +82,9 @@ class KubernetesSettings:
     watch_timeout: int = 300
     # urllib3 connections kept per API server; raised to max-concurrency + 8 if larger.
     connection_pool_maxsize: int = 128
-    # Longest a waiting launch goes without checking its cancel event and deadline.
-    wait_tick: float = 0.1
+    # None in production: waits wake on events, cancel and deadline, never on a tick. Tests
+    # on a ManualClock set one (its time moves without waking anyone).
+    wait_tick: float | None = None
 
 
 class ConnectionData(dict):  # type: ignore[type-arg]
@@ -233,7 +234,7 @@ class KubernetesProvider:
         label = spec.label
         _validate(label)
         if cancel.is_set():
-            raise LaunchError("cancelled before start", reason="Cancelled")
+            raise LaunchCancelled("cancelled before start")
         deadline = self._clock.monotonic() + label.boot_timeout
         labels = manifests.object_labels(spec)
         try:
@@ -255,7 +256,8 @@ class KubernetesProvider:
                 check = PodCheck(f"{namespace}/{name}", self._clock,
                                  self.unschedulable_grace)
                 pod = pods.wait(namespace, name, check, deadline, cancel,
-                                what=f"pod {namespace}/{name} to run")
+                                what=f"pod {namespace}/{name} to run",
+                                recheck_in=check.recheck_in)
         except BaseException as exc:
             failure = _as_launch_failure(exc, cancel)
             _log(spec).warning("Attempt %d in namespace %s failed: %s", spec.attempt,
@@ -512,10 +514,10 @@ def _validate(label: PoolLabel) -> None:
 
 def _as_launch_failure(exc: BaseException, cancel: threading.Event) -> BaseException | None:
     """What a failed attempt raises for `exc` (None: re-raise `exc` itself)."""
-    if cancel.is_set() and isinstance(exc, NodepoolError) and not (
-            isinstance(exc, LaunchError) and exc.reason == "Cancelled"):
+    if cancel.is_set() and isinstance(exc, NodepoolError) \
+            and not isinstance(exc, LaunchCancelled):
         # An API error met while giving up is not the story: the core cancelled us.
-        return LaunchError(f"cancelled ({exc})", reason="Cancelled")
+        return LaunchCancelled(f"cancelled ({exc})")
     if isinstance(exc, QuotaExceeded) and guards.own_quota_refusal(str(exc)):
         # Not the cluster being full: the pod asks for more than its label was counted for.
         return LaunchError(f"the pod exceeds its label's ResourceQuota: {exc}",

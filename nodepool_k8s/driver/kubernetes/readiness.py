@@ -99,6 +99,13 @@ class PodCheck:
         self._check_scheduling(status)
         return None
 
+    def recheck_in(self) -> float | None:
+        """Seconds until an unschedulable pod's grace ends (None: not unschedulable): the
+        waiter checks again then, as no event may come."""
+        if self._unschedulable_since is None:
+            return None
+        return self._unschedulable_since + self._grace - self._clock.monotonic()
+
     def _check_scheduling(self, status: dict[str, Any]) -> None:
         unschedulable = None
         for condition in status.get("conditions") or []:

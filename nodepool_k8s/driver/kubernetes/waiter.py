@@ -17,10 +17,14 @@ backoff. The backoff grows with consecutive failures and is only reset by a watc
 delivered events: a watch that fails while the list succeeds (e.g. watch forbidden, list
 allowed) does not relist every 0.2 s forever, and neither does a server that ends every
 watch at once. One event line may be at most `MAX_EVENT_BYTES`. `wait` raises
-LaunchError("BootTimeout") at its deadline and LaunchError("Cancelled") promptly after
-`cancel` is set; the check itself may raise LaunchError to fail early. Waiters wake at
-least every `tick` seconds to notice cancellation and deadlines (the injected clock decides
-deadlines, so tests can move time).
+BootTimeout at its deadline and LaunchCancelled as soon as `cancel` is set; the check itself
+may raise LaunchError to fail early. Nothing is polled: a waiter sleeps until an event for
+its object, the provider's stop, its cancel event (a `CancelEvent` wakes it; the core always
+passes one), its deadline, or the time its check asks to be run again (`recheck_in`: the
+unschedulable grace, the namespace wait's `ask_after`). Only a plain `threading.Event` as
+cancel (some tests and callers) or an explicit `tick` (tests on a `ManualClock`, whose time
+moves without waking anyone) makes a waiter also look every `tick` (default
+`PLAIN_EVENT_TICK`) seconds.
 """
 
 from __future__ import annotations
@@ -31,12 +35,15 @@ import math
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
 
+from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.errors import Gone, map_api_error
-from nodepool_k8s.exceptions import LaunchError, NotFound, TemporaryError
+from nodepool_k8s.exceptions import (BootTimeout, LaunchCancelled, LaunchError, NotFound,
+                                     TemporaryError)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +55,8 @@ Check = Callable[[dict[str, Any] | None], T | None]
 RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # A watch event is one object (a pod is a few KB); a line this long is garbage or an attack.
 MAX_EVENT_BYTES = 4 * 1024 * 1024
+# How often a waiter whose cancel event cannot wake it (a plain threading.Event) looks at it.
+PLAIN_EVENT_TICK = 0.1
 
 
 def restart_delay(failures: int) -> float:
@@ -101,7 +110,7 @@ class ObjectWatch:
 
     def __init__(self, kind: str, client: KubeClient, list_fn: Callable[..., Any],
                  label_selector: str, clock: Clock, watch_timeout: int = 300,
-                 tick: float = 0.1, tombstones: int = 0,
+                 tick: float | None = None, tombstones: int = 0,
                  owned: Callable[[dict[str, Any]], bool] | None = None) -> None:
         """`tombstones`: remember the uids of up to this many deleted objects (0: none), so
         a waiter that arrives after the DELETED event can still tell the object is gone.
@@ -177,12 +186,23 @@ class ObjectWatch:
     # -- waiting -----------------------------------------------------------------------------
 
     def wait(self, namespace: str, name: str, check: Check[T], deadline: float,
-             cancel: threading.Event, what: str) -> T:
-        """Block until `check(object)` returns a result, the deadline passes or `cancel`."""
+             cancel: threading.Event, what: str,
+             recheck_in: Callable[[], float | None] | None = None) -> T:
+        """Block until `check(object)` returns a result, the deadline passes or `cancel`.
+
+        `recheck_in()`, for a check whose answer changes with time alone (a grace period),
+        says in how many seconds to run the check again without an event (None: only on
+        events); asked after every check that returned None."""
         key = (namespace, name)
         woken = threading.Event()
         with self._lock:
             self._waiters.setdefault(key, set()).add(woken)
+        unsubscribe: Callable[[], None] | None = None
+        tick = self._tick
+        if isinstance(cancel, CancelEvent):
+            unsubscribe = cancel.subscribe(woken.set)
+        elif tick is None:
+            tick = PLAIN_EVENT_TICK
         try:
             while True:
                 woken.clear()
@@ -190,15 +210,20 @@ class ObjectWatch:
                 if result is not None:
                     return result
                 if cancel.is_set():
-                    raise LaunchError(f"cancelled while waiting for {what}", reason="Cancelled")
+                    raise LaunchCancelled(f"cancelled while waiting for {what}")
                 remaining = deadline - self._clock.monotonic()
                 if remaining <= 0:
-                    raise LaunchError(f"timed out waiting for {what}", reason="BootTimeout")
+                    raise BootTimeout(f"timed out waiting for {what}")
                 if self._stopped.is_set():
-                    raise LaunchError(f"provider stopped while waiting for {what}",
-                                      reason="Cancelled")
-                woken.wait(min(self._tick, remaining))
+                    raise LaunchCancelled(f"provider stopped while waiting for {what}")
+                sleep = remaining if tick is None else min(tick, remaining)
+                again = recheck_in() if recheck_in is not None else None
+                if again is not None:
+                    sleep = min(sleep, max(again, 0.001))
+                woken.wait(sleep)
         finally:
+            if unsubscribe is not None:
+                unsubscribe()
             with self._lock:
                 waiters = self._waiters.get(key)
                 if waiters is not None:
@@ -388,7 +413,16 @@ def wait_namespace_gone(client: KubeClient, name: str, version: str, deadline: f
 ASK_AFTER = 1.0
 _GONE = "gone"
 _ASK = "ask"
-_NEVER = threading.Event()
+_NEVER = CancelEvent()  # never set; a CancelEvent, so waiting on it does not tick
+
+
+@dataclass
+class _DeletionWait:
+    """What `wait_namespace_deleted` knows so far about the namespace it waits for."""
+
+    uid: str | None  # the namespace's uid (None: not known yet, e.g. after a 409)
+    since: float  # time.monotonic() when the wait began
+    asked: int | None = None  # `watch.lists` when the namespace was last read directly
 
 
 def wait_namespace_deleted(watch: ObjectWatch, client: KubeClient, name: str,
@@ -405,45 +439,50 @@ def wait_namespace_deleted(watch: ObjectWatch, client: KubeClient, name: str,
     our labels, which the watch never reports, is confirmed by `wait_namespace_gone`.
     TemporaryError at the deadline, or when the watch stops.
     """
-    state: dict[str, Any] = {"uid": uid or None, "asked": None, "since": time.monotonic()}
+    state = _DeletionWait(uid=uid or None, since=time.monotonic())
 
     def check(obj: dict[str, Any] | None) -> str | None:
         if obj is not None:
-            if state["uid"] is None and (obj.get("metadata") or {}).get("deletionTimestamp"):
-                state["uid"] = object_uid(obj)
-            if state["uid"] is not None:
-                return None if object_uid(obj) == state["uid"] else _GONE
+            if state.uid is None and (obj.get("metadata") or {}).get("deletionTimestamp"):
+                state.uid = object_uid(obj)
+            if state.uid is not None:
+                return None if object_uid(obj) == state.uid else _GONE
         else:
             tomb = watch.tombstone("", name)
-            if state["uid"] is not None and tomb == (state["uid"], True):
+            if state.uid is not None and tomb == (state.uid, True):
                 return _GONE
-        asked = state["asked"]
-        if asked is not None:
+        if state.asked is not None:
             # The read showed it exists: the watch will report it, unless it re-lists.
-            return _ASK if watch.lists > asked and obj is None else None
-        if obj is None and watch.synced and time.monotonic() - state["since"] < ask_after:
+            return _ASK if watch.lists > state.asked and obj is None else None
+        if obj is None and watch.synced and time.monotonic() - state.since < ask_after:
             return None  # the watch probably trails the API by a few milliseconds
         return _ASK
+
+    def recheck_in() -> float | None:
+        """Until `ask_after` has passed, check again then even without an event."""
+        if state.asked is not None:
+            return None
+        return state.since + ask_after - time.monotonic()
 
     while True:
         try:
             verdict = watch.wait("", name, check, deadline, _NEVER,
-                                 what=f"namespace {name} to go")
+                                 what=f"namespace {name} to go", recheck_in=recheck_in)
+        except BootTimeout as exc:
+            raise TemporaryError(
+                f"namespace {name} still exists after its deletion timeout") from exc
         except LaunchError as exc:
-            if exc.reason == "BootTimeout":
-                raise TemporaryError(
-                    f"namespace {name} still exists after its deletion timeout") from exc
             raise TemporaryError(f"stopped waiting for namespace {name} to go: {exc}") from exc
         if verdict == _GONE:
             return
-        state["asked"] = watch.lists
+        state.asked = watch.lists
         try:
             obj = client.call(f"read namespace {name}", client.core.read_namespace, name)
         except NotFound:
             return
-        if state["uid"] is not None and object_uid(obj) != state["uid"]:
+        if state.uid is not None and object_uid(obj) != state.uid:
             return  # ours is gone; this one is a newer namespace of the same name
-        state["uid"] = object_uid(obj)
+        state.uid = object_uid(obj)
         if not watch.owns(obj):
             # Not labelled ours (a name collision): the shared watch never reports it.
             log.info("namespace %s is not labelled for provider watch; watching it alone", name)

@@ -1,0 +1,236 @@
+"""Allocation for one request: reuse of ready nodes, the quota check and the guarded create.
+
+Owns: finding nodes for a request's unfilled slots, either by taking over a ready,
+unallocated node of the pool (lock, re-read, re-check, write `allocated_to`) or by creating
+node znodes in `init` after a quota check, serialised across launchers by the guard loop
+(`zk.quota_guard.commit_guarded`: the guard bump rides in the transaction that creates the
+nodes). It does not launch anything: the request handler (`handler.py`) starts the launches
+of the nodes created here and owns every later state change.
+
+Dependencies: only what `AllocationDeps` lists (a slice of the engine), so a test or a
+future caller can see what allocation reads and writes.
+
+Failure modes: a non-fitting `quota.Verdict` (the handler pauses or declines), a
+CONTENTION verdict when every guarded attempt lost to another launcher (the handler asks
+for another pass), and the typed ZooKeeper errors of the commit.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Protocol
+
+from nodepool_k8s import model, quota
+from nodepool_k8s.clock import Clock
+from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig, TenantLimit
+from nodepool_k8s.driver.base import LaunchResult, Provider
+from nodepool_k8s.launcher.settings import EngineSettings
+from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.cache import NodeCache
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.quota_guard import (CONTENDED, GuardedWrite, Keep, QuotaGuard,
+                                         commit_guarded)
+from nodepool_k8s.zk.txn import Txn
+
+if TYPE_CHECKING:
+    from nodepool_k8s.launcher.launch import LaunchOutcome
+
+CONTENTION = "contention"
+
+
+class SlotState(enum.Enum):
+    NEED = "need"
+    LAUNCHING = "launching"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass
+class Slot:
+    index: int
+    label: str
+    state: SlotState = SlotState.NEED
+    node: Node | None = None
+    lock: HeldLock | None = None
+    future: "Future[LaunchOutcome] | None" = None
+    result: LaunchResult | None = None
+    reused: bool = False
+
+
+@dataclass(frozen=True)
+class PoolRef:
+    pool_id: str
+    provider: str
+    pool: str
+
+
+class AllocationDeps(Protocol):
+    """What allocation uses of the engine (`launcher.context.Engine` provides it)."""
+
+    @property
+    def zk(self) -> ZkClient: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def settings(self) -> EngineSettings: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def nodes(self) -> NodeStore: ...
+
+    @property
+    def node_cache(self) -> NodeCache: ...
+
+    @property
+    def guard(self) -> QuotaGuard: ...
+
+    def cached_usage(self, keep: Keep = None) -> list[quota.UsageRecord]: ...
+
+    def usage(self, keep: Keep = None,
+              ids: list[str] | None = None) -> list[quota.UsageRecord]: ...
+
+
+class Allocator:
+    """Reuse and guarded creation of nodes for the slots of one request."""
+
+    def __init__(self, deps: AllocationDeps, ref: PoolRef, provider: Provider,
+                 request: NodeRequest, request_lock: HeldLock,
+                 log: logging.LoggerAdapter[logging.Logger],
+                 node_log: Callable[[Node], logging.LoggerAdapter[logging.Logger]]) -> None:
+        self.deps = deps
+        self.ref = ref
+        self.provider = provider
+        self.request = request
+        self.request_lock = request_lock
+        self.log = log
+        self._node_log = node_log
+
+    def create(self, remaining: list[Slot], provider_cfg: ProviderConfig,
+               pool_cfg: PoolConfig) -> quota.Verdict:
+        """Create nodes in `init` for `remaining` if the quotas allow (FITS: every slot has
+        its `node`, not yet locked or launched); else the verdict that says why not."""
+        deps = self.deps
+        need = quota.demand([s.label for s in remaining], pool_cfg)
+        tenant = self.request.tenant_name
+        tenant_limit = deps.config.tenant_resource_limits.get(tenant) if tenant else None
+
+        def counts(node: quota.NodeUsage) -> bool:
+            """Only this provider's nodes (and the tenant's, if limited) enter the checks."""
+            return node.provider == provider_cfg.name \
+                or (tenant_limit is not None and node.tenant_name == tenant)
+
+        # A cheap look at the cache first: while paused this is all a pass costs.
+        verdict = self.check(need, deps.cached_usage(counts), provider_cfg, pool_cfg,
+                             tenant_limit)
+        if not verdict:
+            return verdict
+        guards = [paths.provider_guard_path(provider_cfg.name)]
+        if tenant_limit is not None and tenant:
+            guards.append(paths.tenant_guard_path(tenant))
+
+        def attempt() -> GuardedWrite[quota.Verdict] | quota.Verdict:
+            # Guard versions and the node listing in one round trip (pipelined).
+            versions, ids = deps.guard.read_listing(guards)
+            verdict = self.check(need, deps.usage(counts, ids), provider_cfg, pool_cfg,
+                                 tenant_limit)
+            if not verdict:
+                return verdict
+            new_nodes = [self.new_node(s.label, pool_cfg) for s in remaining]
+            txn = Txn()
+            # Only while the request is still ours: a pass that began before our session
+            # expired must not create nodes for a request another launcher now serves.
+            self.request_lock.guard(txn)
+            indexes = [NodeStore.add_create(txn, node) for node in new_nodes]
+
+            def committed(results: list[Any]) -> quota.Verdict:
+                for slot, node, index in zip(remaining, new_nodes, indexes):
+                    node.id, node.version = NodeStore.created_id(results[index]), 0
+                    slot.node = node
+                deps.guard.note_created(new_nodes, [n.id for n in new_nodes])
+                return quota.FITS
+            return GuardedWrite(versions, txn, committed)
+
+        try:
+            outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+        except errors.NoNodeError as exc:
+            failed = exc.__cause__
+            if isinstance(failed, errors.TxnFailed) \
+                    and failed.path == self.request_lock.child_path:
+                raise errors.LockLost(f"lock on request {self.request.id} vanished") from exc
+            raise
+        if outcome is CONTENDED:
+            return quota.Verdict(False, CONTENTION, ())
+        return outcome
+
+    def check(self, need: model.Resources, records: list[quota.UsageRecord],
+              provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
+              tenant_limit: TenantLimit | None) -> quota.Verdict:
+        verdict = quota.check(
+            need, pool_usage=quota.total(records, provider=provider_cfg.name,
+                                         pool=pool_cfg.name),
+            provider_usage=quota.total(records, provider=provider_cfg.name),
+            pool=pool_cfg, provider=provider_cfg, cloud_limits=self.provider.cloud_limits())
+        if verdict and tenant_limit is not None:
+            verdict = quota.check_tenant(
+                need, quota.total(records, tenant=self.request.tenant_name), tenant_limit)
+        return verdict
+
+    def new_node(self, label: str, pool_cfg: PoolConfig) -> Node:
+        now = self.deps.clock.time()
+        node = Node(id="", state=model.INIT, state_time=now, type=[label])
+        attributes = dict(pool_cfg.node_attributes) if pool_cfg.node_attributes else None
+        node.set(provider=self.ref.provider, pool=self.ref.pool, launcher=self.ref.pool_id,
+                 allocated_to=self.request.id, tenant_name=self.request.tenant_name,
+                 requestor=self.request.requestor, attributes=attributes,
+                 resources=self.provider.quota_for_label(pool_cfg.labels[label]).as_dict(),
+                 created_time=now)
+        return node
+
+    def reuse(self, needed: list[Slot]) -> None:
+        """Take over ready, unallocated nodes of the pool for `needed` slots (locked,
+        re-read and re-checked, then `allocated_to` written)."""
+        cache = self.deps.node_cache
+        candidates = sorted(
+            (n for n in cache.nodes()
+             if n.state == model.READY and not n.allocated_to
+             and n.provider == self.ref.provider and n.pool == self.ref.pool
+             and not cache.is_locked(n.id)),
+            key=lambda n: (n.state_time or 0.0, n.id))
+        taken: set[str] = set()
+        for slot in needed:
+            for candidate in candidates:
+                if candidate.id in taken or candidate.label != slot.label:
+                    continue
+                taken.add(candidate.id)
+                got = self.deps.nodes.lock_and_read(candidate.id)
+                if got is None:
+                    continue
+                lock, node = got
+                if node.state != model.READY or node.allocated_to \
+                        or node.provider != self.ref.provider or node.pool != self.ref.pool \
+                        or node.label != slot.label:
+                    lock.release()
+                    continue
+                if not self.request_lock.valid:  # our session expired during this pass
+                    lock.release()
+                    return
+                node.set(allocated_to=self.request.id, tenant_name=self.request.tenant_name,
+                         requestor=self.request.requestor)
+                try:
+                    self.deps.nodes.store(node, lock)
+                except (errors.LockLost, errors.NoNodeError, errors.VersionConflict):
+                    lock.release()
+                    continue
+                slot.node, slot.lock, slot.state, slot.reused = node, lock, SlotState.READY, True
+                self._node_log(node).info("Reusing ready node for %s", slot.label)
+                break

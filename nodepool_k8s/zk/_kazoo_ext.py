@@ -1,0 +1,319 @@
+"""Every use of kazoo's private or undocumented internals, in one version-checked module.
+
+Owns: what kazoo 2.11's public API does not offer and nodepool_k8s needs:
+
+- `send_request(client, request)`: queue a request object on the connection
+  (`KazooClient._call`), used for ZooKeeper's multiRead (opcode 22), which kazoo lacks;
+- `MultiRead`: the wire encoding of a multiRead and its response, built from kazoo's
+  serialization records (`kazoo.protocol.serialization`: GetData, GetChildren, MultiHeader
+  and the struct helpers);
+- `chroot_prefix(client)` and `full_path(chroot, path)`: kazoo's chroot path prefixing
+  (`kazoo.protocol.paths._prefix_root`);
+- `add_create(tx, ...)`: a create in a `TransactionRequest` that keeps a trailing "/" for
+  sequential creates (appends to `TransactionRequest.operations`, since
+  `TransactionRequest.create` normalises the slash away);
+- `PollThreadingHandler`: kazoo's threading handler whose `select` waits with one `poll()`
+  instead of creating an epoll object per wait (see `poll_select`).
+
+Nothing else in the package touches these (import-linter forbids importing the internal
+kazoo modules elsewhere). The module was written for kazoo `SUPPORTED` (>= 2.10, < 2.12,
+the range setup.cfg pins). `check()` runs once per process from `ZkClient.start`: it
+asserts the installed version is in that range and runs a cheap self-test of each internal
+used (attributes exist, opcodes and encodings are what this module expects, the poll
+handler's `select` answers like kazoo's own on a socket pair). On failure it raises
+`KazooIncompatible` naming the installed kazoo version, and the daemon stops with that
+message instead of misbehaving later.
+"""
+
+from __future__ import annotations
+
+import math
+import select
+import socket
+import struct
+import threading
+from collections import namedtuple
+from typing import Any
+
+import kazoo.version
+from kazoo.client import KazooClient, TransactionRequest
+from kazoo.exceptions import EXCEPTIONS
+from kazoo.handlers.threading import SequentialThreadingHandler
+from kazoo.handlers.utils import fileobj_to_fd
+from kazoo.protocol.paths import _prefix_root
+from kazoo.protocol.serialization import (Create, GetChildren, GetData, MultiHeader,
+                                          int_struct, multiheader_struct, read_buffer,
+                                          read_string, stat_struct)
+from kazoo.protocol.states import ZnodeStat
+
+from nodepool_k8s.exceptions import PermanentError
+
+# The kazoo versions this module was written and tested for: [low, high).
+SUPPORTED = ((2, 10), (2, 12))
+MULTI_READ = 22  # ZooKeeper's OpCode.multiRead (3.6+)
+
+
+class KazooIncompatible(PermanentError):
+    """The installed kazoo is not one this module's internals were written for."""
+
+
+def installed_version() -> str:
+    return str(kazoo.version.__version__)
+
+
+def _parse(version: str) -> tuple[int, ...]:
+    parts: list[int] = []
+    for part in version.split("."):
+        digits = "".join(c for c in part if c.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+# -- multiRead ----------------------------------------------------------------------------
+
+ReadResult = Any  # (bytes, ZnodeStat) for a get, list[str] for children, an exception
+
+
+class MultiRead(namedtuple("MultiRead", "operations")):
+    """A multiRead request; `operations` are kazoo GetData/GetChildren records."""
+
+    type = MULTI_READ
+
+    def serialize(self) -> bytearray:
+        b = bytearray()
+        for op in self.operations:
+            b.extend(MultiHeader(op.type, False, -1).serialize() + op.serialize())
+        b.extend(multiheader_struct.pack(-1, True, -1))
+        return b
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> list[ReadResult]:
+        """Per operation: (data, ZnodeStat), a list of children, or the error's exception
+        instance (kazoo's, e.g. NoNodeError())."""
+        results: list[ReadResult] = []
+        while True:
+            op_type, done, err = multiheader_struct.unpack_from(data, offset)
+            offset += multiheader_struct.size
+            if done:
+                return results
+            if op_type == GetData.type:
+                value, offset = read_buffer(data, offset)
+                stat = ZnodeStat._make(stat_struct.unpack_from(data, offset))
+                offset += stat_struct.size
+                results.append((value or b"", stat))
+            elif op_type == GetChildren.type:
+                count = int_struct.unpack_from(data, offset)[0]
+                offset += int_struct.size
+                children = []
+                for _ in range(max(count, 0)):
+                    child, offset = read_string(data, offset)
+                    children.append(child)
+                results.append(children)
+            else:  # error result for this operation
+                code = int_struct.unpack_from(data, offset)[0]
+                offset += int_struct.size
+                results.append(EXCEPTIONS[code]())
+
+
+def get_data(path: str) -> Any:
+    """A getData operation of a multiRead (no watch)."""
+    return GetData(path, None)
+
+
+def get_children(path: str) -> Any:
+    """A getChildren operation of a multiRead (no watch)."""
+    return GetChildren(path, None)
+
+
+def send_request(client: KazooClient, request: Any) -> Any:
+    """Queue `request` on the connection; its kazoo AsyncResult."""
+    async_result = client.handler.async_result()
+    client._call(request, async_result)
+    return async_result
+
+
+# -- paths --------------------------------------------------------------------------------
+
+def chroot_prefix(chroot: str) -> str:
+    """The normalised chroot ("" without one), to prepend to already normal paths."""
+    return str(_prefix_root(chroot, "/x"))[:-2]
+
+
+def full_path(chroot: str, path: str, trailing: bool = False) -> str:
+    """`path` under the chroot, normalised as kazoo does (`trailing` keeps a final "/")."""
+    return str(_prefix_root(chroot, path, trailing=trailing))
+
+
+# -- transactions -------------------------------------------------------------------------
+
+def add_create(tx: TransactionRequest, chroot: str, path: str, data: bytes,
+               acl: Any, ephemeral: bool, sequence: bool) -> None:
+    """Add a create to `tx`, keeping a trailing "/" of a sequential create (as
+    `KazooClient.create` does; `TransactionRequest.create` would drop it, turning
+    "/nodepool/nodes/" + sequence into "/nodepool/nodes<seq>")."""
+    flags = (1 if ephemeral else 0) | (2 if sequence else 0)
+    tx.operations.append(Create(full_path(chroot, path, trailing=sequence), data, acl, flags))
+
+
+# -- the poll handler ---------------------------------------------------------------------
+
+_POLL_READ = select.POLLIN | select.POLLPRI
+_POLL_WRITE = select.POLLOUT
+_NOT_OUT = ~select.POLLOUT
+_NOT_IN = ~select.POLLIN
+_pollers = threading.local()
+
+
+def _fd(fileobj: Any) -> int:
+    fd = fileobj if type(fileobj) is int else fileobj_to_fd(fileobj)
+    if fd < 0:
+        raise ValueError(f"Invalid file descriptor: {fd}")
+    return int(fd)
+
+
+def poll_select(rlist: list[Any], wlist: list[Any], xlist: list[Any],
+                timeout: float | None = None) -> tuple[list[Any], list[Any], list[Any]]:
+    """kazoo's `selector_select` with one `poll()` call instead of an epoll object.
+
+    kazoo 2.11 creates, registers and closes an epoll selector for every wait of its
+    connection loop, before every request it writes and for every read: four system calls
+    where one does. `poll()` keeps no kernel state, so a poll object per thread and set of
+    descriptors is reused. Same results: a descriptor ready for reading (or in error /
+    hung up, as selectors report it) is listed in the first list, else a writable one in
+    the second; the third is always empty.
+    """
+    if timeout is not None:
+        if not isinstance(timeout, (int, float)):
+            raise TypeError("timeout must be a number")
+        if timeout < 0:
+            raise ValueError("timeout must be non-negative")
+    rfds = tuple(_fd(f) for f in rlist)
+    wfds = tuple(_fd(f) for f in wlist)
+    cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] | None = \
+        getattr(_pollers, "cache", None)
+    if cache is None:
+        cache = _pollers.cache = {}
+    key = (rfds, wfds)
+    poller = cache.get(key)
+    if poller is None:
+        if len(cache) >= 16:
+            cache.clear()
+        masks: dict[int, int] = {}
+        for fd in rfds:
+            masks[fd] = masks.get(fd, 0) | _POLL_READ
+        for fd in wfds:
+            masks[fd] = masks.get(fd, 0) | _POLL_WRITE
+        poller = select.poll()
+        for fd, mask in masks.items():
+            poller.register(fd, mask)
+        cache[key] = poller
+    ready = poller.poll(None if timeout is None else math.ceil(timeout * 1e3))
+    revents: list[Any] = []
+    wevents: list[Any] = []
+    for fd, events in ready:
+        if events & select.POLLNVAL:  # not open: what registering it with epoll raised
+            raise ValueError("Invalid event mask or fd")
+        # As selectors map poll/epoll events: anything but POLLOUT counts as readable,
+        # anything but POLLIN as writable (for a descriptor registered for that).
+        if events & _NOT_OUT and fd in rfds:
+            revents.extend(f for f, d in zip(rlist, rfds) if d == fd)
+        elif events & _NOT_IN and fd in wfds:
+            wevents.extend(f for f, d in zip(wlist, wfds) if d == fd)
+    return revents, wevents, []
+
+
+class PollThreadingHandler(SequentialThreadingHandler):  # type: ignore[misc]
+    """kazoo's threading handler, waiting with `poll_select` (see there)."""
+
+    def select(self, *args: Any, **kwargs: Any) -> Any:
+        return poll_select(*args, **kwargs)
+
+
+# -- the self-test ------------------------------------------------------------------------
+
+_checked = threading.Lock()
+_result: list[str] = []  # "" once passed, else the failure message
+
+
+def problems() -> list[str]:
+    """What does not match this module's expectations of the installed kazoo ([] = fine)."""
+    found: list[str] = []
+    version = _parse(installed_version())
+    low, high = SUPPORTED
+    if not low <= version[:2] < high:
+        found.append(f"version outside the supported range >={'.'.join(map(str, low))},"
+                     f"<{'.'.join(map(str, high))}")
+    if not callable(getattr(KazooClient, "_call", None)):
+        found.append("KazooClient._call is missing")
+    client = KazooClient(hosts="127.0.0.1:1")
+    try:
+        tx = TransactionRequest(client)
+        if not isinstance(getattr(tx, "operations", None), list):
+            found.append("TransactionRequest.operations is not a list")
+        else:
+            add_create(tx, "/c", "/n/", b"x", [], False, True)
+            if tx.operations[-1] != Create("/c/n/", b"x", [], 2):
+                found.append(f"a transaction create encodes as {tx.operations[-1]!r}")
+    finally:
+        client.close()
+    if chroot_prefix("/c/") != "/c" or chroot_prefix("") != "" \
+            or full_path("/c", "/a/b") != "/c/a/b":
+        found.append("kazoo.protocol.paths._prefix_root prefixes chroots differently")
+    if (GetData.type, GetChildren.type) != (4, 8):
+        found.append("getData/getChildren opcodes changed")
+    encoded = bytes(MultiRead([get_data("/a")]).serialize())
+    expected = (struct.pack("!iBi", 4, 0, -1) + struct.pack("!i", 2) + b"/a" + b"\x00"
+                + struct.pack("!iBi", -1, 1, -1))
+    if encoded != expected:
+        found.append("the multiRead encoding differs")
+    reply = struct.pack("!iBi", 8, 0, 0) + struct.pack("!i", 1) + struct.pack("!i", 1) + b"x" \
+        + struct.pack("!iBi", -1, 1, -1)
+    if MultiRead.deserialize(reply, 0) != [["x"]]:
+        found.append("the multiRead reply decoding differs")
+    found.extend(_select_problems())
+    return found
+
+
+def _same(ours: Any, theirs: Any) -> bool:
+    # kazoo's selector_select lists a descriptor given twice twice; the sets must match.
+    return [set(map(id, x)) for x in ours] == [set(map(id, x)) for x in theirs]
+
+
+def _select_problems() -> list[str]:
+    """The poll handler's select answers as kazoo's own does on a socket pair (the calls of
+    kazoo's connection loop: read list only, write list only, both)."""
+    ours, theirs = PollThreadingHandler(), SequentialThreadingHandler()
+    a, b = socket.socketpair()
+    try:
+        cases: list[tuple[str, tuple[Any, ...]]] = [
+            ("idle", ([a], [], [], 0)), ("writable", ([], [a], [], 0)),
+            ("both", ([a, b], [a], [], 0))]
+        for label, args in cases:
+            if not _same(ours.select(*args), theirs.select(*args)):
+                return [f"the poll handler's select differs from kazoo's ({label})"]
+        b.send(b"x")
+        for label, args in (("readable", ([a], [], [], 1)), ("read+write", ([a], [a], [], 1))):
+            if not _same(ours.select(*args), theirs.select(*args)):
+                return [f"the poll handler's select differs from kazoo's ({label})"]
+        return []
+    except Exception as exc:  # noqa: BLE001 - any failure is a finding
+        return [f"the handlers' select failed: {type(exc).__name__}: {exc}"]
+    finally:
+        a.close()
+        b.close()
+
+
+def check() -> None:
+    """Run the self-test once per process; KazooIncompatible on any finding."""
+    with _checked:
+        if not _result:
+            found = problems()
+            _result.append("; ".join(found))
+        message = _result[0]
+    if message:
+        raise KazooIncompatible(
+            f"kazoo {installed_version()} is not supported by nodepool_k8s.zk._kazoo_ext "
+            f"(written for >={'.'.join(map(str, SUPPORTED[0]))},"
+            f"<{'.'.join(map(str, SUPPORTED[1]))}): {message}")
