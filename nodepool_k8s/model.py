@@ -204,6 +204,11 @@ class _Field(Generic[F]):
         obj.fields[self.key] = value
 
 
+# Node key (an extension; Zuul ignores it): the fingerprint of the label configuration the
+# node was built from (config/fingerprint.py), so a spare built from an older one is found.
+CONFIG_HASH = "config_hash"
+
+
 @dataclass
 class Node:
     id: str

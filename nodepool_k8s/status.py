@@ -14,7 +14,8 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
-from nodepool_k8s.model import NodeRequest, NodeView
+from nodepool_k8s.config import fingerprint
+from nodepool_k8s.model import CONFIG_HASH, NodeRequest, NodeView
 from nodepool_k8s.records import MalformedRecord
 
 __all__ = ["NodeView"]  # the record the views take; defined with the other records
@@ -60,6 +61,8 @@ NODE_DETAIL_COLUMNS = NODE_COLUMNS + (
     ("Comment", "comment"), ("User Data", "user_data"), ("Driver Data", "driver_data"),
     # Beyond Nodepool: when a Kubernetes node's service-account token expires (UTC).
     ("Token Expires", "token_expires"),
+    # Beyond Nodepool: built from an older label configuration than the one loaded now.
+    ("Drifted", "drifted"),
 )
 REQUEST_COLUMNS = (
     ("Request ID", "id"), ("Priority", "relative_priority"), ("State", "state"),
@@ -78,8 +81,11 @@ POOL_COLUMNS = (
 )
 
 
-def node_row(view: NodeView, now: float) -> dict[str, Any]:
-    """The web app's JSON object for one node (all keys, secrets redacted)."""
+def node_row(view: NodeView, now: float,
+             hashes: fingerprint.Hashes | None = None) -> dict[str, Any]:
+    """The web app's JSON object for one node (all keys, secrets redacted). With `hashes`
+    (the loaded configuration's), `drifted` says whether the node was built from another
+    configuration of its label (None: unknown)."""
     n = view.node
     # Direct dict reads (cheaper than the typed attributes when listing 10,000 nodes):
     # every field but connection_port defaults to None, so `.get` gives the same values.
@@ -107,6 +113,8 @@ def node_row(view: NodeView, now: float) -> dict[str, Any]:
         "user_data": f("user_data"),
         "driver_data": f("driver_data"),
         "token_expires": token_expiry(n.extra.get("token_expires")),
+        "drifted": None if hashes is None else fingerprint.drifted(
+            f("provider"), f("pool"), n.label, n.extra.get(CONFIG_HASH), hashes),
         # Extensions beyond Nodepool's columns; harmless for its consumers.
         "connection_type": f("connection_type"),
         "tenant_name": f("tenant_name"),

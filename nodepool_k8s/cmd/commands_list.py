@@ -19,6 +19,7 @@ from typing import Iterator
 
 from nodepool_k8s import status
 from nodepool_k8s.cmd import common
+from nodepool_k8s.config import fingerprint
 from nodepool_k8s.records import MalformedRecord
 
 
@@ -44,8 +45,9 @@ def _list(args: argparse.Namespace) -> int:
     malformed: list[MalformedRecord] = []
     with common.session(args) as s:
         views = s.reader.nodes(malformed)
+        hashes = fingerprint.config_hashes(s.config)
     now = common.now()
-    table = [status.node_row(view, now) for view in views]
+    table = [status.node_row(view, now, hashes) for view in views]
     if malformed:
         table.extend(status.malformed_node_row(m) for m in malformed)
         table.sort(key=lambda row: str(row["id"]))

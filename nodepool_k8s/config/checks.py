@@ -358,8 +358,6 @@ def _window(window: Raw, path: Path, report: _Report) -> None:
 
 
 def _drift_budget(budget: Raw, path: Path, report: _Report) -> None:
-    report.warn(path, "drift replacement of spare nodes is not implemented yet; the budget"
-                " is validated but has no effect")
     if ("schedule" in budget) != ("duration" in budget):
         missing = "duration" if "schedule" in budget else "schedule"
         report.error(path + (missing,), "schedule and duration must be given together")

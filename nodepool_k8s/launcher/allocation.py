@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from nodepool_k8s import model, quota
 from nodepool_k8s.clock import Clock
+from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig, TenantLimit
 from nodepool_k8s.driver.base import LaunchResult, Provider
 from nodepool_k8s.launcher.settings import EngineSettings
@@ -194,6 +195,8 @@ class Allocator:
                  requestor=self.request.requestor, attributes=attributes,
                  resources=self.provider.quota_for_label(pool_cfg.labels[label]).as_dict(),
                  created_time=now)
+        # What it is built from, so a later configuration can tell it drifted (drift.py).
+        node.extra[model.CONFIG_HASH] = label_hash(pool_cfg.labels[label], pool_cfg)
         return node
 
     def reuse(self, needed: list[Slot]) -> None:

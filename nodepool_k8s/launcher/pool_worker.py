@@ -26,7 +26,7 @@ import threading
 from nodepool_k8s import logconfig, model, quota
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.launcher import fleet, maintenance, plan
+from nodepool_k8s.launcher import drift, fleet, maintenance, plan
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.launch import LaunchPool
@@ -57,6 +57,10 @@ class PoolWorker(Worker):
         self.registration: Registration | None = None
         self._epoch = engine.zk.epoch
         self._last_reclaim = -math.inf
+        self._drift_config: PoolConfig | None = None
+        self._drift_next = -math.inf
+        self._drift_waiting = 0
+        self._drift_asked: set[str] = set()
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -104,6 +108,7 @@ class PoolWorker(Worker):
         control = fleet.control(engine, self.ref.provider, pool_cfg)
         if control is not None:
             fleet.drain_spares(engine, self.ref.provider, self.ref.pool, control)
+        drift_due = self._replace_drifted(pool_cfg) if control is None else None
         paused = self._advance_handlers() or control is not None
         scopes = {h.blocked_scope for h in self.handlers.values() if h.paused}
         if scopes & {quota.SCOPE_POOL, quota.SCOPE_PROVIDER, quota.SCOPE_CLOUD}:
@@ -119,7 +124,26 @@ class PoolWorker(Worker):
         window_change = maintenance.next_change(pool_cfg, engine.clock.time())
         if window_change is not None:
             deadlines.append(window_change)
+        if drift_due is not None:
+            deadlines.append(drift_due)
         return min(deadlines) if deadlines else None
+
+    def _replace_drifted(self, pool_cfg: PoolConfig) -> float | None:
+        """Replace drifted spares within the budget (see drift.py). Looked at on every pass
+        while drifted spares wait (a finished deletion wakes us for the next one), at once
+        after a reload, and otherwise only every CHECK_INTERVAL (nodes built now carry the
+        current hash, so nothing new can drift without a configuration change)."""
+        now = self.engine.clock.time()
+        if pool_cfg is self._drift_config and not self._drift_waiting \
+                and now < self._drift_next:
+            return None
+        self._drift_config = pool_cfg
+        self._drift_next = now + drift.CHECK_INTERVAL
+        _, self._drift_waiting = drift.replace_drifted(self.engine, self.ref.provider,
+                                                       pool_cfg, self._drift_asked)
+        # While some wait (budget full, or outside the budget's window), look again soon
+        # even if no node event comes.
+        return now + drift.RETRY_INTERVAL if self._drift_waiting else None
 
     def _registered(self, pool_cfg: PoolConfig) -> list[plan.PoolInfo]:
         pools = [p for p in self.engine.registered_pools() if p.id != self.id]

@@ -47,7 +47,7 @@ class CachedNode:
 
     __slots__ = ("id", "state", "state_time", "type", "provider", "pool", "allocated_to",
                  "tenant_name", "resources", "external_id", "hold_expiration", "launcher",
-                 "version")
+                 "config_hash", "version")
 
     def __init__(self, node_id: str, data: Mapping[str, Any], version: int) -> None:
         node_type = data.get("type") or []
@@ -65,6 +65,8 @@ class CachedNode:
         self.external_id = data.get("external_id")
         self.hold_expiration = data.get("hold_expiration")
         self.launcher = _interned(data.get("launcher"))
+        config_hash = data.get(model.CONFIG_HASH)
+        self.config_hash: str | None = config_hash if isinstance(config_hash, str) else None
         self.version = version
 
     @property

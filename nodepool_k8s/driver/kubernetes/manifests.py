@@ -217,8 +217,13 @@ def _meta(name: str, labels: Mapping[str, str], namespace: str | None = None,
     return meta
 
 
-def namespace_body(name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(name, labels)}
+CONFIG_HASH_ANNOTATION = "nodepool_config_hash"
+
+
+def namespace_body(name: str, labels: Mapping[str, str],
+                   annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": _meta(name, labels, annotations=annotations)}
 
 
 def service_account_body(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from kubernetes import client as k8s
 
 from nodepool_k8s import logconfig
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Provider
 from nodepool_k8s.driver.kubernetes import guards, manifests
@@ -276,7 +277,8 @@ class KubernetesProvider:
             name = manifests.namespace_name(spec.pool.name, spec.node_id, spec.attempt, suffix)
             try:
                 body = manifests.namespace_body(
-                    name, {**labels, **guards.namespace_labels(spec.label)})
+                    name, {**labels, **guards.namespace_labels(spec.label)},
+                    {manifests.CONFIG_HASH_ANNOTATION: label_hash(spec.label, spec.pool)})
                 created = client.call(f"create namespace {name}", client.core.create_namespace,
                                       body, sleep=sleep, created_ok=True)
                 if not created:
