@@ -29,8 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig, model
 from nodepool_k8s.exceptions import NotOwned, TemporaryError, ZkSessionLost
+from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk.errors import ZkConnectionError
@@ -191,6 +193,7 @@ class NodeDeleter:
                 return True  # not one of ours (any more)
             if node.state != model.DELETING:
                 node.state, node.state_time = model.DELETING, engine.clock.time()
+                lifecycle.mark_deleting(node, node.state_time, reason)
                 engine.nodes.store(node, lock)
             refused = False
             if node.external_id:
@@ -201,6 +204,8 @@ class NodeDeleter:
                     nlog.warning("Refusing to delete %s of provider %s (%s); removing the node"
                                  " record only", node.external_id, node.provider, exc)
                     node.extra["delete_refused"] = str(exc)
+                    node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, "NotOwned",
+                                                      str(exc), engine.clock.time()))
                     engine.nodes.store(node, lock)
                     engine.stats.delete_refused(node.provider)
                     refused = True

@@ -25,7 +25,7 @@ import math
 from nodepool_k8s import logconfig, model, quota
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher import lifecycle, plan
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.launch import LaunchPool
@@ -214,6 +214,7 @@ class PoolWorker(Worker):
         now = self.engine.clock.time()
         if decline_reason is not None:
             plan.record_decline(request, self.id, self.registered_ids(), now)
+            lifecycle.note_decline(request, self.id, decline_reason)
         else:
             request.state, request.state_time = model.PENDING, now
 

@@ -214,7 +214,7 @@ def test_boot_timeout(make_sim: Any, make_k8s_provider: ProviderFactory) -> None
     def run() -> None:
         try:
             provider.launch(make_spec(provider.config, "pod-fedora"), threading.Event(),
-                            progress=lambda _: progressed.set())
+                            progress=lambda *_: progressed.set())
         except BaseException as exc:  # noqa: BLE001 - checked below
             outcome["error"] = exc
 
@@ -238,7 +238,7 @@ def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: Provider
     def run() -> None:
         try:
             provider.launch(make_spec(provider.config, "pod-fedora"), cancel,
-                            progress=lambda _: progressed.set())
+                            progress=lambda *_: progressed.set())
         except BaseException as exc:  # noqa: BLE001 - checked below
             outcome["error"] = exc
 

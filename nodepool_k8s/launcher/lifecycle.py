@@ -1,0 +1,68 @@
+"""The engine's side of node lifecycle conditions and request decline reasons.
+
+Owns: what the request handler, the pool worker and the deleter add to records they are
+about to write anyway (no write of its own): the `Ready` and `Deleting` conditions, the
+per-pool `declined_reasons` of a request (an extra key; Zuul reads `declined_by`, which is
+unchanged), the phase timings reported once a node is ready, and the mapping of the
+planner's decline messages to bounded reason codes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodepool_k8s import conditions as cond
+from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.stats import Stats
+
+DECLINED_REASONS = "declined_reasons"
+
+# Prefixes of `plan.decline_reason`'s messages -> reason codes (tests/unit guard the list).
+_DECLINE_PREFIXES = (
+    ("pool is disabled", "PoolDisabled"),
+    ("label(s) not served", "LabelNotServed"),
+    ("it would exceed quota", "ExceedsQuota"),
+    ("the pool is no longer configured", "NotConfigured"),
+    ("at quota", "AtQuota"),
+)
+
+
+def decline_code(message: str) -> str:
+    for prefix, code in _DECLINE_PREFIXES:
+        if message.startswith(prefix):
+            return code
+    return "Unknown"
+
+
+def note_decline(request: NodeRequest, pool_id: str, message: str,
+                 code: str | None = None) -> None:
+    """Record why pool `pool_id` declined `request` (under `declined_reasons`)."""
+    reasons: Any = request.extra.get(DECLINED_REASONS)
+    if not isinstance(reasons, dict):
+        reasons = {}
+    reasons[pool_id] = {"reason": cond.reason(code or decline_code(message)),
+                        "message": message[:cond.MESSAGE_LIMIT]}
+    request.extra[DECLINED_REASONS] = reasons
+
+
+def declined_reasons(request: NodeRequest) -> dict[str, dict[str, str]]:
+    reasons = request.extra.get(DECLINED_REASONS)
+    if not isinstance(reasons, dict):
+        return {}
+    return {str(k): v for k, v in reasons.items() if isinstance(v, dict)}
+
+
+def mark_ready(node: Node, now: float) -> None:
+    node.set_condition(cond.Condition(cond.READY, cond.TRUE, "HandedToZuul",
+                                      "the node is ready for Zuul", now))
+
+
+def mark_deleting(node: Node, now: float, why: str) -> None:
+    node.set_condition(cond.Condition(cond.DELETING, cond.TRUE, "DeletionStarted", why, now))
+
+
+def report_ready(stats: Stats, node: Node) -> None:
+    """Phase timings of a node that just became ready."""
+    seconds = cond.timings(node.conditions, node.created_time)
+    if seconds:
+        stats.phases(node.provider or "", node.pool or "", node.label or "", seconds)
