@@ -22,6 +22,7 @@ from nodepool_k8s.model import Resources
 from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
 from nodepool_k8s.zk.registry import ComponentRegistry
@@ -43,6 +44,8 @@ class Engine:
         self.components = ComponentCache(zk)
         self.registry = ComponentRegistry(zk, hostname)
         self.guard = QuotaGuard(zk)
+        # The installation's lifecycle event log (`nodepool events`): best effort.
+        self.events = EventLog(zk, clock)
         self.providers: dict[str, Provider] = {}
         self.stopping = threading.Event()
         # Called when capacity may have freed or new work may exist (set by the daemon).

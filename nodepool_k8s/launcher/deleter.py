@@ -219,6 +219,10 @@ class NodeDeleter:
             with self._lock:
                 self.deleted += 1
                 self.refused += int(refused)
+            lifecycle.record_deleted(engine.events, node, reason,
+                                     node.extra.get("delete_refused") if refused else None)
+            if not refused:
+                lifecycle.report_deleted(engine.stats, engine.events, node)
             if refused:
                 nlog.info("Removed the node record; %s was left alone (%s)", node.external_id,
                           reason)

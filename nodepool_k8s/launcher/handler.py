@@ -21,6 +21,7 @@ lost-request reset of any launcher recover).
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import threading
 from concurrent.futures import Future
@@ -36,6 +37,7 @@ from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import locks as zk_locks
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.locks import HeldLock
@@ -252,6 +254,10 @@ class RequestHandler:
             if outcome.kind == launching.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
             elif outcome.kind == launching.ABORTED:
+                if slot.node is not None:
+                    lifecycle.record_outcome(self.engine.events, slot.node,
+                                             zk_events.LAUNCH_ABORTED, outcome.reason,
+                                             outcome.error)
                 self._finish_node(slot, model.ABORTED)
                 slot.state, slot.node, slot.lock = SlotState.NEED, None, None
                 self.retry_at = self.engine.clock.time() + self.engine.settings.quota_retry
@@ -261,6 +267,9 @@ class RequestHandler:
                 self._finish_node(slot, model.FAILED)
                 slot.state = SlotState.FAILED
                 assert slot.node is not None
+                lifecycle.record_outcome(self.engine.events, slot.node,
+                                         zk_events.LAUNCH_FAILED, outcome.reason,
+                                         outcome.error)
                 self._node_log(slot.node).warning("Launch failed: %s", outcome.error)
             slot.future = None
 
@@ -376,7 +385,9 @@ class RequestHandler:
                 provider=self.provider, provider_config=provider_cfg, pool=pool_cfg,
                 label=pool_cfg.labels[slot.label], request=self.request, node=node,
                 lock=lock, nodes=self.engine.nodes, cancel=self.cancel,
-                stats=self.engine.stats, log=self._node_log(node), clock=self.engine.clock)
+                stats=self.engine.stats, log=self._node_log(node), clock=self.engine.clock,
+                on_attempt_failed=functools.partial(lifecycle.record_attempt_failed,
+                                                    self.engine.events, node))
             self._node_log(node).info("Launching %s node", slot.label)
             slot.future = self.launches.submit(job.run, self.wake)
 
@@ -523,6 +534,7 @@ class RequestHandler:
             for slot in self.slots:
                 if slot.node is not None and not slot.reused:
                     lifecycle.report_ready(self.engine.stats, slot.node)
+                    lifecycle.record_ready(self.engine.events, slot.node)
 
     def _decline(self, reason: str, code: str | None = None) -> None:
         txn, locks = self._final_txn(allocated=False)

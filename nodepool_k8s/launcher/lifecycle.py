@@ -14,6 +14,8 @@ from typing import Any
 from nodepool_k8s import conditions as cond
 from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.stats import Stats
+from nodepool_k8s.zk import events as zk_events
+from nodepool_k8s.zk.events import EventLog
 
 DECLINED_REASONS = "declined_reasons"
 
@@ -66,3 +68,57 @@ def report_ready(stats: Stats, node: Node) -> None:
     seconds = cond.timings(node.conditions, node.created_time)
     if seconds:
         stats.phases(node.provider or "", node.pool or "", node.label or "", seconds)
+
+
+# -- the event log (zk/events.py) -----------------------------------------------------------
+
+def _where(node: Node) -> dict[str, Any]:
+    return {"provider": node.provider, "pool": node.pool, "node": node.id,
+            "label": node.label}
+
+
+def record_attempt_failed(events: EventLog, node: Node, attempt: int, reason: str,
+                          message: str) -> None:
+    # Batched: the launch thread must not wait for ZooKeeper between attempts; the node's
+    # final failure (`record_outcome`) writes the batch at once.
+    events.record_batched(zk_events.ATTEMPT_FAILED, reason=reason, message=message,
+                  attempt=attempt, external_id=node.external_id, **_where(node))
+
+
+def record_outcome(events: EventLog, node: Node, kind: str, reason: str,
+                   message: str) -> None:
+    """A launch that failed or was aborted (written at once: the failure path)."""
+    events.record(kind, reason=reason, message=message, external_id=node.external_id,
+                  **_where(node))
+
+
+def record_ready(events: EventLog, node: Node) -> None:
+    """A node handed to Zuul (batched: the success path)."""
+    total = cond.timings(node.conditions, node.created_time).get("total")
+    events.record_batched(zk_events.LAUNCHED, reason="HandedToZuul",
+                          message=f"ready in {total:.1f}s" if total is not None else "",
+                          external_id=node.external_id, host_id=node.host_id,
+                          **_where(node))
+
+
+def record_deleted(events: EventLog, node: Node, why: str, refused: str | None) -> None:
+    if refused is not None:
+        events.record(zk_events.DELETE_REFUSED, reason="NotOwned", message=refused,
+                      external_id=node.external_id, **_where(node))
+        return
+    seconds = None
+    deleting = cond.find(node.conditions, cond.DELETING)
+    if deleting is not None and deleting.last_transition_time is not None:
+        seconds = max(0.0, events.clock.time() - deleting.last_transition_time)
+    events.record_batched(zk_events.DELETED, reason="ResourceDeleted", message=why,
+                          external_id=node.external_id, seconds=seconds, **_where(node))
+
+
+def report_deleted(stats: Stats, events: EventLog, node: Node) -> None:
+    """The deletion phase's duration (Deleting -> gone) as a timer."""
+    deleting = cond.find(node.conditions, cond.DELETING)
+    if deleting is not None and deleting.last_transition_time is not None \
+            and deleting.status == cond.TRUE:
+        seconds = max(0.0, events.clock.time() - deleting.last_transition_time)
+        stats.phases(node.provider or "", node.pool or "", node.label or "",
+                     {"deletion": seconds})

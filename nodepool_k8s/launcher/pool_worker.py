@@ -26,6 +26,7 @@ from nodepool_k8s import logconfig, model, quota
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher import lifecycle, plan
+from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.launch import LaunchPool
@@ -52,6 +53,7 @@ class PoolWorker(Worker):
         self.registration: Registration | None = None
         self._epoch = engine.zk.epoch
         self._last_reclaim = -math.inf
+        self._reported_paused = False  # the pause state last put in the event log
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -89,6 +91,13 @@ class PoolWorker(Worker):
         if scopes & {quota.SCOPE_POOL, quota.SCOPE_PROVIDER, quota.SCOPE_CLOUD}:
             self._reclaim(whole_provider=bool(scopes - {quota.SCOPE_POOL}))
         paused = self._assign(provider_cfg, pool_cfg, provider, registered, paused)
+        if paused != self._reported_paused:
+            self._reported_paused = paused
+            # Batched: a pool at quota may pause and resume once per freed node.
+            engine.events.record_batched(
+                zk_events.POOL_PAUSED if paused else zk_events.POOL_RESUMED,
+                provider=self.ref.provider, pool=self.ref.pool,
+                message=", ".join(sorted(str(s) for s in scopes if s)) if paused else "")
         if self.registration is not None:
             # Other pools yield to us only while we are not paused: keep it current.
             engine.registry.update(self.registration, paused=paused,
