@@ -212,6 +212,7 @@ class NodeDeleter:
                 except TemporaryError as exc:
                     nlog.warning("Could not delete %s yet (%s); will retry",
                                  node.external_id, exc)
+                    lifecycle.note_delete_failed(engine, node, lock, str(exc))
                     return False
             if not engine.nodes.delete(node, lock):
                 nlog.info("Node is contended; left in state deleted for the next pass")

@@ -9,13 +9,17 @@ planner's decline messages to bounded reason codes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nodepool_k8s import conditions as cond
 from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk.events import EventLog
+from nodepool_k8s.zk.locks import HeldLock
+
+if TYPE_CHECKING:
+    from nodepool_k8s.launcher.context import Engine
 
 DECLINED_REASONS = "declined_reasons"
 
@@ -63,6 +67,21 @@ def mark_deleting(node: Node, now: float, why: str) -> None:
     node.set_condition(cond.Condition(cond.DELETING, cond.TRUE, "DeletionStarted", why, now))
 
 
+def note_delete_failed(engine: "Engine", node: Node, lock: HeldLock, message: str) -> None:
+    """A deletion that could not be confirmed: `Deleting` False/DeleteFailed and the count
+    of failed tries (`delete_failures`) on the record (the failure path: one write, best
+    effort), so `nodepool show` says why a node stays `deleting`."""
+    failures = node.extra.get("delete_failures")
+    count = (failures if isinstance(failures, int) else 0) + 1
+    node.extra["delete_failures"] = count
+    node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, "DeleteFailed",
+                                      f"try {count}: {message}", engine.clock.time()))
+    try:
+        engine.nodes.store(node, lock)
+    except Exception:  # noqa: BLE001 - the deletion is retried either way
+        pass
+
+
 def report_ready(stats: Stats, node: Node) -> None:
     """Phase timings of a node that just became ready."""
     seconds = cond.timings(node.conditions, node.created_time)
@@ -82,14 +101,15 @@ def record_attempt_failed(events: EventLog, node: Node, attempt: int, reason: st
     # Batched: the launch thread must not wait for ZooKeeper between attempts; the node's
     # final failure (`record_outcome`) writes the batch at once.
     events.record_batched(zk_events.ATTEMPT_FAILED, reason=reason, message=message,
-                  attempt=attempt, external_id=node.external_id, **_where(node))
+                          attempt=attempt, external_id=node.external_id, **_where(node))
 
 
 def record_outcome(events: EventLog, node: Node, kind: str, reason: str,
                    message: str) -> None:
-    """A launch that failed or was aborted (written at once: the failure path)."""
+    """A launch that failed or was aborted (written at once: the failure path), with the
+    conditions written onto the node (the record is deleted soon after; this stays)."""
     events.record(kind, reason=reason, message=message, external_id=node.external_id,
-                  **_where(node))
+                  conditions=cond.serialise(node.conditions), **_where(node))
 
 
 def record_ready(events: EventLog, node: Node) -> None:

@@ -11,11 +11,12 @@ one write at once (taking any pending batch along in the same znode); successful
 deletions, failed attempts and pool pauses/resumes (the hot paths) are batched: kept in
 memory and written as one znode of up to `batch_size` events, at the latest `batch_age`
 seconds after the first (a background flusher; `stop` writes the rest), so the success
-path pays a fraction of a write per node. At most `max_entries` znodes are kept: every `trim_every`th
-write lists the children and deletes the oldest beyond the cap. Each event's strings are
-cut to `FIELD_LIMIT` characters and a batch is cut to `MAX_BATCH_BYTES`, so the log's size
-is bounded by `max_entries * MAX_BATCH_BYTES`. Everything here is best-effort: an error is
-logged at debug level and the event dropped, never raised into a launch or a deletion.
+path pays a fraction of a write per node. At most `max_entries` znodes are kept: every
+`trim_every`th write lists the children and deletes the oldest beyond the cap. Each
+event's strings are cut to `FIELD_LIMIT` characters and a batch to `MAX_BATCH_BYTES`, so
+the log's size is bounded by `max_entries * MAX_BATCH_BYTES`. Everything here is
+best-effort: an error is logged at debug level and the event dropped, never raised into
+a launch or a deletion.
 """
 
 from __future__ import annotations

@@ -104,14 +104,21 @@ class EventRecorder:
             return True
 
     def emit(self, namespace: str, reason: str, message: str, warning: bool = False,
-             pod: str | None = None, node_id: str | None = None) -> None:
-        """Queue one event; dropped (and counted) when over the rate or the queue is full."""
+             pod: str | None = None, node_id: str | None = None, now: bool = False) -> None:
+        """Queue one event; dropped (and counted) when over the rate or the queue is full.
+
+        `now`: send it from the calling thread instead (once, short timeout, errors
+        swallowed): a failed attempt's event must reach its namespace before the namespace
+        is deleted."""
         if not self._take_token():
             with self._lock:
                 self.dropped += 1
             return
         body = event_body(namespace, reason, message, WARNING if warning else NORMAL,
                           self._clock.time(), pod, node_id)
+        if now:
+            self._send(body)
+            return
         try:
             self._queue.put_nowait(body)
         except queue.Full:
@@ -123,18 +130,21 @@ class EventRecorder:
             body = self._queue.get()
             if body is None:
                 return
-            namespace = body["metadata"]["namespace"]
+            self._send(body)
+
+    def _send(self, body: dict[str, Any]) -> None:
+        """One try, never retried; failures are counted and logged at debug level."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            response = self._client.core.create_namespaced_event(
+                namespace, body, _preload_content=False, _request_timeout=SEND_TIMEOUT)
             try:
-                response = self._client.core.create_namespaced_event(
-                    namespace, body, _preload_content=False, _request_timeout=SEND_TIMEOUT)
-                try:
-                    response.data  # read it all: the connection goes back to the pool
-                finally:
-                    response.release_conn()
-                with self._lock:
-                    self.sent += 1
-            except Exception as exc:  # noqa: BLE001 - best effort by contract
-                with self._lock:
-                    self.failed += 1
-                log.debug("Event %s in %s not recorded: %s", body.get("reason"), namespace,
-                          exc)
+                response.data  # read it all: the connection goes back to the pool
+            finally:
+                response.release_conn()
+            with self._lock:
+                self.sent += 1
+        except Exception as exc:  # noqa: BLE001 - best effort by contract
+            with self._lock:
+                self.failed += 1
+            log.debug("Event %s in %s not recorded: %s", body.get("reason"), namespace, exc)

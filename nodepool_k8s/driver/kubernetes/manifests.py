@@ -217,8 +217,11 @@ def _meta(name: str, labels: Mapping[str, str], namespace: str | None = None,
     return meta
 
 
-def namespace_body(name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(name, labels)}
+def namespace_body(name: str, labels: Mapping[str, str],
+                   annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The node's namespace; a namespace label's `annotations` are set on it."""
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": _meta(name, labels, annotations=annotations)}
 
 
 def service_account_body(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:

@@ -237,11 +237,11 @@ class KubernetesProvider:
     # -- launch ------------------------------------------------------------------------------
 
     def _event(self, namespace: str, reason: str, message: str, warning: bool = False,
-               pod: str | None = None, node_id: str | None = None) -> None:
+               pod: str | None = None, node_id: str | None = None, now: bool = False) -> None:
         with self._lock:
             events = self._events
         if events is not None:
-            events.emit(namespace, reason, message, warning, pod, node_id)
+            events.emit(namespace, reason, message, warning, pod, node_id, now=now)
 
     def _condition(self, type_: str, status: str, reason: str,
                    message: str) -> cond.Condition:
@@ -302,7 +302,8 @@ class KubernetesProvider:
             if reason != "Cancelled":
                 self._event(namespace, "LaunchFailed",
                             f"node {node_id} attempt {spec.attempt}: {reason}: {exc}",
-                            warning=True, pod=pod_name, node_id=node_id)
+                            warning=True, pod=pod_name, node_id=node_id,
+                            now=not cancel.is_set())
             self._discard(client, namespace, spec.node_id, cancelled=cancel.is_set())
             if failure is exc or failure is None:
                 raise
@@ -319,7 +320,9 @@ class KubernetesProvider:
             name = manifests.namespace_name(spec.pool.name, spec.node_id, spec.attempt, suffix)
             try:
                 body = manifests.namespace_body(
-                    name, {**labels, **guards.namespace_labels(spec.label)})
+                    name, {**labels, **guards.namespace_labels(spec.label)},
+                    annotations=spec.label.annotations if spec.label.type == "namespace"
+                    else None)
                 created = client.call(f"create namespace {name}", client.core.create_namespace,
                                       body, sleep=sleep, created_ok=True)
                 if not created:
@@ -440,7 +443,7 @@ class KubernetesProvider:
                         "sweeper): %s", namespace, exc)
 
     def _delete_owned(self, client: KubeClient, name: str, node_id: str | None,
-                      deadline: float, wait: bool = True) -> None:
+                      deadline: float, wait: bool = True, announce: bool = False) -> None:
         """GET `name`, prove it ours, DELETE it with `preconditions.uid`, confirm it is gone.
 
         Missing = success. Raises NotOwned (nothing was sent), TemporaryError, or another
@@ -461,6 +464,12 @@ class KubernetesProvider:
                 raise TemporaryError(f"namespace {name} was read without a uid")
             response: dict[str, Any] = current
             if not (current.get("metadata") or {}).get("deletionTimestamp"):
+                if announce:
+                    # Proven ours; sent before the DELETE (a Terminating namespace accepts
+                    # no new objects). Best effort, one try.
+                    self._event(name, "Deleting", f"node {node_id or '?'}: deleting the"
+                                " namespace", node_id=node_id, now=True)
+                    announce = False
                 try:
                     response = self._delete_uid(client, name, uid)
                 except NotFound:
@@ -485,10 +494,8 @@ class KubernetesProvider:
     def delete(self, external_id: str, node_id: str | None = None) -> None:
         client, _ = self._connected()
         deadline = self._clock.monotonic() + self.delete_timeout
-        self._event(external_id, "Deleting", f"node {node_id or '?'}: deleting the namespace",
-                    node_id=node_id)
         try:
-            self._delete_owned(client, external_id, node_id, deadline)
+            self._delete_owned(client, external_id, node_id, deadline, announce=True)
         except NotOwned:
             raise
         except PermanentError as exc:
