@@ -37,7 +37,7 @@ POD_LABEL = make_label(
     dynamic_labels={"tenant": "{request.tenant_name}"}, annotations={"owner": "ci"},
     python_path="/usr/bin/python3", shell_type="bash", extra_resources={"licenses": 1})
 NS_LABEL = make_label("k8s-namespace", "namespace", cpu=1, memory=512,
-                      labels={"team": "ci"})
+                      labels={"team": "ci"}, annotations={"team.example.org/owner": "ci"})
 FORM_B = make_label("pod-raw", spec={"containers": [
     {"name": "main", "image": "busybox", "command": ["sleep", "infinity"]}]},
     labels={"kind": "raw"}, annotations={"note": "verbatim"})
@@ -77,6 +77,10 @@ def test_namespace_launch_result(sim: Simulator, make_k8s_provider: ProviderFact
     assert result.cloud == "sim"
     assert result.python_path == "auto" and result.shell_type is None
     assert result.resources == {"instances": 1, "cores": 1, "ram": 512}
+    # A namespace label's annotations are set on the namespace (not silently dropped).
+    namespace = sim.get("namespaces", "main-0000000000")
+    assert namespace is not None
+    assert namespace["metadata"]["annotations"] == {"team.example.org/owner": "ci"}
     port = dict(result.connection_port)
     _assert_bound_token(sim, port.pop("token"), "main-0000000000")
     assert port == {
