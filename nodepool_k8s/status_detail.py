@@ -80,11 +80,13 @@ def render_node_detail(detail: Mapping[str, Any]) -> str:
         lines.append(status.render_table(trows, TIMING_COLUMNS))
     else:
         lines.append("  (no completed phase)")
-    failure = detail.get("failure")
-    if failure:
-        advice = cond.REASONS.get(str(failure.get("reason")), "")
-        lines += ["", f"Failed: {failure.get('type')} {failure.get('reason')}: "
-                      f"{failure.get('message')}", f"What to do: {advice}"]
+    # Every False condition with what to do (a failed launch, then e.g. a stuck deletion).
+    for c in detail.get("conditions") or []:
+        if c.get("status") != cond.FALSE:
+            continue
+        advice = cond.REASONS.get(str(c.get("reason")), "")
+        lines += ["", f"{c.get('type')} failed: {c.get('reason')}: {c.get('message')}",
+                  f"What to do: {advice}"]
     if detail.get("delete_refused"):
         lines += ["", f"Delete refused: {detail['delete_refused']}"]
     return "\n".join(lines)
