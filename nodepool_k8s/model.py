@@ -18,6 +18,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Generic, Iterable, Iterator, Mapping, TypeVar, overload
 
+from nodepool_k8s import conditions as cond
+
 # -- states ------------------------------------------------------------------------------------
 
 REQUESTED = "requested"
@@ -266,6 +268,24 @@ class Node:
     @property
     def label(self) -> str | None:
         return self.type[0] if self.type else None
+
+    # Lifecycle conditions live in the extra key `conditions` (see nodepool_k8s.conditions).
+    @property
+    def conditions(self) -> list[cond.Condition]:
+        return cond.parse(self.extra.get(cond.KEY))
+
+    @conditions.setter
+    def conditions(self, value: Iterable[cond.Condition]) -> None:
+        self.extra[cond.KEY] = cond.serialise(value)
+
+    def set_condition(self, condition: cond.Condition) -> None:
+        self.conditions = cond.update(self.conditions, condition)
+
+    @property
+    def failure_reason(self) -> str | None:
+        """The reason of the False condition that explains a failure, if any."""
+        failed = cond.failure(self.conditions)
+        return failed.reason if failed else None
 
     @classmethod
     def from_dict(cls, node_id: str, data: Mapping[str, Any], version: int = -1) -> "Node":

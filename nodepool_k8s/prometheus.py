@@ -14,13 +14,16 @@ from collections import Counter
 from typing import Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
 from prometheus_client.metrics_core import Metric
 
 from nodepool_k8s.model import NODE_STATES, REQUEST_STATES, NodeRequest
+from nodepool_k8s.stats import Histogram
 from nodepool_k8s.status import NodeView
 
 CounterValues = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
+HistogramValues = Mapping[tuple[str, tuple[tuple[str, str], ...]], Histogram]
 
 
 def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
@@ -88,12 +91,39 @@ class _Snapshot:
         return iter(self.metrics)
 
 
+def histogram_families(histograms: HistogramValues) -> list[Metric]:
+    """In-process histograms (`Stats.observe`), e.g. the lifecycle phase durations."""
+    by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], Histogram]]] = {}
+    for (name, pairs), histogram in sorted(histograms.items(), key=lambda kv: kv[0]):
+        by_name.setdefault(name, []).append((pairs, histogram))
+    out: list[Metric] = []
+    for name, samples in by_name.items():
+        label_names = sorted({k for pairs, _ in samples for k, _ in pairs})
+        family = HistogramMetricFamily(name, name.replace("_", " "), labels=label_names)
+        for pairs, histogram in samples:
+            values = dict(pairs)
+            buckets = [(_bound(b), float(c)) for b, c in zip(histogram.buckets,
+                                                             histogram.counts)]
+            buckets.append(("+Inf", float(histogram.count)))
+            family.add_metric([values.get(k, "") for k in label_names], buckets,
+                              histogram.total)
+        out.append(family)
+    return out
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))
+
+
 def render(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
-           counters: CounterValues | None = None, process: bool = True) -> str:
+           counters: CounterValues | None = None, process: bool = True,
+           histograms: HistogramValues | None = None) -> str:
     """The /metrics body (text format 0.0.4). `counters` maps (metric name, sorted label
-    pairs) to a value; `process` adds prometheus_client's process_* metrics."""
+    pairs) to a value, `histograms` to a `stats.Histogram`; `process` adds
+    prometheus_client's process_* metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(families(views, requests, ready, counters)))
+    registry.register(_Snapshot(families(views, requests, ready, counters)
+                                + histogram_families(histograms or {})))
     if process:
         ProcessCollector(registry=registry)
     return generate_latest(registry).decode("utf8")

@@ -56,6 +56,19 @@ def launch_keys(provider: str, requestor: str | None, result: str) -> list[str]:
     return keys
 
 
+def launch_error_key(provider: str, reason: str) -> str:
+    """A failed (or quota-aborted) launch by reason (`conditions.REASONS`, bounded)."""
+    return f"nodepool.launch.provider.{key_part(provider)}.error.{key_part(reason)}"
+
+
+def phase_keys(provider: str, pool: str, label: str, phase: str) -> list[str]:
+    """Timers of one lifecycle phase (`conditions.PHASES`) per provider, pool and label."""
+    prefix = f"nodepool.launch.provider.{key_part(provider)}"
+    return [f"{prefix}.phase.{phase}",
+            f"{prefix}.pool.{key_part(pool)}.phase.{phase}",
+            f"nodepool.launch.label.{key_part(label)}.phase.{phase}"]
+
+
 def leaked_nodes_key(provider: str) -> str:
     return f"nodepool.provider.{key_part(provider)}.leaked.nodes"
 
@@ -106,8 +119,36 @@ PROM_GAUGE_REPORTS = "nodepool_stats_gauge_reports_total"
 PROM_MALFORMED = "nodepool_malformed_records_total"
 PROM_DELETE_REFUSED = "nodepool_delete_refused_total"
 PROM_THREAD_CRASHES = "nodepool_thread_crashes_total"
+PROM_LAUNCH_ERRORS = "nodepool_launch_errors_total"
+PROM_PHASE_SECONDS = "nodepool_node_phase_seconds"
+# Histogram buckets (seconds) of the lifecycle phases: image pulls take minutes.
+PHASE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 CounterKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class Histogram:
+    """Cumulative bucket counts and the sum of observations, as Prometheus wants them."""
+
+    __slots__ = ("buckets", "counts", "total", "count")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def copy(self) -> "Histogram":
+        other = Histogram(self.buckets)
+        other.counts, other.total, other.count = list(self.counts), self.total, self.count
+        return other
 
 
 class StatsBackend(Protocol):
@@ -159,6 +200,7 @@ class Stats:
     def __init__(self, backend: StatsBackend | None = None) -> None:
         self.backend: StatsBackend = backend or NullBackend()
         self._counts: dict[CounterKey, float] = {}
+        self._histograms: dict[CounterKey, Histogram] = {}
         self._counts_lock = threading.Lock()
 
     def _safe(self, fn: str, key: str, value: float) -> None:
@@ -177,6 +219,34 @@ class Stats:
         """A snapshot of the in-process counters, for Prometheus (`/metrics`)."""
         with self._counts_lock:
             return dict(self._counts)
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        """Add to an in-process (Prometheus) histogram of `PHASE_BUCKETS`."""
+        key = (name, tuple(sorted(labels.items())))
+        with self._counts_lock:
+            histogram = self._histograms.get(key)
+            if histogram is None:
+                histogram = self._histograms[key] = Histogram(PHASE_BUCKETS)
+            histogram.observe(value)
+
+    def histograms(self) -> dict[CounterKey, Histogram]:
+        """A snapshot of the in-process histograms, for Prometheus (`/metrics`)."""
+        with self._counts_lock:
+            return {k: h.copy() for k, h in self._histograms.items()}
+
+    def launch_error(self, provider: str, reason: str) -> None:
+        """A launch that failed (or was aborted for quota), by bounded reason."""
+        self._safe("incr", launch_error_key(provider, reason), 1)
+        self.count(PROM_LAUNCH_ERRORS, provider=provider, reason=reason)
+
+    def phases(self, provider: str, pool: str, label: str,
+               seconds: Mapping[str, float]) -> None:
+        """Lifecycle phase durations of one node (`conditions.timings`)."""
+        for phase, value in seconds.items():
+            for key in phase_keys(provider, pool, label, phase):
+                self._safe("timing", key, value * 1000.0)
+            self.observe(PROM_PHASE_SECONDS, value, provider=provider, pool=pool,
+                         label=label, phase=phase)
 
     def launch(self, provider: str, requestor: str | None, result: str,
                duration_ms: float) -> None:

@@ -14,6 +14,7 @@ import json
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
+from nodepool_k8s import conditions
 from nodepool_k8s.config import fingerprint
 from nodepool_k8s.model import CONFIG_HASH, NodeRequest, NodeView
 from nodepool_k8s.records import MalformedRecord
@@ -61,6 +62,8 @@ NODE_DETAIL_COLUMNS = NODE_COLUMNS + (
     ("Comment", "comment"), ("User Data", "user_data"), ("Driver Data", "driver_data"),
     # Beyond Nodepool: when a Kubernetes node's service-account token expires (UTC).
     ("Token Expires", "token_expires"),
+    # Beyond Nodepool: the Kubernetes node a pod landed on, and why a node failed.
+    ("Host ID", "host_id"), ("Reason", "reason"),
     # Beyond Nodepool: built from an older label configuration than the one loaded now.
     ("Drifted", "drifted"),
 )
@@ -69,6 +72,8 @@ REQUEST_COLUMNS = (
     ("Requestor", "requestor"), ("Node Types", "node_types"), ("Nodes", "nodes"),
     ("Declined By", "declined_by"), ("Event ID", "event_id"),
 )
+# `request-list --detail`: why each pool declined (`declined_reasons`, beyond Nodepool).
+REQUEST_DETAIL_COLUMNS = REQUEST_COLUMNS + (("Declined Reasons", "declined_reasons"),)
 LABEL_COLUMNS = (("Label", "label"),)
 # `nodepool info PROVIDER`: Nodepool's "Nodes:" table plus what a Kubernetes operator needs.
 PROVIDER_NODE_COLUMNS = (
@@ -79,6 +84,28 @@ POOL_COLUMNS = (
     ("Pool", "name"), ("Pool ID", "id"), ("Hostname", "hostname"),
     ("Supported Labels", "supported_labels"), ("Paused", "paused"), ("State", "state"),
 )
+
+
+def failure_reason(value: Any) -> str | None:
+    """The reason of a node's latest False condition (its `conditions` value), if any."""
+    if not value or type(value) is not list:  # the common case first: listings are long
+        return None
+    found, latest = None, -1.0
+    for item in value:
+        if type(item) is dict and item.get("status") == conditions.FALSE:
+            when = item.get("last_transition_time")
+            when = float(when) if isinstance(when, (int, float)) else 0.0
+            if when >= latest:
+                found, latest = item.get("reason"), when
+    return str(found) if found is not None else None
+
+
+def declined_reasons(value: Any) -> dict[str, str]:
+    """A request's `declined_reasons` as {pool id: reason} (odd entries skipped)."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(pool): str(entry.get("reason")) for pool, entry in value.items()
+            if isinstance(entry, dict)}
 
 
 def node_row(view: NodeView, now: float,
@@ -120,6 +147,8 @@ def node_row(view: NodeView, now: float,
         "tenant_name": f("tenant_name"),
         "state_time": n.state_time,
         "resources": f("resources"),
+        "host_id": f("host_id"),
+        "reason": failure_reason(n.extra.get("conditions")),
     }
 
 
@@ -157,6 +186,7 @@ def request_row(request: NodeRequest) -> dict[str, Any]:
         "tenant_name": request.tenant_name,
         "provider": request.provider,
         "state_time": request.state_time,
+        "declined_reasons": declined_reasons(request.extra.get("declined_reasons")),
     }
 
 
@@ -165,7 +195,7 @@ def malformed_request_row(record: MalformedRecord) -> dict[str, Any]:
     return {"id": record.id, "relative_priority": None, "state": MALFORMED,
             "requestor": None, "node_types": [], "nodes": [], "declined_by": [],
             "event_id": None, "tenant_name": None, "provider": None, "state_time": None,
-            "malformed": record.reason}
+            "declined_reasons": {}, "malformed": record.reason}
 
 
 def request_list(requests: Iterable[NodeRequest],

@@ -33,7 +33,7 @@ from urllib.parse import parse_qsl
 
 from cheroot import wsgi
 
-from nodepool_k8s import prometheus, status
+from nodepool_k8s import prometheus, status, status_detail
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import NodeRequest
@@ -156,13 +156,19 @@ class WebApp:
                     (503, "text/plain", "Launcher not ready", False)
             if path == "/metrics":
                 _params(environ, ())
+                histograms = getattr(self.source, "histograms", None)
                 body = prometheus.render(self.source.node_views(), self.source.requests(),
-                                         self.source.ready(), self.source.counters())
+                                         self.source.ready(), self.source.counters(),
+                                         histograms=histograms() if histograms else None)
                 return 200, "text/plain; version=0.0.4; charset=utf-8", body, False
             route = _ROUTES.get(path)
+            if route is None and path.startswith(NODE_PREFIX):
+                route = _NODE_ROUTE
             if route is None:
                 return 404, "text/plain", "Not found\n", False
             params = _params(environ, route[0])
+            if route is _NODE_ROUTE:
+                params = (("node_id", _node_id_of(path)),) + params
             code, ctype, body = self._memoized(path, params, want_json,
                                                lambda: route[1](self, params, want_json))
             return code, ctype, body, True
@@ -225,6 +231,41 @@ class WebApp:
         return self._render(rows, status.LABEL_COLUMNS, dict(params).get("fields"),
                             want_json)
 
+    def _node(self, params: Params, want_json: bool) -> Response:
+        """`/node/<id>`: one node's record, conditions, timings and failure reason."""
+        node_id = dict(params)["node_id"]
+        view = next((v for v in self.source.node_views() if v.node.id == node_id), None)
+        if view is None:
+            return 404, "text/plain", f"Node {node_id} not found\n"
+        detail = status_detail.node_detail(view, self.clock.time())
+        if want_json:
+            return 200, "application/json", status.render_json_document(detail)
+        return 200, "text/plain", status_detail.render_node_detail(detail) + "\n"
+
+    def _events(self, params: Params, want_json: bool) -> Response:
+        """`/events`: the installation's event log, newest last."""
+        read = getattr(self.source, "events", None)
+        events: list[dict[str, Any]] = list(read()) if read is not None else []
+        values = dict(params)
+        since = values.get("since")
+        rows = [e for e in events
+                if all(values.get(k) in (None, e.get(k)) for k in ("provider", "pool"))
+                and (values.get("node_id") is None
+                     or str(e.get("node") or "").lstrip("0") == values["node_id"].lstrip("0"))
+                and (since is None or float(e.get("time") or 0) >= self.clock.time() - since)]
+        return self._render(status_detail.event_rows(rows), status_detail.EVENT_COLUMNS,
+                            values.get("fields"), want_json)
+
+
+NODE_PREFIX = "/node/"
+
+
+def _node_id_of(path: str) -> str:
+    node_id = path[len(NODE_PREFIX):]
+    if not node_id.isdigit() or not node_id.isascii() or len(node_id) > 20:
+        raise BadRequest("/node/<id> takes a node id (digits)")
+    return node_id
+
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
             500: "Internal Server Error", 503: "Service Unavailable"}
@@ -252,6 +293,16 @@ def _params(environ: Mapping[str, Any], allowed: Sequence[str]) -> Params:
             if not value.isdigit() or not value.isascii():
                 raise BadRequest("node_id must be a node id (digits)")
             out[name] = value
+        elif name in ("provider", "pool"):
+            out[name] = value
+        elif name == "since":
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise BadRequest("since must be a number of seconds") from None
+            if not 0 <= seconds < 1e9:
+                raise BadRequest("since must be a number of seconds")
+            out[name] = seconds
         elif name == "fields":
             picked = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",")
                                          if f.strip()))
@@ -270,4 +321,6 @@ _ROUTES: dict[str, _Route] = {
     "/node-list": (("node_id", "fields"), WebApp._node_list),
     "/request-list": (("fields",), WebApp._request_list),
     "/label-list": (("fields",), WebApp._label_list),
+    "/events": (("provider", "pool", "node_id", "since", "fields"), WebApp._events),
 }
+_NODE_ROUTE: _Route = ((), WebApp._node)

@@ -63,7 +63,9 @@ def cmd_request_list(args: argparse.Namespace) -> int:
         requests = s.reader.requests(malformed)
     if malformed:
         _warn_malformed(len(malformed), "request")
-    common.emit(status.request_list(requests, malformed), status.REQUEST_COLUMNS, args.json)
+    columns = status.REQUEST_DETAIL_COLUMNS if getattr(args, "detail", False) \
+        else status.REQUEST_COLUMNS
+    common.emit(status.request_list(requests, malformed), columns, args.json)
     return 0
 
 

@@ -27,6 +27,7 @@ from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.commands_list import cmd_info, cmd_label_list, cmd_list, cmd_request_list
 from nodepool_k8s.cmd.commands_node import cmd_delete, cmd_hold
 from nodepool_k8s.cmd.commands_pool import add_parsers as _add_pool_control
+from nodepool_k8s.cmd.commands_show import add_events, add_show
 from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.exceptions import ConfigError, NodepoolError
 
@@ -65,7 +66,9 @@ def _add_list(subparsers: Subparsers) -> None:
                     " are shown as 'redacted'.")
     parser.add_argument("--detail", action="store_true",
                         help="add Pool, Hostname, Private IPv4, AZ, Username, Port, Launcher,"
-                             " Allocated To, Hold Job, Comment, User Data, Driver Data")
+                             " Allocated To, Hold Job, Comment, User Data, Driver Data,"
+                             " Token Expires, Host ID (the Kubernetes node of a pod) and"
+                             " Reason (why a node failed)")
     common.add_json_option(parser)
     parser.set_defaults(func=cmd_list)
 
@@ -112,6 +115,8 @@ def _add_request_list(subparsers: Subparsers) -> None:
         "request-list", help="list node requests",
         description="List node requests: Request ID, Priority (relative priority), State,"
                     " Requestor, Node Types, Nodes, Declined By, Event ID.")
+    parser.add_argument("--detail", action="store_true",
+                        help="add Declined Reasons (pool id: reason, per declining pool)")
     common.add_json_option(parser)
     parser.set_defaults(func=cmd_request_list)
 
@@ -145,6 +150,8 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     _add_label_list,
     _add_info,
     _add_pool_control,  # pause, drain, resume, pool-state
+    add_show,
+    add_events,
 ]
 
 

@@ -14,6 +14,7 @@ import copy
 import hashlib
 from typing import Any, Mapping
 
+from nodepool_k8s.config import quantity
 from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.cron import parse_duration
 from nodepool_k8s.config.model import (
@@ -161,6 +162,12 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
     # Nodepool; this includes namespaces and verbatim-spec pods.
     for resource in REQUESTS:
         values[resource] = resolve_request(label, pool, resource)[0]
+    if isinstance(label.get("spec"), dict):
+        # A verbatim spec counts with what its containers request (pool defaults only for
+        # resources no container asks for: the LimitRange applies those).
+        for resource, amount in quantity.spec_requests(label["spec"]).items():
+            if amount is not None:
+                values[resource] = int(amount) if float(amount).is_integer() else amount
     if has_pod_limits(label, driver):
         for resource in LIMITS:
             values[f"{resource}_limit"] = resolve_limit(label, pool, resource)[0]

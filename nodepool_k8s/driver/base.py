@@ -25,6 +25,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
+from nodepool_k8s.conditions import Condition
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.model import Resources
 
@@ -85,6 +86,18 @@ class CloudResource:
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 
+class Progress(Protocol):
+    """The core's progress callback: `progress(external_id, *conditions)`.
+
+    Called with the external id as soon as it is known (the core records it at once, with
+    the conditions given in that call), then with the same id and condition updates
+    (`Registered`, `Initialized`, ...) as phases complete; those ride along with the
+    core's next write. A driver may call it with the external id only (the old form).
+    """
+
+    def __call__(self, external_id: str, *updates: Condition) -> None: ...
+
+
 class Provider(Protocol):
     """A configured provider instance. Methods may block; the core calls them from workers."""
 
@@ -97,12 +110,14 @@ class Provider(Protocol):
         """Release clients and background threads. Idempotent."""
 
     def launch(self, spec: LaunchSpec, cancel: threading.Event,
-               progress: Callable[[str], None] | None = None) -> LaunchResult:
+               progress: Progress | None = None) -> LaunchResult:
         """Create everything for one node and wait until it is usable.
 
         `cancel` is set when the core gives up (shutdown, ZooKeeper session loss): return
-        promptly by raising LaunchCancelled (a LaunchError). `progress(external_id)` is called
-        as soon as the external id is known, so the core can record it before waiting.
+        promptly by raising LaunchCancelled (a LaunchError). `progress(external_id,
+        *conditions)` is called as soon as the external id is known, so the core can record
+        it before waiting, and again with condition updates (see `Progress`). A failure's
+        `reason` should be one of `conditions.REASONS`.
         """
 
     def delete(self, external_id: str, node_id: str | None = None) -> None:

@@ -23,7 +23,8 @@ from typing import Any, Callable, Sequence
 
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
-from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec
+from nodepool_k8s import conditions as cond
+from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Progress
 from nodepool_k8s.exceptions import LaunchCancelled, LaunchError, NotOwned
 from nodepool_k8s.model import Resources
 
@@ -118,7 +119,7 @@ class FakeProvider:
         self.started = False
 
     def launch(self, spec: LaunchSpec, cancel: threading.Event,
-               progress: Callable[[str], None] | None = None) -> LaunchResult:
+               progress: Progress | None = None) -> LaunchResult:
         self._record("launch", spec)
         with self._lock:
             self.launching += 1
@@ -129,7 +130,7 @@ class FakeProvider:
                 self.launching -= 1
 
     def _launch(self, spec: LaunchSpec, cancel: threading.Event,
-                progress: Callable[[str], None] | None) -> LaunchResult:
+                progress: Progress | None) -> LaunchResult:
         injected = self._injected("launch")
         if injected is not None:
             raise injected
@@ -137,7 +138,8 @@ class FakeProvider:
         external_id = f"{spec.pool.name}-{spec.node_id}{suffix}"
         self.add_resource(external_id, spec.node_id)
         if progress is not None:
-            progress(external_id)
+            progress(external_id, self._condition(cond.LAUNCHED, "ResourceCreated",
+                                                  f"{external_id} created"))
         if self.on_launch is not None:
             self.on_launch(spec)
         label = spec.label
@@ -148,7 +150,17 @@ class FakeProvider:
         if label.fake_fail:
             self._remove(external_id)
             raise LaunchError(f"label {label.name} is configured to fail", reason="FakeFail")
+        if progress is not None:
+            progress(external_id, self._condition(cond.REGISTERED, "AccessGranted",
+                                                  "fake credentials"))
+            progress(external_id, self._condition(
+                cond.INITIALIZED, "PodRunning" if label.type == "pod" else "NoWorkload",
+                "fake pod running on fake-k8s-node" if label.type == "pod" else
+                "namespace label: no pod to start"))
         return self._result(external_id, label)
+
+    def _condition(self, type_: str, reason: str, message: str) -> cond.Condition:
+        return cond.Condition(type_, cond.TRUE, reason, message, self.clock.time())
 
     def _result(self, external_id: str, label: PoolLabel) -> LaunchResult:
         connection: dict[str, Any] = {

@@ -22,6 +22,7 @@ from nodepool_k8s.model import Resources
 from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.pool_state import PoolStateCache
 from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
@@ -49,6 +50,8 @@ class Engine:
         self.guard = QuotaGuard(zk)
         # Operator pause/drain per provider or pool (see launcher.fleet).
         self.pool_states = PoolStateCache(zk)
+        # The installation's lifecycle event log (`nodepool events`): best effort.
+        self.events = EventLog(zk, clock)
         self.providers: dict[str, Provider] = {}
         self.stopping = threading.Event()
         # Called when capacity may have freed or new work may exist (the daemon's).

@@ -44,6 +44,7 @@ from nodepool_k8s.model import Node
 from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
+from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk.identity import resolve_installation_id
 from nodepool_k8s.zk.reader import ZkReader
 from nodepool_k8s.zk.registry import Registration
@@ -163,6 +164,7 @@ class Launcher:
             cache.add_listener(self.gauges.changed)
         self.gauges.start()
         self.gauges.report_config(engine.config)
+        engine.events.start()
         with self._lock:
             for name, provider_cfg in engine.config.providers.items():
                 self._start_provider(provider_cfg)
@@ -340,6 +342,8 @@ class Launcher:
             for key in sorted(wanted - set(self.pool_workers)):
                 self._start_pool(key)
         log.info("Configuration reloaded: %d pool(s)", len(self.pool_workers))
+        self.engine.events.record(zk_events.CONFIG_RELOADED,
+                                  message=f"{len(self.pool_workers)} pool(s)")
         self.gauges.report_config(config)
         self.wake_all()
 
@@ -384,6 +388,7 @@ class Launcher:
             # Leave the stats election while the session is open: another launcher takes
             # over at once instead of after our session times out.
             self.gauges.stop(left())
+            engine.events.stop()
             self.deleter.shutdown(wait=False)
             for launches in self.launch_pools.values():
                 launches.shutdown(wait=False)

@@ -29,8 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
+from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig, model
 from nodepool_k8s.exceptions import NotOwned, TemporaryError, ZkSessionLost
+from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.settings import next_backoff
 from nodepool_k8s.model import Node
@@ -192,6 +194,7 @@ class NodeDeleter:
                 return True  # not one of ours (any more)
             if node.state != model.DELETING:
                 node.state, node.state_time = model.DELETING, engine.clock.time()
+                lifecycle.mark_deleting(node, node.state_time, reason)
                 engine.nodes.store(node, lock)
             refused = False
             if node.external_id:
@@ -202,12 +205,15 @@ class NodeDeleter:
                     nlog.warning("Refusing to delete %s of provider %s (%s); removing the node"
                                  " record only", node.external_id, node.provider, exc)
                     node.extra["delete_refused"] = str(exc)
+                    node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, "NotOwned",
+                                                      str(exc), engine.clock.time()))
                     engine.nodes.store(node, lock)
                     engine.stats.delete_refused(node.provider)
                     refused = True
                 except TemporaryError as exc:
                     nlog.warning("Could not delete %s yet (%s); will retry",
                                  node.external_id, exc)
+                    lifecycle.note_delete_failed(engine, node, lock, str(exc))
                     return False
             if not engine.nodes.delete(node, lock):
                 nlog.info("Node is contended; left in state deleted for the next pass")
@@ -215,6 +221,10 @@ class NodeDeleter:
             with self._lock:
                 self.deleted += 1
                 self.refused += int(refused)
+            lifecycle.record_deleted(engine.events, node, reason,
+                                     node.extra.get("delete_refused") if refused else None)
+            if not refused:
+                lifecycle.report_deleted(engine.stats, engine.events, node)
             if refused:
                 nlog.info("Removed the node record; %s was left alone (%s)", node.external_id,
                           reason)

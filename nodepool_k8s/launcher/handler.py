@@ -22,6 +22,7 @@ lost-request reset of any launcher recover).
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 from typing import Callable
 
@@ -30,12 +31,14 @@ from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher import launch as launching
+from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.allocation import CONTENTION, Allocator, Slot, SlotState
 from nodepool_k8s.launcher.allocation import PoolRef as PoolRef
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import locks as zk_locks
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.locks import HeldLock
@@ -91,8 +94,10 @@ class RequestHandler:
         if self._request_gone():
             self._finish_cancelled()
             return False
-        if any(s.state is SlotState.FAILED for s in self.slots):
-            self._decline("a node launch failed")
+        failed = [s for s in self.slots if s.state is SlotState.FAILED]
+        if failed:
+            node = failed[0].node
+            self._decline("a node launch failed", node.failure_reason if node else None)
             return False
         needed = [s for s in self.slots if s.state is SlotState.NEED]
         if not needed:
@@ -232,6 +237,10 @@ class RequestHandler:
             if outcome.kind is launching.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
             elif outcome.kind is launching.ABORTED:
+                if slot.node is not None:
+                    lifecycle.record_outcome(self.engine.events, slot.node,
+                                             zk_events.LAUNCH_ABORTED, outcome.reason,
+                                             outcome.error)
                 self._finish_node(slot, model.ABORTED)
                 slot.state, slot.node, slot.lock = SlotState.NEED, None, None
                 self.retry_at = self.engine.clock.time() + self.engine.settings.quota_retry
@@ -241,6 +250,9 @@ class RequestHandler:
                 self._finish_node(slot, model.FAILED)
                 slot.state = SlotState.FAILED
                 assert slot.node is not None
+                lifecycle.record_outcome(self.engine.events, slot.node,
+                                         zk_events.LAUNCH_FAILED, outcome.reason,
+                                         outcome.error)
                 self._node_log(slot.node).warning("Launch failed: %s", outcome.error)
             slot.future = None
 
@@ -293,7 +305,9 @@ class RequestHandler:
                 provider=self.provider, provider_config=provider_cfg, pool=pool_cfg,
                 label=pool_cfg.labels[slot.label], request=self.request, node=node,
                 lock=lock, nodes=self.engine.nodes, cancel=self.cancel,
-                stats=self.engine.stats, log=self._node_log(node))
+                stats=self.engine.stats, log=self._node_log(node), clock=self.engine.clock,
+                on_attempt_failed=functools.partial(lifecycle.record_attempt_failed,
+                                                    self.engine.events, node))
             self._node_log(node).info("Launching %s node", slot.label)
             slot.future = self.launches.submit(job.run, self.wake)
 
@@ -309,6 +323,7 @@ class RequestHandler:
             if not slot.reused and slot.result is not None:
                 launching.apply_result(node, slot.result)
                 node.state, node.state_time = model.READY, now
+                lifecycle.mark_ready(node, now)
             if not allocated:
                 node.set(allocated_to=None)
             self.engine.nodes.add_store(txn, node, slot.lock, release=True)
@@ -394,13 +409,20 @@ class RequestHandler:
         self.request.state = model.FULFILLED
         self.request.state_time = self.engine.clock.time()
         self.engine.requests.add_store(txn, self.request, self.lock, release=True)
-        if self._settle(self._commit_final(txn, locks, with_request=True),
-                        "Fulfilled request with nodes %s", self.request.nodes) is RETRY:
+        outcome = self._commit_final(txn, locks, with_request=True)
+        if self._settle(outcome, "Fulfilled request with nodes %s",
+                        self.request.nodes) is RETRY:
             self.request.state = model.PENDING
+        elif outcome == DONE:
+            for slot in self.slots:
+                if slot.node is not None and not slot.reused:
+                    lifecycle.report_ready(self.engine.stats, slot.node)
+                    lifecycle.record_ready(self.engine.events, slot.node)
 
-    def _decline(self, reason: str) -> None:
+    def _decline(self, reason: str, code: str | None = None) -> None:
         txn, locks = self._final_txn(allocated=False)
         saved = (list(self.request.declined_by), self.request.state, list(self.request.nodes))
+        lifecycle.note_decline(self.request, self.ref.pool_id, reason, code)
         registered = self.registered_ids() | {self.ref.pool_id}
         state = plan.record_decline(self.request, self.ref.pool_id, registered,
                                     self.engine.clock.time())

@@ -22,7 +22,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from nodepool_k8s import conditions as cond
 from nodepool_k8s import stats
+from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import LaunchResult, LaunchSpec, Provider, RequestInfo
 from nodepool_k8s.exceptions import LaunchError, QuotaExceeded, TemporaryError
@@ -51,6 +53,7 @@ class LaunchOutcome:
     # The type of the last attempt's exception (FAILED, ABORTED): stats tell a driver's
     # LaunchError from anything unexpected by type, never by the error text.
     error_type: type[BaseException] | None = None
+    reason: str = ""  # one of conditions.REASONS for failed and aborted outcomes
 
 
 class LaunchPool:
@@ -131,8 +134,22 @@ class NodeLaunch:
     cancel: threading.Event
     stats: stats.Stats
     log: logging.LoggerAdapter[logging.Logger]
+    # Told of every failed attempt (attempt, reason, message): the event log.
+    on_attempt_failed: Callable[[int, str, str], None] | None = None
+    clock: Clock = SYSTEM_CLOCK
 
-    def _progress(self, external_id: str) -> None:
+    def _attempt_failed(self, attempt: int, reason: str, error: str) -> None:
+        if self.on_attempt_failed is not None:
+            try:
+                self.on_attempt_failed(attempt, reason, error)
+            except Exception as exc:  # best effort: never fails a launch
+                self.log.debug("Could not record the failed attempt: %s", exc)
+
+    def _progress(self, external_id: str, *updates: cond.Condition) -> None:
+        # Condition updates ride along with the next write (the external id's now, or the
+        # handler's final one): no write of their own.
+        for update in updates:
+            self.node.set_condition(update)
         if self.node.external_id == external_id:
             return
         self.node.set(external_id=external_id)
@@ -158,15 +175,26 @@ class NodeLaunch:
                 result = stats.RESULT_NODEPOOL if failed_by_driver else stats.RESULT_UNKNOWN
         self.stats.launch(self.provider_config.name, self.request.requestor, result,
                           (time.monotonic() - started) * 1000.0)
+        if outcome.kind in (FAILED, ABORTED):
+            self.node.conditions = cond.fail(self.node.conditions, outcome.reason,
+                                             outcome.error, self.clock.time())
+            self.stats.launch_error(self.provider_config.name, outcome.reason)
         return outcome
 
     def _attempts(self) -> LaunchOutcome:
         attempts = max(1, self.provider_config.launch_retries)
         error = ""
         error_type: type[BaseException] | None = None
+        reason = "Unknown"
+        if not self.node.conditions:
+            self.node.conditions = cond.initial(self.clock.time())
         for attempt in range(1, attempts + 1):
             if self.cancel.is_set():
                 return LaunchOutcome(CANCELLED, attempts=attempt - 1)
+            if attempt > 1:
+                self.node.conditions = cond.restart(
+                    self.node.conditions, self.clock.time(),
+                    f"attempt {attempt}/{attempts} after {reason}: {error}")
             spec = LaunchSpec(node_id=self.node.id, provider=self.provider_config,
                               pool=self.pool, label=self.label,
                               request=request_info(self.request), attempt=attempt)
@@ -177,19 +205,26 @@ class NodeLaunch:
             except QuotaExceeded as exc:
                 self.log.info("Cloud refused the launch for quota: %s", exc)
                 return LaunchOutcome(ABORTED, error=f"QuotaExceeded: {exc}",
-                                     attempts=attempt, error_type=type(exc))
+                                     attempts=attempt, error_type=type(exc),
+                                     reason="QuotaExceeded")
             except LaunchError as exc:
                 if self.cancel.is_set():
                     return LaunchOutcome(CANCELLED, attempts=attempt)
                 error, error_type = f"LaunchError({exc.reason}): {exc}", type(exc)
+                reason = cond.reason(exc.reason)
                 self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
                 if not exc.retryable:
+                    self._attempt_failed(attempt, reason, error)
                     break
             except TemporaryError as exc:
                 error, error_type = f"{type(exc).__name__}: {exc}", type(exc)
+                reason = "ApiError"
                 self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
             except Exception as exc:
                 error, error_type = f"{type(exc).__name__}: {exc}", type(exc)
+                reason = "Unknown"
                 self.log.exception("Launch attempt %d/%d failed unexpectedly", attempt,
                                    attempts)
-        return LaunchOutcome(FAILED, error=error, attempts=attempts, error_type=error_type)
+            self._attempt_failed(attempt, reason, error)
+        return LaunchOutcome(FAILED, error=error, attempts=attempts, error_type=error_type,
+                             reason=reason)

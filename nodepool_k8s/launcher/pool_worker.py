@@ -26,7 +26,8 @@ import threading
 from nodepool_k8s import logconfig, model, quota
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.launcher import drift, fleet, maintenance, plan
+from nodepool_k8s.launcher import drift, fleet, lifecycle, maintenance, plan
+from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.launch import LaunchPool
@@ -61,6 +62,7 @@ class PoolWorker(Worker):
         self._drift_next = -math.inf
         self._drift_waiting = 0
         self._drift_asked: set[str] = set()
+        self._reported_paused = False  # the pause state last put in the event log
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -114,6 +116,13 @@ class PoolWorker(Worker):
         if scopes & {quota.SCOPE_POOL, quota.SCOPE_PROVIDER, quota.SCOPE_CLOUD}:
             self._reclaim(whole_provider=bool(scopes - {quota.SCOPE_POOL}))
         paused = self._assign(provider_cfg, pool_cfg, provider, registered, paused)
+        if paused != self._reported_paused:
+            self._reported_paused = paused
+            # Batched: a pool at quota may pause and resume once per freed node.
+            engine.events.record_batched(
+                zk_events.POOL_PAUSED if paused else zk_events.POOL_RESUMED,
+                provider=self.ref.provider, pool=self.ref.pool,
+                message=", ".join(sorted(str(s) for s in scopes if s)) if paused else "")
         if self.registration is not None:
             # Other pools yield to us only while we are not paused: keep it current.
             engine.registry.update(self.registration, paused=paused,
@@ -261,6 +270,7 @@ class PoolWorker(Worker):
         now = self.engine.clock.time()
         if decline_reason is not None:
             plan.record_decline(request, self.id, self.registered_ids(), now)
+            lifecycle.note_decline(request, self.id, decline_reason)
         else:
             request.state, request.state_time = model.PENDING, now
 

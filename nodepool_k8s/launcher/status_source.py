@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import NodeRequest
 from nodepool_k8s.records import MalformedRecord
-from nodepool_k8s.stats import CounterKey, Stats
+from nodepool_k8s.stats import CounterKey, Histogram, Stats
 from nodepool_k8s.status import NodeView
+from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
@@ -104,3 +105,10 @@ class LauncherStatus:
 
     def counters(self) -> dict[CounterKey, float]:
         return self.stats.counters()
+
+    def histograms(self) -> dict[CounterKey, Histogram]:
+        return self.stats.histograms()
+
+    def events(self) -> list[dict[str, Any]]:
+        """The installation's event log (`/events`), oldest first."""
+        return zk_events.read_events(self.launcher.zk)

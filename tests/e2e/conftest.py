@@ -15,7 +15,7 @@ from typing import Iterator
 import pytest
 
 from nodepool_k8s.simulator import Simulator
-from tests.e2e.util import NamespaceLog
+from tests.e2e.util import KubeEventLog, NamespaceLog
 from tests.helpers import ZkConnection
 from tests.launcher.util import Processes
 
@@ -26,6 +26,16 @@ def kube_env(k8s_sim: Simulator, monkeypatch: pytest.MonkeyPatch) -> Simulator:
     assert k8s_sim.kubeconfig_path is not None
     monkeypatch.setenv("KUBECONFIG", k8s_sim.kubeconfig_path)
     return k8s_sim
+
+
+@pytest.fixture
+def kube_events(k8s_sim: Simulator) -> Iterator[KubeEventLog]:
+    """Every Kubernetes Event created in the simulator from now on, in order."""
+    recorder = KubeEventLog(k8s_sim).start()
+    try:
+        yield recorder
+    finally:
+        recorder.stop()
 
 
 @pytest.fixture

@@ -18,7 +18,6 @@ Aspects:
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Any
 
@@ -30,8 +29,9 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.zk import paths
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from tests.e2e.util import (NamespaceLog, leftovers, our_namespaces, provider_factory,
-                            wait_cluster_empty)
+from nodepool_k8s.zk import events as zk_events
+from tests.e2e.util import (KubeEventLog, NamespaceLog, admin_api, leftovers, our_namespaces,
+                            provider_factory, wait_cluster_empty)
 from tests.helpers import wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 
@@ -64,17 +64,36 @@ providers:
 """
 
 BOOT_TIMEOUT = 600.0
-ATTEMPT_RE = re.compile(r"Launch attempt (\d+)/(\d+) failed: LaunchError\((\w+)\)")
 
 
-def failed_attempts(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str]]:
-    """(attempt, reason) of every failed launch attempt the engine logged."""
-    found = []
-    for record in caplog.records:
-        match = ATTEMPT_RE.search(record.getMessage())
-        if match:
-            found.append((int(match[1]), match[3]))
-    return found
+def failed_attempts(launcher: Launcher) -> list[tuple[int, str]]:
+    """(attempt, reason) of every failed launch attempt, as recorded in the event log."""
+    launcher.engine.events.flush()  # failed attempts are batched until the node's outcome
+    return [(int(e["attempt"]), str(e["reason"])) for e in zk_events.read_events(launcher.zk)
+            if e["kind"] == zk_events.ATTEMPT_FAILED]
+
+
+def assert_failure_recorded(launcher: Launcher, kube_events: KubeEventLog, kind: str,
+                            reasons: set[str], condition: str) -> dict[str, Any]:
+    """The failure is everywhere it should be: the node's False condition (copied into
+    the event log with the record's conditions), the reason counter, a Kubernetes Event in
+    the node's namespace and the event log entry. Returns the event log entry."""
+    entries = wait_for(lambda: [e for e in zk_events.read_events(launcher.zk)
+                                if e["kind"] == kind], message=f"a {kind} event")
+    entry = entries[-1]
+    assert entry["reason"] in reasons, entry
+    false = [c for c in entry["conditions"] if c["status"] == "False"]
+    assert [(c["type"], c["reason"]) for c in false] == [(condition, entry["reason"])], entry
+    assert f"nodepool.launch.provider.k8s.error.{entry['reason']}" in incr_keys(launcher)
+    counters = launcher.engine.stats.counters()
+    assert counters[("nodepool_launch_errors_total",
+                     (("provider", "k8s"), ("reason", entry["reason"])))] >= 1
+    failed = wait_for(lambda: [e for e in kube_events.events("LaunchFailed")
+                               if entry["reason"] in (e["message"] or "")],
+                      message="a LaunchFailed event in the namespace")
+    assert failed[0]["component"] == "nodepool-launcher" and failed[0]["type"] == "Warning"
+    assert failed[0]["namespace"].startswith("main-")
+    return entry
 
 
 def incr_keys(launcher: Launcher) -> list[str]:
@@ -106,9 +125,8 @@ def attempt_names(namespace_log: NamespaceLog, attempts: int) -> list[str]:
 # -- API errors --------------------------------------------------------------------------------
 
 def test_one_shot_api_errors_are_retried(launchers: LauncherFactory, zuul: ZuulClient,
-                                         k8s_sim: Simulator, kazoo_client: KazooClient,
-                                         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.INFO)
+                                         k8s_sim: Simulator,
+                                         kazoo_client: KazooClient) -> None:
     launcher = launchers(CONFIG)
     k8s_sim.set_faults(retry_after=0)
     k8s_sim.fail_next("create", "namespaces", count=2, code=500)
@@ -123,11 +141,19 @@ def test_one_shot_api_errors_are_retried(launchers: LauncherFactory, zuul: ZuulC
     # Retried inside each call: the first attempt made it.
     node_id = body["nodes"][0]
     assert zuul.get_node(node_id)["external_id"] == f"main-{node_id}"  # type: ignore[index]
-    assert failed_attempts(caplog) == []
-    retried = [r.getMessage() for r in caplog.records if "will retry" in r.getMessage()]
-    assert any("create namespace main-" in m for m in retried), retried
-    assert any("create pod main-" in m for m in retried), retried
+    assert failed_attempts(launcher) == []
     assert k8s_sim.counters["create namespaces"] == 3  # 2 refused + 1 created
+    assert k8s_sim.counters["create pods"] == 3  # retried inside the call
+    # A successful launch: every condition True, in order, with ordered times.
+    node = zuul.get_node(node_id)
+    assert node is not None
+    conditions = node["conditions"]
+    assert [(c["type"], c["status"]) for c in conditions] == [
+        ("Launched", "True"), ("Registered", "True"), ("Initialized", "True"),
+        ("Ready", "True")]
+    times = [c["last_transition_time"] for c in conditions]
+    assert times == sorted(times) and node["host_id"]
+    assert node["host_id"] in conditions[2]["message"]
     assert incr_keys(launcher).count("nodepool.launch.provider.k8s.ready") == 1
     nodeset = zuul.accept(request_id)
     zuul.use(nodeset)
@@ -156,7 +182,7 @@ def test_random_api_errors(launchers: LauncherFactory, zuul: ZuulClient, k8s_sim
 def test_image_pull_error_fails_fast(launchers: LauncherFactory, zuul: ZuulClient,
                                      k8s_sim: Simulator, kazoo_client: KazooClient,
                                      namespace_log: NamespaceLog,
-                                     caplog: pytest.LogCaptureFixture) -> None:
+                                     kube_events: KubeEventLog) -> None:
     k8s_sim.set_faults(image_pull_fail=("registry.invalid/*",))
     launcher = launchers(CONFIG)
     request_id = zuul.submit(["broken-image"])
@@ -164,19 +190,23 @@ def test_image_pull_error_fails_fast(launchers: LauncherFactory, zuul: ZuulClien
     body = zuul.wait(request_id, BOOT_TIMEOUT / 20)
     assert body is not None and body["state"] == "failed", body
     assert body["nodes"] == [] and body["declined_by"] == [pool_id(launcher)]
-    attempts = failed_attempts(caplog)
+    attempts = failed_attempts(launcher)
     assert [a for a, _ in attempts] == [1, 2, 3]
     assert {r for _, r in attempts} <= {"ErrImagePull", "ImagePullBackOff"}, attempts
     attempt_names(namespace_log, 3)  # a fresh namespace per attempt
     assert incr_keys(launcher).count("nodepool.launch.provider.k8s.error.nodepool") == 1
+    entry = assert_failure_recorded(launcher, kube_events, zk_events.LAUNCH_FAILED,
+                                    {"ErrImagePull", "ImagePullBackOff"}, "Initialized")
+    assert "registry.invalid/ci/missing:1" in entry["message"]  # the image's name
+    reasons = body["declined_reasons"]
+    assert reasons[pool_id(launcher)]["reason"] == entry["reason"]
     zuul.cancel(request_id)  # as Zuul's scheduler does with a failed request
     assert_clean(k8s_sim, kazoo_client)
 
 
 def test_image_pull_backoff_fails_fast(launchers: LauncherFactory, zuul: ZuulClient,
                                        k8s_sim: Simulator, kazoo_client: KazooClient,
-                                       namespace_log: NamespaceLog,
-                                       caplog: pytest.LogCaptureFixture) -> None:
+                                       namespace_log: NamespaceLog) -> None:
     """A pod whose container waits in ImagePullBackOff (the kubelet's state after a few
     failed pulls) ends the attempt as soon as it is seen."""
     k8s_sim.config.start_delay = 3600.0  # pods are scheduled but never start by themselves
@@ -198,8 +228,8 @@ def test_image_pull_backoff_fails_fast(launchers: LauncherFactory, zuul: ZuulCli
     body = zuul.wait(request_id, 60)
     assert body is not None and body["state"] == "failed", body
     assert time.monotonic() - started < BOOT_TIMEOUT / 20
-    assert failed_attempts(caplog) == [(1, "ImagePullBackOff"), (2, "ImagePullBackOff"),
-                                       (3, "ImagePullBackOff")]
+    assert failed_attempts(launcher) == [(1, "ImagePullBackOff"), (2, "ImagePullBackOff"),
+                                         (3, "ImagePullBackOff")]
     attempt_names(namespace_log, 3)
     zuul.cancel(request_id)
     assert_clean(k8s_sim, kazoo_client)
@@ -209,7 +239,7 @@ def test_image_pull_backoff_fails_fast(launchers: LauncherFactory, zuul: ZuulCli
 def test_unschedulable_past_grace_fails(launchers: LauncherFactory, zuul: ZuulClient,
                                         k8s_sim: Simulator, kazoo_client: KazooClient,
                                         namespace_log: NamespaceLog,
-                                        caplog: pytest.LogCaptureFixture) -> None:
+                                        kube_events: KubeEventLog) -> None:
     """A short grace through the driver's settings (the `unschedulable-grace` provider key
     sets the same value from the configuration)."""
     k8s_sim.set_faults(unschedulable=True)
@@ -219,8 +249,12 @@ def test_unschedulable_past_grace_fails(launchers: LauncherFactory, zuul: ZuulCl
     body = zuul.wait(request_id, BOOT_TIMEOUT / 20)
     assert body is not None and body["state"] == "failed", body
     assert body["declined_by"] == [pool_id(launcher)]
-    assert failed_attempts(caplog) == [(1, "Unschedulable"), (2, "Unschedulable"),
-                                       (3, "Unschedulable")]
+    assert failed_attempts(launcher) == [(1, "Unschedulable"), (2, "Unschedulable"),
+                                         (3, "Unschedulable")]
+    entry = assert_failure_recorded(launcher, kube_events, zk_events.LAUNCH_FAILED,
+                                    {"Unschedulable"}, "Initialized")
+    assert "Insufficient" in entry["message"] or "node" in entry["message"], entry
+    assert body["declined_reasons"][pool_id(launcher)]["reason"] == "Unschedulable"
     # Each attempt waited out its grace before giving up (a lower bound, not a speed check).
     assert time.monotonic() - started >= 3 * 0.5
     attempt_names(namespace_log, 3)
@@ -229,11 +263,11 @@ def test_unschedulable_past_grace_fails(launchers: LauncherFactory, zuul: ZuulCl
 
 
 def test_unschedulable_within_grace_is_used(launchers: LauncherFactory, zuul: ZuulClient,
-                                            k8s_sim: Simulator, kazoo_client: KazooClient,
-                                            caplog: pytest.LogCaptureFixture) -> None:
+                                            k8s_sim: Simulator,
+                                            kazoo_client: KazooClient) -> None:
     """The daemon's default grace (30 s) lets a pod wait for capacity (an autoscaler)."""
     k8s_sim.set_faults(unschedulable=True)
-    launchers(CONFIG)  # the production provider factory and driver settings
+    launcher = launchers(CONFIG)  # the production provider factory and driver settings
     request_id = zuul.submit(["pod"])
 
     def unschedulable_pod() -> bool:
@@ -248,7 +282,7 @@ def test_unschedulable_within_grace_is_used(launchers: LauncherFactory, zuul: Zu
     assert body is not None and body["state"] == "fulfilled", body
     node = zuul.get_node(body["nodes"][0])
     assert node is not None and node["external_id"] == f"main-{body['nodes'][0]}"
-    assert failed_attempts(caplog) == []
+    assert failed_attempts(launcher) == []
     nodeset = zuul.accept(request_id)
     zuul.use(nodeset)
     zuul.release(nodeset)
@@ -267,7 +301,8 @@ def pool_component(kazoo_client: KazooClient) -> dict[str, Any]:
 
 def test_quota_refusal_pauses_until_capacity(launchers: LauncherFactory, zuul: ZuulClient,
                                              k8s_sim: Simulator, kazoo_client: KazooClient,
-                                             namespace_log: NamespaceLog) -> None:
+                                             namespace_log: NamespaceLog,
+                                             kube_events: KubeEventLog) -> None:
     """Documented engine behaviour (doc/launcher.md): the cloud refusing for quota marks the
     node `aborted` and the request waits, paused, retrying every `quota_retry`; it is not a
     failed launch and the request is never declined."""
@@ -284,6 +319,8 @@ def test_quota_refusal_pauses_until_capacity(launchers: LauncherFactory, zuul: Z
         return incr_keys(launcher).count("nodepool.launch.provider.k8s.error.quota")
 
     wait_for(lambda: refusals() >= 2, 30, message="two quota refusals")
+    assert_failure_recorded(launcher, kube_events, zk_events.LAUNCH_ABORTED,
+                            {"QuotaExceeded"}, "Registered")
     wait_for(lambda: pool_component(kazoo_client)["paused"], 10, message="a paused pool")
     request = zuul.get_request(request_id)
     assert request is not None and request["state"] == "pending"
@@ -316,11 +353,10 @@ def test_quota_refusal_pauses_until_capacity(launchers: LauncherFactory, zuul: Z
 # -- deletion ------------------------------------------------------------------------------------
 
 def test_hanging_namespace_deletion(launchers: LauncherFactory, zuul: ZuulClient,
-                                    k8s_sim: Simulator, kazoo_client: KazooClient,
-                                    caplog: pytest.LogCaptureFixture) -> None:
+                                    k8s_sim: Simulator, kazoo_client: KazooClient) -> None:
     """The driver waits `delete_timeout` (a tunable; 1 s here) for the namespace to go, then
-    raises TemporaryError; the engine keeps the node `deleting` and retries."""
-    caplog.set_level(logging.INFO)
+    raises TemporaryError; the engine keeps the node `deleting` (Deleting False,
+    DeleteFailed, with the count of tries on the record) and retries."""
     launchers(CONFIG, provider_factory=provider_factory(delete_timeout=1.0),
               settings=TEST_SETTINGS.replace(delete_retry=0.2, delete_retry_max=1.0))
     request_id = zuul.submit(["pod"])
@@ -334,12 +370,14 @@ def test_hanging_namespace_deletion(launchers: LauncherFactory, zuul: ZuulClient
     zuul.release(nodeset)
 
     def failed_deletions() -> int:
-        return sum(1 for r in caplog.records
-                   if f"Could not delete {namespace} yet" in r.getMessage())
+        node = zuul.get_node(node_id) or {}
+        return int(node.get("delete_failures") or 0)
 
     wait_for(lambda: failed_deletions() >= 2, 30, message="two timed-out deletions")
     node = zuul.get_node(node_id)
     assert node is not None and node["state"] == "deleting", node
+    deleting = [c for c in node["conditions"] if c["type"] == "Deleting"]
+    assert [(c["status"], c["reason"]) for c in deleting] == [("False", "DeleteFailed")]
     ns = k8s_sim.get("namespaces", namespace)
     assert ns is not None and ns["status"]["phase"] == "Terminating"
     assert ns["metadata"]["labels"][manifests.NODE_ID_LABEL] == node_id
@@ -350,13 +388,12 @@ def test_hanging_namespace_deletion(launchers: LauncherFactory, zuul: ZuulClient
 
 def test_retry_gets_a_fresh_namespace_while_the_old_one_terminates(
         launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
-        kazoo_client: KazooClient, namespace_log: NamespaceLog,
-        caplog: pytest.LogCaptureFixture) -> None:
+        kazoo_client: KazooClient, namespace_log: NamespaceLog) -> None:
     """Attempt 1's pod fails and its namespace hangs in Terminating; attempt 2 must not
     reuse that name (Nodepool did, and got 409 until the old one was gone)."""
     k8s_sim.config.start_delay = 3600.0
     k8s_sim.set_faults(namespace_delete_hang=True)
-    launchers(CONFIG, provider_factory=provider_factory(cleanup_timeout=0.5))
+    launcher = launchers(CONFIG, provider_factory=provider_factory(cleanup_timeout=0.5))
     request_id = zuul.submit(["pod"])
     first = wait_for(lambda: (namespace_log.names("main-") or [None])[0],
                      message="attempt 1's namespace")
@@ -371,12 +408,74 @@ def test_retry_gets_a_fresh_namespace_while_the_old_one_terminates(
     node = zuul.get_node(node_id)
     assert node is not None and node["external_id"] == f"main-{node_id}-2"
     assert node["connection_port"]["namespace"] == f"main-{node_id}-2"
-    assert failed_attempts(caplog) == [(1, "PodFailed")]
+    assert failed_attempts(launcher) == [(1, "PodFailed")]
     assert k8s_sim.get("namespaces", first)["status"]["phase"] == "Terminating"  # type: ignore
     wait_for(lambda: namespace_log.names("main-") == [first, f"main-{node_id}-2"],
              message="exactly two namespaces")
 
     k8s_sim.set_faults(namespace_delete_hang=False)
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+    assert_clean(k8s_sim, kazoo_client)
+
+
+# -- failure reasons: boot timeout, API errors past retries ------------------------------------
+
+SHORT = CONFIG.replace("launch-retries: 3", "launch-retries: 1").replace(
+    "boot-timeout: 600", "boot-timeout: 1").replace("api-retries: 5", "api-retries: 1")
+
+
+def test_boot_timeout_is_recorded(launchers: LauncherFactory, zuul: ZuulClient,
+                                  k8s_sim: Simulator, kazoo_client: KazooClient,
+                                  kube_events: KubeEventLog) -> None:
+    k8s_sim.config.start_delay = 3600.0  # scheduled, never running
+    launcher = launchers(SHORT)
+    request_id = zuul.submit(["pod"])
+    body = zuul.wait(request_id, 60)
+    assert body is not None and body["state"] == "failed", body
+    assert failed_attempts(launcher) == [(1, "BootTimeout")]
+    assert_failure_recorded(launcher, kube_events, zk_events.LAUNCH_FAILED, {"BootTimeout"},
+                            "Initialized")
+    assert body["declined_reasons"][pool_id(launcher)]["reason"] == "BootTimeout"
+    zuul.cancel(request_id)
+    assert_clean(k8s_sim, kazoo_client)
+
+
+def test_api_errors_past_retries_are_recorded(launchers: LauncherFactory, zuul: ZuulClient,
+                                              k8s_sim: Simulator, kazoo_client: KazooClient,
+                                              kube_events: KubeEventLog) -> None:
+    k8s_sim.set_faults(retry_after=0)
+    k8s_sim.fail_next("create", "serviceaccounts", count=2, code=500)  # api-retries 1
+    launcher = launchers(SHORT)
+    request_id = zuul.submit(["ns"])
+    body = zuul.wait(request_id, 60)
+    assert body is not None and body["state"] == "failed", body
+    assert failed_attempts(launcher) == [(1, "ApiError")]
+    assert_failure_recorded(launcher, kube_events, zk_events.LAUNCH_FAILED, {"ApiError"},
+                            "Registered")
+    assert body["declined_reasons"][pool_id(launcher)]["reason"] == "ApiError"
+    zuul.cancel(request_id)
+    assert_clean(k8s_sim, kazoo_client)
+
+
+def test_success_events_in_the_namespace(launchers: LauncherFactory, zuul: ZuulClient,
+                                         k8s_sim: Simulator, kazoo_client: KazooClient) -> None:
+    """`kubectl describe ns` / `kubectl get events -n NS` tells the job author what the
+    launcher did: Launched, Registered and Ready from component nodepool-launcher."""
+    launchers(CONFIG)
+    request_id = zuul.submit(["pod"])
+    body = zuul.wait(request_id, 30)
+    assert body is not None and body["state"] == "fulfilled"
+    namespace = f"main-{body['nodes'][0]}"
+    core = admin_api(k8s_sim)
+
+    def reasons() -> list[str]:
+        items = core.list_namespaced_event(namespace).items
+        return sorted(e.reason for e in items if e.source.component == "nodepool-launcher")
+
+    wait_for(lambda: reasons() == ["Launched", "Ready", "Registered"], 10,
+             message="the launcher's events in the namespace")
     nodeset = zuul.accept(request_id)
     zuul.use(nodeset)
     zuul.release(nodeset)

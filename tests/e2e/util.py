@@ -111,6 +111,57 @@ class NamespaceLog:
         self._thread.join(10)
 
 
+class KubeEventLog:
+    """Watches core/v1 Events in every namespace and keeps every one ever ADDED (a failed
+    attempt's events vanish with its namespace; this still saw them)."""
+
+    def __init__(self, sim: Simulator) -> None:
+        self.core = admin_api(sim)
+        self.added: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._listed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="event-log", daemon=True)
+
+    def start(self) -> "KubeEventLog":
+        self._thread.start()
+        assert self._listed.wait(15), "event watch did not start"
+        return self
+
+    def _run(self) -> None:
+        version = self.core.list_event_for_all_namespaces().metadata.resource_version
+        self._listed.set()
+        while not self._stop.is_set():
+            watcher = k8s_watch.Watch()
+            try:
+                for event in watcher.stream(self.core.list_event_for_all_namespaces,
+                                            timeout_seconds=1, resource_version=version):
+                    obj = event["object"]
+                    version = obj.metadata.resource_version
+                    if event["type"] == "ADDED":
+                        with self._lock:
+                            self.added.append({
+                                "namespace": obj.metadata.namespace, "reason": obj.reason,
+                                "message": obj.message, "type": obj.type,
+                                "component": obj.source.component if obj.source else None,
+                                "kind": obj.involved_object.kind,
+                                "name": obj.involved_object.name})
+                    if self._stop.is_set():
+                        break
+            except Exception:  # noqa: BLE001 - e.g. an injected fault: resume the watch
+                self._stop.wait(0.05)
+            finally:
+                watcher.stop()
+
+    def events(self, reason: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            return [e for e in self.added if reason is None or e["reason"] == reason]
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
 def zuul_kubeconfig(port: dict[str, Any]) -> tuple[dict[str, Any], str]:
     """The kubeconfig Zuul's executor writes for a Kubernetes node, from `connection_port`
     alone (nodepool-protocol.md B1.4): the cluster is named after the API server's netloc,

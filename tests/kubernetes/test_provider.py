@@ -18,6 +18,7 @@ import pytest
 import yaml
 from kubernetes import client as k8s
 
+from nodepool_k8s.conditions import INITIALIZED, LAUNCHED, REGISTERED, TRUE, Condition
 from nodepool_k8s.driver.base import RequestInfo
 from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
@@ -36,7 +37,7 @@ POD_LABEL = make_label(
     dynamic_labels={"tenant": "{request.tenant_name}"}, annotations={"owner": "ci"},
     python_path="/usr/bin/python3", shell_type="bash", extra_resources={"licenses": 1})
 NS_LABEL = make_label("k8s-namespace", "namespace", cpu=1, memory=512,
-                      labels={"team": "ci"})
+                      labels={"team": "ci"}, annotations={"team.example.org/owner": "ci"})
 FORM_B = make_label("pod-raw", spec={"containers": [
     {"name": "main", "image": "busybox", "command": ["sleep", "infinity"]}]},
     labels={"kind": "raw"}, annotations={"note": "verbatim"})
@@ -50,9 +51,20 @@ def _assert_bound_token(sim: Simulator, token: str, namespace: str) -> None:
 
 def _launch(provider: KubernetesProvider, label: str, **kw: Any) -> Any:
     seen: list[str] = []
+    updates: list[Condition] = []
+
+    def progress(external_id: str, *conditions: Condition) -> None:
+        seen.append(external_id)
+        updates.extend(conditions)
+
     result = provider.launch(make_spec(provider.config, label, **kw), threading.Event(),
-                             progress=seen.append)
-    assert seen == [result.external_id]
+                             progress=progress)
+    assert set(seen) == {result.external_id}
+    # Launched, Registered, Initialized, in that order, all True, with ordered times.
+    assert [c.type for c in updates] == [LAUNCHED, REGISTERED, INITIALIZED]
+    assert all(c.status == TRUE for c in updates)
+    times = [c.last_transition_time or 0.0 for c in updates]
+    assert times == sorted(times)
     return result
 
 
@@ -65,6 +77,12 @@ def test_namespace_launch_result(sim: Simulator, make_k8s_provider: ProviderFact
     assert result.cloud == "sim"
     assert result.python_path == "auto" and result.shell_type is None
     assert result.resources == {"instances": 1, "cores": 1, "ram": 512}
+    # A namespace label's annotations are set on the namespace (not silently dropped).
+    namespace = sim.get("namespaces", "main-0000000000")
+    assert namespace is not None
+    annotations = namespace["metadata"]["annotations"]
+    assert annotations.pop("nodepool_config_hash")  # what drift replacement compares
+    assert annotations == {"team.example.org/owner": "ci"}
     port = dict(result.connection_port)
     _assert_bound_token(sim, port.pop("token"), "main-0000000000")
     assert port == {
@@ -159,8 +177,10 @@ def test_form_b_pod_spec_is_verbatim(sim: Simulator,
 def _launch_calls(sim: Simulator) -> dict[str, int]:
     # The provider's shared pod/secret watches may re-list or reconnect at any moment; those
     # calls serve every launch at once, so only the per-node calls are counted here.
+    # Events are sent asynchronously and best-effort: not part of a node's API calls.
     return {k: v for k, v in sim.counters.items()
-            if k != "total" and not k.startswith(("watch ", "list "))}
+            if k != "total" and not k.startswith(("watch ", "list "))
+            and not k.endswith(" events")}
 
 
 def test_api_calls_per_node(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:

@@ -1,7 +1,10 @@
 """ZooKeeper writes per node, measured two ways: the launcher's own counter and the
 server's transaction id (every write request, a multi included, and every failed write
 takes one zxid). The budget is 8 launcher writes per single-node request end to end
-(accept, create, lock+building, external id, fulfil, and lock, deleting, removal)."""
+(accept, create, lock+building, external id, fulfil, and lock, deleting, removal), plus
+the event log's share: successful launches and deletions are written in batches (about
+0.1 write per node), well within the one extra write per node that conditions and events
+may cost (conditions themselves ride along with the writes above)."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from tests.launchers import LauncherFactory
 BUILDS = 20
 ZUUL_WRITES_PER_BUILD = 6  # submit, lock node, delete request, in-use, used, unlock
 BUDGET = 8
+EVENT_LOG_SHARE = 0.5
 
 
 def zxid(zk: ZkConnection) -> int:
@@ -41,5 +45,5 @@ def test_writes_per_node(launchers: LauncherFactory, zuul: ZuulClient, zk: ZkCon
     server = (after_zxid - before_zxid - BUILDS * ZUUL_WRITES_PER_BUILD) / BUILDS
     print(f"launcher ZooKeeper writes per single-node request: {requests:.2f} write requests "
           f"({ops:.2f} operations); server transactions not from Zuul: {server:.2f}")
-    assert requests <= BUDGET
-    assert server <= BUDGET
+    assert requests <= BUDGET + EVENT_LOG_SHARE
+    assert server <= BUDGET + EVENT_LOG_SHARE

@@ -10,6 +10,7 @@ import threading
 import pytest
 
 from nodepool_k8s import stats
+from nodepool_k8s.conditions import INITIALIZED, LAUNCHED, REGISTERED, TRUE, Condition
 from nodepool_k8s.cmd import launcher as launcher_cmd
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver import registry
@@ -114,8 +115,15 @@ def test_fake_provider_launch_fail_cancel_delete() -> None:
     config = provider_config()
     fake = FakeProvider(config)
     seen: list[str] = []
-    result = fake.launch(spec(config), threading.Event(), seen.append)
-    assert seen == ["main-0000000007"] and result.connection_type == "namespace"
+    types: list[str] = []
+
+    def progress(external_id: str, *updates: Condition) -> None:
+        seen.append(external_id)
+        types.extend(c.type for c in updates if c.status == TRUE)
+
+    result = fake.launch(spec(config), threading.Event(), progress)
+    assert set(seen) == {"main-0000000007"} and result.connection_type == "namespace"
+    assert types == [LAUNCHED, REGISTERED, INITIALIZED]  # as the Kubernetes driver does
     assert result.connection_port["namespace"] == "main-0000000007"
     assert fake.resource_ids() == {"main-0000000007"}
     fake.fail_next(1, TemporaryError("api down"), op="delete")

@@ -222,6 +222,7 @@ CONFIG_HASH_ANNOTATION = "nodepool_config_hash"
 
 def namespace_body(name: str, labels: Mapping[str, str],
                    annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The node's namespace; a namespace label's `annotations` are set on it."""
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": _meta(name, labels, annotations=annotations)}
 

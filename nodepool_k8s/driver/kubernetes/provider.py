@@ -36,14 +36,17 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from kubernetes import client as k8s
 
+from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
-from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Provider
+from nodepool_k8s.driver.base import (CloudResource, LaunchResult, LaunchSpec, Progress,
+                                      Provider)
 from nodepool_k8s.driver.kubernetes import guards, manifests
 from nodepool_k8s.driver.kubernetes.client import KubeClient, Sleeper, connect
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
+from nodepool_k8s.driver.kubernetes.events import EventRecorder
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, object_uid,
                                                    resource_version, wait_namespace_deleted,
@@ -134,6 +137,7 @@ class KubernetesProvider:
         self._client: KubeClient | None = None
         self._pods: ObjectWatch | None = None
         self._namespaces: ObjectWatch | None = None
+        self._events: EventRecorder | None = None
 
     @property
     def unschedulable_grace(self) -> float:
@@ -168,13 +172,18 @@ class KubernetesProvider:
                 watch.start()
             self._client, self._pods = client, watches["pods"]
             self._namespaces = watches["namespaces"]
+            self._events = EventRecorder(client, self._clock)
+            self._events.start()
             log.info("Provider %s connected to %s (context %s)", self.name, client.host,
                      client.context)
 
     def stop(self) -> None:
         with self._lock:
             client, watches = self._client, (self._pods, self._namespaces)
+            events, self._events = self._events, None
             self._client = self._pods = self._namespaces = None
+        if events is not None:
+            events.stop()
         for watch in watches:
             if watch is not None:
                 watch.stop()
@@ -229,8 +238,19 @@ class KubernetesProvider:
 
     # -- launch ------------------------------------------------------------------------------
 
+    def _event(self, namespace: str, reason: str, message: str, warning: bool = False,
+               pod: str | None = None, node_id: str | None = None, now: bool = False) -> None:
+        with self._lock:
+            events = self._events
+        if events is not None:
+            events.emit(namespace, reason, message, warning, pod, node_id, now=now)
+
+    def _condition(self, type_: str, status: str, reason: str,
+                   message: str) -> cond.Condition:
+        return cond.Condition(type_, status, reason, message, self._clock.time())
+
     def launch(self, spec: LaunchSpec, cancel: threading.Event,
-               progress: Callable[[str], None] | None = None) -> LaunchResult:
+               progress: Progress | None = None) -> LaunchResult:
         client, pods = self._connected()
         label = spec.label
         _validate(label)
@@ -246,28 +266,54 @@ class KubernetesProvider:
                 raise
             raise failure from exc
         _log(spec).info("Created namespace %s (attempt %d)", namespace, spec.attempt)
+        node_id = spec.node_id
+        report = progress or (lambda external_id, *updates: None)
+        pod_name: str | None = None
         try:
-            if progress is not None:
-                progress(namespace)
+            message = f"namespace {namespace} created (attempt {spec.attempt})"
+            report(namespace,
+                   self._condition(cond.LAUNCHED, cond.TRUE, "NamespaceCreated", message))
+            self._event(namespace, "Launched", f"node {node_id}: {message}", node_id=node_id)
             self._create_contents(client, namespace, label, labels, cancel.wait)
             token = self._request_token(client, namespace, cancel.wait)
+            message = (f"service account {manifests.SERVICE_ACCOUNT}, role binding and token "
+                       "in place")
+            report(namespace, self._condition(cond.REGISTERED, cond.TRUE, "AccessGranted",
+                                              message))
+            self._event(namespace, "Registered", f"node {node_id}: {message}",
+                        node_id=node_id)
             pod = None
             if label.type == "pod":
-                name = manifests.pod_name(label)
+                pod_name = name = manifests.pod_name(label)
                 check = PodCheck(f"{namespace}/{name}", self._clock,
                                  self.unschedulable_grace)
                 pod = pods.wait(namespace, name, check, deadline, cancel,
                                 what=f"pod {namespace}/{name} to run",
                                 recheck_in=check.recheck_in)
+                host = (pod.get("spec") or {}).get("nodeName") or "unknown"
+                report(namespace, self._condition(
+                    cond.INITIALIZED, cond.TRUE, "PodRunning",
+                    f"pod {name} scheduled on {host}, image pulled, running"))
+            else:
+                report(namespace, self._condition(cond.INITIALIZED, cond.TRUE, "NoWorkload",
+                                                  "namespace label: no pod to start"))
         except BaseException as exc:
             failure = _as_launch_failure(exc, cancel)
             _log(spec).warning("Attempt %d in namespace %s failed: %s", spec.attempt,
                                namespace, exc)
+            reason = _reason_of(failure if failure is not None else exc)
+            if reason != "Cancelled":
+                self._event(namespace, "LaunchFailed",
+                            f"node {node_id} attempt {spec.attempt}: {reason}: {exc}",
+                            warning=True, pod=pod_name, node_id=node_id,
+                            now=not cancel.is_set())
             self._discard(client, namespace, spec.node_id, cancelled=cancel.is_set())
             if failure is exc or failure is None:
                 raise
             raise failure from exc
         _log(spec).info("Namespace %s ready", namespace)
+        self._event(namespace, "Ready", f"node {node_id} is ready for Zuul", pod=pod_name,
+                    node_id=node_id)
         return self._result(client, namespace, label, token, pod)
 
     def _create_namespace(self, client: KubeClient, spec: LaunchSpec,
@@ -278,7 +324,10 @@ class KubernetesProvider:
             try:
                 body = manifests.namespace_body(
                     name, {**labels, **guards.namespace_labels(spec.label)},
-                    {manifests.CONFIG_HASH_ANNOTATION: label_hash(spec.label, spec.pool)})
+                    annotations={
+                        **(spec.label.annotations or {} if spec.label.type == "namespace"
+                           else {}),
+                        manifests.CONFIG_HASH_ANNOTATION: label_hash(spec.label, spec.pool)})
                 created = client.call(f"create namespace {name}", client.core.create_namespace,
                                       body, sleep=sleep, created_ok=True)
                 if not created:
@@ -399,7 +448,7 @@ class KubernetesProvider:
                         "sweeper): %s", namespace, exc)
 
     def _delete_owned(self, client: KubeClient, name: str, node_id: str | None,
-                      deadline: float, wait: bool = True) -> None:
+                      deadline: float, wait: bool = True, announce: bool = False) -> None:
         """GET `name`, prove it ours, DELETE it with `preconditions.uid`, confirm it is gone.
 
         Missing = success. Raises NotOwned (nothing was sent), TemporaryError, or another
@@ -420,6 +469,12 @@ class KubernetesProvider:
                 raise TemporaryError(f"namespace {name} was read without a uid")
             response: dict[str, Any] = current
             if not (current.get("metadata") or {}).get("deletionTimestamp"):
+                if announce:
+                    # Proven ours; sent before the DELETE (a Terminating namespace accepts
+                    # no new objects). Best effort, one try.
+                    self._event(name, "Deleting", f"node {node_id or '?'}: deleting the"
+                                " namespace", node_id=node_id, now=True)
+                    announce = False
                 try:
                     response = self._delete_uid(client, name, uid)
                 except NotFound:
@@ -445,7 +500,7 @@ class KubernetesProvider:
         client, _ = self._connected()
         deadline = self._clock.monotonic() + self.delete_timeout
         try:
-            self._delete_owned(client, external_id, node_id, deadline)
+            self._delete_owned(client, external_id, node_id, deadline, announce=True)
         except NotOwned:
             raise
         except PermanentError as exc:
@@ -512,6 +567,17 @@ def _validate(label: PoolLabel) -> None:
     if label.type == "pod" and label.spec is None and not label.image:
         raise LaunchError(f"label {label.name}: a pod label needs `image` or `spec`",
                           reason="InvalidLabel", retryable=False)
+
+
+def _reason_of(exc: BaseException) -> str:
+    """The bounded reason (`conditions.REASONS`) of what a failed attempt raises."""
+    if isinstance(exc, QuotaExceeded):
+        return "QuotaExceeded"
+    if isinstance(exc, LaunchError):
+        return cond.reason(exc.reason)
+    if isinstance(exc, TemporaryError):
+        return "ApiError"
+    return "Unknown"
 
 
 def _as_launch_failure(exc: BaseException, cancel: threading.Event) -> BaseException | None:

@@ -1,0 +1,94 @@
+"""The `nodepool` subcommands about one node's lifecycle and the event log: show, events.
+
+Owns: `show NODE_ID` (the node, its conditions as a table, the phase timings, the failure
+reason with what to do; `--json` for the web app's `/node/<id>` document) and `events`
+(the installation's event log from `/nodepool_k8s/events`, filtered by provider, pool, node
+and age, newest last). Read-only: one or two reads of ZooKeeper.
+
+How it fails: `CliError` for an unknown node id or an unparsable `--since`; ZooKeeper
+errors as in `common`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from typing import Any
+
+from nodepool_k8s import status, status_detail
+from nodepool_k8s.cmd import common
+from nodepool_k8s.cmd.common import CliError
+from nodepool_k8s.model import NodeView
+from nodepool_k8s.zk import events as zk_events
+from nodepool_k8s.zk import locks, paths
+
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+def duration_arg(text: str) -> float:
+    """`90`, `90s`, `15m`, `2h`, `1d` as seconds (an argparse type)."""
+    match = _DURATION.match(text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 90s, 15m, 2h, 1d)")
+    return float(match[1]) * _UNITS[match[2] or "s"]
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    node_id = common.node_id(args.id)
+    with common.session(args) as s:
+        node = s.nodes.get(node_id)
+        if node is None:
+            if s.zk.exists(paths.node_path(node_id)) is None:
+                raise CliError(f"node {node_id} not found (`nodepool events --node "
+                               f"{node_id}` shows its history if it was deleted)")
+            raise CliError(f"node {node_id} has an unreadable record")
+        children = s.zk.get_children(paths.node_lock_path(node_id)) or []
+        view = NodeView(node, bool(locks.contenders(children)))
+    detail = status_detail.node_detail(view, common.now())
+    if args.json:
+        sys.stdout.write(status.render_json_document(detail) + "\n")
+    else:
+        sys.stdout.write(status_detail.render_node_detail(detail) + "\n")
+    return 0
+
+
+def cmd_events(args: argparse.Namespace) -> int:
+    with common.session(args) as s:
+        events = zk_events.read_events(s.zk)
+    since = common.now() - args.since if args.since is not None else None
+    node = common.node_id(args.node) if args.node else None
+    selected = zk_events.select(events, provider=args.provider, pool=args.pool, node=node,
+                                since=since)
+    common.emit(status_detail.event_rows(selected), status_detail.EVENT_COLUMNS, args.json)
+    return 0
+
+
+def add_show(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "show", help="show one node's conditions, timings and failure reason",
+        description="Show a node: its record, its lifecycle conditions (Launched,"
+                    " Registered, Initialized, Ready, Deleting) with reasons and transition"
+                    " times, the time each phase took, and for a failed node the reason and"
+                    " what to do (doc/operation.md).")
+    parser.add_argument("id", type=common.node_id_arg,
+                        help="node id (digits; leading zeros may be omitted)")
+    common.add_json_option(parser)
+    parser.set_defaults(func=cmd_show)
+
+
+def add_events(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "events", help="recent lifecycle events of this installation",
+        description="Show the installation's recent lifecycle events (launches, failed"
+                    " attempts and launches with their reason, deletions, pool pauses and"
+                    " resumes, configuration reloads), newest last, from the bounded log"
+                    " every launcher shares in ZooKeeper.")
+    parser.add_argument("--provider", default=None, help="only events of this provider")
+    parser.add_argument("--pool", default=None, help="only events of this pool")
+    parser.add_argument("--node", default=None, help="only events of this node id")
+    parser.add_argument("--since", type=duration_arg, default=None, metavar="D",
+                        help="only events of the last D (e.g. 90s, 15m, 2h, 1d)")
+    common.add_json_option(parser)
+    parser.set_defaults(func=cmd_events)

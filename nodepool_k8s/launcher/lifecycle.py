@@ -1,0 +1,144 @@
+"""The engine's side of node lifecycle conditions and request decline reasons.
+
+Owns: what the request handler, the pool worker and the deleter add to records they are
+about to write anyway (no write of its own): the `Ready` and `Deleting` conditions, the
+per-pool `declined_reasons` of a request (an extra key; Zuul reads `declined_by`, which is
+unchanged), the phase timings reported once a node is ready, and the mapping of the
+planner's decline messages to bounded reason codes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from nodepool_k8s import conditions as cond
+from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.stats import Stats
+from nodepool_k8s.zk import events as zk_events
+from nodepool_k8s.zk.events import EventLog
+from nodepool_k8s.zk.locks import HeldLock
+
+if TYPE_CHECKING:
+    from nodepool_k8s.launcher.context import Engine
+
+DECLINED_REASONS = "declined_reasons"
+
+# Prefixes of `plan.decline_reason`'s messages -> reason codes (tests/unit guard the list).
+_DECLINE_PREFIXES = (
+    ("pool is disabled", "PoolDisabled"),
+    ("label(s) not served", "LabelNotServed"),
+    ("it would exceed quota", "ExceedsQuota"),
+    ("the pool is no longer configured", "NotConfigured"),
+    ("at quota", "AtQuota"),
+)
+
+
+def decline_code(message: str) -> str:
+    for prefix, code in _DECLINE_PREFIXES:
+        if message.startswith(prefix):
+            return code
+    return "Unknown"
+
+
+def note_decline(request: NodeRequest, pool_id: str, message: str,
+                 code: str | None = None) -> None:
+    """Record why pool `pool_id` declined `request` (under `declined_reasons`)."""
+    reasons: Any = request.extra.get(DECLINED_REASONS)
+    if not isinstance(reasons, dict):
+        reasons = {}
+    reasons[pool_id] = {"reason": cond.reason(code or decline_code(message)),
+                        "message": message[:cond.MESSAGE_LIMIT]}
+    request.extra[DECLINED_REASONS] = reasons
+
+
+def declined_reasons(request: NodeRequest) -> dict[str, dict[str, str]]:
+    reasons = request.extra.get(DECLINED_REASONS)
+    if not isinstance(reasons, dict):
+        return {}
+    return {str(k): v for k, v in reasons.items() if isinstance(v, dict)}
+
+
+def mark_ready(node: Node, now: float) -> None:
+    node.set_condition(cond.Condition(cond.READY, cond.TRUE, "HandedToZuul",
+                                      "the node is ready for Zuul", now))
+
+
+def mark_deleting(node: Node, now: float, why: str) -> None:
+    node.set_condition(cond.Condition(cond.DELETING, cond.TRUE, "DeletionStarted", why, now))
+
+
+def note_delete_failed(engine: "Engine", node: Node, lock: HeldLock, message: str) -> None:
+    """A deletion that could not be confirmed: `Deleting` False/DeleteFailed and the count
+    of failed tries (`delete_failures`) on the record (the failure path: one write, best
+    effort), so `nodepool show` says why a node stays `deleting`."""
+    failures = node.extra.get("delete_failures")
+    count = (failures if isinstance(failures, int) else 0) + 1
+    node.extra["delete_failures"] = count
+    node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, "DeleteFailed",
+                                      f"try {count}: {message}", engine.clock.time()))
+    try:
+        engine.nodes.store(node, lock)
+    except Exception:  # noqa: BLE001 - the deletion is retried either way
+        pass
+
+
+def report_ready(stats: Stats, node: Node) -> None:
+    """Phase timings of a node that just became ready."""
+    seconds = cond.timings(node.conditions, node.created_time)
+    if seconds:
+        stats.phases(node.provider or "", node.pool or "", node.label or "", seconds)
+
+
+# -- the event log (zk/events.py) -----------------------------------------------------------
+
+def _where(node: Node) -> dict[str, Any]:
+    return {"provider": node.provider, "pool": node.pool, "node": node.id,
+            "label": node.label}
+
+
+def record_attempt_failed(events: EventLog, node: Node, attempt: int, reason: str,
+                          message: str) -> None:
+    # Batched: the launch thread must not wait for ZooKeeper between attempts; the node's
+    # final failure (`record_outcome`) writes the batch at once.
+    events.record_batched(zk_events.ATTEMPT_FAILED, reason=reason, message=message,
+                          attempt=attempt, external_id=node.external_id, **_where(node))
+
+
+def record_outcome(events: EventLog, node: Node, kind: str, reason: str,
+                   message: str) -> None:
+    """A launch that failed or was aborted (written at once: the failure path), with the
+    conditions written onto the node (the record is deleted soon after; this stays)."""
+    events.record(kind, reason=reason, message=message, external_id=node.external_id,
+                  conditions=cond.serialise(node.conditions), **_where(node))
+
+
+def record_ready(events: EventLog, node: Node) -> None:
+    """A node handed to Zuul (batched: the success path)."""
+    total = cond.timings(node.conditions, node.created_time).get("total")
+    events.record_batched(zk_events.LAUNCHED, reason="HandedToZuul",
+                          message=f"ready in {total:.1f}s" if total is not None else "",
+                          external_id=node.external_id, host_id=node.host_id,
+                          **_where(node))
+
+
+def record_deleted(events: EventLog, node: Node, why: str, refused: str | None) -> None:
+    if refused is not None:
+        events.record(zk_events.DELETE_REFUSED, reason="NotOwned", message=refused,
+                      external_id=node.external_id, **_where(node))
+        return
+    seconds = None
+    deleting = cond.find(node.conditions, cond.DELETING)
+    if deleting is not None and deleting.last_transition_time is not None:
+        seconds = max(0.0, events.clock.time() - deleting.last_transition_time)
+    events.record_batched(zk_events.DELETED, reason="ResourceDeleted", message=why,
+                          external_id=node.external_id, seconds=seconds, **_where(node))
+
+
+def report_deleted(stats: Stats, events: EventLog, node: Node) -> None:
+    """The deletion phase's duration (Deleting -> gone) as a timer."""
+    deleting = cond.find(node.conditions, cond.DELETING)
+    if deleting is not None and deleting.last_transition_time is not None \
+            and deleting.status == cond.TRUE:
+        seconds = max(0.0, events.clock.time() - deleting.last_transition_time)
+        stats.phases(node.provider or "", node.pool or "", node.label or "",
+                     {"deletion": seconds})
