@@ -23,6 +23,7 @@ from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.pool_status import POOL_BREAKERS, POOL_STATUS, JsonDirCache
 from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
 from nodepool_k8s.zk.registry import ComponentRegistry
 from nodepool_k8s.zk.requests import RequestStore
@@ -43,6 +44,9 @@ class Engine:
         self.components = ComponentCache(zk)
         self.registry = ComponentRegistry(zk, hostname)
         self.guard = QuotaGuard(zk)
+        # Every pool's published status and circuit-breaker record (launcher.pool_status).
+        self.pool_statuses = JsonDirCache(zk, POOL_STATUS, "pool-status-cache")
+        self.breakers = JsonDirCache(zk, POOL_BREAKERS, "breaker-cache")
         self.providers: dict[str, Provider] = {}
         self.stopping = threading.Event()
         # Called when capacity may have freed or new work may exist (set by the daemon).

@@ -146,6 +146,8 @@ class Launcher:
         records.REPORTS.add_listener(self._on_malformed)
         for cache in (engine.components, engine.node_cache, engine.request_cache):
             cache.start()
+        engine.breakers.start()
+        engine.pool_statuses.start()
         for cache in (engine.components, engine.node_cache, engine.request_cache):
             if not cache.wait_synced(CACHE_SYNC_TIMEOUT):
                 log.warning("%s did not finish its initial sync in %.0fs", cache.name,
@@ -154,6 +156,7 @@ class Launcher:
         engine.node_cache.add_listener(self._on_node_event)
         engine.request_cache.add_listener(self._on_request_event)
         engine.components.add_listener(self._on_component_event)
+        engine.breakers.add_listener(self._on_breaker_event)
         for cache in (engine.node_cache, engine.request_cache, engine.components):
             cache.add_listener(self.gauges.changed)
         self.gauges.start()
@@ -274,6 +277,10 @@ class Launcher:
         for worker in list(self.pool_workers.values()):
             worker.wake()
 
+    def _on_breaker_event(self, kind: str, key: str) -> None:
+        for worker in list(self.pool_workers.values()):
+            worker.wake()
+
     def _on_session(self, state: ConnectionState, epoch: int) -> None:
         """Runs on the ZooKeeper state thread (may use ZooKeeper)."""
         if self.engine.stopping.is_set():
@@ -381,6 +388,8 @@ class Launcher:
                 log.debug("unregister failed: %s", exc)
             for cache in (engine.request_cache, engine.node_cache, engine.components):
                 cache.stop()
+            engine.breakers.stop()
+            engine.pool_statuses.stop()
             for provider in list(engine.providers.values()):
                 try:
                     provider.stop()

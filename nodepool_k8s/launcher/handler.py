@@ -91,6 +91,11 @@ class RequestHandler:
         self.retry_at: float | None = None
         # Which limit keeps a paused handler waiting ("pool", "provider", "tenant", ...).
         self.blocked_scope: str | None = None
+        # Set by the pool worker (circuit breaker): why the request must not be launched
+        # here any more (declined then), and who hears of each finished launch (label,
+        # None on success or the failure's error text).
+        self.refuse: Callable[[NodeRequest], str | None] = lambda request: None
+        self.on_launch_done: Callable[[str, str | None], None] = lambda label, error: None
         base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
         self.log = logconfig.annotate(base, request.event_id, request.id)
 
@@ -121,7 +126,7 @@ class RequestHandler:
             return False
         provider_cfg, pool_cfg = configs
         reason = plan.decline_reason(self.request, pool_cfg, provider_cfg,
-                                     self.provider.cloud_limits())
+                                     self.provider.cloud_limits()) or self.refuse(self.request)
         if reason:
             self._decline(reason)
             return False
@@ -246,6 +251,8 @@ class RequestHandler:
             # The future (and so the outcome) is dropped only once the outcome is applied:
             # if writing the node's final state fails (ZooKeeper unreachable), the next
             # advance collects the same outcome again instead of waiting forever.
+            if outcome.kind in (launching.READY, launching.FAILED):
+                self._launch_done(slot.label, outcome)
             if outcome.kind == launching.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
             elif outcome.kind == launching.ABORTED:
@@ -260,6 +267,13 @@ class RequestHandler:
                 assert slot.node is not None
                 self._node_log(slot.node).warning("Launch failed: %s", outcome.error)
             slot.future = None
+
+    def _launch_done(self, label: str, outcome: launching.LaunchOutcome) -> None:
+        try:
+            self.on_launch_done(label, None if outcome.kind == launching.READY
+                                else outcome.error)
+        except Exception as exc:  # the breaker's bookkeeping never blocks the request
+            self.log.warning("Could not record the launch outcome: %s", exc)
 
     def _finish_node(self, slot: Slot, state: str) -> None:
         """Write a node's final state and unlock it (cleanup deletes it later)."""
