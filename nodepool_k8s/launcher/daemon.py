@@ -45,6 +45,7 @@ from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
 from nodepool_k8s.zk.identity import resolve_installation_id
+from nodepool_k8s.zk.pool_status import JsonDirCache
 from nodepool_k8s.zk.reader import ZkReader
 from nodepool_k8s.zk.registry import Registration
 
@@ -118,6 +119,10 @@ class Launcher:
     @property
     def component_cache(self) -> ComponentCache:
         return self.engine.components
+
+    @property
+    def pool_status_cache(self) -> JsonDirCache:
+        return self.engine.pool_statuses
 
     @property
     def providers(self) -> dict[str, Provider]:
