@@ -38,6 +38,10 @@ from nodepool_k8s.zk.pool_status import StatusWriter
 from nodepool_k8s.zk.registry import Registration, pool_worker_id
 
 
+# After losing the race for a request's lock, look at the request again this much later.
+CONTENDED_RETRY = 0.2
+
+
 def copy_request(request: NodeRequest) -> NodeRequest:
     """A private copy of a cached request (cache objects are shared and never mutated)."""
     return NodeRequest.from_dict(request.id, request.to_dict(), version=request.version)
@@ -61,6 +65,7 @@ class PoolWorker(Worker):
         self._status = pool_status.StatusBuilder(engine.settings.pool_status_interval)
         self._status_writer = StatusWriter(engine.zk, self.id)
         self.published_status: dict[str, object] | None = None
+        self._contended = False
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -107,6 +112,9 @@ class PoolWorker(Worker):
         deadlines = [h.next_deadline for h in self.handlers.values()
                      if h.next_deadline is not None]
         deadlines += self._publish_status(provider_cfg, pool_cfg, provider)
+        if self._contended:
+            self._contended = False
+            deadlines.append(self.clock.time() + CONTENDED_RETRY)
         return min(deadlines) if deadlines else None
 
     def _registered(self, pool_cfg: PoolConfig) -> list[plan.PoolInfo]:
@@ -190,6 +198,9 @@ class PoolWorker(Worker):
             # Somebody locked it before: the ordinary way, lock, re-read, decide again.
             got = requests.lock_and_read(request.id)
             if got is None:
+                # Another pool holds the lock; if it lets go without writing (it skipped the
+                # request), no cache event follows: look again shortly.
+                self._contended = True
                 return None
             lock, fresh = got
             try:
