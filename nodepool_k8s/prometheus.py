@@ -11,7 +11,7 @@ the library).
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
@@ -115,15 +115,55 @@ def _bound(value: float) -> str:
     return repr(float(value))
 
 
+def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """Per running pool worker: its conditions (1 = status True), usage and limits."""
+    condition = GaugeMetricFamily(
+        "nodepool_pool_condition", "Pool conditions (1 when the condition's status is True).",
+        labels=["provider", "pool", "pool_id", "condition", "reason"])
+    usage = GaugeMetricFamily("nodepool_pool_usage", "Pool usage per limited resource.",
+                              labels=["provider", "pool", "pool_id", "scope", "resource"])
+    limit = GaugeMetricFamily("nodepool_pool_limit", "Pool limit per limited resource.",
+                              labels=["provider", "pool", "pool_id", "scope", "resource"])
+    nodes = GaugeMetricFamily("nodepool_pool_nodes", "Nodes of the pool by state.",
+                              labels=["provider", "pool", "pool_id", "state"])
+    queued = GaugeMetricFamily("nodepool_pool_requests_queued",
+                               "Requests the pool holds while paused.",
+                               labels=["provider", "pool", "pool_id"])
+    for record in pools:
+        key = [str(record.get("provider", "")), str(record.get("pool", "")),
+               str(record.get("id", ""))]
+        for cond in record.get("conditions") or []:
+            if isinstance(cond, dict):
+                condition.add_metric(key + [str(cond.get("type", "")),
+                                            str(cond.get("reason", ""))],
+                                     1 if cond.get("status") == "True" else 0)
+        for row in record.get("usage") or []:
+            if not isinstance(row, dict):
+                continue
+            labels = key + [str(row.get("scope", "")), str(row.get("resource", ""))]
+            if isinstance(row.get("used"), (int, float)):
+                usage.add_metric(labels, row["used"])
+            if isinstance(row.get("limit"), (int, float)):
+                limit.add_metric(labels, row["limit"])
+        for state, count in sorted((record.get("nodes") or {}).items()):
+            if isinstance(count, (int, float)):
+                nodes.add_metric(key + [str(state)], count)
+        if isinstance(record.get("requests_queued"), (int, float)):
+            queued.add_metric(key, record["requests_queued"])
+    return [condition, usage, limit, nodes, queued]
+
+
 def render(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
            counters: CounterValues | None = None, process: bool = True,
-           histograms: HistogramValues | None = None) -> str:
+           histograms: HistogramValues | None = None,
+           pools: Iterable[Mapping[str, Any]] = ()) -> str:
     """The /metrics body (text format 0.0.4). `counters` maps (metric name, sorted label
     pairs) to a value, `histograms` to a `stats.Histogram`; `process` adds
     prometheus_client's process_* metrics."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(families(views, requests, ready, counters)
-                                + histogram_families(histograms or {})))
+                                + histogram_families(histograms or {})
+                                + pool_families(pools)))
     if process:
         ProcessCollector(registry=registry)
     return generate_latest(registry).decode("utf8")

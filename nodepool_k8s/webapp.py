@@ -13,8 +13,9 @@ by normalised parameters and bounded (`MEMO_ENTRIES`). No CORS header unless the
 names an origin. Error bodies never carry tracebacks or exception text of unexpected errors;
 client disconnects are not errors.
 
-Endpoints: `/node-list` (`node_id`, `fields`), `/request-list` (`fields`), `/label-list`
-(`fields`), `/ready` (200 "OK" once the launcher has started, else 503), `/metrics`.
+Endpoints: `/` (the status page, `status_page`), `/node-list` (`node_id`, `fields`),
+`/request-list` (`fields`), `/label-list` (`fields`), `/pool-list` (`fields`), `/ready`
+(200 "OK" once the launcher has started, else 503), `/metrics`.
 Malformed znodes are listed as rows in state `malformed`.
 
 Failure: a source that raises a temporary error answers 503 with its (our own) message;
@@ -33,7 +34,7 @@ from urllib.parse import parse_qsl
 
 from cheroot import wsgi
 
-from nodepool_k8s import prometheus, status, status_detail
+from nodepool_k8s import pool_view, prometheus, status, status_detail, status_page
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import NodeRequest
@@ -159,7 +160,8 @@ class WebApp:
                 histograms = getattr(self.source, "histograms", None)
                 body = prometheus.render(self.source.node_views(), self.source.requests(),
                                          self.source.ready(), self.source.counters(),
-                                         histograms=histograms() if histograms else None)
+                                         histograms=histograms() if histograms else None,
+                                         pools=self._pool_records())
                 return 200, "text/plain; version=0.0.4; charset=utf-8", body, False
             route = _ROUTES.get(path)
             if route is None and path.startswith(NODE_PREFIX):
@@ -225,6 +227,21 @@ class WebApp:
         rows = status.request_list(self.source.requests(), malformed)
         return self._render(rows, status.REQUEST_COLUMNS, dict(params).get("fields"),
                             want_json)
+
+    def _pool_records(self) -> list[dict[str, Any]]:
+        # Sources without pool status (older or test sources) show no pools.
+        source = getattr(self.source, "pool_statuses", None)
+        return pool_view.pool_records(source()) if callable(source) else []
+
+    def _pool_list(self, params: Params, want_json: bool) -> Response:
+        records = self._pool_records()
+        if want_json:
+            return 200, "application/json", status.render_json(records)
+        cols = status.select_columns(pool_view.POOL_STATUS_COLUMNS, dict(params).get("fields"))
+        return 200, "text/plain", status.render_table(pool_view.pool_rows(records), cols) + "\n"
+
+    def _index(self, params: Params, want_json: bool) -> Response:
+        return 200, "text/html; charset=utf-8", status_page.PAGE
 
     def _label_list(self, params: Params, want_json: bool) -> Response:
         rows = status.label_list(self.source.supported_labels())
@@ -322,5 +339,7 @@ _ROUTES: dict[str, _Route] = {
     "/request-list": (("fields",), WebApp._request_list),
     "/label-list": (("fields",), WebApp._label_list),
     "/events": (("provider", "pool", "node_id", "since", "fields"), WebApp._events),
+    "/pool-list": (("fields",), WebApp._pool_list),
+    "/": ((), WebApp._index),
 }
 _NODE_ROUTE: _Route = ((), WebApp._node)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Idempotent set-up for tests, the demo and the benchmark on a Debian machine:
-# - Debian's zookeeper (and a JRE, openssl, kubectl when available) via apt
+# - Debian's zookeeper (and a JRE, openssl, chromium, kubectl when available) via apt
 # - a virtual environment in .venv with nodepool_k8s installed in editable mode plus test extras
 # Options: --system-only  only the apt part (tox manages its own virtualenv)
 set -euo pipefail
@@ -13,6 +13,8 @@ need_apt=()
 [ -f /usr/share/java/zookeeper.jar ] || need_apt+=(zookeeper)
 command -v java >/dev/null 2>&1 || need_apt+=(default-jre-headless)
 command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
+# The status page test renders `/` in a real headless browser.
+command -v chromium >/dev/null 2>&1 || need_apt+=(chromium)
 python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || need_apt+=(python3-venv)
 if [ ${#need_apt[@]} -gt 0 ]; then
     echo "test-setup: installing ${need_apt[*]} with apt" >&2

@@ -17,10 +17,11 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from nodepool_k8s import status
+from nodepool_k8s import pool_view, status
 from nodepool_k8s.cmd import common
 from nodepool_k8s.config import fingerprint
 from nodepool_k8s.records import MalformedRecord
+from nodepool_k8s.zk.pool_status import POOL_STATUS, read_all
 
 
 @contextmanager
@@ -110,4 +111,16 @@ def _info(args: argparse.Namespace) -> int:
     print(status.render_table(nodes, status.PROVIDER_NODE_COLUMNS))
     print("Pools:")
     print(status.render_table(pool_rows, status.POOL_COLUMNS))
+    return 0
+
+
+def cmd_pool_list(args: argparse.Namespace) -> int:
+    """Every running pool's published status (conditions, counts; see pool_view)."""
+    with common.session(args) as s:
+        records = read_all(s.zk, POOL_STATUS)
+    if args.json:
+        sys.stdout.write(status.render_json(pool_view.pool_records(records.values())) + "\n")
+    else:
+        common.emit(pool_view.pool_rows(records.values()), pool_view.POOL_STATUS_COLUMNS,
+                    False)
     return 0

@@ -24,7 +24,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from nodepool_k8s import __version__
 from nodepool_k8s.cmd import common
-from nodepool_k8s.cmd.commands_list import cmd_info, cmd_label_list, cmd_list, cmd_request_list
+from nodepool_k8s.cmd.commands_list import (cmd_info, cmd_label_list, cmd_list,
+                                            cmd_pool_list, cmd_request_list)
 from nodepool_k8s.cmd.commands_node import cmd_delete, cmd_hold
 from nodepool_k8s.cmd.commands_pool import add_parsers as _add_pool_control
 from nodepool_k8s.cmd.commands_show import add_events, add_show
@@ -141,6 +142,17 @@ def _add_info(subparsers: Subparsers) -> None:
 
 
 # Each entry registers one subcommand.
+def _add_pool_list(subparsers: Subparsers) -> None:
+    parser = subparsers.add_parser(
+        "pool-list", help="show each running pool's status",
+        description="Show the status each running pool publishes: its conditions"
+                    " (Validated, AtTarget, Quota, Capacity; the reason in the table, every"
+                    " detail with --json), suspended labels, nodes by state, launches in"
+                    " progress and requests queued while paused.")
+    common.add_json_option(parser)
+    parser.set_defaults(func=cmd_pool_list)
+
+
 SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     _add_config_validate,
     _add_list,
@@ -152,6 +164,7 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
     _add_pool_control,  # pause, drain, resume, pool-state
     add_show,
     add_events,
+    _add_pool_list,
 ]
 
 

@@ -157,6 +157,7 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
                             **label.get("extra-resources", {})},
         "boot_timeout": _first(label.get("boot-timeout"), pool.get("boot-timeout"),
                                provider.get("boot-timeout"), default=S.BOOT_TIMEOUT),
+        "min_ready": label.get("min-ready", 0),
     }
     # Every label type counts its (possibly pool-default) requests against quota, as in
     # Nodepool; this includes namespaces and verbatim-spec pods.
@@ -249,6 +250,15 @@ def build_pool(pool: Raw, provider: Raw) -> PoolConfig:
         priority=_first(pool.get("priority"), provider.get("priority"), default=S.PRIORITY),
         maintenance=build_maintenance(pool.get("maintenance")),
         drift_budget=build_drift_budget(pool.get("drift-budget")),
+        breaker_threshold=_first(pool.get("breaker-threshold"),
+                                 provider.get("breaker-threshold"),
+                                 default=S.BREAKER_THRESHOLD),
+        breaker_backoff=float(_first(pool.get("breaker-backoff"),
+                                     provider.get("breaker-backoff"),
+                                     default=S.BREAKER_BACKOFF)),
+        breaker_backoff_max=float(_first(pool.get("breaker-backoff-max"),
+                                         provider.get("breaker-backoff-max"),
+                                         default=S.BREAKER_BACKOFF_MAX)),
     )
 
 
@@ -289,6 +299,8 @@ def build_provider(provider: Raw, installation: str = "default") -> ProviderConf
         token_lifetime=provider.get("token-lifetime", S.TOKEN_LIFETIME),
         installation_id=installation,
         job_role=provider.get("job-role", S.JOB_ROLE),
+        capacity_resource_quota=(provider.get("capacity") or {}).get("resource-quota"),
+        capacity_nodes=bool((provider.get("capacity") or {}).get("nodes", False)),
     )
 
 

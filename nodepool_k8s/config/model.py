@@ -145,6 +145,8 @@ class PoolLabel:
     # Fake driver only: simulated launch time and failure injection for tests/benchmarks.
     fake_launch_delay: float = 0.0
     fake_fail: bool = False
+    # Pool-level min-ready: spare ready nodes of this label kept in this pool (0: none).
+    min_ready: int = 0
 
     def quota(self) -> Resources:
         """What one node of this label counts against quotas (requests, not limits)."""
@@ -201,6 +203,10 @@ class PoolConfig:
     # Fleet control: windows when the pool is paused/drained, and drift replacement pace.
     maintenance: tuple[MaintenanceWindow, ...] = ()
     drift_budget: DriftBudget = field(default_factory=DriftBudget)
+    # Circuit breaker (see launcher.breaker); resolved pool -> provider -> default.
+    breaker_threshold: int = 3
+    breaker_backoff: float = 60.0
+    breaker_backoff_max: float = 3600.0
 
     def limits(self) -> Resources:
         values: dict[str, float] = dict(self.max_resources)
@@ -245,6 +251,11 @@ class ProviderConfig:
     # Kubernetes driver: "role" creates a Role per namespace (the launcher needs the rights it
     # grants, or `escalate`); "cluster-role" binds pre-created ClusterRoles (it needs `bind`).
     job_role: str = "role"
+    # Kubernetes driver capacity awareness (`capacity`; off by default): a ResourceQuota
+    # ("<namespace>/<name>") whose hard - used bounds the provider, and/or the allocatable
+    # resources of the cluster nodes matching a label's node-selector minus pod requests.
+    capacity_resource_quota: str | None = None
+    capacity_nodes: bool = False
 
     def limits(self) -> Resources:
         values: dict[str, float] = dict(self.max_resources)

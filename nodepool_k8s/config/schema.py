@@ -43,6 +43,12 @@ PRIORITY = 100
 LAUNCH_RETRIES = 3
 BOOT_TIMEOUT = 300.0
 LEAK_GRACE = 60.0
+# Circuit breaker for a failing label (pool keys, provider defaults): trips after this many
+# consecutive non-transient launch failures (0: never), suspends the label for
+# `breaker-backoff` seconds, doubling per trip up to `breaker-backoff-max`.
+BREAKER_THRESHOLD = 3
+BREAKER_BACKOFF = 60.0
+BREAKER_BACKOFF_MAX = 3600.0
 API_RETRIES = 5
 API_BACKOFF = (0.2, 0.5, 1.0, 2.0, 4.0)
 API_TIMEOUT = 30.0
@@ -392,7 +398,19 @@ _LABEL_COMMON: dict[Any, Validator] = {
     Optional("storage"): _mib,
     Optional("extra-resources"): _int_map,
     Optional("boot-timeout"): _timeout,
+    # Pool-level min-ready: spare ready nodes of this label kept in this very pool.
+    Optional("min-ready"): integer(minimum=0),
 }
+_BREAKER: dict[Any, Validator] = {
+    Optional("breaker-threshold"): integer(minimum=0),
+    Optional("breaker-backoff"): number(positive=True),
+    Optional("breaker-backoff-max"): number(positive=True),
+}
+# Kubernetes provider: read real capacity from the cluster (off by default).
+_CAPACITY = mapping({
+    Optional("resource-quota"): string(),
+    Optional("nodes"): boolean,
+})
 _ENV = open_mapping({"name": string()})
 _VOLUME = open_mapping({"name": string()})
 _MOUNT = open_mapping({"name": string(), "mountPath": string()})
@@ -438,6 +456,7 @@ _KUBERNETES_DEFAULTS: dict[Any, Validator] = {
     **{Optional(f"default-label-{k}"): v for k, v in _SCHEDULING.items()},
     **{Optional(k): boolean for k in PERMISSION_KEYS},
 }
+_KUBERNETES_PROVIDER_ONLY: dict[Any, Validator] = {Optional("capacity"): _CAPACITY}
 
 # One schema holds both forms; `checks` enforces that `spec` excludes the form A keys and
 # that `type: namespace` labels set no pod-only key, with an error per offending key.
@@ -517,6 +536,7 @@ def _pool(label: Validator, extra: dict[Any, Validator]) -> Validator:
         Optional("boot-timeout"): _timeout,
         Optional("maintenance"): list_of(_MAINTENANCE, allow_none=True),
         Optional("drift-budget"): _DRIFT_BUDGET,
+        **_BREAKER,
     })
 
 
@@ -534,7 +554,8 @@ def _provider(label: Validator, extra: dict[Any, Validator]) -> Validator:
         Optional("max-ram"): integer(minimum=0),
         Optional("max-resources"): _int_map,
         Required("pools"): list_of(_pool(label, {k: v for k, v in extra.items()
-                                                 if _key_name(k) != "job-role"})),
+                                                 if _key_name(k) not in ("job-role",
+                                                                         "capacity")})),
         Optional("boot-timeout"): _timeout,
         Optional("leak-grace"): _seconds,
         Optional("api-retries"): integer(minimum=0),
@@ -543,11 +564,13 @@ def _provider(label: Validator, extra: dict[Any, Validator]) -> Validator:
         Optional("unschedulable-grace"): _seconds,
         Optional("delete-timeout"): _timeout,
         Optional("token-lifetime"): _token_lifetime,
+        **_BREAKER,
     })
 
 
 _PROVIDERS = {
     "kubernetes": _provider(KUBERNETES_LABEL, {**_KUBERNETES_DEFAULTS,
+                                               **_KUBERNETES_PROVIDER_ONLY,
                                                Optional("job-role"): one_of(*JOB_ROLE_MODES)}),
     "fake": _provider(FAKE_LABEL, {}),
 }

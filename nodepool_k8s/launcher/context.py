@@ -25,6 +25,7 @@ from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.pool_state import PoolStateCache
+from nodepool_k8s.zk.pool_status import POOL_BREAKERS, POOL_STATUS, JsonDirCache
 from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
 from nodepool_k8s.zk.registry import ComponentRegistry
 from nodepool_k8s.zk.requests import RequestStore
@@ -52,6 +53,9 @@ class Engine:
         self.pool_states = PoolStateCache(zk)
         # The installation's lifecycle event log (`nodepool events`): best effort.
         self.events = EventLog(zk, clock)
+        # Every pool's published status and circuit-breaker record (launcher.pool_status).
+        self.pool_statuses = JsonDirCache(zk, POOL_STATUS, "pool-status-cache")
+        self.breakers = JsonDirCache(zk, POOL_BREAKERS, "breaker-cache")
         self.providers: dict[str, Provider] = {}
         self.stopping = threading.Event()
         # Called when capacity may have freed or new work may exist (the daemon's).

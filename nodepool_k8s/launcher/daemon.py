@@ -46,6 +46,7 @@ from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, Request
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk.identity import resolve_installation_id
+from nodepool_k8s.zk.pool_status import JsonDirCache
 from nodepool_k8s.zk.reader import ZkReader
 from nodepool_k8s.zk.registry import Registration
 
@@ -122,6 +123,10 @@ class Launcher:
         return self.engine.components
 
     @property
+    def pool_status_cache(self) -> JsonDirCache:
+        return self.engine.pool_statuses
+
+    @property
     def providers(self) -> dict[str, Provider]:
         return self.engine.providers
 
@@ -149,6 +154,8 @@ class Launcher:
         for cache in (engine.components, engine.node_cache, engine.request_cache,
                       engine.pool_states):
             cache.start()
+        engine.breakers.start()
+        engine.pool_statuses.start()
         for cache in (engine.components, engine.node_cache, engine.request_cache,
                       engine.pool_states):
             if not cache.wait_synced(CACHE_SYNC_TIMEOUT):
@@ -160,6 +167,7 @@ class Launcher:
         engine.components.add_listener(self._on_component_event)
         # A pause, drain or resume takes effect at once: every pool worker looks again.
         engine.pool_states.add_listener(lambda kind, key: self.wake_all())
+        engine.breakers.add_listener(self._on_breaker_event)
         for cache in (engine.node_cache, engine.request_cache, engine.components):
             cache.add_listener(self.gauges.changed)
         self.gauges.start()
@@ -285,6 +293,10 @@ class Launcher:
         for worker in list(self.pool_workers.values()):
             worker.wake()
 
+    def _on_breaker_event(self, kind: CacheEvent, key: str) -> None:
+        for worker in list(self.pool_workers.values()):
+            worker.wake()
+
     def _on_session(self, state: ConnectionState, epoch: int) -> None:
         """Runs on the ZooKeeper state thread (may use ZooKeeper)."""
         if self.engine.stopping.is_set():
@@ -399,6 +411,8 @@ class Launcher:
             for cache in (engine.request_cache, engine.node_cache, engine.components,
                           engine.pool_states):
                 cache.stop()
+            engine.breakers.stop()
+            engine.pool_statuses.stop()
             for provider in list(engine.providers.values()):
                 try:
                     provider.stop()

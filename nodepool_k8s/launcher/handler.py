@@ -75,6 +75,11 @@ class RequestHandler:
         self.retry_at: float | None = None
         # Which limit keeps a paused handler waiting ("pool", "provider", "tenant", ...).
         self.blocked_scope: str | None = None
+        # Set by the pool worker (circuit breaker): why the request must not be launched
+        # here any more (declined then), and who hears of each finished launch (label,
+        # None on success or the failure's error text).
+        self.refuse: Callable[[NodeRequest], str | None] = lambda request: None
+        self.on_launch_done: Callable[[str, str | None], None] = lambda label, error: None
         base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
         self.log = logconfig.annotate(base, request.event_id, request.id)
         self.allocator = Allocator(engine, ref, provider, request, lock, self.log,
@@ -109,7 +114,7 @@ class RequestHandler:
             return False
         provider_cfg, pool_cfg = configs
         reason = plan.decline_reason(self.request, pool_cfg, provider_cfg,
-                                     self.provider.cloud_limits())
+                                     self.provider.cloud_limits()) or self.refuse(self.request)
         if reason:
             self._decline(reason)
             return False
@@ -234,6 +239,8 @@ class RequestHandler:
             # The future (and so the outcome) is dropped only once the outcome is applied:
             # if writing the node's final state fails (ZooKeeper unreachable), the next
             # advance collects the same outcome again instead of waiting forever.
+            if outcome.kind in (launching.READY, launching.FAILED):
+                self._launch_done(slot.label, outcome)
             if outcome.kind is launching.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
             elif outcome.kind is launching.ABORTED:
@@ -255,6 +262,13 @@ class RequestHandler:
                                          outcome.error)
                 self._node_log(slot.node).warning("Launch failed: %s", outcome.error)
             slot.future = None
+
+    def _launch_done(self, label: str, outcome: launching.LaunchOutcome) -> None:
+        try:
+            self.on_launch_done(label, None if outcome.kind == launching.READY
+                                else outcome.error)
+        except Exception as exc:  # the breaker's bookkeeping never blocks the request
+            self.log.warning("Could not record the launch outcome: %s", exc)
 
     def _finish_node(self, slot: Slot, state: str) -> None:
         """Write a node's final state and unlock it (cleanup deletes it later)."""

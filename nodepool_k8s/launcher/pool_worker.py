@@ -26,7 +26,8 @@ import threading
 from nodepool_k8s import logconfig, model, quota
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.launcher import drift, fleet, lifecycle, maintenance, plan
+from nodepool_k8s.launcher import drift, fleet, lifecycle, maintenance, plan, pool_status
+from nodepool_k8s.launcher.breaker import PoolBreaker
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
@@ -34,7 +35,12 @@ from nodepool_k8s.launcher.launch import LaunchPool
 from nodepool_k8s.launcher.worker import Worker
 from nodepool_k8s.model import NodeRequest, Resources
 from nodepool_k8s.zk import errors
+from nodepool_k8s.zk.pool_status import StatusWriter
 from nodepool_k8s.zk.registry import Registration, pool_worker_id
+
+
+# After losing the race for a request's lock, look at the request again this much later.
+CONTENDED_RETRY = 0.2
 
 
 def copy_request(request: NodeRequest) -> NodeRequest:
@@ -63,6 +69,13 @@ class PoolWorker(Worker):
         self._drift_waiting = 0
         self._drift_asked: set[str] = set()
         self._reported_paused = False  # the pause state last put in the event log
+        # Circuit breaker (shared by every launcher of this pool) and the published status.
+        self.breaker = PoolBreaker(engine.zk, engine.breakers, provider, pool, self.id)
+        self._probes: set[str] = set()  # requests accepted as a suspended label's probe
+        self._status = pool_status.StatusBuilder(engine.settings.pool_status_interval)
+        self._status_writer = StatusWriter(engine.zk, self.id)
+        self.published_status: dict[str, object] | None = None
+        self._contended = False
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -73,6 +86,7 @@ class PoolWorker(Worker):
             pool.priority if pool else 100)
 
     def unregister(self) -> None:
+        self._status_writer.remove()
         if self.registration is not None:
             self.engine.registry.unregister(self.registration)
             self.registration = None
@@ -135,6 +149,10 @@ class PoolWorker(Worker):
             deadlines.append(window_change)
         if drift_due is not None:
             deadlines.append(drift_due)
+        deadlines += self._publish_status(provider_cfg, pool_cfg, provider)
+        if self._contended:
+            self._contended = False
+            deadlines.append(self.clock.time() + CONTENDED_RETRY)
         return min(deadlines) if deadlines else None
 
     def _replace_drifted(self, pool_cfg: PoolConfig) -> float | None:
@@ -186,6 +204,13 @@ class PoolWorker(Worker):
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
                 continue
+            refusal, probe = None, False
+            if decision.verdict is plan.Verdict.ACCEPT:
+                accepting = not paused and not self._at_concurrency(provider_cfg)
+                refusal, probe = self.breaker.check(request.node_types, pool_cfg,
+                                                    self.clock.time(), accepting)
+                if refusal:  # a suspended label: let another pool or provider serve it
+                    decision = plan.Decision(plan.Verdict.DECLINE, refusal)
             if decision.verdict is plan.Verdict.ACCEPT:
                 if paused or self._at_concurrency(provider_cfg):
                     continue
@@ -196,8 +221,10 @@ class PoolWorker(Worker):
                 if not self._tenant_fits(request, pool_cfg, tenant_usage):
                     continue  # over the tenant's limit: defer, neither decline nor pause
             handler = self._take(request, decision, provider, me, pool_cfg, provider_cfg,
-                                 registered, cloud, paused)
+                                 registered, cloud, paused, refusal)
             if handler is not None:
+                if probe:
+                    self._probes.add(handler.request.id)
                 with self._handlers_lock:
                     self.handlers[handler.request.id] = handler
                 if handler.advance(may_allocate=True):
@@ -209,7 +236,7 @@ class PoolWorker(Worker):
     def _take(self, request: NodeRequest, decision: plan.Decision, provider: Provider,
               me: plan.PoolInfo, pool_cfg: PoolConfig, provider_cfg: ProviderConfig,
               registered: list[plan.PoolInfo], cloud: Resources,
-              paused: bool) -> RequestHandler | None:
+              paused: bool, refusal: str | None = None) -> RequestHandler | None:
         """Lock the request and decline or accept it; the accepted one's handler."""
         requests = self.engine.requests
         # Fast path (most requests): nobody ever locked it, so its lock dir does not exist;
@@ -226,10 +253,15 @@ class PoolWorker(Worker):
             # Somebody locked it before: the ordinary way, lock, re-read, decide again.
             got = requests.lock_and_read(request.id)
             if got is None:
+                # Another pool holds the lock; if it lets go without writing (it skipped the
+                # request), no cache event follows: look again shortly.
+                self._contended = True
                 return None
             lock, fresh = got
             try:
                 decision = plan.triage(fresh, me, pool_cfg, provider_cfg, registered, cloud)
+                if refusal and decision.verdict is plan.Verdict.ACCEPT:
+                    decision = plan.Decision(plan.Verdict.DECLINE, refusal)
                 if decision.verdict is plan.Verdict.SKIP \
                         or (decision.verdict is plan.Verdict.ACCEPT and paused):
                     lock.release()
@@ -248,8 +280,63 @@ class PoolWorker(Worker):
             return None
         handler = RequestHandler(self.engine, self.ref, provider, self.launches, fresh,
                                  lock, self.registered_ids, self.wake)
+        handler.refuse = self._breaker_refusal
+        handler.on_launch_done = self._launch_done
         handler.log.info("Accepted request for %s", fresh.node_types)
         return handler
+
+    # -- circuit breaker and status --------------------------------------------------------
+    def _breaker_refusal(self, request: NodeRequest) -> str | None:
+        """An accepted request whose label got suspended meanwhile is declined (so it is
+        served elsewhere, or fails cleanly), except the probe itself."""
+        pool_cfg = self.engine.pool_config(self.ref.provider, self.ref.pool)
+        if pool_cfg is None or request.id in self._probes:
+            return None
+        return self.breaker.check(request.node_types, pool_cfg, self.clock.time(),
+                                  accepting=False)[0]
+
+    def _launch_done(self, label: str, error: str | None) -> None:
+        pool_cfg = self.engine.pool_config(self.ref.provider, self.ref.pool)
+        label_cfg = pool_cfg.labels.get(label) if pool_cfg else None
+        if pool_cfg is not None and label_cfg is not None:
+            self.breaker.record(label_cfg, pool_cfg, error, self.clock.time())
+
+    def _publish_status(self, provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
+                        provider: Provider) -> list[float]:
+        """Publish this pool's status if it changed; the time to look again, if any."""
+        self._probes &= set(self.handlers)
+        now = self.clock.time()
+        engine = self.engine
+        nodes = engine.node_cache.nodes()
+        paused = [h for h in self.handlers.values() if h.paused]
+        capacity = getattr(provider, "capacity_condition", None)
+        fresh, data = pool_status.build(
+            pool_id=self.id, hostname=engine.registry.hostname, pool=pool_cfg,
+            provider=provider_cfg, config=engine.config, nodes=nodes,
+            records=engine.cached_usage(lambda n: n.provider == provider_cfg.name),
+            cloud=provider.cloud_limits(),
+            capacity=capacity(pool_cfg) if callable(capacity) else None,
+            blocked=next((h.blocked_scope for h in paused if h.blocked_scope), None),
+            launching=sum(1 for h in self.handlers.values() for s in h.slots
+                          if s.future is not None),
+            queued=len(paused), pending=len(self.handlers),
+            suspended=self.breaker.suspended(pool_cfg, now), now=now)
+        data["conditions"] = self._status.conditions(fresh, now)
+        write, at = self._status.due(data, now)
+        if write:
+            try:
+                self._status_writer.write(data)
+                self._status.published(data, now)
+                self.published_status = data
+            except errors.NodepoolError as exc:
+                self.log.warning("Could not publish the pool status: %s", exc)
+                return [now + 1.0]
+        deadlines = [at] if at is not None else []
+        # A suspended label's probe becomes due at a known time: look again then.
+        deadlines += [float(e["until"]) for e in data["suspended"].values()
+                      if e.get("state") == "open" and isinstance(e.get("until"), (int, float))
+                      and float(e["until"]) > now]
+        return deadlines
 
     def _creator_starting(self, request: NodeRequest) -> bool:
         """A min-ready request of another launcher that has no pool registered yet.

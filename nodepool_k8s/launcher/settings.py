@@ -59,6 +59,9 @@ class EngineSettings:
     guard_attempts: int = 20
     # On graceful stop, wait this long for cancelled launches to return.
     stop_timeout: float = 1.5
+    # A pool's published status (launcher.pool_status) is rewritten for changed counts or
+    # usage at most this often; changed conditions are written at once.
+    pool_status_interval: float = 10.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):

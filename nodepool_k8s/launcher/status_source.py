@@ -31,6 +31,7 @@ from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.pool_status import JsonDirCache
 
 NODE_VIEW_TTL = 1.0
 
@@ -51,6 +52,9 @@ class LauncherLike(Protocol):
 
     @property
     def component_cache(self) -> ComponentCache: ...
+
+    @property
+    def pool_status_cache(self) -> JsonDirCache: ...
 
 
 class LauncherStatus:
@@ -102,6 +106,12 @@ class LauncherStatus:
 
     def ready(self) -> bool:
         return self.launcher.ready
+
+    def pool_statuses(self) -> Sequence[dict[str, Any]]:
+        """Every running pool's published status (every launcher's; launcher.pool_status)."""
+        cache = self.launcher.pool_status_cache
+        self._require_synced(cache.synced, "pool status")
+        return list(cache.items().values())
 
     def counters(self) -> dict[CounterKey, float]:
         return self.stats.counters()

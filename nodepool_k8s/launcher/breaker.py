@@ -1,0 +1,235 @@
+"""Circuit breaker for a failing label in one pool.
+
+Owns: counting consecutive launch failures of one label in one pool for reasons retrying
+will not fix (image pull errors, Invalid, Forbidden by admission, Unschedulable past the
+driver's grace, boot timeouts, ...), suspending the label for a back-off that doubles with
+each trip (`breaker-backoff` up to `breaker-backoff-max`), letting exactly one probe launch
+through once the back-off ran out, and resuming on its success. Transient errors (API
+errors, cancellations, our objects raced away) neither count nor reset.
+
+The state is shared by every launcher serving the pool: one persistent JSON record per pool
+(`zk.pool_status.breaker_path`), label -> entry, changed with versioned read-modify-write
+and read from a watch-driven cache. An entry remembers a digest of the label's
+configuration; a different configuration (the image fixed) resets it, whoever reads it.
+
+Entry states: `closed` (counting failures), `open` (suspended until `until`), `probing`
+(one launch by `probe` in flight since `probe_at`; a probe that never reports, e.g. its
+launcher died, is given up after one more back-off).
+
+The decisions (`admit`, `on_failure`, `on_success`) are pure functions of an entry, so
+they are unit-tested without ZooKeeper.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from nodepool_k8s.config.model import PoolConfig, PoolLabel
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.pool_status import JsonDirCache, breaker_key, update_breaker
+
+log = logging.getLogger("nodepool_k8s.launcher.breaker")
+
+CLOSED, OPEN, PROBING = "closed", "open", "probing"
+ALLOW, PROBE, DENY = "allow", "probe", "deny"
+
+# LaunchError reasons that say nothing about the label: retrying may well work.
+TRANSIENT_REASONS = frozenset({"Cancelled", "NotFound", "Conflict", "PodDeleted"})
+_REASON_RE = re.compile(r"LaunchError\((\w+)\)")
+
+
+def failure_reason(error: str) -> str | None:
+    """The tripping reason of a failed launch's error text, None when transient.
+
+    Only LaunchErrors count (the driver's classified failures); TemporaryError and
+    unexpected exceptions are API or infrastructure trouble, never the label's fault.
+    """
+    match = _REASON_RE.match(error)
+    if match is None or match[1] in TRANSIENT_REASONS:
+        return None
+    return match[1]
+
+
+def digest(label: PoolLabel) -> str:
+    return hashlib.sha256(repr(label).encode("utf8")).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    threshold: int = 3  # 0 disables the breaker
+    backoff: float = 60.0
+    backoff_max: float = 3600.0
+
+    @classmethod
+    def of(cls, pool: PoolConfig) -> "Thresholds":
+        return cls(pool.breaker_threshold, pool.breaker_backoff, pool.breaker_backoff_max)
+
+    def delay(self, trips: int) -> float:
+        return float(min(self.backoff_max, self.backoff * 2 ** max(0, trips - 1)))
+
+
+def current(entry: dict[str, Any] | None, config: str) -> dict[str, Any]:
+    """The entry as it applies to the label's current configuration (reset if changed)."""
+    if not entry or entry.get("config") != config:
+        return {"state": CLOSED, "failures": 0, "trips": 0, "config": config}
+    return entry
+
+
+def admit(entry: dict[str, Any] | None, config: str, now: float,
+          limits: Thresholds) -> str:
+    """ALLOW, PROBE (the caller must claim the probe) or DENY a new launch of the label."""
+    state = current(entry, config)
+    if limits.threshold <= 0 or state.get("state", CLOSED) == CLOSED:
+        return ALLOW
+    if state["state"] == OPEN:
+        return PROBE if now >= float(state.get("until", 0.0)) else DENY
+    # PROBING: give up on a probe that never reported after one more back-off.
+    stale = float(state.get("probe_at", 0.0)) + limits.delay(int(state.get("trips", 1)))
+    return PROBE if now >= stale else DENY
+
+
+def on_failure(entry: dict[str, Any], config: str, reason: str, message: str, now: float,
+               limits: Thresholds) -> bool:
+    """Count one failed launch (in place); True if the entry changed."""
+    fresh = current(entry, config)
+    if fresh is not entry:
+        entry.clear()
+        entry.update(fresh)
+    entry["failures"] = int(entry.get("failures", 0)) + 1
+    entry["reason"], entry["message"] = reason, message[:300]
+    state = entry.get("state", CLOSED)
+    # Launches already running when the label tripped may fail too: they do not trip it again.
+    if limits.threshold > 0 and (state == PROBING or (
+            state == CLOSED and entry["failures"] >= limits.threshold)):
+        entry["trips"] = int(entry.get("trips", 0)) + 1
+        entry["state"] = OPEN
+        entry["since"] = now
+        entry["until"] = now + limits.delay(entry["trips"])
+        entry.pop("probe", None)
+        entry.pop("probe_at", None)
+    return True
+
+
+def on_success(entry: dict[str, Any], config: str) -> bool:
+    """A launch succeeded: close the breaker (in place); True if the entry changed."""
+    fresh = current(entry, config)
+    if fresh is entry and entry.get("state", CLOSED) == CLOSED \
+            and not entry.get("failures"):
+        return False
+    entry.clear()
+    entry.update({"state": CLOSED, "failures": 0, "trips": 0, "config": config})
+    return True
+
+
+def claim_probe(entry: dict[str, Any], config: str, pool_id: str, now: float,
+                limits: Thresholds) -> bool:
+    if admit(entry, config, now, limits) != PROBE:
+        return False
+    entry["state"], entry["probe"], entry["probe_at"] = PROBING, pool_id, now
+    return True
+
+
+class PoolBreaker:
+    """The breaker of one pool, as one pool worker uses it (reads from the shared cache)."""
+
+    def __init__(self, zk: ZkClient, cache: JsonDirCache, provider: str, pool: str,
+                 pool_id: str) -> None:
+        self.zk = zk
+        self.cache = cache
+        self.provider = provider
+        self.pool = pool
+        self.pool_id = pool_id
+        self.key = breaker_key(provider, pool)
+
+    def entries(self) -> dict[str, Any]:
+        return self.cache.get(self.key) or {}
+
+    def suspended(self, pool: PoolConfig, now: float) -> dict[str, dict[str, Any]]:
+        """Labels currently not admitting launches, with their (current) entries."""
+        limits = Thresholds.of(pool)
+        out = {}
+        entries = self.entries()
+        for name, label in pool.labels.items():
+            entry = entries.get(name)
+            config = digest(label)
+            if entry and current(entry, config).get("state", CLOSED) != CLOSED \
+                    and limits.threshold > 0:
+                out[name] = entry
+        return out
+
+    def check(self, labels: list[str], pool: PoolConfig, now: float,
+              accepting: bool) -> tuple[str | None, bool]:
+        """(why a request for `labels` must not be launched here now, None to go ahead;
+        whether it goes ahead as the probe of a suspended label).
+
+        With `accepting`, a due probe is claimed in ZooKeeper (one launcher wins); without,
+        a due probe is neither claimed nor refused (the request waits)."""
+        probe = False
+        limits = Thresholds.of(pool)
+        entries = self.entries()
+        for name in sorted(set(labels)):
+            label = pool.labels.get(name)
+            if label is None:
+                continue
+            config = digest(label)
+            verdict = admit(entries.get(name), config, now, limits)
+            if verdict == ALLOW:
+                continue
+            if verdict == PROBE and not accepting:
+                return None, False
+            if verdict == PROBE and self._claim(name, config, now, limits):
+                log.info("Pool %s/%s: probing suspended label %s with one launch",
+                         self.provider, self.pool, name)
+                probe = True
+                continue
+            entry = entries.get(name) or {}
+            return (f"label {name} is suspended in this pool after"
+                    f" {entry.get('failures', 0)} failed launches"
+                    f" ({entry.get('reason', 'unknown')})"), False
+        return None, probe
+
+    def _claim(self, name: str, config: str, now: float, limits: Thresholds) -> bool:
+        won = [False]
+
+        def change(data: dict[str, Any]) -> bool:
+            entry = data.setdefault(name, {})
+            won[0] = claim_probe(entry, config, self.pool_id, now, limits)
+            return won[0]
+
+        update_breaker(self.zk, self.provider, self.pool, change)
+        return won[0]
+
+    def record(self, label: PoolLabel, pool: PoolConfig, error: str | None,
+               now: float) -> None:
+        """A launch of `label` finished: `error` None for success, else its error text."""
+        config = digest(label)
+        limits = Thresholds.of(pool)
+        if error is None:
+            entry = self.entries().get(label.name)
+            if entry is None or not on_success(dict(entry), config):
+                return  # nothing to reset: no write
+
+            def close(data: dict[str, Any]) -> bool:
+                return on_success(data.setdefault(label.name, {}), config)
+
+            update_breaker(self.zk, self.provider, self.pool, close)
+            log.info("Pool %s/%s: label %s launches succeed again", self.provider,
+                     self.pool, label.name)
+            return
+        reason = failure_reason(error)
+        if reason is None or limits.threshold <= 0:
+            return
+
+        def fail(data: dict[str, Any]) -> bool:
+            return on_failure(data.setdefault(label.name, {}), config, reason, error, now,
+                              limits)
+
+        stored = update_breaker(self.zk, self.provider, self.pool, fail).get(label.name, {})
+        if stored.get("state") == OPEN and stored.get("since") == now:
+            log.warning("Pool %s/%s: suspending label %s for %.0fs after %d failed launches"
+                        " (%s)", self.provider, self.pool, label.name,
+                        float(stored["until"]) - now, stored.get("failures", 0), reason)

@@ -1,0 +1,152 @@
+"""The status page the web app serves at `/`: one self-contained HTML document.
+
+Owns: the page's markup, style and script, as one constant. No external assets, no build
+step: the script fetches the JSON endpoints (`/pool-list`, `/request-list`) with
+`Accept: application/json` every few seconds and renders one card per running pool (its
+conditions, usage against limits, nodes by state, launches and queued requests, suspended
+labels) plus the request counts. The JSON endpoints stay the source of truth; the page
+only shows them, and shows the error when they fail. Readable on a phone (one column
+below 40em). Text is inserted with `textContent` only, never as HTML.
+"""
+
+from __future__ import annotations
+
+PAGE = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>nodepool-k8s status</title>
+<style>
+:root { --ok: #1b7f3b; --bad: #b3261e; --unk: #7a6a00; --fg: #1d1d1f; --muted: #666;
+        --card: #fff; --bg: #f3f4f6; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 15px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif;
+       color: var(--fg); background: var(--bg); }
+header { padding: .8em 1em; background: #22303c; color: #fff; display: flex;
+         flex-wrap: wrap; gap: .5em 1.5em; align-items: baseline; }
+header h1 { font-size: 1.15em; margin: 0; }
+header span { color: #cfd8dc; font-size: .9em; }
+main { padding: 1em; display: grid; gap: 1em;
+       grid-template-columns: repeat(auto-fill, minmax(22em, 1fr)); }
+.card { background: var(--card); border-radius: 8px; padding: .8em 1em;
+        box-shadow: 0 1px 3px rgba(0,0,0,.12); min-width: 0; }
+.card h2 { font-size: 1.05em; margin: 0 0 .2em; overflow-wrap: anywhere; }
+.sub { color: var(--muted); font-size: .85em; overflow-wrap: anywhere; }
+.conds { display: flex; flex-wrap: wrap; gap: .35em; margin: .6em 0; }
+.cond { border-radius: 4px; padding: .15em .5em; font-size: .85em; color: #fff; }
+.cond.True { background: var(--ok); } .cond.False { background: var(--bad); }
+.cond.Unknown { background: var(--unk); }
+.cond.Suspended.True { background: var(--bad); } .cond.Suspended.False { background: var(--ok); }
+table { border-collapse: collapse; width: 100%; font-size: .9em; margin: .4em 0; }
+td, th { text-align: left; padding: .15em .3em; border-bottom: 1px solid #eee; }
+.bar { height: .5em; background: #e5e7eb; border-radius: 3px; overflow: hidden; }
+.bar div { height: 100%; background: #3b82f6; }
+.bar div.full { background: var(--bad); }
+.msg { font-size: .85em; color: var(--muted); margin: .1em 0; overflow-wrap: anywhere; }
+.suspended { color: var(--bad); font-size: .9em; }
+#error { display: none; margin: 1em; padding: .8em; background: #fde8e8; color: var(--bad);
+         border-radius: 6px; }
+@media (max-width: 40em) { main { grid-template-columns: 1fr; padding: .5em; } }
+</style>
+</head>
+<body>
+<header><h1>nodepool-k8s</h1><span id="summary">loading&hellip;</span>
+<span id="updated"></span></header>
+<div id="error" role="alert"></div>
+<main id="pools"></main>
+<script>
+"use strict";
+const REFRESH_MS = 5000;
+function el(tag, cls, text) {
+  const e = document.createElement(tag);
+  if (cls) e.className = cls;
+  if (text !== undefined && text !== null) e.textContent = String(text);
+  return e;
+}
+async function getJSON(path) {
+  const r = await fetch(path, {headers: {"Accept": "application/json"}, cache: "no-store"});
+  if (!r.ok) throw new Error(path + ": " + r.status + " " + (await r.text()).trim());
+  return r.json();
+}
+function ago(t) {
+  if (typeof t !== "number") return "";
+  const s = Math.max(0, Math.round(Date.now() / 1000 - t));
+  if (s < 120) return s + "s ago";
+  if (s < 7200) return Math.round(s / 60) + "m ago";
+  return Math.round(s / 3600) + "h ago";
+}
+function poolCard(p) {
+  const card = el("section", "card pool");
+  card.dataset.provider = p.provider || ""; card.dataset.pool = p.pool || "";
+  card.appendChild(el("h2", null, (p.provider || "?") + " / " + (p.pool || "?")));
+  card.appendChild(el("div", "sub", (p.hostname || "") + " \\u00b7 " + (p.id || "")));
+  const conds = el("div", "conds");
+  for (const c of p.conditions || []) {
+    const b = el("span", "cond " + c.type + " " + c.status, c.type + ": " + c.reason);
+    const since = c.last_transition ? " (since " + ago(c.last_transition) + ")" : "";
+    b.title = (c.message || "") + since;
+    conds.appendChild(b);
+  }
+  card.appendChild(conds);
+  for (const c of p.conditions || []) {
+    if (c.message && (c.status !== "True" || c.type === "Quota"))
+      card.appendChild(el("p", "msg", c.type + ": " + c.message));
+  }
+  for (const [label, s] of Object.entries(p.suspended || {}))
+    card.appendChild(el("p", "suspended", "Suspended " + label + ": " + (s.reason || "") +
+      " after " + (s.failures || 0) + " failures"));
+  const usage = p.usage || [];
+  if (usage.length) {
+    const t = el("table", "usage");
+    const head = el("tr"); ["Limit", "Used", ""].forEach(h => head.appendChild(el("th", null, h)));
+    t.appendChild(head);
+    for (const u of usage) {
+      const tr = el("tr");
+      tr.appendChild(el("td", null, u.scope + " " + u.resource));
+      tr.appendChild(el("td", null, u.used + " / " + u.limit));
+      const td = el("td"); const bar = el("div", "bar"); const fill = el("div");
+      const frac = u.limit > 0 ? Math.min(1, u.used / u.limit) : 1;
+      fill.style.width = Math.round(frac * 100) + "%";
+      if (frac >= 1) fill.className = "full";
+      bar.appendChild(fill); td.appendChild(bar); tr.appendChild(td); t.appendChild(tr);
+    }
+    card.appendChild(t);
+  }
+  const counts = el("table", "counts");
+  const nodes = Object.entries(p.nodes || {});
+  const rows = [["Nodes", nodes.length ? nodes.map(([k, v]) => k + " " + v).join(", ") : "none"],
+                ["Launches in progress", p.launches_in_progress],
+                ["Requests queued (paused)", p.requests_queued]];
+  for (const [k, v] of rows) {
+    const tr = el("tr"); tr.appendChild(el("th", null, k)); tr.appendChild(el("td", null, v));
+    counts.appendChild(tr);
+  }
+  card.appendChild(counts);
+  return card;
+}
+async function refresh() {
+  const err = document.getElementById("error");
+  try {
+    const [pools, requests] = await Promise.all([getJSON("pool-list"), getJSON("request-list")]);
+    const main = document.getElementById("pools");
+    main.replaceChildren(...pools.map(poolCard));
+    if (!pools.length) main.appendChild(el("p", "msg", "No pool is running."));
+    const states = {};
+    for (const r of requests) states[r.state] = (states[r.state] || 0) + 1;
+    document.getElementById("summary").textContent = pools.length + " pool(s); requests: " +
+      (Object.entries(states).map(([k, v]) => k + " " + v).join(", ") || "none");
+    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    err.style.display = "none";
+    document.body.dataset.loaded = "1";
+  } catch (e) {
+    err.textContent = "Could not refresh: " + e.message;
+    err.style.display = "block";
+  }
+}
+refresh();
+setInterval(refresh, REFRESH_MS);
+</script>
+</body>
+</html>
+"""

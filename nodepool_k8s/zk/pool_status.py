@@ -1,0 +1,160 @@
+"""Pool status and circuit-breaker records in ZooKeeper, mirrored for every launcher.
+
+Owns two directories of JSON records under our own tree (never under `/nodepool`):
+
+- `/nodepool_k8s/pool-status/<pool-id>`: ephemeral, one per running pool worker (the id of
+  its component registration), written by that worker only when its status changed (see
+  `launcher.pool_status` for the content and the rate limit); it vanishes with the session;
+- `/nodepool_k8s/pool-breakers/<provider>.<pool>`: persistent, one per configured pool
+  (shared by every launcher serving that pool), holding the circuit-breaker state of each
+  label; changed with versioned read-modify-write, so concurrent launchers never lose an
+  update (see `launcher.breaker`).
+
+`JsonDirCache` keeps either directory in memory with a `ChildMirror` (watch driven, no
+polling), so deciding whether a label is suspended costs no read.
+
+Failure modes: writes raise the zk.errors classes; a record that is not a JSON object is
+`malformed` in the mirror and ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Callable
+from urllib.parse import quote
+
+from nodepool_k8s import records
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.mirror import ChildMirror, Listener
+
+POOL_STATUS = f"{paths.OWN_ROOT}/pool-status"
+POOL_BREAKERS = f"{paths.OWN_ROOT}/pool-breakers"
+
+
+def status_path(pool_id: str) -> str:
+    return f"{POOL_STATUS}/{quote(pool_id, safe='')}"
+
+
+def breaker_key(provider: str, pool: str) -> str:
+    return f"{quote(provider, safe='')}.{quote(pool, safe='')}"
+
+
+def breaker_path(provider: str, pool: str) -> str:
+    return f"{POOL_BREAKERS}/{breaker_key(provider, pool)}"
+
+
+def encode(data: dict[str, Any]) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf8")
+
+
+def decode(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
+    try:
+        data = json.loads(raw.decode("utf8")) if raw else None
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise records.Malformed(f"not JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise records.Malformed("not a JSON object")
+    return data
+
+
+class JsonDirCache:
+    """Every JSON child of `root`, by child name."""
+
+    def __init__(self, zk: ZkClient, root: str, name: str) -> None:
+        self.name = name
+        self._mirror: ChildMirror[dict[str, Any]] = ChildMirror(
+            zk, root, decode, name=name, accept=lambda child: bool(child))
+
+    def start(self) -> None:
+        self._mirror.start()
+
+    def stop(self) -> None:
+        self._mirror.stop()
+
+    def wait_synced(self, timeout: float | None = None) -> bool:
+        return self._mirror.wait_synced(timeout)
+
+    @property
+    def synced(self) -> bool:
+        return self._mirror.synced
+
+    def add_listener(self, listener: Listener) -> None:
+        self._mirror.add_listener(listener)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._mirror._lock:
+            return self._mirror.items.get(key)
+
+    def items(self) -> dict[str, dict[str, Any]]:
+        with self._mirror._lock:
+            return dict(self._mirror.items)
+
+
+class StatusWriter:
+    """Writes one pool worker's ephemeral status znode (create, then versioned sets)."""
+
+    def __init__(self, zk: ZkClient, pool_id: str) -> None:
+        self.zk = zk
+        self.path = status_path(pool_id)
+        self._version: int | None = None
+        self._epoch = -1
+
+    def write(self, data: dict[str, Any]) -> None:
+        raw = encode(data)
+        if self._epoch != self.zk.epoch:  # a new session: our ephemeral is gone
+            self._version, self._epoch = None, self.zk.epoch
+        if self._version is not None:
+            try:
+                self._version = self.zk.set(self.path, raw, self._version).version
+                return
+            except (errors.NoNodeError, errors.VersionConflict):
+                self._version = None
+        try:
+            self.zk.create(self.path, raw, ephemeral=True, makepath=True)
+            self._version = 0
+        except errors.NodeExistsError:
+            self._version = self.zk.set(self.path, raw).version
+
+    def remove(self) -> None:
+        self._version = None
+        try:
+            self.zk.delete(self.path)
+        except (errors.NoNodeError, errors.ZkConnectionError, errors.ZkSessionLost):
+            pass
+
+
+def update_breaker(zk: ZkClient, provider: str, pool: str,
+                   change: Callable[[dict[str, Any]], bool], attempts: int = 20
+                   ) -> dict[str, Any]:
+    """Read-modify-write the pool's breaker record; `change` edits it in place and returns
+    whether anything changed (no write otherwise). Returns the record as stored."""
+    path = breaker_path(provider, pool)
+    for _ in range(attempts):
+        found = zk.get(path)
+        data = decode(path, found[0], found[1]) if found and found[0] else {}
+        if not change(data):
+            return data
+        try:
+            if found is None:
+                zk.create(path, encode(data), makepath=True)
+            else:
+                zk.set(path, encode(data), found[1].version)
+            return data
+        except (errors.NodeExistsError, errors.VersionConflict, errors.NoNodeError):
+            continue
+    raise errors.VersionConflict(f"{path}: too many concurrent breaker updates")
+
+
+def read_all(zk: ZkClient, root: str) -> dict[str, dict[str, Any]]:
+    """A one-shot read of every record under `root` (the CLI has no cache)."""
+    children = zk.get_children(root) or []
+    out: dict[str, dict[str, Any]] = {}
+    for path, found in zk.get_many([f"{root}/{c}" for c in sorted(children)]):
+        if found is None or not found[0]:
+            continue
+        try:
+            out[paths.basename(path)] = decode(path, found[0], found[1])
+        except records.Malformed:
+            continue
+    return out

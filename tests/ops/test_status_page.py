@@ -1,0 +1,116 @@
+"""The status page at `/`, rendered by a real headless browser (Debian's chromium).
+
+Aspects:
+- the page is one self-contained document: no external script, style, image or font;
+- in chromium, against a running launcher (fake driver), the page's script fetches the
+  JSON endpoints and renders one card per running pool with its conditions (a tripped
+  circuit breaker shows `Suspended: LabelSuspended`), usage against limits and node counts;
+- with NODEPOOL_K8S_SCREENSHOT=<file.png> the test also saves a phone-sized screenshot
+  (how doc/status-page.png is made).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import urllib.request
+from pathlib import Path
+
+from nodepool_k8s.launcher.status_source import LauncherStatus
+from nodepool_k8s.stats import RecordingBackend, Stats
+from nodepool_k8s.webapp import WebApp
+from nodepool_k8s.zk.testing_client import ZuulClient
+from tests.helpers import wait_for
+from tests.launchers import LauncherFactory
+
+CONFIG = """
+labels:
+  - name: small
+  - name: flaky
+    min-ready: 1
+providers:
+  - name: fake
+    driver: fake
+    launch-retries: 1
+    pools:
+      - name: main
+        max-servers: 4
+        priority: 1
+        breaker-threshold: 1
+        breaker-backoff: 3600
+        labels:
+          - name: small
+            type: namespace
+            cpu: 1
+          - name: flaky
+            type: namespace
+            fail: true
+      - name: spare
+        max-servers: 2
+        priority: 2
+        labels:
+          - name: flaky
+            type: namespace
+"""
+
+
+def chromium() -> str:
+    found = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert found, "chromium is installed by tools/test-setup.sh"
+    return found
+
+
+def browser(url: str, tmp_path: Path, *args: str) -> str:
+    result = subprocess.run(
+        [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+         "--no-first-run", "--disable-extensions", f"--user-data-dir={tmp_path / 'chrome'}",
+         "--virtual-time-budget=4000", *args, url],
+        capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    return result.stdout
+
+
+def test_page_is_self_contained(launchers: LauncherFactory) -> None:
+    launcher = launchers(CONFIG)
+    web = WebApp(LauncherStatus(launcher, Stats(RecordingBackend())), port=0).start()
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{web.port}/", timeout=10) as response:
+            assert response.headers["Content-Type"].startswith("text/html")
+            page = response.read().decode("utf8")
+    finally:
+        web.stop()
+    assert '<meta name="viewport"' in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)
+    assert "@import" not in page and "url(" not in page
+    assert 'getJSON("pool-list")' in page and 'getJSON("request-list")' in page
+
+
+def test_page_renders_pools_in_chromium(launchers: LauncherFactory, zuul: ZuulClient,
+                                        tmp_path: Path) -> None:
+    launcher = launchers(CONFIG)
+    web = WebApp(LauncherStatus(launcher, Stats(RecordingBackend())), port=0).start()
+    url = f"http://127.0.0.1:{web.port}/"
+    try:
+        zuul.run_build(["small"])
+        zuul.run_build(["flaky"])  # fails in main (tripping its breaker), served by spare
+        wait_for(lambda: any(
+            r.get("pool") == "main" and r.get("suspended")
+            for r in launcher.engine.pool_statuses.items().values()), 15,
+            message="main's breaker tripped")
+        dom = browser(url, tmp_path, "--dump-dom")
+        assert 'data-loaded="1"' in dom, dom[-3000:]
+        assert dom.count('class="card pool"') == 2
+        assert 'data-pool="main"' in dom and 'data-pool="spare"' in dom
+        assert "Suspended: LabelSuspended" in dom
+        assert "Suspended flaky: FakeFail" in dom
+        assert "Validated: Valid" in dom and "Quota: Under" in dom
+        assert "pool instances" in dom  # usage against max-servers
+        shot = os.environ.get("NODEPOOL_K8S_SCREENSHOT")
+        if shot:
+            browser(url, tmp_path, f"--screenshot={shot}", "--window-size=412,1100",
+                    "--hide-scrollbars")
+            assert Path(shot).stat().st_size > 0
+    finally:
+        web.stop()

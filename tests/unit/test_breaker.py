@@ -1,0 +1,63 @@
+"""The circuit breaker's pure decisions (launcher.breaker)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodepool_k8s.launcher import breaker as b
+
+LIMITS = b.Thresholds(threshold=2, backoff=10.0, backoff_max=25.0)
+
+
+def test_only_classified_non_transient_failures_count() -> None:
+    assert b.failure_reason("LaunchError(ErrImagePull): pod x: ErrImagePull") == "ErrImagePull"
+    assert b.failure_reason("LaunchError(BootTimeout): timed out") == "BootTimeout"
+    assert b.failure_reason("LaunchError(Cancelled): cancelled") is None
+    assert b.failure_reason("LaunchError(Conflict): raced") is None
+    assert b.failure_reason("TemporaryError: 503 from the API") is None
+    assert b.failure_reason("ApiError: boom") is None
+
+
+def test_trip_backoff_probe_and_reset() -> None:
+    entry: dict[str, Any] = {}
+    b.on_failure(entry, "c1", "ErrImagePull", "x", 100.0, LIMITS)
+    assert b.admit(entry, "c1", 100.0, LIMITS) == b.ALLOW
+    b.on_failure(entry, "c1", "ErrImagePull", "x", 101.0, LIMITS)
+    assert entry["state"] == b.OPEN and entry["until"] == 111.0
+    assert b.admit(entry, "c1", 105.0, LIMITS) == b.DENY
+    # A launch already running when it tripped fails too: no second trip.
+    b.on_failure(entry, "c1", "ErrImagePull", "x", 102.0, LIMITS)
+    assert entry["trips"] == 1 and entry["until"] == 111.0
+    assert b.admit(entry, "c1", 111.0, LIMITS) == b.PROBE
+    assert b.claim_probe(entry, "c1", "pool-1", 111.0, LIMITS)
+    assert b.admit(entry, "c1", 112.0, LIMITS) == b.DENY  # one probe only
+    # The probe fails: the back-off doubles (capped).
+    b.on_failure(entry, "c1", "ErrImagePull", "x", 113.0, LIMITS)
+    assert entry["state"] == b.OPEN and entry["until"] == 113.0 + 20.0
+    assert b.claim_probe(entry, "c1", "pool-1", 200.0, LIMITS)
+    b.on_failure(entry, "c1", "ErrImagePull", "x", 201.0, LIMITS)
+    assert entry["until"] == 201.0 + 25.0
+    # A probe that never reports is given up after one more back-off.
+    assert b.claim_probe(entry, "c1", "pool-1", 300.0, LIMITS)
+    assert b.admit(entry, "c1", 300.0 + 25.0, LIMITS) == b.PROBE
+    # Success closes it.
+    assert b.on_success(entry, "c1") and entry["state"] == b.CLOSED
+    assert not b.on_success(entry, "c1")  # nothing to write
+
+
+def test_config_change_resets() -> None:
+    entry: dict[str, Any] = {}
+    for now in (1.0, 2.0):
+        b.on_failure(entry, "old", "Invalid", "x", now, LIMITS)
+    assert b.admit(entry, "old", 3.0, LIMITS) == b.DENY
+    assert b.admit(entry, "new", 3.0, LIMITS) == b.ALLOW
+    b.on_failure(entry, "new", "Invalid", "x", 4.0, LIMITS)
+    assert entry["failures"] == 1 and entry["state"] == b.CLOSED
+
+
+def test_threshold_zero_disables() -> None:
+    off = b.Thresholds(threshold=0)
+    entry: dict[str, Any] = {}
+    for now in range(5):
+        b.on_failure(entry, "c", "Invalid", "x", float(now), off)
+    assert b.admit(entry, "c", 5.0, off) == b.ALLOW
