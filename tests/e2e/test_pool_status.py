@@ -29,7 +29,7 @@ from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.stats import RecordingBackend, Stats
 from nodepool_k8s.webapp import WebApp
 from nodepool_k8s.zk.pool_status import POOL_STATUS, read_all
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.e2e.util import NamespaceLog
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory, make_config

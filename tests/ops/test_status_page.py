@@ -21,7 +21,7 @@ from pathlib import Path
 from nodepool_k8s.launcher.status_source import LauncherStatus
 from nodepool_k8s.stats import RecordingBackend, Stats
 from nodepool_k8s.webapp import WebApp
-from nodepool_k8s.zk.testing_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 
