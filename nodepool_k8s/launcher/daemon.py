@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Callable
 
 from nodepool_k8s import model, records, threads
@@ -55,6 +56,8 @@ log = logging.getLogger("nodepool_k8s.NodePool")
 ProviderFactory = Callable[[ProviderConfig, Clock], Provider]
 PoolKey = tuple[str, str]
 CACHE_SYNC_TIMEOUT = 60.0
+# How often a start-up wait looks at the stop request (only while starting).
+START_WAIT_SLICE = 0.1
 PROVIDER_RETRY = 30.0
 # The part of the stop deadline spent handing work back; the rest closes the session.
 HANDBACK_SHARE = 0.75
@@ -158,7 +161,8 @@ class Launcher:
         engine.pool_statuses.start()
         for cache in (engine.components, engine.node_cache, engine.request_cache,
                       engine.pool_states):
-            if not cache.wait_synced(CACHE_SYNC_TIMEOUT):
+            if not self._wait_unless_stopped(cache.wait_synced, CACHE_SYNC_TIMEOUT) \
+                    and not self._stop.is_set():
                 log.warning("%s did not finish its initial sync in %.0fs", cache.name,
                             CACHE_SYNC_TIMEOUT)
         self._registration = engine.registry.register_launcher("initializing")
@@ -185,13 +189,26 @@ class Launcher:
         # registry cache: decisions such as "every pool declined" rely on it.
         own = {w.id for w in self.pool_workers.values()}
         with self._components_changed:
-            if not self._components_changed.wait_for(
-                    lambda: own <= {c.id for c in engine.components.pools()},
-                    CACHE_SYNC_TIMEOUT):
+            if not self._wait_unless_stopped(
+                    lambda timeout: self._components_changed.wait_for(
+                        lambda: own <= {c.id for c in engine.components.pools()}, timeout),
+                    CACHE_SYNC_TIMEOUT) and not self._stop.is_set():
                 log.warning("Own pool components not visible after %.0fs", CACHE_SYNC_TIMEOUT)
         self._ready.set()
         log.info("Launcher running with %d pool(s)", len(self.pool_workers))
         return True
+
+    def _wait_unless_stopped(self, wait: Callable[[float], bool], timeout: float) -> bool:
+        """`wait(timeout)`, cut short when a stop is requested meanwhile (a SIGTERM during
+        the start must not wait for a slow initial sync): True once `wait` succeeded."""
+        deadline = time.monotonic() + timeout
+        while not self._stop.is_set():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            if wait(min(START_WAIT_SLICE, remaining)):
+                return True
+        return False
 
     @staticmethod
     def _wanted_pools(config: Config) -> list[PoolKey]:
