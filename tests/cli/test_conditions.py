@@ -72,7 +72,12 @@ def test_ready_node_conditions_show_and_timers(launchers: LauncherFactory, zuul:
     assert times == sorted(times)
     assert node["host_id"] == "fake-k8s-node"
     # Timers per provider/pool/label, and the Prometheus histogram.
-    timings = launcher.engine.stats.backend.keys("timing")  # type: ignore[attr-defined]
+    # Reported just after the fulfilling commit, which Zuul may see first: wait for them.
+    backend = launcher.engine.stats.backend
+    wait_for(lambda: "nodepool.launch.label.large.phase.total"
+             in backend.keys("timing"), 10,  # type: ignore[attr-defined]
+             message="the phase timers")
+    timings = backend.keys("timing")  # type: ignore[attr-defined]
     for phase in ("launch", "register", "initialize", "ready", "total"):
         assert f"nodepool.launch.provider.fake.phase.{phase}" in timings
         assert f"nodepool.launch.provider.fake.pool.main.phase.{phase}" in timings
