@@ -43,6 +43,9 @@ NODE_STATES = (BUILDING, TESTING, READY, IN_USE, USED, HOLD, DELETING, FAILED, I
                ABORTED, DELETED)
 
 MIN_READY_REQUESTOR = "NodePool:min-ready"
+# Extra key of our own pool-level min-ready requests (`<provider>/<pool>`): only that pool
+# serves it; every other pool skips it (never declines). Zuul never reads these requests.
+MIN_READY_POOL = "nodepool-k8s-min-ready-pool"
 MIN_READY_PRIORITY = "900"
 
 

@@ -12,6 +12,7 @@ exactly two nodes).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
@@ -145,3 +146,12 @@ def check_tenant(need: Resources, tenant_usage: Resources,
     if limit is None:
         return FITS
     return _verdict(tenant_usage + need, limit.limits, SCOPE_TENANT)
+
+
+def tightest(limits: Iterable[Resources]) -> Resources:
+    """The element-wise minimum of limits (missing keys unlimited)."""
+    values: dict[str, float] = {}
+    for limit in limits:
+        for key in limit:
+            values[key] = min(values.get(key, math.inf), limit[key])
+    return Resources.limits(values)

@@ -133,8 +133,11 @@ class Provider(Protocol):
     def quota_for_label(self, label: PoolLabel) -> Resources:
         """What one node of `label` counts against quotas."""
 
-    def cloud_limits(self) -> Resources:
-        """Capacity the cloud itself imposes beyond configured limits (infinite if unknown)."""
+    def cloud_limits(self, label: PoolLabel | None = None) -> Resources:
+        """Capacity the cloud itself imposes beyond configured limits (infinite if unknown).
+
+        Without `label`: hard ceilings only (a request over them can never be served);
+        with one: what fits now for nodes of that label (the core pauses beyond it)."""
 
 
 ProviderFactory = Callable[[ProviderConfig], Provider]

@@ -214,5 +214,5 @@ class FakeProvider:
     def quota_for_label(self, label: PoolLabel) -> Resources:
         return label.quota()
 
-    def cloud_limits(self) -> Resources:
+    def cloud_limits(self, label: PoolLabel | None = None) -> Resources:
         return Resources.limits()

@@ -180,7 +180,9 @@ class Allocator:
             need, pool_usage=quota.total(records, provider=provider_cfg.name,
                                          pool=pool_cfg.name),
             provider_usage=quota.total(records, provider=provider_cfg.name),
-            pool=pool_cfg, provider=provider_cfg, cloud_limits=self.provider.cloud_limits())
+            pool=pool_cfg, provider=provider_cfg, cloud_limits=quota.tightest(
+                self.provider.cloud_limits(pool_cfg.labels[name])
+                for name in sorted(set(self.request.node_types)) if name in pool_cfg.labels))
         if verdict and tenant_limit is not None:
             verdict = quota.check_tenant(
                 need, quota.total(records, tenant=self.request.tenant_name), tenant_limit)

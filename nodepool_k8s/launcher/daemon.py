@@ -218,6 +218,11 @@ class Launcher:
         name = provider_cfg.name
         try:
             provider = self.provider_factory(provider_cfg, self.engine.clock)
+            # Capacity awareness (a Kubernetes provider's `capacity`): freed capacity wakes
+            # the workers, so a pool paused at the cloud's limit resumes without polling.
+            listen = getattr(provider, "on_capacity_change", None)
+            if callable(listen):
+                listen(self.wake_all)
             provider.start()
         except NodepoolError as exc:
             log.error("Provider %s failed to start (%s); retrying in the background", name,

@@ -6,6 +6,11 @@ serves, and finishing the ones this session created: a fulfilled one has its nod
 de-allocated and is deleted in one transaction; a failed one (at capacity) is deleted and
 the label backs off before trying again.
 
+Pool-level min-ready (a pool label's `min-ready`): the same, per (label, pool), with
+requests that name their pool (`model.MIN_READY_POOL`): only that pool serves them (every
+other pool skips them, `plan.triage`), its decline fails them, and only spares in that pool
+count. A pool's spares also count toward the label's global `min-ready`.
+
 No duplicates with several launchers: every launcher decides under the min-ready guard
 (see zk.quota_guard): read the guard version, count outstanding min-ready requests from an
 authoritative child listing and spare nodes (`plan.min_ready_shortfall`), then create the
@@ -33,11 +38,15 @@ from nodepool_k8s.zk.requests import RequestStore, min_ready_request
 from nodepool_k8s.zk.txn import Txn
 
 
+Target = tuple[str, tuple[str, str] | None]
+"""(label, (provider, pool)) of a pool-level min-ready target; (label, None): global."""
+
+
 class MinReadyWorker(Worker):
     def __init__(self, engine: Engine) -> None:
         super().__init__("MinReadyWorker", engine.clock, engine.stats.thread_crashed)
         self.engine = engine
-        self._backoff: dict[str, tuple[float, float]] = {}  # label -> (until, delay)
+        self._backoff: dict[Target, tuple[float, float]] = {}  # target -> (until, delay)
         self.created = 0
 
     def run_once(self) -> float | None:
@@ -48,27 +57,35 @@ class MinReadyWorker(Worker):
         wanted = self._wanted()
         if not wanted:
             return None
-        ready = {label: count for label, count in wanted.items()
-                 if self._backoff.get(label, (-math.inf, 0.0))[0] <= now}
+        ready = {target: count for target, count in wanted.items()
+                 if self._backoff.get(target, (-math.inf, 0.0))[0] <= now}
         if ready and self._shortfall(ready, self.engine.request_cache.requests()):
             self._create(ready, now)
-        until = [u for label, (u, _) in self._backoff.items() if label in wanted and u > now]
+        until = [u for target, (u, _) in self._backoff.items()
+                 if target in wanted and u > now]
         return min(until) if until else None
 
-    def _wanted(self) -> dict[str, int]:
+    def _wanted(self) -> dict[Target, int]:
         config = self.engine.config
-        served = {label for provider in config.providers.values()
-                  for pool in provider.pools.values() if not pool.disabled
-                  for label in pool.labels}
-        return {name: label.min_ready for name, label in config.labels.items()
-                if label.min_ready > 0 and name in served}
+        pools = [(provider.name, pool) for provider in config.providers.values()
+                 for pool in provider.pools.values() if not pool.disabled]
+        served = {label for _, pool in pools for label in pool.labels}
+        wanted: dict[Target, int] = {
+            (name, None): label.min_ready for name, label in config.labels.items()
+            if label.min_ready > 0 and name in served}
+        for provider, pool in pools:
+            for name, label_cfg in pool.labels.items():
+                if label_cfg.min_ready > 0:
+                    wanted[(name, (provider, pool.name))] = label_cfg.min_ready
+        return wanted
 
-    def _shortfall(self, wanted: dict[str, int],
-                   requests: list[NodeRequest]) -> dict[str, int]:
+    def _shortfall(self, wanted: dict[Target, int],
+                   requests: list[NodeRequest]) -> dict[Target, int]:
         nodes = self.engine.node_cache.nodes()
-        short = {label: plan.min_ready_shortfall(label, count, nodes, requests)
-                 for label, count in wanted.items()}
-        return {label: n for label, n in short.items() if n > 0}
+        short = {target: plan.min_ready_shortfall(target[0], count, nodes, requests,
+                                                  pool=target[1])
+                 for target, count in wanted.items()}
+        return {target: n for target, n in short.items() if n > 0}
 
     def _authoritative_requests(self) -> list[NodeRequest]:
         """Every existing min-ready request (cache data, plus a fetch of what it lacks)."""
@@ -91,21 +108,24 @@ class MinReadyWorker(Worker):
                     found.append(request)
         return found
 
-    def _create(self, wanted: dict[str, int], now: float) -> None:
+    def _create(self, wanted: dict[Target, int], now: float) -> None:
         def attempt() -> GuardedWrite[None] | None:
             versions = self.engine.guard.read([paths.MIN_READY_GUARD])
             short = self._shortfall(wanted, self._authoritative_requests())
             if not short:
                 return None
             txn = Txn()
-            for label, count in sorted(short.items()):
+            for (label, pool), count in sorted(short.items(), key=lambda i: repr(i[0])):
+                target = f"{pool[0]}/{pool[1]}" if pool is not None else None
                 for _ in range(count):
-                    RequestStore.add_create(txn, min_ready_request(label, now),
+                    RequestStore.add_create(txn, min_ready_request(label, now, target),
                                             model.MIN_READY_PRIORITY, ephemeral=True)
 
             def committed(results: list[Any]) -> None:
                 self.created += sum(short.values())
-                self.log.info("Created min-ready requests: %s", short)
+                self.log.info("Created min-ready requests: %s", {
+                    (f"{label}@{pool[0]}/{pool[1]}" if pool else label): n
+                    for (label, pool), n in short.items()})
             return GuardedWrite(versions, txn, committed)
 
         # CONTENDED (every attempt lost to another launcher): the next pass decides again.
@@ -126,8 +146,8 @@ class MinReadyWorker(Worker):
             fresh, stat = found
             txn = Txn()
             if fresh.state == model.FULFILLED:
-                for label in fresh.node_types:
-                    self._backoff.pop(label, None)
+                for target in self._targets(fresh):
+                    self._backoff.pop(target, None)
                 # Nobody locks a node allocated to a fulfilled min-ready request; the
                 # versioned write still refuses if the node changed since we read it.
                 for node_id in fresh.nodes:
@@ -144,12 +164,22 @@ class MinReadyWorker(Worker):
                 self.log.info("Could not finish min-ready request %s yet: %s", fresh.id, exc)
                 self.wake()
 
+    @staticmethod
+    def _targets(request: NodeRequest) -> list[Target]:
+        target = plan.target_pool(request)
+        pool: tuple[str, str] | None = None
+        if target is not None:
+            provider, _, name = target.partition("/")
+            pool = (provider, name)
+        return [(label, pool) for label in request.node_types]
+
     def _back_off(self, request: NodeRequest, now: float) -> None:
         settings = self.engine.settings
-        for label in request.node_types:
-            _, last = self._backoff.get(label, (0.0, 0.0))
+        for target in self._targets(request):
+            _, last = self._backoff.get(target, (0.0, 0.0))
             delay = next_backoff(last, settings.min_ready_backoff,
                                  settings.min_ready_backoff_max)
-            self._backoff[label] = (now + delay, delay)
-            self.log.info("min-ready request for %s failed; next attempt in %.0fs", label,
-                          delay)
+            self._backoff[target] = (now + delay, delay)
+            self.log.info("min-ready request for %s failed; next attempt in %.0fs",
+                          target[0] if target[1] is None
+                          else f"{target[0]} in pool {target[1][0]}/{target[1][1]}", delay)

@@ -45,6 +45,12 @@ class NodeFacts(Protocol):
     def label(self) -> str | None: ...
 
     @property
+    def provider(self) -> Any: ...
+
+    @property
+    def pool(self) -> Any: ...
+
+    @property
     def allocated_to(self) -> Any: ...
 
     @property
@@ -107,6 +113,12 @@ def triage(request: NodeRequest, me: PoolInfo, pool: PoolConfig, provider: Provi
         return Decision(Verdict.SKIP, f"state is {request.state}")
     if me.id in request.declined_by:
         return Decision(Verdict.SKIP, "already declined by this pool")
+    target = target_pool(request)
+    if target is not None:
+        if target != f"{provider.name}/{pool.name}":
+            return Decision(Verdict.SKIP, f"pool-level min-ready request of {target}")
+        reason = decline_reason(request, pool, provider, cloud_limits)
+        return Decision(Verdict.DECLINE, reason) if reason else Decision(Verdict.ACCEPT)
     wanted = set(request.node_types)
     others = [p for p in registered if p.id != me.id and p.id not in request.declined_by
               and wanted <= p.labels]
@@ -134,8 +146,9 @@ def record_decline(request: NodeRequest, pool_id: str, registered_ids: set[str],
     declined, else back to `requested` (with `nodes` emptied). Returns the new state."""
     if pool_id not in request.declined_by:
         request.declined_by.append(pool_id)
-    request.state = model.FAILED if all_declined(request.declined_by, registered_ids) \
-        else model.REQUESTED
+    # A pool-level min-ready request has one server (the others skip it): its decline ends it.
+    request.state = model.FAILED if target_pool(request) is not None \
+        or all_declined(request.declined_by, registered_ids) else model.REQUESTED
     request.state_time = now
     request.nodes = []
     return request.state
@@ -219,6 +232,14 @@ def is_min_ready(request: NodeRequest) -> bool:
     return request.requestor == model.MIN_READY_REQUESTOR
 
 
+def target_pool(request: NodeRequest) -> str | None:
+    """`<provider>/<pool>` of our own pool-level min-ready request; None for any other."""
+    if not is_min_ready(request):
+        return None
+    target = request.extra.get(model.MIN_READY_POOL)
+    return target if isinstance(target, str) and target else None
+
+
 def counts_as_spare(node: NodeFacts, label: str) -> bool:
     """A ready node of `label` nobody uses: unallocated, or held by a min-ready request."""
     if node.state != model.READY or node.label != label:
@@ -228,7 +249,8 @@ def counts_as_spare(node: NodeFacts, label: str) -> bool:
 
 
 def min_ready_shortfall(label: str, min_ready: int, nodes: Iterable[NodeFacts],
-                        requests: Iterable[NodeRequest]) -> int:
+                        requests: Iterable[NodeRequest],
+                        pool: tuple[str, str] | None = None) -> int:
     """How many min-ready requests to add for `label` (never negative).
 
     Spare nodes count once whether their min-ready request still exists or not (nodes
@@ -237,7 +259,10 @@ def min_ready_shortfall(label: str, min_ready: int, nodes: Iterable[NodeFacts],
     """
     if min_ready <= 0:
         return 0
-    spare = sum(1 for node in nodes if counts_as_spare(node, label))
+    target = f"{pool[0]}/{pool[1]}" if pool is not None else None
+    spare = sum(1 for node in nodes if counts_as_spare(node, label)
+                and (pool is None or (node.provider, node.pool) == pool))
     outstanding = sum(1 for r in requests if is_min_ready(r) and r.node_types == [label]
-                      and r.state in (model.REQUESTED, model.PENDING))
+                      and r.state in (model.REQUESTED, model.PENDING)
+                      and target_pool(r) == target)
     return max(0, min_ready - spare - outstanding)

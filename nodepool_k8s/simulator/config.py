@@ -38,6 +38,9 @@ class SimulatorConfig:
     node_labels: dict[str, dict[str, str]] = field(default_factory=_default_nodes)
     # Node name -> taints ({key, value, effect}) of configured nodes; pods need tolerations.
     node_taints: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    # Node name -> status.allocatable/capacity overrides ({"cpu": "2", "memory": "4Gi"}) of
+    # configured nodes (default 16 cpu, 64Gi). The scheduler fits pods' requests in them.
+    node_allocatable: dict[str, dict[str, str]] = field(default_factory=dict)
     faults: Faults = field(default_factory=Faults)
     # Fixed admin token (default: random per simulator).
     admin_token: str | None = None

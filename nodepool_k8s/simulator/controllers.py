@@ -33,7 +33,7 @@ from nodepool_k8s.simulator.auth import TokenAuthority
 from nodepool_k8s.simulator.config import SimulatorConfig
 from nodepool_k8s.simulator.faults import FaultInjector
 from nodepool_k8s.simulator.resources import by_plural
-from nodepool_k8s.simulator.store import ADDED, MODIFIED, Event, Obj, Store, now_rfc3339
+from nodepool_k8s.simulator.store import ADDED, DELETED, MODIFIED, Event, Obj, Store, now_rfc3339
 from nodepool_k8s.simulator.timers import Scheduler
 from nodepool_k8s.simulator.validation import SA_NAME_ANNOTATION, SA_TOKEN_TYPE
 
@@ -50,12 +50,14 @@ def _b64(text: str) -> str:
 
 
 def node_object(name: str, labels: dict[str, str], index: int,
-                kubelet_version: str, taints: list[dict[str, Any]] | None = None) -> Obj:
-    """A Ready node with plenty of capacity, as the simulator's fake kubelet reports it."""
+                kubelet_version: str, taints: list[dict[str, Any]] | None = None,
+                allocatable: dict[str, str] | None = None) -> Obj:
+    """A Ready node with plenty of capacity (or `allocatable`, merged over the default), as
+    the simulator's fake kubelet reports it."""
     all_labels = {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
                   "kubernetes.io/arch": "amd64", **labels}
     capacity = {"cpu": "16", "memory": "65536Mi", "pods": "110",
-                "ephemeral-storage": "100Gi"}
+                "ephemeral-storage": "100Gi", **(allocatable or {})}
     now = now_rfc3339()
     return {
         "metadata": {"name": name, "labels": all_labels},
@@ -151,6 +153,11 @@ class Controllers:
                     "metadata", {}).get("deletionTimestamp"):
                 self.later(self.config.pod_delete_delay,
                            lambda: self._remove(PODS.plural, ns, name, uid))
+                if (obj.get("spec") or {}).get("nodeName"):
+                    self.later(0, self.reconsider)  # its node's resources free up
+        elif event.resource == "pods" and event.type == DELETED:
+            if (obj.get("spec") or {}).get("nodeName"):
+                self.later(0, self.reconsider)  # its node's resources free up
         elif event.resource == "secrets" and event.type in (ADDED, MODIFIED):
             if self._wants_token(obj):
                 self.later(self.config.token_delay, lambda: self._fill_token(ns, name, uid))
@@ -207,7 +214,7 @@ class Controllers:
                           "victims found for incoming pod.")
         if not nodes:
             return DEFAULT_NODE, ""  # a cluster without Node objects: schedule anywhere
-        candidates, why = filters.feasible(pod, nodes)
+        candidates, why = filters.feasible(pod, nodes, self.store.list(PODS.plural)[0])
         if not candidates:
             return None, why
         best = filters.best(pod, candidates)

@@ -3,17 +3,22 @@
 Owns: the per-node feasibility checks the default scheduler profile runs, in its order
 (NodeUnschedulable, TaintToleration, NodeAffinity: `nodeSelector` plus required node
 affinity with In/NotIn/Exists/DoesNotExist/Gt/Lt), the preferred node affinity score that
-picks among feasible nodes, and the FitError text the real scheduler puts into a pod's
+picks among feasible nodes, the NodeResourcesFit filter (requests of the pod plus those of
+the pods already bound to a node must stay within its `status.allocatable`: "Insufficient
+cpu"), and the FitError text the real scheduler puts into a pod's
 PodScheduled=False condition ("0/3 nodes are available: 1 node(s) had untolerated taint
 {gpu: true}, 2 node(s) didn't match Pod's node affinity/selector. preemption: ...").
 
 Pure functions over plain objects (the store's dicts); the controllers call `feasible` and
-`best` and bind the pod. Resources (requests versus allocatable) are not filtered here.
+`best` and bind the pod.
 """
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any, Iterable, Mapping
+
+from nodepool_k8s.simulator.validation import parse_quantity
 
 Obj = Mapping[str, Any]
 
@@ -117,13 +122,62 @@ def why_not(pod: Obj, node: Obj) -> str | None:
     return None
 
 
-def feasible(pod: Obj, nodes: Iterable[Obj]) -> tuple[list[Obj], str]:
-    """(nodes the pod fits, the FitError message when there are none)."""
+def pod_requests(pod: Obj) -> dict[str, Decimal]:
+    """The summed container requests of a pod (init containers are not simulated)."""
+    total: dict[str, Decimal] = {}
+    for container in _spec(pod).get("containers") or []:
+        requests = (container.get("resources") or {}).get("requests") or {}
+        for key, value in requests.items():
+            amount = parse_quantity(value)
+            if amount is not None:
+                total[str(key)] = total.get(str(key), Decimal(0)) + amount
+    return total
+
+
+def occupies(pod: Obj) -> bool:
+    """Whether a pod holds its node's resources (bound, not finished, not deleted)."""
+    return bool(_spec(pod).get("nodeName")) \
+        and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed") \
+        and not (pod.get("metadata") or {}).get("deletionTimestamp")
+
+
+def insufficient(pod: Obj, node: Obj, bound: Iterable[Obj]) -> str | None:
+    """NodeResourcesFit: the first resource the pod's requests do not fit in (None: fits).
+
+    A node without `status.allocatable` for a resource is not limited in it."""
+    need = pod_requests(pod)
+    if not need:
+        return None
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    used: dict[str, Decimal] = {}
+    for other in bound:
+        for key, amount in pod_requests(other).items():
+            used[key] = used.get(key, Decimal(0)) + amount
+    for key in sorted(need):
+        if key not in allocatable:
+            continue
+        have = parse_quantity(allocatable[key])
+        if have is not None and used.get(key, Decimal(0)) + need[key] > have:
+            return f"Insufficient {key}"
+    return None
+
+
+def feasible(pod: Obj, nodes: Iterable[Obj],
+             pods: Iterable[Obj] = ()) -> tuple[list[Obj], str]:
+    """(nodes the pod fits, the FitError message when there are none). `pods`: every pod
+    in the cluster (those bound to a node use its allocatable)."""
     nodes = list(nodes)
+    by_node: dict[str, list[Obj]] = {}
+    for other in pods:
+        if occupies(other):
+            by_node.setdefault(str(_spec(other)["nodeName"]), []).append(other)
     fits: list[Obj] = []
     reasons: dict[str, int] = {}
     for node in nodes:
         reason = why_not(pod, node)
+        if reason is None:
+            name = str((node.get("metadata") or {}).get("name") or "")
+            reason = insufficient(pod, node, by_node.get(name, ()))
         if reason is None:
             fits.append(node)
         else:

@@ -102,7 +102,8 @@ class Simulator:
         for index, (name, labels) in enumerate(self.config.node_labels.items()):
             self.store.create(by_plural("nodes"),
                               node_object(name, labels, index, f"v{major}.{minor}.{patch}",
-                                          self.config.node_taints.get(name)))
+                                          self.config.node_taints.get(name),
+                                          self.config.node_allocatable.get(name)))
 
     def stop(self) -> None:
         """Close watches and connections, stop controllers, remove temporary files."""

@@ -145,3 +145,72 @@ def test_min_ready_declined_at_capacity(launchers: LauncherFactory,
     wait_for(lambda: not pending(), 10)
     assert not any(c.paused for c in launcher.component_cache.pools())
     assert counter.max_labels["small"] == 2
+
+
+POOL_MIN_READY = """
+labels:
+  - name: small
+providers:
+  - name: fake
+    driver: fake
+    pools:
+      - name: b
+        priority: 1
+        labels:
+          - name: small
+            type: namespace
+            launch-delay: 0.02
+      - name: a
+        priority: 2
+        labels:
+          - name: small
+            type: namespace
+            launch-delay: 0.02
+            min-ready: 2
+"""
+
+
+def pool_spares(client: KazooClient, pool: str) -> int:
+    count = 0
+    for child in client.get_children(paths.NODES):
+        try:
+            body = json.loads(client.get(paths.node_path(child))[0])
+        except NoNodeError:
+            continue
+        if body["state"] == model.READY and not body["allocated_to"] \
+                and body.get("pool") == pool:
+            count += 1
+    return count
+
+
+def test_pool_min_ready_builds_spares_in_that_pool_only(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient) -> None:
+    """Pool `a`'s `min-ready: 2` keeps two spares there, although the preferred pool `b`
+    serves the label too (it skips pool a's requests, never declines them); two launchers
+    create no duplicates; pool a's AtTarget reads TargetMet 2/2."""
+    counter = NodeCounter(kazoo_client)
+    first = launchers(POOL_MIN_READY)
+    second = launchers(POOL_MIN_READY)
+    settle(first, kazoo_client, 2)
+    settle(second, kazoo_client, 2)
+    assert pool_spares(kazoo_client, "a") == 2 and pool_spares(kazoo_client, "b") == 0
+    assert counter.max_labels["small"] == 2
+    assert first.min_ready.created + second.min_ready.created == 2
+
+    def at_target(launcher: Launcher) -> bool:
+        records = [r for r in launcher.engine.pool_statuses.items().values()
+                   if r.get("pool") == "a"]
+        return len(records) == 2 and all(
+            c["reason"] == "TargetMet" and "small 2/2" in c["message"]
+            for r in records for c in r["conditions"] if c["type"] == "AtTarget") \
+            and all(r["targets"]["small"] == {"wanted": 2, "spare": 2, "pool_level": 1}
+                    for r in records)
+    wait_for(lambda: at_target(first), 15, message="pool a AtTarget TargetMet 2/2")
+
+    # A build takes a spare of pool b's label... served by the preferred pool b (no spare
+    # there), while pool a keeps its two.
+    _, nodes = zuul.run_build(["small"])
+    node = zuul.get_node(nodes[0])
+    assert node is not None and node["pool"] == "b"
+    settle(first, kazoo_client, 2)
+    assert pool_spares(kazoo_client, "a") == 2 and pool_spares(kazoo_client, "b") == 0

@@ -40,10 +40,11 @@ from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.fingerprint import label_hash
-from nodepool_k8s.config.model import PoolLabel, ProviderConfig
+from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import (CloudResource, LaunchResult, LaunchSpec, Progress,
                                       Provider)
 from nodepool_k8s.driver.kubernetes import guards, manifests
+from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
 from nodepool_k8s.driver.kubernetes.client import KubeClient, Sleeper, connect
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
 from nodepool_k8s.driver.kubernetes.events import EventRecorder
@@ -138,6 +139,8 @@ class KubernetesProvider:
         self._pods: ObjectWatch | None = None
         self._namespaces: ObjectWatch | None = None
         self._events: EventRecorder | None = None
+        self._capacity: CapacityTracker | None = None
+        self._capacity_listeners: list[Callable[[], None]] = []
 
     @property
     def unschedulable_grace(self) -> float:
@@ -174,6 +177,16 @@ class KubernetesProvider:
             self._namespaces = watches["namespaces"]
             self._events = EventRecorder(client, self._clock)
             self._events.start()
+            if self.config.capacity_nodes or self.config.capacity_resource_quota:
+                tracker = CapacityTracker(
+                    client, self._clock, nodes=self.config.capacity_nodes,
+                    resource_quota=self.config.capacity_resource_quota,
+                    ours=lambda pod: self._ownership_problem(dict(pod)) is None,
+                    watch_timeout=self.settings.watch_timeout, tick=self.settings.wait_tick)
+                for listener in self._capacity_listeners:
+                    tracker.add_listener(listener)
+                tracker.start()
+                self._capacity = tracker
             log.info("Provider %s connected to %s (context %s)", self.name, client.host,
                      client.context)
 
@@ -181,7 +194,10 @@ class KubernetesProvider:
         with self._lock:
             client, watches = self._client, (self._pods, self._namespaces)
             events, self._events = self._events, None
+            capacity, self._capacity = self._capacity, None
             self._client = self._pods = self._namespaces = None
+        if capacity is not None:
+            capacity.stop()
         if events is not None:
             events.stop()
         for watch in watches:
@@ -191,10 +207,13 @@ class KubernetesProvider:
             client.close()
 
     def watches_synced(self) -> bool:
-        """True once the shared pod and namespace watches have listed once."""
+        """True once the shared pod and namespace watches (and the capacity watches, when
+        capacity awareness is on) have listed once."""
         with self._lock:
             watches = (self._pods, self._namespaces)
-        return all(w is not None and w.synced for w in watches)
+            capacity = self._capacity
+        return all(w is not None and w.synced for w in watches) \
+            and (capacity is None or capacity.synced)
 
     def _connected(self) -> tuple[KubeClient, ObjectWatch]:
         with self._lock:
@@ -554,10 +573,29 @@ class KubernetesProvider:
     def quota_for_label(self, label: PoolLabel) -> Resources:
         return label.quota()
 
-    def cloud_limits(self) -> Resources:
-        # Unknown = unlimited. Future: sum a configured namespace's ResourceQuota or the
-        # nodes' allocatable capacity.
-        return Resources.limits()
+    def cloud_limits(self, label: PoolLabel | None = None) -> Resources:
+        """Unlimited unless capacity awareness is on (`capacity`, see `capacity.py`):
+        without a label the ResourceQuota's hard ceiling, with one what fits now."""
+        with self._lock:
+            capacity = self._capacity
+        if capacity is None:
+            return Resources.limits()
+        return capacity.limits(label)
+
+    def capacity_condition(self, pool: PoolConfig) -> dict[str, Any] | None:
+        """The pool's `Capacity` condition (None: capacity awareness is off)."""
+        with self._lock:
+            capacity = self._capacity
+        if capacity is None:
+            return None
+        return capacity.condition(pool.labels.values())
+
+    def on_capacity_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (coalesced, on a watch thread) when capacity may have changed."""
+        with self._lock:
+            self._capacity_listeners.append(listener)
+            if self._capacity is not None:
+                self._capacity.add_listener(listener)
 
 
 def _validate(label: PoolLabel) -> None:

@@ -111,8 +111,12 @@ class ObjectWatch:
     def __init__(self, kind: str, client: KubeClient, list_fn: Callable[..., Any],
                  label_selector: str, clock: Clock, watch_timeout: int = 300,
                  tick: float | None = None, tombstones: int = 0,
-                 owned: Callable[[dict[str, Any]], bool] | None = None) -> None:
-        """`tombstones`: remember the uids of up to this many deleted objects (0: none), so
+                 owned: Callable[[dict[str, Any]], bool] | None = None,
+                 on_change: Callable[[dict[str, Any] | None, dict[str, Any] | None], None]
+                 | None = None) -> None:
+        """`on_change(old, new)`: called (outside the lock, on the watch thread) after every
+        applied ADDED/MODIFIED/DELETED event, and with (None, None) after every (re)list.
+        `tombstones`: remember the uids of up to this many deleted objects (0: none), so
         a waiter that arrives after the DELETED event can still tell the object is gone.
         `owned`: whether an object still carries the selected labels (a DELETED event for
         one that does not only means it left the selector, not that it is gone)."""
@@ -131,6 +135,7 @@ class ObjectWatch:
         self._tombstones: OrderedDict[Key, tuple[str, bool]] = OrderedDict()
         self._max_tombstones = max(0, int(tombstones))
         self._owned = owned
+        self._on_change = on_change
         self._stopped = threading.Event()
         self._synced = threading.Event()
         self._response: Any = None
@@ -165,6 +170,19 @@ class ObjectWatch:
     def get(self, namespace: str, name: str) -> dict[str, Any] | None:
         with self._lock:
             return self._objects.get((namespace, name))
+
+    def objects(self) -> list[dict[str, Any]]:
+        """A snapshot of every cached object."""
+        with self._lock:
+            return list(self._objects.values())
+
+    def _changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+        if self._on_change is None:
+            return
+        try:
+            self._on_change(old, new)
+        except Exception:  # noqa: BLE001 - a listener must not break the watch
+            log.exception("%s watch: change listener failed", self.kind)
 
     def tombstone(self, namespace: str, name: str) -> tuple[str, bool] | None:
         """(uid, confirmed) of the last deletion of (namespace, name) seen, if remembered."""
@@ -287,6 +305,7 @@ class ObjectWatch:
             for key in changed:
                 self._wake(key)
         self._synced.set()
+        self._changed(None, None)
         return str((body.get("metadata") or {}).get("resourceVersion") or "")
 
     def _watch(self, version: str) -> str:
@@ -330,12 +349,15 @@ class ObjectWatch:
             return new_version
         key = object_key(obj)
         with self._lock:
+            old = self._objects.get(key)
             if kind == "DELETED":
                 self._objects.pop(key, None)
                 self._bury(key, obj, confirmed=self.owns(obj))
             elif kind in ("ADDED", "MODIFIED"):
                 self._objects[key] = obj
             self._wake(key)
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._changed(old, None if kind == "DELETED" else obj)
         return new_version
 
 
