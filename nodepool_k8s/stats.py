@@ -56,6 +56,36 @@ def launch_keys(provider: str, requestor: str | None, result: str) -> list[str]:
     return keys
 
 
+def pool_status_gauges(record: Mapping[str, Any]) -> dict[str, float]:
+    """statsd gauges of one published pool status (see launcher/pool_status.py), in
+    Nodepool's naming style: `nodepool.pool.<provider>.<pool>.` + `condition.<Type>` (1 when
+    True), `usage.<scope>.<resource>`, `limit.<scope>.<resource>`, `nodes.<state>`,
+    `requests_queued`. Odd entries of the record are skipped."""
+    prefix = (f"nodepool.pool.{key_part(str(record.get('provider', '')))}"
+              f".{key_part(str(record.get('pool', '')))}")
+    out: dict[str, float] = {}
+    for cond in record.get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type"):
+            out[f"{prefix}.condition.{key_part(str(cond['type']))}"] = \
+                1.0 if cond.get("status") == "True" else 0.0
+    for row in record.get("usage") or []:
+        if not isinstance(row, dict):
+            continue
+        where = f"{key_part(str(row.get('scope', '')))}.{key_part(str(row.get('resource', '')))}"
+        for kind, value in (("usage", row.get("used")), ("limit", row.get("limit"))):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"{prefix}.{kind}.{where}"] = float(value)
+    nodes = record.get("nodes")
+    if isinstance(nodes, dict):
+        for state, count in nodes.items():
+            if isinstance(count, (int, float)) and not isinstance(count, bool):
+                out[f"{prefix}.nodes.{key_part(str(state))}"] = float(count)
+    queued = record.get("requests_queued")
+    if isinstance(queued, (int, float)) and not isinstance(queued, bool):
+        out[f"{prefix}.requests_queued"] = float(queued)
+    return out
+
+
 def launch_error_key(provider: str, reason: str) -> str:
     """A failed (or quota-aborted) launch by reason (`conditions.REASONS`, bounded)."""
     return f"nodepool.launch.provider.{key_part(provider)}.error.{key_part(reason)}"

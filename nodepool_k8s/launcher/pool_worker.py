@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import threading
 
-from nodepool_k8s import logconfig, model, quota
+from nodepool_k8s import logconfig, model, quota, stats
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher import drift, fleet, lifecycle, maintenance, plan, pool_status
@@ -328,6 +328,8 @@ class PoolWorker(Worker):
                 self._status_writer.write(data)
                 self._status.published(data, now)
                 self.published_status = data
+                # The same figures for statsd, as often as the record is written.
+                engine.stats.gauges(stats.pool_status_gauges(data))
             except errors.NodepoolError as exc:
                 self.log.warning("Could not publish the pool status: %s", exc)
                 return [now + 1.0]
