@@ -1,10 +1,10 @@
 """The status page the web app serves at `/`: one self-contained HTML document.
 
 Owns: the page's markup, style and script, as one constant. No external assets, no build
-step: the script fetches the JSON endpoints (`/pool-list`, `/request-list`) with
-`Accept: application/json` every few seconds and renders one card per running pool (its
-conditions, usage against limits, nodes by state, launches and queued requests, suspended
-labels) plus the request counts. The JSON endpoints stay the source of truth; the page
+step: the script fetches the JSON endpoints (`/pool-list`, `/request-list`, `/events`)
+with `Accept: application/json` every few seconds and renders one card per running pool
+(its conditions, usage against limits, nodes by state, launches and queued requests,
+suspended labels), the request counts and the most recent lifecycle events. The JSON endpoints stay the source of truth; the page
 only shows them, and shows the error when they fail. Readable on a phone (one column
 below 40em). Text is inserted with `textContent` only, never as HTML.
 """
@@ -47,6 +47,7 @@ td, th { text-align: left; padding: .15em .3em; border-bottom: 1px solid #eee; }
 .suspended { color: var(--bad); font-size: .9em; }
 #error { display: none; margin: 1em; padding: .8em; background: #fde8e8; color: var(--bad);
          border-radius: 6px; }
+#events-section { padding: 0 1em 1em; overflow-x: auto; } #events td { font-size: .85em; } #events-section h2 { font-size: 1.1em; }
 @media (max-width: 40em) { main { grid-template-columns: 1fr; padding: .5em; } }
 </style>
 </head>
@@ -55,9 +56,11 @@ td, th { text-align: left; padding: .15em .3em; border-bottom: 1px solid #eee; }
 <span id="updated"></span></header>
 <div id="error" role="alert"></div>
 <main id="pools"></main>
+<section id="events-section"><h2>Recent events</h2><table id="events"></table></section>
 <script>
 "use strict";
 const REFRESH_MS = 5000;
+const EVENTS_SHOWN = 20;
 function el(tag, cls, text) {
   const e = document.createElement(tag);
   if (cls) e.className = cls;
@@ -128,7 +131,21 @@ function poolCard(p) {
 async function refresh() {
   const err = document.getElementById("error");
   try {
-    const [pools, requests] = await Promise.all([getJSON("pool-list"), getJSON("request-list")]);
+    const [pools, requests, events] = await Promise.all(
+      [getJSON("pool-list"), getJSON("request-list"), getJSON("events")]);
+    const table = document.getElementById("events");
+    const header = el("tr");
+    for (const h of ["Time", "Kind", "Pool", "Node", "Reason", "Message"])
+      header.appendChild(el("th", null, h));
+    const rows = events.slice(-EVENTS_SHOWN).reverse().map((e) => {
+      const tr = el("tr");
+      for (const v of [e.when, e.kind, (e.provider || "") + (e.pool ? "/" + e.pool : ""),
+                       e.node, e.reason, e.message])
+        tr.appendChild(el("td", null, v == null ? "" : String(v)));
+      return tr;
+    });
+    table.replaceChildren(header, ...rows);
+    if (!rows.length) table.replaceChildren(el("tr", null, "No recent events."));
     const main = document.getElementById("pools");
     main.replaceChildren(...pools.map(poolCard));
     if (!pools.length) main.appendChild(el("p", "msg", "No pool is running."));

@@ -107,6 +107,10 @@ def test_page_renders_pools_in_chromium(launchers: LauncherFactory, zuul: ZuulCl
         assert "Suspended flaky: FakeFail" in dom
         assert "Validated: Valid" in dom and "Quota: Under" in dom
         assert "pool instances" in dom  # usage against max-servers
+        # Recent events, newest first: the failed launch of `flaky` in main is written to
+        # the event log at once.
+        events = dom[dom.index('id="events"'):]
+        assert "launch-failed" in events and "fake/main" in events, events[:3000]
         shot = os.environ.get("NODEPOOL_K8S_SCREENSHOT")
         if shot:
             browser(url, tmp_path, f"--screenshot={shot}", "--window-size=412,1100",
