@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Generic, Iterable, Iterator, Mapping, TypeVar, overload
 
@@ -172,6 +173,7 @@ def _fresh_defaults() -> dict[str, Any]:
 
 
 F = TypeVar("F")
+_MISSING: Any = object()
 
 
 class _Field(Generic[F]):
@@ -199,7 +201,9 @@ class _Field(Generic[F]):
     def __get__(self, obj: "Node | None", objtype: type | None = None) -> "F | _Field[F]":
         if obj is None:
             return self
-        value: F = obj.fields.get(self.key, self.default)
+        value: F = obj.fields.get(self.key, _MISSING)
+        if value is _MISSING:
+            return obj._default(self.key)  # type: ignore[no-any-return]
         return value
 
     def __set__(self, obj: "Node", value: F) -> None:
@@ -210,9 +214,49 @@ class _Field(Generic[F]):
 # node was built from (config/fingerprint.py), so a spare built from an older one is found.
 CONFIG_HASH = "config_hash"
 
+# The keys a summary keeps (`Node.from_dict(..., summary=True)`): what the engine's
+# decisions read from the node cache (state, state_time and type are always kept).
+SUMMARY_FIELDS = frozenset(("provider", "pool", "allocated_to", "tenant_name", "resources",
+                            "external_id", "hold_expiration", "launcher"))
+SUMMARY_EXTRA = frozenset((CONFIG_HASH,))
 
-@dataclass
+
+class SummaryError(ValueError):
+    """A node summary was asked for what it does not keep, or to be written."""
+
+
+def _interned(value: Any) -> Any:
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+class _SummaryExtra(dict[str, Any]):
+    """A summary's `extra`: read-only (a summary is never written), one shared empty one."""
+
+    __slots__ = ()
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise SummaryError("a node summary (the cache's) is read-only")
+
+    __setitem__ = __delitem__ = update = setdefault = pop = popitem = clear = _refuse
+
+
+_NO_EXTRA = _SummaryExtra()
+
+
+@dataclass(slots=True)
 class Node:
+    """A node record: the one type for nodes in every layer.
+
+    A whole record (`summary` False: from `zk.nodes`, listings, the CLI, the web app) keeps
+    every key and writes back unknown ones unchanged (`extra`). A summary (`summary` True:
+    the node cache's entries, ten thousand of them in a launcher) keeps only
+    `SUMMARY_FIELDS` and `SUMMARY_EXTRA` (all in `fields`, the values that are not None,
+    strings interned; its `extra` is an empty read-only dict shared by all summaries), so
+    it costs about what the cache's former slim class did. Reading another field of it
+    raises `SummaryError` and so does `to_dict`, so a summary is never written over the
+    whole record: decisions take candidates from the cache, then lock and re-read.
+    """
+
     id: str
     state: str = INIT
     state_time: float | None = None
@@ -220,6 +264,7 @@ class Node:
     fields: dict[str, Any] = field(default_factory=_fresh_defaults)
     extra: dict[str, Any] = field(default_factory=dict)
     version: int = -1
+    summary: bool = False
 
     # Every key of `_NODE_DEFAULTS` as a typed attribute over `fields` (a test checks that
     # none is missing). Types as `records.check_node` guarantees them for decoded records.
@@ -258,6 +303,16 @@ class Node:
     requestor = _Field[str | None]()
     node_properties = _Field[dict[str, Any] | None]()
 
+    def _default(self, key: str) -> Any:
+        """A field missing from `fields` (a summary's, or one removed by hand)."""
+        if self.summary and key not in SUMMARY_FIELDS:
+            raise SummaryError(f"node {self.id}: {key} is not kept in a node summary (the"
+                               " cache); read the node record")
+        default = _NODE_DEFAULTS[key]
+        if isinstance(default, (list, dict)):  # not shared between nodes
+            default = self.fields[key] = type(default)()
+        return default
+
     def set(self, **values: Any) -> "Node":
         for key, value in values.items():
             if key not in _NODE_DEFAULTS:
@@ -268,6 +323,12 @@ class Node:
     @property
     def label(self) -> str | None:
         return self.type[0] if self.type else None
+
+    @property
+    def config_hash(self) -> str | None:
+        """The label configuration's fingerprint the node was built from (`CONFIG_HASH`)."""
+        value = (self.fields if self.summary else self.extra).get(CONFIG_HASH)
+        return value if isinstance(value, str) else None
 
     # Lifecycle conditions live in the extra key `conditions` (see nodepool_k8s.conditions).
     @property
@@ -288,13 +349,16 @@ class Node:
         return failed.reason if failed else None
 
     @classmethod
-    def from_dict(cls, node_id: str, data: Mapping[str, Any], version: int = -1) -> "Node":
+    def from_dict(cls, node_id: str, data: Mapping[str, Any], version: int = -1,
+                  summary: bool = False) -> "Node":
         state = data.get("state")
         if state not in NODE_STATES:
             raise ValueError(f"unknown node state {state!r}")
         node_type = data.get("type") or []
         if isinstance(node_type, str):
             node_type = [node_type]
+        if summary:
+            return cls._summary(node_id, state, data, node_type, version)
         fields = _fresh_defaults()
         extra: dict[str, Any] = {}
         for key, value in data.items():
@@ -307,7 +371,24 @@ class Node:
         return cls(id=node_id, state=state, state_time=data.get("state_time"),
                    type=list(node_type), fields=fields, extra=extra, version=version)
 
+    @classmethod
+    def _summary(cls, node_id: str, state: str, data: Mapping[str, Any],
+                 node_type: list[str], version: int) -> "Node":
+        # Keys from the frozensets (shared strings), values other than the defaults (None)
+        # only: a summary is as small as the cache needs it.
+        fields = {key: _interned(data[key]) for key in SUMMARY_FIELDS
+                  if data.get(key) is not None}
+        for key in SUMMARY_EXTRA:  # kept in `fields` too: one dict per summary, not two
+            if isinstance(data.get(key), str):
+                fields[key] = data[key]
+        return cls(id=node_id, state=_interned(state), state_time=data.get("state_time"),
+                   type=list(tuple(_interned(t) for t in node_type)), fields=fields,
+                   extra=_NO_EXTRA, version=version, summary=True)
+
     def to_dict(self) -> dict[str, Any]:
+        if self.summary:
+            raise SummaryError(f"node {self.id}: a node summary (the cache's) is not a whole"
+                               " record and is never written; lock and re-read the node")
         data = dict(self.extra)
         data.update(self.fields)
         data["state"] = self.state

@@ -60,6 +60,32 @@ def test_node_has_a_typed_attribute_per_field_and_no_catch_all() -> None:
     assert node.to_dict()["unknown"] == 3 and node.to_dict()["id"] == "zuul-extra"
 
 
+def test_cache_summary_is_the_same_record_type_kept_small() -> None:
+    """The node cache keeps `model.Node` summaries: the decision fields only, slotted, and
+    never written back (reading a field it does not keep fails loudly)."""
+    record = dict(RECORDS[0], config_hash="abc", conditions=[{"type": "Ready"}])
+    whole = model.Node.from_dict("0000000001", record, version=3)
+    summary = model.Node.from_dict("0000000001", record, version=3, summary=True)
+    assert type(summary) is type(whole) is model.Node and summary.summary
+    assert not hasattr(summary, "__dict__")  # slotted
+    for key in model.SUMMARY_FIELDS:
+        assert getattr(summary, key) == getattr(whole, key), key
+    assert (summary.state, summary.state_time, summary.type, summary.version) == \
+        (whole.state, whole.state_time, whole.type, whole.version)
+    assert summary.label == "namespace" and summary.config_hash == "abc" == whole.config_hash
+    assert not summary.extra and summary.conditions == []
+    assert "hostname" not in summary.fields
+    with pytest.raises(model.SummaryError):
+        summary.extra["x"] = 1  # read-only, shared
+    with pytest.raises(model.SummaryError):
+        summary.hostname
+    with pytest.raises(model.SummaryError):
+        summary.to_dict()
+    assert whole.to_dict()["unknown"] == 3  # the whole record still round-trips
+    bare = model.Node.from_dict("0000000002", {"state": "ready"}, summary=True)
+    assert bare.provider is None and bare.fields == {} and bare.config_hash is None
+
+
 def test_render_table_layout() -> None:
     rows = [{"a": "x", "b": None}, {"a": "longer", "b": ["p", "q"]}]
     text = status.render_table(rows, (("A", "a"), ("Bee", "b")))
