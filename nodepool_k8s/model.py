@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Generic, Iterable, Iterator, Mapping, TypeVar, overload
 
@@ -160,6 +161,14 @@ _NODE_DEFAULTS: dict[str, Any] = {
 # empty list, and an empty dict for `node_properties` (copied into Ansible variables).
 
 
+# The fields the engine reads of every cached node (quota sums, cleanup, reuse, gauges):
+# slots of `Node` (C-speed attributes) rather than entries of `Node.fields`, and all that a
+# summary (the node cache's record) keeps besides the state, its time and the type.
+SLOT_FIELDS = ("provider", "pool", "allocated_to", "tenant_name", "resources", "external_id",
+               "hold_expiration", "launcher")
+_SLOT_SET = frozenset(SLOT_FIELDS)
+_NODE_KEYS = tuple(_NODE_DEFAULTS)
+
 _MUTABLE_DEFAULTS = tuple((k, type(v)) for k, v in _NODE_DEFAULTS.items()
                           if isinstance(v, (list, dict)))
 # Keys of a node record that are not in `fields` (nor in `extra`).
@@ -168,13 +177,14 @@ _NODE_OWN_KEYS = frozenset(("state", "state_time", "type", "ssh_port"))
 
 def _fresh_defaults() -> dict[str, Any]:
     """A copy of the defaults whose list/dict values are not shared between nodes."""
-    fields = dict(_NODE_DEFAULTS)
+    fields = {k: v for k, v in _NODE_DEFAULTS.items() if k not in _SLOT_SET}
     for key, kind in _MUTABLE_DEFAULTS:
         fields[key] = kind()
     return fields
 
 
 F = TypeVar("F")
+_MISSING: Any = object()
 
 
 class _Field(Generic[F]):
@@ -202,7 +212,9 @@ class _Field(Generic[F]):
     def __get__(self, obj: "Node | None", objtype: type | None = None) -> "F | _Field[F]":
         if obj is None:
             return self
-        value: F = obj.fields.get(self.key, self.default)
+        value: F = obj.fields.get(self.key, _MISSING)
+        if value is _MISSING:
+            return obj._default(self.key)  # type: ignore[no-any-return]
         return value
 
     def __set__(self, obj: "Node", value: F) -> None:
@@ -213,9 +225,50 @@ class _Field(Generic[F]):
 # node was built from (config/fingerprint.py), so a spare built from an older one is found.
 CONFIG_HASH = "config_hash"
 
+# The keys a summary keeps (`Node.from_dict(..., summary=True)`): what the engine's
+# decisions read from the node cache (state, state_time and type are always kept).
+SUMMARY_FIELDS = _SLOT_SET
+SUMMARY_EXTRA = frozenset((CONFIG_HASH,))
 
-@dataclass
+
+class SummaryError(ValueError):
+    """A node summary was asked for what it does not keep, or to be written."""
+
+
+def _interned(value: Any) -> Any:
+    return sys.intern(value) if isinstance(value, str) else value
+
+
+class _SummaryExtra(dict[str, Any]):
+    """A summary's `extra`: read-only (a summary is never written), one shared empty one."""
+
+    __slots__ = ()
+
+    def _refuse(self, *_: Any, **__: Any) -> Any:
+        raise SummaryError("a node summary (the cache's) is read-only")
+
+    __setitem__ = __delitem__ = _refuse
+    update = setdefault = pop = popitem = clear = _refuse
+
+
+_NO_EXTRA = _SummaryExtra()  # every summary's `fields` and `extra`
+
+
+@dataclass(slots=True)
 class Node:
+    """A node record: the one type for nodes in every layer.
+
+    A whole record (`summary` False: from `zk.nodes`, listings, the CLI, the web app) keeps
+    every key and writes back unknown ones unchanged (`extra`). A summary (`summary` True:
+    the node cache's entries, ten thousand of them in a launcher) keeps only
+    `SUMMARY_FIELDS` (the slot fields, strings interned) and `SUMMARY_EXTRA` (the config
+    hash, in `summary_hash`); its `fields` and `extra` are one empty read-only dict shared
+    by all summaries, so it costs no more than the cache's former slim class did. Reading
+    another field of it raises `SummaryError` and so does `to_dict`, so a summary is never
+    written over the whole record: decisions take candidates from the cache, then lock and
+    re-read. The fields every decision reads (`SLOT_FIELDS`) are slots of every node.
+    """
+
     id: str
     state: str = INIT
     state_time: float | None = None
@@ -223,13 +276,22 @@ class Node:
     fields: dict[str, Any] = field(default_factory=_fresh_defaults)
     extra: dict[str, Any] = field(default_factory=dict)
     version: int = -1
+    summary: bool = False
+    # SLOT_FIELDS: typed slots (the other fields are `_Field`s over `fields`).
+    provider: str | None = None
+    pool: str | None = None
+    allocated_to: str | None = None
+    tenant_name: str | None = None
+    resources: dict[str, float] | None = None
+    external_id: str | None = None
+    hold_expiration: float | None = None
+    launcher: str | None = None
+    # A summary's `config_hash` (a whole record keeps it in `extra`, see the property).
+    summary_hash: str | None = field(default=None, repr=False)
 
     # Every key of `_NODE_DEFAULTS` as a typed attribute over `fields` (a test checks that
     # none is missing). Types as `records.check_node` guarantees them for decoded records.
     cloud = _Field[str | None]()
-    provider = _Field[str | None]()
-    pool = _Field[str | None]()
-    allocated_to = _Field[str | None]()
     az = _Field[str | None]()
     region = _Field[str | None]()
     public_ipv4 = _Field[str | None]()
@@ -240,9 +302,7 @@ class Node:
     # An int (SSH) or, for Kubernetes nodes, a dict with the API endpoint and token.
     connection_port = _Field[Any]()
     image_id = _Field[str | None]()
-    launcher = _Field[str | None]()
     created_time = _Field[float | None]()
-    external_id = _Field[str | None]()
     hostname = _Field[str | None]()
     comment = _Field[str | None]()
     user_data = _Field[Any]()
@@ -251,26 +311,44 @@ class Node:
     username = _Field[str | None]()
     connection_type = _Field[str | None]()
     shell_type = _Field[str | None]()
-    hold_expiration = _Field[float | None]()
-    resources = _Field[dict[str, float] | None]()
     slot = _Field[Any]()
     attributes = _Field[dict[str, Any] | None]()
     python_path = _Field[str | None]()
-    tenant_name = _Field[str | None]()
     driver_data = _Field[Any]()
     requestor = _Field[str | None]()
     node_properties = _Field[dict[str, Any] | None]()
+
+    def _default(self, key: str) -> Any:
+        """A field missing from `fields` (a summary's, or one removed by hand)."""
+        if self.summary:
+            raise SummaryError(f"node {self.id}: {key} is not kept in a node summary (the"
+                               " cache); read the node record")
+        default = _NODE_DEFAULTS[key]
+        if isinstance(default, (list, dict)):  # not shared between nodes
+            default = self.fields[key] = type(default)()
+        return default
 
     def set(self, **values: Any) -> "Node":
         for key, value in values.items():
             if key not in _NODE_DEFAULTS:
                 raise KeyError(f"unknown node field {key!r}")
-            self.fields[key] = value
+            if key in _SLOT_SET:
+                setattr(self, key, value)
+            else:
+                self.fields[key] = value
         return self
 
     @property
     def label(self) -> str | None:
         return self.type[0] if self.type else None
+
+    @property
+    def config_hash(self) -> str | None:
+        """The label configuration's fingerprint the node was built from (`CONFIG_HASH`)."""
+        if self.summary:
+            return self.summary_hash
+        value = self.extra.get(CONFIG_HASH)
+        return value if isinstance(value, str) else None
 
     # Lifecycle conditions live in the extra key `conditions` (see nodepool_k8s.conditions).
     @property
@@ -291,28 +369,52 @@ class Node:
         return failed.reason if failed else None
 
     @classmethod
-    def from_dict(cls, node_id: str, data: Mapping[str, Any], version: int = -1) -> "Node":
+    def from_dict(cls, node_id: str, data: Mapping[str, Any], version: int = -1,
+                  summary: bool = False) -> "Node":
         state = data.get("state")
         if state not in NODE_STATES:
             raise ValueError(f"unknown node state {state!r}")
         node_type = data.get("type") or []
         if isinstance(node_type, str):
             node_type = [node_type]
+        if summary:
+            return cls._summary(node_id, state, data, node_type, version)
         fields = _fresh_defaults()
         extra: dict[str, Any] = {}
+        slots: dict[str, Any] = {}
         for key, value in data.items():
             if key in fields:
                 fields[key] = value
+            elif key in _SLOT_SET:
+                slots[key] = value
             elif key not in _NODE_OWN_KEYS:
                 extra[key] = value
         if "connection_port" not in data and "ssh_port" in data:
             fields["connection_port"] = data["ssh_port"]
         return cls(id=node_id, state=state, state_time=data.get("state_time"),
-                   type=list(node_type), fields=fields, extra=extra, version=version)
+                   type=list(node_type), fields=fields, extra=extra, version=version,
+                   **slots)
+
+    @classmethod
+    def _summary(cls, node_id: str, state: str, data: Mapping[str, Any],
+                 node_type: list[str], version: int) -> "Node":
+        slots = {key: _interned(data[key]) for key in SLOT_FIELDS if key in data}
+        config_hash = data.get(CONFIG_HASH)
+        return cls(id=node_id, state=_interned(state), state_time=data.get("state_time"),
+                   type=list(tuple(_interned(t) for t in node_type)), fields=_NO_EXTRA,
+                   extra=_NO_EXTRA, version=version, summary=True,
+                   summary_hash=sys.intern(config_hash) if isinstance(config_hash, str)
+                   else None, **slots)
 
     def to_dict(self) -> dict[str, Any]:
+        if self.summary:
+            raise SummaryError(f"node {self.id}: a node summary (the cache's) is not a whole"
+                               " record and is never written; lock and re-read the node")
         data = dict(self.extra)
-        data.update(self.fields)
+        fields = self.fields
+        for key in _NODE_KEYS:  # the protocol's key order, as Nodepool writes it
+            data[key] = getattr(self, key) if key in _SLOT_SET else \
+                fields.get(key, _NODE_DEFAULTS[key])
         data["state"] = self.state
         data["state_time"] = self.state_time
         data["type"] = list(self.type)

@@ -42,7 +42,7 @@ def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: 
     provider_nodes = GaugeMetricFamily("nodepool_provider_nodes",
                                        "Nodes by provider and state.",
                                        labels=["provider", "state"])
-    by_provider = Counter((v.node.fields.get("provider") or "", v.node.state) for v in views)
+    by_provider = Counter((v.node.provider or "", v.node.state) for v in views)
     for (provider, state), count in sorted(by_provider.items()):
         provider_nodes.add_metric([str(provider), state], count)
     out.append(provider_nodes)

@@ -114,39 +114,40 @@ def node_row(view: NodeView, now: float,
     (the loaded configuration's), `drifted` says whether the node was built from another
     configuration of its label (None: unknown)."""
     n = view.node
-    # Direct dict reads (cheaper than the typed attributes when listing 10,000 nodes):
-    # every field but connection_port defaults to None, so `.get` gives the same values.
+    # Slot fields as attributes; the others as direct dict reads (cheaper than the typed
+    # attributes when listing 10,000 nodes): every field but connection_port defaults to
+    # None, so `.get` gives the same values.
     f = n.fields.get
     return {
         "id": n.id,
-        "provider": f("provider"),
+        "provider": n.provider,
         "label": list(n.type),
-        "server_id": f("external_id"),
+        "server_id": n.external_id,
         "public_ipv4": f("public_ipv4"),
         "ipv6": f("public_ipv6"),
         "state": n.state,
         "age": age(n.state_time, now),
         "locked": "locked" if view.locked else "unlocked",
-        "pool": f("pool"),
+        "pool": n.pool,
         "hostname": f("hostname"),
         "private_ipv4": f("private_ipv4"),
         "AZ": f("az"),
         "username": f("username"),
         "connection_port": redact_port(n.connection_port),
-        "launcher": f("launcher"),
-        "allocated_to": f("allocated_to"),
+        "launcher": n.launcher,
+        "allocated_to": n.allocated_to,
         "hold_job": f("hold_job"),
         "comment": f("comment"),
         "user_data": f("user_data"),
         "driver_data": f("driver_data"),
         "token_expires": token_expiry(n.extra.get("token_expires")),
         "drifted": None if hashes is None else fingerprint.drifted(
-            f("provider"), f("pool"), n.label, n.extra.get(CONFIG_HASH), hashes),
+            n.provider, n.pool, n.label, n.extra.get(CONFIG_HASH), hashes),
         # Extensions beyond Nodepool's columns; harmless for its consumers.
         "connection_type": f("connection_type"),
-        "tenant_name": f("tenant_name"),
+        "tenant_name": n.tenant_name,
         "state_time": n.state_time,
-        "resources": f("resources"),
+        "resources": n.resources,
         "host_id": f("host_id"),
         "reason": failure_reason(n.extra.get("conditions")),
     }

@@ -6,8 +6,9 @@ a copy re-read after locking, with a versioned write; the lock is then released.
 
 - `delete`: lock (waiting up to `--lock-timeout`, 5 s), write `deleting`, unlock; the
   launcher serving the node's provider deletes the resource and the znode (it removes
-  unlocked `deleting` nodes). `--now` does that work here instead: the provider is built
-  from the configuration, the resource deleted, then the znode removed with its lock. A
+  unlocked `deleting` nodes). `--now` does that work here instead, with the launcher's own
+  protocol (`launcher.deleter.delete_locked`): the provider is built from the
+  configuration, the resource deleted, then the znode removed with its lock. A
   resource that is not provably this installation's (and this node's) is not touched: the
   reason is written to the record as `delete_refused`, the command says so on stderr, and
   the znode is removed all the same (exactly what the launcher does).
@@ -35,13 +36,16 @@ from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.common import CliError, Session
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver import registry
+from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.exceptions import NodepoolError, NotFound, NotOwned
+from nodepool_k8s.launcher import deleter
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk import admin, paths
 from nodepool_k8s.zk.locks import HeldLock
 
 GONE_STATES = (model.DELETING, model.DELETED)
 DEFAULT_HOLD_REASON = "held with nodepool hold"
+NOW_REASON = "deleted with nodepool delete --now"
 
 
 @dataclass
@@ -145,41 +149,54 @@ def _provider_config(s: Session, node: Node) -> ProviderConfig | None:
 
 
 def _delete_now(s: Session, locked: Locked) -> None:
-    """The launcher's deletion, in the foreground: `deleting`, resource, znode."""
+    """The launcher's deletion protocol (`launcher.deleter.delete_locked`), in the
+    foreground: `deleting`, resource, znode."""
     node = locked.node
     provider_config = _provider_config(s, node)
-    if provider_config is not None:
-        if node.state != model.DELETING:
-            # Recorded first, so a failure below leaves a node its launcher finishes.
-            _mark(node, model.DELETING)
-            s.nodes.store(node, locked.lock)
-        refused = _delete_resource(provider_config, node)
-        if refused is not None:
-            common.warn(f"node {node.id}: NOT deleting {node.external_id} of provider"
-                        f" {node.provider}: {refused}; only the node record is removed")
-            node.extra["delete_refused"] = refused
-            s.nodes.store(node, locked.lock)
-    if not s.nodes.delete(node, locked.lock):
+    resource = _Resource(provider_config, node.id) if provider_config is not None else None
+    try:
+        done = deleter.delete_locked(s.nodes, node, locked.lock, resource, now=common.now,
+                                     reason=NOW_REASON)
+    finally:
+        if resource is not None:
+            resource.stop()
+    if done.refused is not None:
+        common.warn(f"node {node.id}: NOT deleting {node.external_id} of provider"
+                    f" {node.provider}: {done.refused}; only the node record is removed")
+    if done.removal is deleter.Removal.CONTENDED:
         common.warn(f"node {node.id}: other clients keep contending for its lock; it is left"
                     " in state deleted for a launcher to remove")
     _mark(node, model.DELETED)
 
 
-def _delete_resource(config: ProviderConfig, node: Node) -> str | None:
-    """Delete the node's resource; the reason when it is not ours (then nothing is deleted)."""
-    assert node.external_id, "_provider_config returns None for a node without one"
-    provider = registry.make_provider(config)
-    try:
-        provider.start()
-        provider.delete(node.external_id, node_id=node.id)
-    except NotOwned as exc:
-        return str(exc)
-    except NodepoolError as exc:  # the driver contract: TemporaryError (or a config error)
-        raise CliError(f"could not delete {node.external_id} of node {node.id} ({exc}); the"
-                       f" node stays in state deleting and its launcher retries") from exc
-    finally:
-        provider.stop()
-    return None
+class _Resource:
+    """The node's provider, built from the configuration and started on first use; its
+    errors other than `NotOwned` become a `CliError` (the node stays `deleting`)."""
+
+    def __init__(self, config: ProviderConfig, node_id: str) -> None:
+        self._config = config
+        self._node_id = node_id
+        self._provider: Provider | None = None
+        self._started = False
+
+    def delete(self, external_id: str, node_id: str | None = None) -> None:
+        if self._provider is None:
+            self._provider = registry.make_provider(self._config)
+        try:
+            if not self._started:
+                self._started = True
+                self._provider.start()
+            self._provider.delete(external_id, node_id=node_id)
+        except NotOwned:
+            raise
+        except NodepoolError as exc:  # the driver contract: TemporaryError (or config error)
+            raise CliError(f"could not delete {external_id} of node {self._node_id} ({exc});"
+                           " the node stays in state deleting and its launcher retries"
+                           ) from exc
+
+    def stop(self) -> None:
+        if self._provider is not None:
+            self._provider.stop()
 
 
 # -- hold --------------------------------------------------------------------------------------

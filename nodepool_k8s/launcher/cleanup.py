@@ -21,19 +21,23 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Callable
+from typing import Callable, Protocol
 
 from nodepool_k8s import logconfig, model
 from nodepool_k8s.exceptions import TemporaryError
+from nodepool_k8s.clock import Clock
+from nodepool_k8s.config.model import Config
 from nodepool_k8s.launcher import plan
-from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.deleter import NodeDeleter
-from nodepool_k8s.launcher.leaks import LeakSweeper
+from nodepool_k8s.launcher.leaks import LeakDeps, LeakSweeper
 from nodepool_k8s.launcher.worker import Worker
 from nodepool_k8s.model import Node
+from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk import errors, locks, paths
-from nodepool_k8s.zk.cache import CacheEvent
+from nodepool_k8s.zk.cache import CacheEvent, RequestCache
+from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.requests import RequestStore
 from nodepool_k8s.zk.txn import Txn
 
 # The earliest a timed cleanup pass follows the previous one (seconds).
@@ -43,8 +47,36 @@ OWN_LOCK_STATES = frozenset({model.INIT, model.BUILDING, model.DELETING, model.D
                              model.ABORTED, model.FAILED})
 
 
+class CleanupDeps(LeakDeps, Protocol):
+    """What cleanup uses of the launcher's shared state (`context.Engine` is one)."""
+
+    @property
+    def zk(self) -> ZkClient: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def acting(self) -> bool: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
+
+    @property
+    def request_cache(self) -> RequestCache: ...
+
+    @property
+    def requests(self) -> RequestStore: ...
+
+
 class CleanupWorker(Worker):
-    def __init__(self, engine: Engine, deleter: NodeDeleter) -> None:
+    def __init__(self, engine: CleanupDeps, deleter: NodeDeleter) -> None:
         super().__init__("CleanupWorker", engine.clock, engine.stats.thread_crashed)
         self.engine = engine
         self.deleter = deleter

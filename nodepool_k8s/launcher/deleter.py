@@ -22,21 +22,27 @@ deadline that nothing will act on.
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Mapping, Protocol
 
 from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig, model
 from nodepool_k8s.exceptions import NotOwned, TemporaryError, ZkSessionLost
 from nodepool_k8s.launcher import lifecycle
-from nodepool_k8s.launcher.context import Engine
-from nodepool_k8s.launcher.settings import next_backoff
+from nodepool_k8s.clock import Clock
+from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.launcher.settings import EngineSettings, next_backoff
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk.errors import ZkConnectionError
+from nodepool_k8s.stats import Stats
+from nodepool_k8s.zk.events import EventLog
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.nodes import NodeStore
 
 log = logging.getLogger("nodepool_k8s.NodeDeleter")
 
@@ -60,8 +66,99 @@ class Retry:
     delay: float
 
 
+class Removal(enum.Enum):
+    """How `delete_locked` ended."""
+
+    DELETED = "deleted"  # the resource (if any) is gone and so is the znode
+    REFUSED = "refused"  # the resource is not ours: left alone; the znode is gone
+    CONTENDED = "contended"  # the resource is handled; the znode stays (state deleted)
+
+
+@dataclass(frozen=True)
+class Deletion:
+    removal: Removal
+    refused: str | None = None  # why the resource was not touched (`NotOwned`)
+
+
+class NodeWrites(Protocol):
+    """The node store's writes the deletion protocol makes (`zk.nodes.NodeStore`)."""
+
+    def store(self, node: Node, held: HeldLock) -> None: ...
+
+    def delete(self, node: Node, held: HeldLock, attempts: int = ...) -> bool: ...
+
+
+class ResourceDeleter(Protocol):
+    """Deletes a node's cloud resource (`driver.base.Provider.delete`): returns once it is
+    gone, raises `NotOwned` for a resource that is not provably ours (untouched)."""
+
+    def delete(self, external_id: str, node_id: str | None = None) -> None: ...
+
+
+def delete_locked(nodes: NodeWrites, node: Node, lock: HeldLock,
+                  resource: ResourceDeleter | None, *, now: Callable[[], float],
+                  reason: str) -> Deletion:
+    """The node deletion protocol, for a node we hold locked (freshly read): the launcher's
+    deleter and `nodepool delete --now` both run it.
+
+    With `resource` (the node's provider): write `deleting` (with the `Deleting` condition)
+    unless already there, delete the resource, on `NotOwned` write the reason as
+    `delete_refused` (and `Deleting` False/NotOwned) and leave the resource alone. Then remove
+    the znode with its lock. Without `resource` only the znode is removed. Errors of the
+    resource deletion (`TemporaryError`: not confirmed gone) propagate with the node left in
+    `deleting`; the caller decides about retries.
+    """
+    refused: str | None = None
+    if resource is not None:
+        if node.state != model.DELETING:
+            # Recorded first, so a failure below leaves a node its launcher finishes.
+            node.state, node.state_time = model.DELETING, now()
+            lifecycle.mark_deleting(node, node.state_time, reason)
+            nodes.store(node, lock)
+        if node.external_id:
+            try:
+                resource.delete(node.external_id, node_id=node.id)
+            except NotOwned as exc:
+                refused = str(exc)
+                node.extra["delete_refused"] = refused
+                node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, "NotOwned",
+                                                  refused, now()))
+                nodes.store(node, lock)
+    if not nodes.delete(node, lock):
+        return Deletion(Removal.CONTENDED, refused)
+    return Deletion(Removal.DELETED if refused is None else Removal.REFUSED, refused)
+
+
+class DeleterDeps(Protocol):
+    """What the deleter uses of the launcher's shared state (`context.Engine` is one)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def settings(self) -> EngineSettings: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
+
+    @property
+    def acting(self) -> bool: ...
+
+    @property
+    def nodes(self) -> NodeStore: ...
+
+    @property
+    def providers(self) -> Mapping[str, Provider]: ...
+
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def events(self) -> EventLog: ...
+
+
 class NodeDeleter:
-    def __init__(self, engine: Engine, workers: int,
+    def __init__(self, engine: DeleterDeps, workers: int,
                  on_done: Callable[[], None] = lambda: None) -> None:
         self.engine = engine
         self._executor = ThreadPoolExecutor(max_workers=workers,
@@ -192,37 +289,29 @@ class NodeDeleter:
             provider = engine.providers.get(node.provider)
             if provider is None:
                 return True  # not one of ours (any more)
-            if node.state != model.DELETING:
-                node.state, node.state_time = model.DELETING, engine.clock.time()
-                lifecycle.mark_deleting(node, node.state_time, reason)
-                engine.nodes.store(node, lock)
-            refused = False
-            if node.external_id:
-                try:
-                    provider.delete(node.external_id, node_id=node.id)
-                except NotOwned as exc:
-                    # Never retried and never deleted: drop the record, keep the reason.
-                    nlog.warning("Refusing to delete %s of provider %s (%s); removing the node"
-                                 " record only", node.external_id, node.provider, exc)
-                    node.extra["delete_refused"] = str(exc)
-                    node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, "NotOwned",
-                                                      str(exc), engine.clock.time()))
-                    engine.nodes.store(node, lock)
-                    engine.stats.delete_refused(node.provider)
-                    refused = True
-                except TemporaryError as exc:
-                    nlog.warning("Could not delete %s yet (%s); will retry",
-                                 node.external_id, exc)
-                    lifecycle.note_delete_failed(engine, node, lock, str(exc))
-                    return False
-            if not engine.nodes.delete(node, lock):
+            try:
+                done = delete_locked(engine.nodes, node, lock, provider,
+                                     now=engine.clock.time, reason=reason)
+            except (ZkSessionLost, ZkConnectionError):
+                raise  # ZooKeeper, not the resource: interrupted (see _delete_node)
+            except TemporaryError as exc:
+                nlog.warning("Could not delete %s yet (%s); will retry", node.external_id, exc)
+                lifecycle.note_delete_failed(engine.nodes, node, lock, str(exc),
+                                             engine.clock.time())
+                return False
+            refused = done.refused is not None
+            if refused:
+                # Never retried and never deleted: the record is dropped, the reason kept.
+                nlog.warning("Refusing to delete %s of provider %s (%s); removing the node"
+                             " record only", node.external_id, node.provider, done.refused)
+                engine.stats.delete_refused(node.provider)
+            if done.removal is Removal.CONTENDED:
                 nlog.info("Node is contended; left in state deleted for the next pass")
                 return False
             with self._lock:
                 self.deleted += 1
                 self.refused += int(refused)
-            lifecycle.record_deleted(engine.events, node, reason,
-                                     node.extra.get("delete_refused") if refused else None)
+            lifecycle.record_deleted(engine.events, node, reason, done.refused)
             if not refused:
                 lifecycle.report_deleted(engine.stats, engine.events, node)
             if refused:

@@ -24,7 +24,7 @@ from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import DriftBudget, MaintenanceWindow, PoolConfig
 from nodepool_k8s.launcher import fleet, maintenance
 from nodepool_k8s.launcher.context import Engine
-from nodepool_k8s.zk.cache import CachedNode
+from nodepool_k8s.model import Node
 
 log = logging.getLogger("nodepool_k8s.drift")
 
@@ -39,7 +39,7 @@ def current_hashes(pool: PoolConfig) -> dict[str, str]:
     return {name: label_hash(label, pool) for name, label in pool.labels.items()}
 
 
-def is_drifted(node: CachedNode, hashes: dict[str, str]) -> bool:
+def is_drifted(node: Node, hashes: dict[str, str]) -> bool:
     """Built from another configuration of a label the pool still has."""
     wanted = hashes.get(node.label or "")
     return node.config_hash is not None and wanted is not None and node.config_hash != wanted

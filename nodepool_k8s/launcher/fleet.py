@@ -17,7 +17,7 @@ from nodepool_k8s import model
 from nodepool_k8s.config.model import PoolConfig
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher import maintenance
-from nodepool_k8s.zk.cache import CachedNode
+from nodepool_k8s.model import Node
 from nodepool_k8s.zk.pool_state import DRAIN, PoolState, strongest
 
 log = logging.getLogger("nodepool_k8s.fleet")
@@ -35,12 +35,12 @@ def control(engine: Engine, provider: str, pool: PoolConfig) -> PoolState | None
     return strongest(found)
 
 
-def is_spare(node: CachedNode, locked: bool) -> bool:
+def is_spare(node: Node, locked: bool) -> bool:
     """Ready, not allocated to a request, not locked (Zuul holds the lock while in use)."""
     return node.state == model.READY and not node.allocated_to and not locked
 
 
-def spares(engine: Engine, provider: str, pool: str) -> list[CachedNode]:
+def spares(engine: Engine, provider: str, pool: str) -> list[Node]:
     cache = engine.node_cache
     return [n for n in cache.nodes() if n.provider == provider and n.pool == pool
             and is_spare(n, cache.is_locked(n.id))]

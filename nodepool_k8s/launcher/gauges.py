@@ -37,7 +37,7 @@ from nodepool_k8s.config.model import Config
 from nodepool_k8s.model import NODE_STATES, NodeRequest
 from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.cache import Component, ComponentCache, NodeCache, RequestCache
+from nodepool_k8s.zk.cache import Component
 from nodepool_k8s.zk.client import ConnectionState, ZkClient
 from nodepool_k8s.zk.election import Election, Term
 
@@ -62,6 +62,24 @@ class NodeFacts(Protocol):
 
     @property
     def type(self) -> Sequence[str]: ...
+
+
+class NodeSource(Protocol):
+    """The node records a gauge report counts (`zk.cache.NodeCache`)."""
+
+    def nodes(self) -> Iterable[NodeFacts]: ...
+
+
+class RequestSource(Protocol):
+    """The node requests a gauge report counts (`zk.cache.RequestCache`)."""
+
+    def requests(self) -> Iterable[NodeRequest]: ...
+
+
+class PoolSource(Protocol):
+    """The registered pool components (`zk.cache.ComponentCache`)."""
+
+    def pools(self) -> Iterable[Component]: ...
 
 
 def global_gauges(nodes: Iterable[NodeFacts], requests: Iterable[NodeRequest],
@@ -112,8 +130,8 @@ def config_gauges(config: Config) -> dict[str, float]:
 class GaugeReporter:
     """The `StatsWorker` thread: contends for the stats election and reports while leader."""
 
-    def __init__(self, zk: ZkClient, stats_: Stats, nodes: NodeCache,
-                 requests: RequestCache, components: ComponentCache,
+    def __init__(self, zk: ZkClient, stats_: Stats, nodes: NodeSource,
+                 requests: RequestSource, components: PoolSource,
                  identifier: str | None = None, min_interval: float = MIN_INTERVAL) -> None:
         self.zk = zk
         self.stats = stats_

@@ -15,22 +15,43 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Sequence
+from typing import Mapping, Protocol, Sequence
 
 from nodepool_k8s import model
 from nodepool_k8s.launcher import plan
-from nodepool_k8s.driver.base import CloudResource
+from nodepool_k8s.config.model import ProviderConfig
+from nodepool_k8s.driver.base import CloudResource, Provider
 from nodepool_k8s.exceptions import NodepoolError
-from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.deleter import NodeDeleter
+from nodepool_k8s.launcher.settings import EngineSettings
+from nodepool_k8s.zk.cache import NodeCache
+from nodepool_k8s.zk.nodes import NodeStore
 
 log = logging.getLogger("nodepool_k8s.LeakSweeper")
 
 IN_PROGRESS = frozenset({model.INIT, model.BUILDING})
 
 
+class LeakDeps(Protocol):
+    """What the leak sweep uses of the launcher's shared state (`context.Engine` is one)."""
+
+    @property
+    def settings(self) -> EngineSettings: ...
+
+    @property
+    def providers(self) -> Mapping[str, Provider]: ...
+
+    @property
+    def node_cache(self) -> NodeCache: ...
+
+    @property
+    def nodes(self) -> NodeStore: ...
+
+    def provider_config(self, name: str | None) -> ProviderConfig | None: ...
+
+
 class LeakSweeper:
-    def __init__(self, engine: Engine, deleter: NodeDeleter) -> None:
+    def __init__(self, engine: LeakDeps, deleter: NodeDeleter) -> None:
         self.engine = engine
         self.deleter = deleter
         # (provider, external id) -> (first sighting, number of sweeps it was seen leaked)

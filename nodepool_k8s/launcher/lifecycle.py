@@ -9,7 +9,7 @@ planner's decline messages to bounded reason codes.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nodepool_k8s import conditions as cond
 from nodepool_k8s.model import Node, NodeRequest
@@ -17,9 +17,7 @@ from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock
-
-if TYPE_CHECKING:
-    from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.zk.nodes import NodeStore
 
 DECLINED_REASONS = "declined_reasons"
 
@@ -67,7 +65,8 @@ def mark_deleting(node: Node, now: float, why: str) -> None:
     node.set_condition(cond.Condition(cond.DELETING, cond.TRUE, "DeletionStarted", why, now))
 
 
-def note_delete_failed(engine: "Engine", node: Node, lock: HeldLock, message: str) -> None:
+def note_delete_failed(nodes: NodeStore, node: Node, lock: HeldLock, message: str,
+                       now: float) -> None:
     """A deletion that could not be confirmed: `Deleting` False/DeleteFailed and the count
     of failed tries (`delete_failures`) on the record (the failure path: one write, best
     effort), so `nodepool show` says why a node stays `deleting`."""
@@ -75,9 +74,9 @@ def note_delete_failed(engine: "Engine", node: Node, lock: HeldLock, message: st
     count = (failures if isinstance(failures, int) else 0) + 1
     node.extra["delete_failures"] = count
     node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, "DeleteFailed",
-                                      f"try {count}: {message}", engine.clock.time()))
+                                      f"try {count}: {message}", now))
     try:
-        engine.nodes.store(node, lock)
+        nodes.store(node, lock)
     except Exception:  # noqa: BLE001 - the deletion is retried either way
         pass
 

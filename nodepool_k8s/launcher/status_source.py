@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Protocol, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import NodeRequest
@@ -29,32 +29,71 @@ from nodepool_k8s.status import NodeView
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import nodes as node_codec
-from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
+from nodepool_k8s.zk.cache import Component
 from nodepool_k8s.zk.client import ZkClient
-from nodepool_k8s.zk.pool_status import JsonDirCache
 
 NODE_VIEW_TTL = 1.0
+
+
+class NodeIndex(Protocol):
+    """The node ids and lock flags this source reads (`zk.cache.NodeCache`)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def ids(self) -> list[str]: ...
+
+    def is_locked(self, node_id: str) -> bool: ...
+
+    def malformed(self) -> dict[str, str]: ...
+
+
+class RequestIndex(Protocol):
+    """The requests this source reads (`zk.cache.RequestCache`)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def requests(self) -> list[NodeRequest]: ...
+
+    def malformed(self) -> dict[str, str]: ...
+
+
+class PoolIndex(Protocol):
+    """The registered pool components (`zk.cache.ComponentCache`)."""
+
+    def pools(self) -> Iterable[Component]: ...
+
+
+class StatusIndex(Protocol):
+    """Every pool's published status (`zk.pool_status.JsonDirCache`)."""
+
+    @property
+    def synced(self) -> bool: ...
+
+    def items(self) -> Mapping[str, dict[str, Any]]: ...
 
 
 class LauncherLike(Protocol):
     """What this source reads of `launcher.daemon.Launcher`."""
 
-    zk: ZkClient
+    @property
+    def zk(self) -> ZkClient: ...
 
     @property
     def ready(self) -> bool: ...
 
     @property
-    def node_cache(self) -> NodeCache: ...
+    def node_cache(self) -> NodeIndex: ...
 
     @property
-    def request_cache(self) -> RequestCache: ...
+    def request_cache(self) -> RequestIndex: ...
 
     @property
-    def component_cache(self) -> ComponentCache: ...
+    def component_cache(self) -> PoolIndex: ...
 
     @property
-    def pool_status_cache(self) -> JsonDirCache: ...
+    def pool_status_cache(self) -> StatusIndex: ...
 
 
 class LauncherStatus:

@@ -2,7 +2,7 @@
 
 Owns: what the engine knows about ZooKeeper between reads. Nodes and requests are mirrored
 by `mirror.ChildMirror` (plain one-shot watches, one thread, tombstones against stale
-results); nodes are kept as slim `CachedNode` records (the fields decisions need, strings
+results); nodes are kept as slim `Node` records (the fields decisions need, strings
 interned) so ten thousand nodes cost a few MB. The small `/nodepool/components` tree uses
 kazoo's TreeCache, with a guard against its stale-result "ghosts".
 
@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Generic, Mapping, TypeVar
+from typing import Any, Generic, TypeVar
 
 from kazoo.recipe.cache import TreeCache, TreeEvent
 
 from nodepool_k8s import model, records
-from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.client import ZkClient
@@ -34,54 +33,14 @@ from nodepool_k8s.zk.mirror import ChildMirror, Listener
 
 log = logging.getLogger("nodepool_k8s.zk.cache")
 
-_STATES = frozenset(model.NODE_STATES)
 T = TypeVar("T")
 
 
-def _interned(value: Any) -> Any:
-    return sys.intern(value) if isinstance(value, str) else value
-
-
-class CachedNode:
-    """The decision-relevant part of a node record (see `model.Node` for the whole)."""
-
-    __slots__ = ("id", "state", "state_time", "type", "provider", "pool", "allocated_to",
-                 "tenant_name", "resources", "external_id", "hold_expiration", "launcher",
-                 "config_hash", "version")
-
-    def __init__(self, node_id: str, data: Mapping[str, Any], version: int) -> None:
-        node_type = data.get("type") or []
-        if isinstance(node_type, str):
-            node_type = [node_type]
-        self.id = node_id
-        self.state: str = _interned(data["state"])
-        self.state_time = data.get("state_time")
-        self.type: tuple[str, ...] = tuple(_interned(t) for t in node_type)
-        self.provider = _interned(data.get("provider"))
-        self.pool = _interned(data.get("pool"))
-        self.allocated_to = data.get("allocated_to")
-        self.tenant_name = _interned(data.get("tenant_name"))
-        self.resources = data.get("resources")
-        self.external_id = data.get("external_id")
-        self.hold_expiration = data.get("hold_expiration")
-        self.launcher = _interned(data.get("launcher"))
-        config_hash = data.get(model.CONFIG_HASH)
-        self.config_hash: str | None = config_hash if isinstance(config_hash, str) else None
-        self.version = version
-
-    @property
-    def label(self) -> str | None:
-        return self.type[0] if self.type else None
-
-    def __repr__(self) -> str:
-        return (f"CachedNode({self.id}, {self.state}, {self.type}, provider={self.provider}, "
-                f"allocated_to={self.allocated_to})")
-
-    @classmethod
-    def decode(cls, node_id: str, raw: bytes, stat: Any) -> "CachedNode":
-        """The slim record of a node znode; `records.Malformed` (the mirror reports it)."""
-        return records.guarded(lambda data: cls(node_id, records.decode_node(data),
-                                                stat.version), raw)
+def decode_summary(node_id: str, raw: bytes, stat: Any) -> Node:
+    """The cache's entry of a node znode: the strict decoder (`records.decode_node`) into a
+    `model.Node` summary; `records.Malformed` otherwise (the mirror reports it)."""
+    return records.guarded(lambda data: Node.from_dict(node_id, records.decode_node(data),
+                                                       stat.version, summary=True), raw)
 
 
 class _MirroredCache(Generic[T]):
@@ -123,19 +82,19 @@ class _MirroredCache(Generic[T]):
             return dict(self._mirror.malformed)
 
 
-class NodeCache(_MirroredCache[CachedNode]):
+class NodeCache(_MirroredCache[Node]):
     """Nodes by id, with their lock contenders (a cheap "probably locked")."""
 
     name = "node cache"
 
     def __init__(self, zk: ZkClient) -> None:
         self._by_request: dict[str, set[str]] = {}
-        self._mirror: ChildMirror[CachedNode] = ChildMirror(
-            zk, paths.NODES, CachedNode.decode, name="node-cache", accept=paths.is_node_id,
+        self._mirror: ChildMirror[Node] = ChildMirror(
+            zk, paths.NODES, decode_summary, name="node-cache", accept=paths.is_node_id,
             with_locks=True, lock_expected=lambda n: n.state == model.INIT,
             on_change=self._index)
 
-    def _index(self, node_id: str, old: CachedNode | None, new: CachedNode | None) -> None:
+    def _index(self, node_id: str, old: Node | None, new: Node | None) -> None:
         before = old.allocated_to if old is not None else None
         after = new.allocated_to if new is not None else None
         if before == after:
@@ -147,11 +106,11 @@ class NodeCache(_MirroredCache[CachedNode]):
         if isinstance(after, str):
             self._by_request.setdefault(after, set()).add(node_id)
 
-    def get(self, node_id: str) -> CachedNode | None:
+    def get(self, node_id: str) -> Node | None:
         with self._mirror._lock:
             return self._mirror.items.get(node_id)
 
-    def nodes(self) -> list[CachedNode]:
+    def nodes(self) -> list[Node]:
         with self._mirror._lock:
             return list(self._mirror.items.values())
 

@@ -4,6 +4,7 @@ attribute for every field (no catch-all), and unknown keys round-trip; tables re
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -50,14 +51,51 @@ def test_rows_of_decoded_records(record: dict, locked: bool) -> None:
 def test_node_has_a_typed_attribute_per_field_and_no_catch_all() -> None:
     node = model.Node.from_dict("0000000001", RECORDS[0])
     assert not hasattr(model.Node, "__getattr__")
+    slots = {f.name for f in dataclasses.fields(model.Node)}
     for key in model._NODE_DEFAULTS:
-        assert isinstance(getattr(model.Node, key), model._Field), key
-        assert getattr(node, key) == node.fields[key]
+        if key in model.SLOT_FIELDS:  # a typed slot
+            assert key in slots and key not in node.fields, key
+        else:
+            assert isinstance(getattr(model.Node, key), model._Field), key
+            assert getattr(node, key) == node.fields[key]
+        assert getattr(node, key) == node.to_dict()[key], key
+    assert list(node.to_dict())[:3] == ["id", "unknown", "cloud"]  # extra, then Nodepool's order
     with pytest.raises(AttributeError):
         getattr(node, "providr")
-    node.provider = "other"  # typed setter: writes the field
-    assert node.fields["provider"] == "other" and node.to_dict()["provider"] == "other"
+    with pytest.raises(AttributeError):
+        node.providr = "x"  # type: ignore[attr-defined]  # slotted: no new attributes
+    node.provider = "other"
+    node.set(hostname="h2")  # typed setter of a `fields` field
+    assert node.to_dict()["provider"] == "other" and node.fields["hostname"] == "h2"
     assert node.to_dict()["unknown"] == 3 and node.to_dict()["id"] == "zuul-extra"
+
+
+def test_cache_summary_is_the_same_record_type_kept_small() -> None:
+    """The node cache keeps `model.Node` summaries: the decision fields only, slotted, and
+    never written back (reading a field it does not keep fails loudly)."""
+    record = dict(RECORDS[0], config_hash="abc", conditions=[{"type": "Ready"}])
+    whole = model.Node.from_dict("0000000001", record, version=3)
+    summary = model.Node.from_dict("0000000001", record, version=3, summary=True)
+    assert type(summary) is type(whole) is model.Node and summary.summary
+    assert not hasattr(summary, "__dict__")  # slotted
+    for key in model.SUMMARY_FIELDS:
+        assert getattr(summary, key) == getattr(whole, key), key
+    assert (summary.state, summary.state_time, summary.type, summary.version) == \
+        (whole.state, whole.state_time, whole.type, whole.version)
+    assert summary.label == "namespace" and summary.config_hash == "abc" == whole.config_hash
+    assert not summary.extra and summary.conditions == []
+    assert not summary.fields
+    with pytest.raises(model.SummaryError):
+        summary.extra["x"] = 1  # read-only, shared
+    with pytest.raises(model.SummaryError):
+        summary.hostname
+    with pytest.raises(model.SummaryError):
+        summary.to_dict()
+    assert whole.to_dict()["unknown"] == 3  # the whole record still round-trips
+    bare = model.Node.from_dict("0000000002", {"state": "ready"}, summary=True)
+    assert bare.provider is None and bare.fields == {} and bare.config_hash is None
+    with pytest.raises(model.SummaryError):
+        bare.fields["hostname"] = "h"  # read-only, shared
 
 
 def test_render_table_layout() -> None:

@@ -22,7 +22,7 @@ from nodepool_k8s import records
 from nodepool_k8s.records import Malformed, MalformedLog
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import requests as request_codec
-from nodepool_k8s.zk.cache import CachedNode
+from nodepool_k8s.zk.cache import decode_summary
 
 ZUUL_REQUEST = {
     "state": "requested", "state_time": 1700000000.5, "declined_by": [],
@@ -55,7 +55,7 @@ def test_good_records_decode_and_round_trip() -> None:
     node = node_codec.decode("0000000001", _dump(NODEPOOL_NODE), 2)
     assert node.type == ["small"] and node.version == 2
     assert node.extra["future_key"] == {"x": [1, 2]}
-    assert CachedNode.decode("0000000001", _dump(NODEPOOL_NODE), _Stat()).pool == "main"
+    assert decode_summary("0000000001", _dump(NODEPOOL_NODE), _Stat()).pool == "main"
 
 
 @pytest.mark.parametrize("change, key", [
@@ -93,7 +93,7 @@ def test_malformed_requests(change: dict[str, Any], key: str) -> None:
 def test_malformed_nodes(change: dict[str, Any], key: str) -> None:
     raw = _dump({**NODEPOOL_NODE, **change})
     for decode in (lambda: node_codec.decode("0000000001", raw),
-                   lambda: CachedNode.decode("0000000001", raw, _Stat())):
+                   lambda: decode_summary("0000000001", raw, _Stat())):
         with pytest.raises(Malformed) as info:
             decode()
         assert key in info.value.reason
@@ -156,7 +156,7 @@ DECODERS: list[Callable[[bytes], Any]] = [
     records.decode_request,
     lambda raw: node_codec.decode("0000000001", raw),
     lambda raw: request_codec.decode("100-0000000001", raw),
-    lambda raw: CachedNode.decode("0000000001", raw, _Stat()),
+    lambda raw: decode_summary("0000000001", raw, _Stat()),
 ]
 
 
