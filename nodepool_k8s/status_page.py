@@ -4,9 +4,9 @@ Owns: the page's markup, style and script, as one constant. No external assets, 
 step: the script fetches the JSON endpoints (`/pool-list`, `/request-list`, `/events`)
 with `Accept: application/json` every few seconds and renders one card per running pool
 (its conditions, usage against limits, nodes by state, launches and queued requests,
-suspended labels), the request counts and the most recent lifecycle events. The JSON endpoints stay the source of truth; the page
-only shows them, and shows the error when they fail. Readable on a phone (one column
-below 40em). Text is inserted with `textContent` only, never as HTML.
+suspended labels), the request counts and the most recent lifecycle events. The JSON
+endpoints stay the source of truth; the page only shows them, and shows the error when
+they fail. Readable on a phone (one column below 40em). Text is inserted with `textContent` only, never as HTML.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ td, th { text-align: left; padding: .15em .3em; border-bottom: 1px solid #eee; }
 .suspended { color: var(--bad); font-size: .9em; }
 #error { display: none; margin: 1em; padding: .8em; background: #fde8e8; color: var(--bad);
          border-radius: 6px; }
-#events-section { padding: 0 1em 1em; overflow-x: auto; } #events td { font-size: .85em; } #events-section h2 { font-size: 1.1em; }
+#events-section { padding: 0 1em 1em; overflow-x: auto; }
+#events td { font-size: .85em; } #events-section h2 { font-size: 1.1em; }
 @media (max-width: 40em) { main { grid-template-columns: 1fr; padding: .5em; } }
 </style>
 </head>
