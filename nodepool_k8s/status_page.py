@@ -6,7 +6,8 @@ with `Accept: application/json` every few seconds and renders one card per runni
 (its conditions, usage against limits, nodes by state, launches and queued requests,
 suspended labels), the request counts and the most recent lifecycle events. The JSON
 endpoints stay the source of truth; the page only shows them, and shows the error when
-they fail. Readable on a phone (one column below 40em). Text is inserted with `textContent` only, never as HTML.
+they fail. Readable on a phone (one column below 40em). Text is inserted with
+`textContent` only, never as HTML.
 """
 
 from __future__ import annotations
