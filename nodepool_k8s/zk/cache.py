@@ -43,7 +43,7 @@ def decode_summary(node_id: str, raw: bytes, stat: Any) -> Node:
                                                        stat.version, summary=True), raw)
 
 
-class _MirroredCache(Generic[T]):
+class MirroredCache(Generic[T]):
     """Lifecycle and listener plumbing shared by the caches built on a ChildMirror."""
 
     name = "cache"
@@ -82,7 +82,7 @@ class _MirroredCache(Generic[T]):
             return dict(self._mirror.malformed)
 
 
-class NodeCache(_MirroredCache[Node]):
+class NodeCache(MirroredCache[Node]):
     """Nodes by id, with their lock contenders (a cheap "probably locked")."""
 
     name = "node cache"
@@ -139,7 +139,7 @@ class _CachedRequest:
     owner: int  # ephemeral owner session (0 for persistent requests)
 
 
-class RequestCache(_MirroredCache[_CachedRequest]):
+class RequestCache(MirroredCache[_CachedRequest]):
     """Requests by id, with the session that owns each ephemeral request."""
 
     name = "request cache"

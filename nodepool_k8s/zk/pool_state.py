@@ -23,8 +23,9 @@ from urllib.parse import quote, unquote
 
 from nodepool_k8s import records
 from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.cache import MirroredCache
 from nodepool_k8s.zk.client import ZkClient
-from nodepool_k8s.zk.mirror import ChildMirror, Listener
+from nodepool_k8s.zk.mirror import ChildMirror
 
 ROOT = f"{paths.OWN_ROOT}/pool-state"
 PAUSE, DRAIN = "pause", "drain"
@@ -119,26 +120,14 @@ class PoolStateStore:
         return found
 
 
-class PoolStateCache:
+class PoolStateCache(MirroredCache[PoolState]):
     """Every launcher's live view of the entries; listeners hear of each change."""
 
     name = "pool state cache"
 
     def __init__(self, zk: ZkClient) -> None:
-        self._mirror: ChildMirror[PoolState] = ChildMirror(
-            zk, ROOT, decode, name="pool-state-cache", accept=lambda name: True)
-
-    def start(self) -> None:
-        self._mirror.start()
-
-    def stop(self) -> None:
-        self._mirror.stop()
-
-    def wait_synced(self, timeout: float | None = None) -> bool:
-        return self._mirror.wait_synced(timeout)
-
-    def add_listener(self, listener: Listener) -> None:
-        self._mirror.add_listener(listener)
+        self._mirror = ChildMirror(zk, ROOT, decode, name="pool-state-cache",
+                                   accept=lambda name: True)
 
     def states(self) -> list[PoolState]:
         with self._mirror._lock:

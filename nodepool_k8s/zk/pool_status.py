@@ -25,8 +25,9 @@ from urllib.parse import quote
 
 from nodepool_k8s import records
 from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.cache import MirroredCache
 from nodepool_k8s.zk.client import ZkClient
-from nodepool_k8s.zk.mirror import ChildMirror, Listener
+from nodepool_k8s.zk.mirror import ChildMirror
 
 POOL_STATUS = f"{paths.OWN_ROOT}/pool-status"
 POOL_BREAKERS = f"{paths.OWN_ROOT}/pool-breakers"
@@ -58,29 +59,12 @@ def decode(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
     return data
 
 
-class JsonDirCache:
+class JsonDirCache(MirroredCache[dict[str, Any]]):
     """Every JSON child of `root`, by child name."""
 
     def __init__(self, zk: ZkClient, root: str, name: str) -> None:
         self.name = name
-        self._mirror: ChildMirror[dict[str, Any]] = ChildMirror(
-            zk, root, decode, name=name, accept=lambda child: bool(child))
-
-    def start(self) -> None:
-        self._mirror.start()
-
-    def stop(self) -> None:
-        self._mirror.stop()
-
-    def wait_synced(self, timeout: float | None = None) -> bool:
-        return self._mirror.wait_synced(timeout)
-
-    @property
-    def synced(self) -> bool:
-        return self._mirror.synced
-
-    def add_listener(self, listener: Listener) -> None:
-        self._mirror.add_listener(listener)
+        self._mirror = ChildMirror(zk, root, decode, name=name, accept=lambda child: bool(child))
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._mirror._lock:
