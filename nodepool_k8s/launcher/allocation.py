@@ -139,11 +139,23 @@ class Allocator:
         if tenant_limit is not None and tenant:
             guards.append(paths.tenant_guard_path(tenant))
 
+        tries = [0]
+
         def attempt() -> GuardedWrite[quota.Verdict] | quota.Verdict:
-            # Guard versions and the node listing in one round trip (pipelined).
-            versions, ids = deps.guard.read_listing(guards)
-            verdict = self.check(need, deps.usage(counts, ids), provider_cfg, pool_cfg,
-                                 tenant_limit)
+            tries[0] += 1
+            known = deps.guard.known_listing(guards) if tries[0] == 1 else None
+            if tries[0] > 1:
+                deps.guard.forget()  # another launcher wrote a guard since
+            if known is not None:
+                # As our last commit left it: no read, if it fits (see `known_listing`).
+                versions, ids = known
+                verdict = self.check(need, deps.usage(counts, ids), provider_cfg,
+                                     pool_cfg, tenant_limit)
+            if known is None or not verdict:
+                # Guard versions and the node listing in one round trip (pipelined).
+                versions, ids = deps.guard.read_listing(guards)
+                verdict = self.check(need, deps.usage(counts, ids), provider_cfg,
+                                     pool_cfg, tenant_limit)
             if not verdict:
                 return verdict
             new_nodes = [self.new_node(s.label, pool_cfg) for s in remaining]
@@ -157,7 +169,9 @@ class Allocator:
                 for slot, node, index in zip(remaining, new_nodes, indexes):
                     node.id, node.version = NodeStore.created_id(results[index]), 0
                     slot.node = node
-                deps.guard.note_created(new_nodes, [n.id for n in new_nodes])
+                created = [n.id for n in new_nodes]
+                deps.guard.note_created(new_nodes, created)
+                deps.guard.remember(versions, ids, created)
                 return quota.FITS
             return GuardedWrite(versions, txn, committed)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import enum
 import functools
 import logging
+import threading
 from typing import Callable
 
 from nodepool_k8s import logconfig, model, quota
@@ -80,6 +81,9 @@ class RequestHandler:
         # None on success or the failure's error text).
         self.refuse: Callable[[NodeRequest], str | None] = lambda request: None
         self.on_launch_done: Callable[[str, str | None], None] = lambda label, error: None
+        # Held by whoever advances this handler: its pool worker, or the launch thread whose
+        # launch was the last to return (see `_returned`), or the shutdown.
+        self._mutex = threading.Lock()
         base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
         self.log = logconfig.annotate(base, request.event_id, request.id)
         self.allocator = Allocator(engine, ref, provider, request, lock, self.log,
@@ -88,6 +92,10 @@ class RequestHandler:
     # -- lifecycle ------------------------------------------------------------------------
     def advance(self, may_allocate: bool = True) -> bool:
         """Move forward as far as possible; True while waiting for capacity."""
+        with self._mutex:
+            return self._advance(may_allocate)
+
+    def _advance(self, may_allocate: bool) -> bool:
         if self.done:
             return False
         if not self.lock.valid:
@@ -144,6 +152,27 @@ class RequestHandler:
         self.blocked_scope = verdict.scope
         return True
 
+    @property
+    def finishable(self) -> bool:
+        """Every launch has returned, and none was aborted: advancing only writes the final
+        transaction (fulfil or decline) and allocates nothing, so it may happen outside the
+        pool worker's pass without changing the priority order of allocation."""
+        if self.done:
+            return False
+        running = [s for s in self.slots if s.state is SlotState.LAUNCHING]
+        if not running or any(s.state is SlotState.NEED for s in self.slots):
+            return False
+        for slot in running:
+            future = slot.future
+            if future is None or not future.done():
+                return False
+            try:
+                if future.result().kind is launching.ABORTED:
+                    return False
+            except Exception:
+                continue  # collected as a failure
+        return True
+
     def abandon(self, why: str) -> None:
         """Stop without writing: our locks are gone with the session."""
         self.cancel.set()
@@ -160,6 +189,10 @@ class RequestHandler:
         did not return in time, or finished, is unlocked in `building`; cleanup deletes it.
         """
         self.cancel.set()
+        with self._mutex:  # a launch thread may be writing the final transaction
+            self._shutdown(timeout)
+
+    def _shutdown(self, timeout: float) -> None:
         discarded: list[Slot] = []
         clock = self.engine.clock
         deadline = clock.monotonic() + timeout
@@ -323,7 +356,26 @@ class RequestHandler:
                 on_attempt_failed=functools.partial(lifecycle.record_attempt_failed,
                                                     self.engine.events, node))
             self._node_log(node).info("Launching %s node", slot.label)
-            slot.future = self.launches.submit(job.run, self.wake)
+            slot.future = self.launches.submit(job.run, self._returned)
+
+    def _returned(self) -> None:
+        """A launch returned (called in its launch thread). If that completes the request,
+        write the final transaction here: the pool worker may be busy accepting a burst,
+        and a request whose node is ready should not wait until the queue is through.
+        Anything else (an aborted launch, a request with launches still running) is the
+        pool worker's, which is woken either way."""
+        try:
+            if not self.cancel.is_set() and self.finishable \
+                    and self._mutex.acquire(blocking=False):
+                try:
+                    if self.finishable:  # re-checked under the mutex
+                        self._advance(may_allocate=False)
+                finally:
+                    self._mutex.release()
+        except Exception as exc:  # the pool worker's next pass tries again
+            self.log.warning("Could not finish the request in its launch thread: %s", exc)
+        finally:
+            self.wake()
 
     def _final_txn(self, *, allocated: bool) -> tuple[Txn, list[HeldLock]]:
         """Every ready node: written `ready` (allocated or not) and unlocked."""
