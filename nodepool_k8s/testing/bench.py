@@ -11,6 +11,8 @@ doc/benchmark.md; in short:
   throughput (nodes fulfilled per second), per label, with the simulator's delays zero and
   realistic; release -> node gone (the launcher removes the node after the namespace is
   gone);
+- bursts (zero delays): N namespace requests submitted at once, latency and throughput as
+  above plus how the fulfilments spread over the burst;
 - cost per node: Kubernetes API calls (the simulator's `/debug/counters`), ZooKeeper write
   transactions (server zxid delta minus the load generator's own writes), ZooKeeper
   requests of the launcher sessions (`cons`: last client xid), launcher CPU and peak RSS
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import queue
@@ -59,6 +62,13 @@ TARGET_LIST_S = 1.0
 TARGET_RSS_MIB = 150.0
 TARGET_API_CALLS = 6.0
 TARGET_ZK_WRITES = 8.0
+TARGET_CPU_MS = 7.0             # launcher CPU ms per namespace node
+TARGET_BURST = 200              # the burst the burst targets are about
+TARGET_BURST_SPREAD = 0.75      # "p50 well below p95": p50 <= this x p95
+# Burst size -> Nodepool 11's p50 divided by this is the target for ours (measured side by
+# side by tools/compat/burst_side_by_side.py, read with --nodepool-burst).
+NODEPOOL_BURST_DIVISORS = {30: 10, 200: 6}
+SIDE_BY_SIDE = "tools/compat/burst_side_by_side.py"
 
 
 class BenchFailed(Exception):
@@ -86,6 +96,8 @@ class Params:
     error_rate: float = 0.0
     max_concurrency: int = 10       # the provider's max-concurrency
     max_servers: int = 200          # the provider's quota in the latency runs
+    burst: list[int] = field(default_factory=lambda: [30, 200])  # zero delays, namespace
+    nodepool_burst: str | None = None  # the side-by-side tool's JSON (Nodepool targets)
     scale_nodes: int = 10000
     scale_requests: int = 10
     launchers: list[int] = field(default_factory=lambda: [1, 2, 4])
@@ -104,7 +116,7 @@ class Params:
         return cls(requests=20, realistic_requests=6, serial=5, concurrency=4,
                    realistic=SimDelays(schedule=0.05, start=0.2, token=0.05,
                                        namespace_delete=0.1),
-                   scale_nodes=1000, scale_requests=3, launchers=[1, 2],
+                   burst=[10, 30], scale_nodes=1000, scale_requests=3, launchers=[1, 2],
                    launcher_requests=20, launcher_concurrency=6, quota=4, timeout=90.0,
                    quick=True)
 
@@ -236,6 +248,8 @@ class Sample:
     priority: str
     request_id: str = ""
     submitted: float = 0.0
+    created: float | None = None    # bursts: when ZooKeeper's answer to the create arrived
+    seen_lag: float | None = None   # bursts: fulfilled write (mtime) -> seen by the watch
     fulfilled: float | None = None
     state: str | None = None
     nodes: list[str] = field(default_factory=list)
@@ -268,6 +282,11 @@ class Load:
             self._count(1)
             return
         sample.fulfilled = at
+        self.finish(zuul, sample)
+
+    def finish(self, zuul: Any, sample: Sample) -> None:
+        """What Zuul does once a fulfilled request is seen: accept (lock the nodes, delete
+        the request), use, release."""
         nodeset = zuul.accept(sample.request_id)
         self._count(1 + len(nodeset.nodes))  # request deletion, one lock per node
         sample.nodes = [h.id for h in nodeset.nodes]
@@ -305,6 +324,110 @@ class Load:
             raise BenchFailed("load threads did not finish before the deadline")
         return time.monotonic() - started
 
+    def burst(self, plan: list[Sample], workers: int) -> float:
+        """An open burst: every request of `plan` is created at once (pipelined creates from
+        this thread, round robin over the sessions, bodies built beforehand), each one's
+        final state seen by its own watch (`watch_final`, no thread per request); `workers`
+        threads then accept, use and release each fulfilled request as Zuul does (or delete
+        a failed one). Returns the wall time, first submission to the last release."""
+        from nodepool_k8s.testing.loadtools import watch_final
+        finals: queue.Queue[Sample] = queue.Queue()
+        claimed = handled = 0
+        claim_lock = threading.Lock()
+
+        def left() -> float:
+            try:
+                return max(0.0, self.deadline())
+            except BenchFailed:
+                return 0.0
+
+        def on_final(sample: Sample, body: dict[str, Any] | None, at: float,
+                     error: BaseException | None, lag: float | None) -> None:
+            sample.state = body.get("state") if body else ("error" if error else "deleted")
+            if sample.state == "fulfilled":
+                sample.fulfilled = at
+                sample.seen_lag = lag
+            if error is not None:
+                sample.error = f"{type(error).__name__}: {error}"
+            finals.put(sample)
+
+        def watch(sample: Sample, zuul: Any) -> None:
+            try:
+                watch_final(zuul.client, sample.request_id,
+                            lambda body, at, error, lag: on_final(sample, body, at, error,
+                                                                  lag))
+            except Exception as exc:
+                sample.error = f"{type(exc).__name__}: {exc}"
+                finals.put(sample)
+
+        # The watches of requests created while the loop below still submits are set
+        # right after it, so that they do not compete with the submission.
+        submitting = True
+        deferred: list[tuple[Sample, Any]] = []
+        defer_lock = threading.Lock()
+
+        def on_created(sample: Sample, zuul: Any) -> Callable[[Any], None]:
+            def created(result: Any) -> None:
+                sample.created = time.monotonic()
+                try:
+                    sample.request_id = str(result.get()).rsplit("/", 1)[-1]
+                except Exception as exc:
+                    sample.error = f"{type(exc).__name__}: {exc}"
+                    finals.put(sample)
+                    return
+                with defer_lock:
+                    if submitting:
+                        deferred.append((sample, zuul))
+                        return
+                watch(sample, zuul)
+            return created
+
+        def worker(index: int) -> None:
+            nonlocal claimed, handled
+            zuul = self.clients[index % len(self.clients)]
+            while True:
+                with claim_lock:
+                    if claimed >= len(plan):
+                        return
+                    claimed += 1
+                try:
+                    sample = finals.get(timeout=left())
+                except queue.Empty:
+                    return
+                with claim_lock:
+                    handled += 1
+                try:
+                    if sample.state == "fulfilled":
+                        self.finish(zuul, sample)
+                    elif sample.request_id and sample.state != "deleted":
+                        zuul.cancel(sample.request_id)  # Zuul deletes a failed request
+                        self._count(1)
+                except Exception as exc:
+                    sample.error = f"{type(exc).__name__}: {exc}"
+
+        threads = [threading.Thread(target=worker, args=(i,), daemon=True,
+                                    name=f"burst-{i}") for i in range(max(1, workers))]
+        for thread in threads:
+            thread.start()
+        clients = [self.clients[i % len(self.clients)] for i in range(len(plan))]
+        bodies = [zuul.request_body(s.types) for zuul, s in zip(clients, plan)]
+        started = time.monotonic()
+        for zuul, sample, body in zip(clients, plan, bodies):
+            sample.submitted = time.monotonic()
+            zuul.submit_async(body, priority=sample.priority).rawlink(
+                on_created(sample, zuul))
+        with defer_lock:
+            submitting = False
+        for sample, zuul in deferred:
+            watch(sample, zuul)
+        self._count(len(plan))
+        for thread in threads:
+            thread.join(left())
+        if any(t.is_alive() for t in threads) or handled < len(plan):
+            raise BenchFailed("burst: not every request was final and handled before the "
+                              "deadline")
+        return time.monotonic() - started
+
 
 def make_plan(types_weights: list[tuple[list[str], int]], priorities: list[str],
               count: int) -> list[Sample]:
@@ -338,6 +461,32 @@ def result_row(name: str, profile: str, label: str, concurrency: int, plan: list
         "nodes_per_s": _round(nodes / span if span > 0 else 0.0, 1),
         "cleanup_ms": summary_ms(cleanup),
         **cost,
+    }
+
+
+def burst_figures(plan: list[Sample]) -> dict[str, Any]:
+    """How a burst was submitted and how its fulfilments spread over it: submission and
+    creation spans from the first submission, the burst's duration (first submission ->
+    last fulfilment), p50 / p95 of request -> fulfilled, the share of fulfilments in the
+    first half of the duration (about 0.5 when they come at a steady rate, near 0 when
+    they bunch at the end), and how late the watches saw the fulfilments (from the
+    request znode's mtime; ZooKeeper's clock has millisecond resolution)."""
+    first = min(s.submitted for s in plan)
+    created = [s.created for s in plan if s.created is not None]
+    done = [s.fulfilled for s in plan if s.fulfilled is not None]
+    latencies = [s.fulfilled - s.submitted for s in plan if s.fulfilled is not None]
+    duration = max(done) - first if done else 0.0
+    p50, p95 = percentile(latencies, 50), percentile(latencies, 95)
+    return {
+        "size": len(plan),
+        "submit_span_ms": _round((max(s.submitted for s in plan) - first) * 1000.0, 2),
+        "created_span_ms": _round((max(created) - first) * 1000.0, 2)
+        if len(created) == len(plan) else None,
+        "duration_ms": _round(duration * 1000.0, 1),
+        "p50_over_p95": _round(p50 / p95, 3) if p50 is not None and p95 else None,
+        "fulfilled_first_half": _round(sum(1 for t in done if t - first <= duration / 2)
+                                       / len(done), 3) if done else None,
+        "seen_lag_ms": summary_ms([s.seen_lag for s in plan if s.seen_lag is not None]),
     }
 
 
@@ -464,24 +613,36 @@ class Bench:
 
     def measured(self, name: str, profile: str, label: str, types: list[tuple[list[str], int]],
                  count: int, concurrency: int, meter: Meter, load: Load,
-                 watcher: Any) -> dict[str, Any]:
+                 watcher: Any, burst: bool = False) -> dict[str, Any]:
+        """One run: `count` builds with `concurrency` in flight (closed loop), or with
+        `burst` all `count` requests submitted at once and `concurrency` load threads
+        handling the fulfilled ones. It ends when every released node is gone."""
         plan = make_plan(types, self.p.priorities, count)
+        if burst and not watcher.wait_empty(self.left(60)):
+            raise BenchFailed(f"{name}: nodes of the previous run still there")
         load.zuul_writes = 0
         spies = self.profiler.start(name, meter.launchers)
         before = meter.snapshot()
-        wall = load.run(plan, concurrency)
+        wall = load.burst(plan, concurrency) if burst else load.run(plan, concurrency)
         self.profiler.stop(spies)
         node_ids = [n for s in plan for n in s.nodes]
         if not watcher.wait_gone(node_ids, self.left(60)):
             raise BenchFailed(f"{name}: released nodes were not deleted in time")
         after = meter.snapshot()
         nodes = len(node_ids)
-        row = result_row(name, profile, label, concurrency, plan, wall, watcher,
-                         costs(before, after, nodes, load.zuul_writes))
+        # A burst has all of its requests in flight at once.
+        row = result_row(name, profile, label, count if burst else concurrency, plan, wall,
+                         watcher, costs(before, after, nodes, load.zuul_writes))
         lat = row["latency_ms"]
         log(f"{name}: {row['fulfilled']}/{row['requests']} fulfilled, p50 {lat['p50']} ms, "
             f"{row['nodes_per_s']} nodes/s, {row['api_calls_per_node']} API calls and "
             f"{row['zk_writes_per_node']} ZK writes per node")
+        if burst:
+            row["load_threads"] = concurrency
+            row["burst"] = b = burst_figures(plan)
+            log(f"{name}: submitted in {b['submit_span_ms']} ms (all created after "
+                f"{b['created_span_ms']} ms), fulfilled over {b['duration_ms']} ms, p50/p95 "
+                f"{b['p50_over_p95']}, {b['fulfilled_first_half']} of it in the first half")
         self.results["runs"].append(row)
         return row
 
@@ -496,9 +657,12 @@ class Bench:
         watcher = NodeWatcher(clients[0].client)
         load = Load(clients, self.left)
         meter = Meter(self.stack, sim, procs, sessions)
-        # Warm up every label once (connections, first-use imports, guard znodes).
-        warm = make_plan([([label], 1) for label in self.p.labels], ["200"],
-                         len(self.p.labels))
+        bursts = self.p.burst if profile == "zero" else []
+        # Warm up every label once (connections, first-use imports, guard znodes); the
+        # bursts are namespace requests.
+        labels = list(self.p.labels) + (["namespace"] if bursts and "namespace" not in
+                                        self.p.labels else [])
+        warm = make_plan([([label], 1) for label in labels], ["200"], len(labels))
         load.run(warm, 1)
         watcher.wait_gone([n for s in warm for n in s.nodes], self.left(60))
         realistic = profile != "zero"
@@ -512,6 +676,11 @@ class Bench:
         if self.p.mix and not realistic:
             self.measured(f"{profile}/mix", profile, "mix", self.p.mix, self.p.requests,
                           self.p.concurrency, meter, load, watcher)
+        # Bursts last, on the warm launcher, each after the previous run's nodes are gone.
+        for size in bursts:
+            self.measured(f"{profile}/namespace/burst-{size}", profile, "namespace",
+                          [(["namespace"], 1)], size, self.p.concurrency, meter, load,
+                          watcher, burst=True)
         watcher.stop()
         for client in clients:
             client.close()
@@ -682,6 +851,8 @@ class Bench:
         if self.p.scale_nodes > 0:
             self.scale_phase()
         self.results["duration_s"] = _round(time.monotonic() - started, 1)
+        if self.p.nodepool_burst:
+            self.results["nodepool_burst"] = read_nodepool_burst(self.p.nodepool_burst)
         self.results["targets"] = targets(self.results)
         return self.results
 
@@ -759,12 +930,47 @@ def params_json(p: Params) -> dict[str, Any]:
     return data
 
 
+def read_nodepool_burst(path: str) -> dict[str, Any]:
+    """The figures of `tools/compat/burst_side_by_side.py`'s JSON (`{"bursts": {"30":
+    {"nodepool": {"p50_ms": ..}, "ours": {"p50_ms": ..}}}}`), tolerantly: a burst size
+    whose two p50s are not both there (numbers, Nodepool's > 0) is left out, an unreadable
+    file gives an `error`; never raises."""
+    out: dict[str, Any] = {"file": path, "bursts": {}, "error": None}
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        out["error"] = f"unreadable ({type(exc).__name__}: {exc})"
+        return out
+    bursts = data.get("bursts") if isinstance(data, dict) else None
+    if not isinstance(bursts, dict):
+        out["error"] = 'no "bursts" object'
+        return out
+    for size, sides in bursts.items():
+        ours, theirs = _side_p50(sides, "ours"), _side_p50(sides, "nodepool")
+        if ours is not None and theirs is not None and theirs > 0:
+            out["bursts"][str(size)] = {"ours_p50_ms": ours, "nodepool_p50_ms": theirs}
+    return out
+
+
+def _side_p50(sides: Any, key: str) -> float | None:
+    side = sides.get(key) if isinstance(sides, dict) else None
+    value = side.get("p50_ms") if isinstance(side, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
+    """The performance targets: met True/False, or None with a `note` when not measured."""
     runs = {r["name"]: r for r in results["runs"]}
     out: list[dict[str, Any]] = []
 
-    def add(name: str, target: str, value: Any, met: bool | None) -> None:
-        out.append({"name": name, "target": target, "value": value, "met": met})
+    def add(name: str, target: str, value: Any, met: bool | None,
+            note: str | None = None) -> None:
+        row = {"name": name, "target": target, "value": value, "met": met}
+        if note:
+            row["note"] = note
+        out.append(row)
 
     serial = runs.get("zero/namespace/serial") or runs.get("zero/namespace")
     if serial:
@@ -772,10 +978,31 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         add("namespace request -> fulfilled p50 (zero delay, one at a time)",
             f"<= {TARGET_P50_MS:g} ms", p50, p50 is not None and p50 <= TARGET_P50_MS)
     loaded = runs.get("zero/namespace")
+    burst_name = f"zero/namespace/burst-{TARGET_BURST}"
+    burst = runs.get(burst_name)
+    no_burst = f"not measured (no {burst_name} run: --burst {TARGET_BURST})"
     if loaded:
-        add("namespace nodes per second, one launcher (zero delay)",
-            f">= {TARGET_NODES_PER_S:g}", loaded["nodes_per_s"],
-            loaded["nodes_per_s"] >= TARGET_NODES_PER_S)
+        add(f"namespace nodes per second, one launcher, closed loop (zero/namespace, "
+            f"{loaded['concurrency']} in flight)", f">= {TARGET_NODES_PER_S:g}",
+            loaded["nodes_per_s"], loaded["nodes_per_s"] >= TARGET_NODES_PER_S)
+    add(f"namespace nodes per second, one launcher, burst of {TARGET_BURST} ({burst_name})",
+        f">= {TARGET_NODES_PER_S:g}", burst["nodes_per_s"] if burst else None,
+        burst["nodes_per_s"] >= TARGET_NODES_PER_S if burst else None,
+        None if burst else no_burst)
+    spread = burst["burst"]["p50_over_p95"] if burst else None
+    add(f"burst-{TARGET_BURST} p50 well below p95 (p50 / p95 of request -> fulfilled)",
+        f"<= {TARGET_BURST_SPREAD:g}", spread,
+        spread is not None and spread <= TARGET_BURST_SPREAD if burst else None,
+        None if burst else no_burst)
+    if loaded:
+        add("launcher CPU ms per namespace node, closed loop (zero/namespace)",
+            f"<= {TARGET_CPU_MS:g}", loaded["launcher_cpu_ms_per_node"],
+            loaded["launcher_cpu_ms_per_node"] <= TARGET_CPU_MS)
+    add(f"launcher CPU ms per namespace node, burst of {TARGET_BURST} ({burst_name})",
+        f"<= {TARGET_CPU_MS:g}", burst["launcher_cpu_ms_per_node"] if burst else None,
+        burst["launcher_cpu_ms_per_node"] <= TARGET_CPU_MS if burst else None,
+        None if burst else no_burst)
+    if loaded:
         # "About": half a call or write per node of slack (a retried write, a lost race).
         add("Kubernetes API calls per namespace node", f"<= ~{TARGET_API_CALLS:g}",
             loaded["api_calls_per_node"],
@@ -783,6 +1010,20 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         add("ZooKeeper writes per namespace node (launcher)", f"<= ~{TARGET_ZK_WRITES:g}",
             loaded["zk_writes_per_node"],
             loaded["zk_writes_per_node"] <= TARGET_ZK_WRITES + 0.5)
+    side = results.get("nodepool_burst") or {}
+    for size, divisor in NODEPOOL_BURST_DIVISORS.items():
+        name = f"burst-{size} p50 <= 1/{divisor} of Nodepool 11's (side by side)"
+        target = f"<= {1 / divisor:.3g} x Nodepool 11's p50"
+        figures = side.get("bursts", {}).get(str(size))
+        if figures:
+            ours, theirs = figures["ours_p50_ms"], figures["nodepool_p50_ms"]
+            add(name, target, round(ours / theirs, 3), ours <= theirs / divisor,
+                f"ours {ours:g} ms vs Nodepool 11 {theirs:g} ms, both measured in one run of "
+                f"{SIDE_BY_SIDE} ({side['file']}), not in this benchmark")
+        else:
+            why = (f": {side['file']}: {side['error'] or f'no p50_ms of both sides for {size}'}"
+                   if side else "")
+            add(name, target, None, None, f"not measured (run {SIDE_BY_SIDE}){why}")
     scale = results.get("scale")
     if scale:
         nodes = scale["nodes"]
@@ -859,6 +1100,15 @@ def table(results: dict[str, Any]) -> str:
                  "clean = release -> node gone (ms);")
     lines.append("per node (/n): Kubernetes API calls, ZooKeeper write transactions and read "
                  "requests of the launcher(s), launcher CPU ms")
+    for r in results["runs"]:
+        b = r.get("burst")
+        if b:
+            lines.append(f"{r['name']}: {b['size']} requests submitted within "
+                         f"{_fmt(b['submit_span_ms'])} ms (all created after "
+                         f"{_fmt(b['created_span_ms'])} ms, {r['load_threads']} load threads"
+                         f"), fulfilled within {_fmt(b['duration_ms'])} ms; p50/p95 "
+                         f"{_fmt(b['p50_over_p95'])}, {_fmt(b['fulfilled_first_half'])} of "
+                         "them in the first half")
     for r in results.get("launchers", []):
         lines.append(f"{r['name']}: most nodes seen at once {r['max_nodes_seen']} "
                      f"(max-servers {r['quota']}, {r['watch_samples']} samples): "
@@ -879,8 +1129,9 @@ def table(results: dict[str, Any]) -> str:
                   f"(peak RSS {s['new_launcher_peak_rss_mib']} MiB)"]
     lines += ["", "targets (zero simulator delay):"]
     for t in results.get("targets", []):
-        mark = "met   " if t["met"] else "MISSED"
-        lines.append(f"  {mark} {t['name']}: {_fmt(t['value'])} (target {t['target']})")
+        mark = "n/a   " if t["met"] is None else "met   " if t["met"] else "MISSED"
+        note = f"; {t['note']}" if t.get("note") else ""
+        lines.append(f"  {mark} {t['name']}: {_fmt(t['value'])} (target {t['target']}){note}")
     return "\n".join(lines)
 
 
@@ -928,6 +1179,14 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{d.launcher_concurrency})")
     p.add_argument("--quota", type=int,
                    help=f"max-servers in the quota runs (default {d.quota})")
+    p.add_argument("--burst", metavar="SIZES",
+                   help="namespace bursts (all requests submitted at once) at zero delays, "
+                        f"comma list of sizes; 0 skips them (default "
+                        f"{','.join(map(str, d.burst))}, --quick "
+                        f"{','.join(map(str, Params.quick_params().burst))})")
+    p.add_argument("--nodepool-burst", metavar="FILE",
+                   help=f"JSON of {SIDE_BY_SIDE} (Nodepool 11 and ours, side by side): "
+                        "adds its figures to the burst ratio targets")
     p.add_argument("--scale-nodes", type=int,
                    help=f"extra nodes for the scale run, 0 skips it (default {d.scale_nodes})")
     p.add_argument("--timeout", type=float,
@@ -974,6 +1233,9 @@ def params_from(args: argparse.Namespace) -> Params:
         p.realistic = parse_delays(args.realistic, REALISTIC_DELAYS)
     if args.launchers is not None:
         p.launchers = [int(x) for x in args.launchers.split(",") if x.strip() and int(x) > 0]
+    if args.burst is not None:
+        p.burst = [int(x) for x in args.burst.split(",") if x.strip() and int(x) > 0]
+    p.nodepool_burst = args.nodepool_burst
     return p
 
 

@@ -7,7 +7,9 @@ Owns the parts of the benchmark that need raw kazoo (which only this package imp
 - `NodeWatcher`: one children watch on `/nodepool/nodes` that notes when each node appears
   and disappears and the most nodes ever seen at once (quota checks, cleanup latency);
 - `timed_wait`: wait for a request to reach a final state and note *when the watch
-  fired*, which is when Zuul learns of it (not when a busy load thread got to run).
+  fired*, which is when Zuul learns of it (not when a busy load thread got to run);
+  `watch_final` does the same without a waiting thread, for many requests at once (the
+  bursts).
 
 Failure: kazoo exceptions propagate (a benchmark run fails loudly).
 """
@@ -17,9 +19,10 @@ from __future__ import annotations
 import json
 import threading
 import time
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from nodepool_k8s.zk import paths
 
@@ -156,3 +159,55 @@ def timed_wait(client: KazooClient, request_id: str, timeout: float,
     if not done.wait(timeout):
         raise TimeoutError(f"request {request_id} not in {states} after {timeout:g}s")
     return seen.get("body"), seen["at"]
+
+
+FinalCallback = Callable[[dict[str, Any] | None, float, BaseException | None, float | None],
+                         None]
+
+
+def watch_final(client: KazooClient, request_id: str, on_final: FinalCallback,
+                states: tuple[str, ...] = FINAL_STATES) -> None:
+    """Call `on_final(body, at, error, lag)` once, from one of kazoo's callback threads,
+    when the request reaches one of `states` (`at`: monotonic time the read delivered it;
+    `lag`: seconds from the write of that state, the znode's mtime, to then, a check that
+    the load generator sees fulfilments promptly); body None if it was deleted (error None)
+    or could not be read (error set). Nothing blocks: an asynchronous read that sets a data
+    watch, and again after each watch event, so hundreds of requests are watched without a
+    thread each."""
+    path = paths.request_path(request_id)
+    lock = threading.Lock()  # watch events and read results come on different threads
+    fired = False
+
+    def finish(body: dict[str, Any] | None, error: BaseException | None,
+               mtime_ms: int | None = None) -> None:
+        nonlocal fired
+        at, now = time.monotonic(), time.time()
+        with lock:
+            if fired:
+                return
+            fired = True
+        on_final(body, at, error, None if mtime_ms is None else now - mtime_ms / 1000.0)
+
+    def on_event(event: Any) -> None:
+        with lock:
+            if fired:
+                return
+        read()
+
+    def on_data(result: Any) -> None:
+        try:
+            data, stat = result.get()
+        except NoNodeError:
+            finish(None, None)
+            return
+        except Exception as exc:
+            finish(None, exc)
+            return
+        body = json.loads(data.decode("utf8")) if data else {}
+        if body.get("state") in states:
+            finish(body, None, stat.mtime)
+
+    def read() -> None:
+        client.get_async(path, watch=on_event).rawlink(on_data)
+
+    read()

@@ -5,7 +5,8 @@ nodepool-protocol.md Part B), on a raw `KazooClient` and kazoo's own `Lock` reci
 launcher is exercised against the real wire behaviour rather than our own store code:
 
 - `submit` writes exactly Zuul's request keys (persistent sequential `<prio>-<seq>`;
-  `requestor_data` with span ids larger than 2**63);
+  `requestor_data` with span ids larger than 2**63); `submit_async` the same without
+  waiting for the answer (the benchmark's bursts);
 - `wait` watches the request until it is fulfilled or failed (or deleted);
 - `accept` reads each node, checks `allocated_to`, locks it (30 s timeout), re-checks and
   then deletes the request, like the executor's acceptNodes;
@@ -95,6 +96,25 @@ class ZuulClient:
                relative_priority: int = 0, provider: str | None = None,
                tenant_name: str | None = "tenant-1", event_id: str | None = None,
                data: dict[str, Any] | None = None) -> str:
+        body = self.request_body(node_types, relative_priority=relative_priority,
+                                 provider=provider, tenant_name=tenant_name,
+                                 event_id=event_id, data=data)
+        path = self.client.create(f"{paths.REQUESTS}/{priority:0>3}-", body, makepath=True,
+                                  sequence=True)
+        return paths.basename(path)
+
+    def submit_async(self, body: bytes, *, priority: str = "200") -> Any:
+        """`submit` without waiting for ZooKeeper's answer: kazoo's async result of the
+        create (its value is the new request's path). A body from `request_body`. Many of
+        these pipeline on the session: the benchmark submits a burst this way."""
+        return self.client.create_async(f"{paths.REQUESTS}/{priority:0>3}-", body,
+                                        makepath=True, sequence=True)
+
+    def request_body(self, node_types: Iterable[str], *, relative_priority: int = 0,
+                     provider: str | None = None, tenant_name: str | None = "tenant-1",
+                     event_id: str | None = None,
+                     data: dict[str, Any] | None = None) -> bytes:
+        """The request znode's data, exactly Zuul's keys."""
         now = time.time()
         body = {
             "node_types": list(node_types),
@@ -108,10 +128,7 @@ class ZuulClient:
             "provider": provider,
             "tenant_name": tenant_name,
         }
-        path = self.client.create(f"{paths.REQUESTS}/{priority:0>3}-",
-                                  json.dumps(body).encode("utf8"), makepath=True,
-                                  sequence=True)
-        return paths.basename(path)
+        return json.dumps(body).encode("utf8")
 
     def get_request(self, request_id: str) -> dict[str, Any] | None:
         try:
