@@ -31,11 +31,24 @@ from typing import Any, Callable, Iterator, TypeVar
 from kazoo.client import KazooClient
 
 from nodepool_k8s.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.testing.stack import SimDelays, SimulatorProcess
 from nodepool_k8s.testing.zookeeper import ZooKeeperServer
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]
-COMPAT_VENV = ROOT / ".compat-venv"
+
+
+def _compat_venv() -> Path:
+    """This checkout's .compat-venv; else the venv this interpreter runs in, when it holds a
+    Nodepool env (a git worktree run with another checkout's .compat-venv/bin/python)."""
+    own = ROOT / ".compat-venv"
+    running = Path(sys.prefix)
+    if not own.exists() and (running / "nodepool-env").exists():
+        return running
+    return own
+
+
+COMPAT_VENV = _compat_venv()
 NODEPOOL_ENV = COMPAT_VENV / "nodepool-env"
 
 # Every key Nodepool 11 writes on a node (nodepool-protocol.md B1.4).
@@ -223,6 +236,7 @@ class Stack:
         self.keep = keep
         self.zk: ZooKeeperServer | None = None
         self.sim: Simulator | None = None
+        self.sim_process: SimulatorProcess | None = None
         self.kubeconfig: str | None = None
         self.processes: list[Process] = []
         self.kazoo_clients: list[KazooClient] = []
@@ -239,6 +253,15 @@ class Stack:
                                              **config)).start()
         self.kubeconfig = self.sim.write_kubeconfig(self.workdir / "kubeconfig", context="sim")
         return self.sim
+
+    def start_simulator_process(self, delays: SimDelays,
+                                env: dict[str, str] | None = None) -> SimulatorProcess:
+        """The simulator in its own process (`nodepool-k8s-sim`, admin kubeconfig, context
+        `sim`, RBAC not enforced), so its CPU does not compete with this process's threads
+        for the GIL: for measurements. Its API (`api`, `counters`) is the admin's."""
+        self.sim_process = SimulatorProcess(self.workdir, env or dict(os.environ), delays)
+        self.kubeconfig = str(self.sim_process.kubeconfig)
+        return self.sim_process
 
     def process(self, name: str, argv: list[str], env: dict[str, str] | None = None,
                 cwd: str | None = None) -> Process:
@@ -261,6 +284,9 @@ class Stack:
         if self.sim is not None:
             with contextlib.suppress(Exception):
                 self.sim.stop()
+        if self.sim_process is not None:
+            with contextlib.suppress(Exception):
+                self.sim_process.stop(10)
         if self.zk is not None:
             with contextlib.suppress(Exception):
                 self.zk.stop()
