@@ -223,6 +223,7 @@ class Burst:
     timed_out: int = 0
     zuul_events: int = 0
     api_calls: int | None = None
+    api_by_kind: dict[str, int] = field(default_factory=dict)  # "verb resource" -> calls
     after_last_submit: int = 0  # fulfilments seen after the last submission
 
     def summary(self) -> dict[str, Any]:
@@ -249,6 +250,7 @@ class Burst:
             "api_calls_per_node": r(self.api_calls / self.fulfilled
                                     if self.api_calls is not None and self.fulfilled
                                     else None),
+            "api_calls_by_kind": dict(sorted(self.api_by_kind.items())),
         }
 
 
@@ -309,7 +311,7 @@ class Phase:
         assert self.zuul is not None
         zuul = self.zuul
         result = Burst(self.side.key, self.run, size)
-        counters_before = self.sim.counters().get("total")
+        counters_before = self.sim.counters()
         jobs = [make_job([self.side.label], name=f"burst-{i}") for i in range(size)]
         job_of: dict[str, SimpleNamespace] = {}
         go = threading.Barrier(self.submitters)
@@ -361,9 +363,13 @@ class Phase:
         self._finish_all(job_of)
         if not self.nodes.wait_empty(90):
             raise RuntimeError(f"nodes not deleted after 90 s: {self.nodes.count()} left")
-        counters_after = self.sim.counters().get("total")
-        if counters_before is not None and counters_after is not None:
-            result.api_calls = counters_after - counters_before
+        counters_after = self.sim.counters()
+        # (The simulator does not count reads of its counters.)
+        result.api_by_kind = {k: v - counters_before.get(k, 0)
+                              for k, v in counters_after.items()
+                              if k != "total" and v != counters_before.get(k, 0)}
+        if "total" in counters_before and "total" in counters_after:
+            result.api_calls = counters_after["total"] - counters_before["total"]
         return result
 
     def _zuul_provisioned(self, ids: set[str], timeout: float) -> int:
@@ -503,6 +509,13 @@ def print_table(results: list[Burst], bursts: dict[str, Any]) -> None:
               f"{fmt(s['max_ms']):>8} {fmt(s['nodes_per_s']):>8} {s['fulfilled']:>4} "
               f"{s['failed'] + s['timed_out']:>4} {fmt(s['submit_span_ms'], '.0f'):>7} "
               f"{spread:>31} {fmt(s['api_calls_per_node']):>6}")
+    biggest = max(b.size for b in results) if results else 0
+    print(f"\n==== Kubernetes API calls per node by kind (burst {biggest}; includes deletion)")
+    for b in sorted(results, key=lambda b: b.run):
+        if b.size == biggest and b.fulfilled:
+            kinds = ", ".join(f"{k} {v / b.fulfilled:.2f}"
+                              for k, v in sorted(b.api_by_kind.items()))
+            print(f"  {b.run}. {SIDES[b.side].title}: {kinds}")
     print("\n==== Nodepool p50 / our p50 (ours: the run with the higher p50)")
     for size, entry in bursts.items():
         target = entry["target_ratio"]

@@ -81,3 +81,4 @@ print("nodepool env: drivers", sorted(Drivers.drivers))
 PY
 echo "ready: $VENV/bin/python tools/compat/zuul_client_check.py"
 echo "       $VENV/bin/python tools/compat/nodepool_side_by_side.py"
+echo "       $VENV/bin/python tools/compat/burst_side_by_side.py"
