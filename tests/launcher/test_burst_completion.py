@@ -13,21 +13,6 @@ from nodepool_k8s.driver.base import LaunchSpec
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.launchers import LauncherFactory
 
-TWO_LABELS = """
-labels:
-  - name: small
-providers:
-  - name: fake
-    driver: fake
-    pools:
-      - name: main
-        max-servers: 10
-        labels:
-          - name: small
-            type: namespace
-            launch-delay: 0.01
-"""
-
 
 class HeldWorker:
     """Holds the pool worker inside its next pass until released."""
@@ -49,7 +34,7 @@ class HeldWorker:
 
 def test_ready_node_fulfils_its_request_while_the_pool_worker_is_busy(
         launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    launcher = launchers(TWO_LABELS)
+    launcher = launchers()
     started, finish = threading.Event(), threading.Event()
 
     def slow_launch(spec: LaunchSpec) -> None:
@@ -74,7 +59,7 @@ def test_ready_node_fulfils_its_request_while_the_pool_worker_is_busy(
 
 def test_multi_node_request_waits_for_every_launch(
         launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    launcher = launchers(TWO_LABELS)
+    launcher = launchers()
     first_started, finish_second = threading.Event(), threading.Event()
     launches: list[str] = []
     lock = threading.Lock()
