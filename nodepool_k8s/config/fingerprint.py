@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import threading
 from typing import Any, Mapping
 
 from nodepool_k8s.config.model import Config, PoolConfig, PoolLabel
@@ -33,8 +34,31 @@ def _plain(value: Any) -> Any:
     return value
 
 
+# Every new node records its label's hash (twice: the node record and its namespace), and
+# computing one walks the whole resolved label. A loaded configuration is immutable, so a
+# hash is kept per (label, pool) object pair; the entry holds both objects, so their ids
+# cannot be reused while it exists. Bounded: reloads replace the objects.
+_CACHE_LIMIT = 1024
+_cache: dict[tuple[int, int], tuple[PoolLabel, PoolConfig, str]] = {}
+_cache_lock = threading.Lock()
+
+
 def label_hash(label: PoolLabel, pool: PoolConfig) -> str:
     """16 hex digits identifying what a node of `label` in `pool` is built from."""
+    key = (id(label), id(pool))
+    with _cache_lock:
+        hit = _cache.get(key)
+    if hit is not None and hit[0] is label and hit[1] is pool:
+        return hit[2]
+    digest = _label_hash(label, pool)
+    with _cache_lock:
+        if len(_cache) >= _CACHE_LIMIT:
+            _cache.clear()
+        _cache[key] = (label, pool, digest)
+    return digest
+
+
+def _label_hash(label: PoolLabel, pool: PoolConfig) -> str:
     text = json.dumps({"label": _plain(label), "node-attributes": _plain(pool.node_attributes)},
                       sort_keys=True, default=repr, separators=(",", ":"))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]

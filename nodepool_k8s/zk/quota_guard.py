@@ -121,6 +121,12 @@ class QuotaGuard:
         # trip less per decision in a burst). The commit checks the guard versions, so a
         # decision made on it is exact or fails with a conflict, which reads afresh.
         self._known: _Known | None = None
+        # Listed ids found gone since the last `remember`: a decision that began before
+        # they were found still carries them, and must not put them back (the known
+        # listing would otherwise grow by every node ever deleted, and each decision
+        # would read them all again). Node ids are never reused, so dropping one found
+        # gone is always safe.
+        self._gone: set[str] = set()
 
     def read_listing(self, guard_paths: list[str]) -> tuple[dict[str, int], list[str]]:
         """`read(guard_paths)` and the node ids for `usage(ids=...)`, in one round trip.
@@ -156,13 +162,16 @@ class QuotaGuard:
                  created: Sequence[str]) -> None:
         """A guarded commit over `versions` (read with listing `ids`) created `created`."""
         with self._created_lock:
+            gone, self._gone = self._gone, set()
             self._known = _Known({p: v + 1 for p, v in versions.items()},
-                                 list(ids) + list(created), self.zk.epoch)
+                                 [i for i in ids if i not in gone] + list(created),
+                                 self.zk.epoch)
 
     def forget(self) -> None:
         """Another process wrote a guard: the next decision reads afresh."""
         with self._created_lock:
             self._known = None
+            self._gone.clear()
 
     @staticmethod
     def _ids(children: list[str] | None) -> list[str]:
@@ -236,6 +245,7 @@ class QuotaGuard:
                 records.append(usage_record(node, fallback))
         if gone:
             with self._created_lock:
+                self._gone |= gone
                 if self._known is not None:
                     self._known.ids = [i for i in self._known.ids if i not in gone]
         return records

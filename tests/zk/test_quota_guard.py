@@ -99,6 +99,39 @@ def test_deleted_nodes_leave_the_remembered_listing(
     assert after is not None and sorted(after[1]) == sorted(created[1:])
 
 
+def test_a_deleted_node_found_gone_during_a_decision_stays_out(
+        zkc: ZkClient, kazoo_client: KazooClient) -> None:
+    """The decision that finds a node gone still holds the listing it started from; its
+    commit must not put the gone id back (the listing would grow by every node ever
+    deleted, and every decision would read them all again)."""
+    guard = QuotaGuard(zkc)
+    created, _ = create_nodes(zkc, guard, 2, use_known=False)
+    kazoo_client.delete(paths.node_path(created[0]))
+    for _ in range(3):
+        made: list[str] = []
+
+        def attempt() -> GuardedWrite[list[str]]:
+            known = guard.known_listing([GUARD])
+            assert known is not None
+            versions, ids = known
+            guard.usage(NoCache(), lambda node: None, ids=ids)  # finds created[0] gone
+            txn = Txn()
+            node = Node(id="", state=model.INIT, state_time=1.0, type=["small"])
+            index = NodeStore.add_create(txn, node)
+
+            def committed(results: list[Any]) -> list[str]:
+                made.append(NodeStore.created_id(results[index]))
+                guard.remember(versions, ids, made)
+                return made
+            return GuardedWrite(versions, txn, committed)
+
+        commit_guarded(zkc, 3, attempt)
+        known = guard.known_listing([GUARD])
+        assert known is not None and created[0] not in known[1]
+    versions, ids = guard.read_listing([GUARD])
+    assert sorted(known[1]) == sorted(ids) and len(ids) == 4
+
+
 def test_a_new_session_forgets_the_remembered_listing(zkc: ZkClient) -> None:
     guard = QuotaGuard(zkc)
     create_nodes(zkc, guard, 1, use_known=False)
