@@ -24,6 +24,7 @@ from nodepool_k8s.driver.kubernetes.errors import Conflict
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
 from nodepool_k8s.exceptions import LaunchError, NotOwned
 from nodepool_k8s.simulator import Simulator
+from tests.helpers import wait_for
 from tests.kubernetes.conftest import ProviderFactory
 from tests.kubernetes.factories import make_label, make_spec
 
@@ -96,11 +97,45 @@ def test_uid_precondition_mismatch_is_not_a_delete(sim: Simulator,
     assert _status(lambda: admin.delete_namespace(name, body=stale)) == 409
     # The provider's DELETE carries the uid it read: a replaced namespace is not deleted.
     with pytest.raises(Conflict):
-        provider._delete_uid(provider._connected()[0], name, "not-" + uid)
+        provider._delete_uid(provider._connected()[0], name, "not-" + uid, None)
     now = sim.get("namespaces", name)
     assert now is not None and "deletionTimestamp" not in now["metadata"]
     provider.delete(name, node_id="0000000000")
     assert sim.get("namespaces", name) is None
+
+
+def test_delete_proves_ownership_from_the_watch_without_a_get(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    provider = make_k8s_provider(sim, NS)
+    name = _launch(provider).external_id
+    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
+             message="the namespace watch to see the namespace")
+    sim.reset_counters()
+    provider.delete(name, node_id="0000000000")
+    assert sim.get("namespaces", name) is None
+    assert sim.counters.get("get namespaces", 0) == 0, sim.counters
+    assert sim.counters.get("delete namespaces", 0) == 1, sim.counters
+
+
+def test_a_stale_watch_copy_never_deletes_a_namespace_changed_since(
+        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any) -> None:
+    """The DELETE carries the resourceVersion of the copy that was proven ours: a namespace
+    relabelled after that copy was taken (here: the watch stopped, so its copy is as stale
+    as a lagging watch's could be) is refused by the API, then judged afresh from a GET."""
+    provider = make_k8s_provider(sim, NS)
+    name = _launch(provider).external_id
+    watch = provider._namespace_watch()
+    wait_for(lambda: watch.get("", name) is not None,
+             message="the namespace watch to see the namespace")
+    watch.stop()
+    admin = _admin(sim, tmp_path)
+    admin.patch_namespace(name, {"metadata": {"labels": {"nodepool_installation_id": None}}})
+    sim.reset_counters()
+    with pytest.raises(NotOwned):
+        provider.delete(name, node_id="0000000000")
+    now = sim.get("namespaces", name)
+    assert now is not None and "deletionTimestamp" not in now["metadata"]
+    assert sim.counters.get("get namespaces", 0) == 1, sim.counters
 
 
 def test_failed_create_leaves_a_namespace_that_is_not_ours(
