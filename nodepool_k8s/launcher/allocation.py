@@ -40,7 +40,7 @@ from nodepool_k8s.zk.quota_guard import (CONTENDED, GuardedWrite, Keep, QuotaGua
 from nodepool_k8s.zk.txn import Txn
 
 if TYPE_CHECKING:
-    from nodepool_k8s.launcher.launch import LaunchOutcome
+    from nodepool_k8s.launcher.launch import LaunchOutcome, NodeLaunch
 
 CONTENTION = "contention"
 
@@ -60,6 +60,7 @@ class Slot:
     node: Node | None = None
     lock: HeldLock | None = None
     future: "Future[LaunchOutcome] | None" = None
+    job: "NodeLaunch | None" = None  # the running launch (its lock, once taken)
     result: LaunchResult | None = None
     reused: bool = False
 

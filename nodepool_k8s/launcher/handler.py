@@ -167,8 +167,8 @@ class RequestHandler:
             if future is None or not future.done():
                 return False
             try:
-                if future.result().kind is launching.ABORTED:
-                    return False
+                if future.result().kind in (launching.ABORTED, launching.UNLOCKED):
+                    return False  # the slot needs a new node: allocation is the worker's
             except Exception:
                 continue  # collected as a failure
         return True
@@ -201,7 +201,13 @@ class RequestHandler:
                 try:
                     outcome = slot.future.result(max(0.0, deadline - clock.monotonic()))
                 except Exception:
+                    # Not returned in time: if its launch took the node's lock, release it
+                    # with the rest (the node stays in `building`; cleanup deletes it).
+                    if slot.job is not None and slot.job.lock is not None:
+                        slot.lock = slot.job.lock
                     continue
+                if outcome.lock is not None:
+                    slot.lock = outcome.lock
                 if outcome.kind in (launching.CANCELLED, launching.FAILED) and not slot.reused:
                     discarded.append(slot)
         if self.done or not self.lock.valid:
@@ -272,6 +278,15 @@ class RequestHandler:
             # The future (and so the outcome) is dropped only once the outcome is applied:
             # if writing the node's final state fails (ZooKeeper unreachable), the next
             # advance collects the same outcome again instead of waiting forever.
+            if outcome.kind is launching.UNLOCKED:
+                if slot.node is not None:
+                    self._node_log(slot.node).warning(
+                        "Could not lock our new node (%s); replacing it", outcome.error)
+                slot.state, slot.node, slot.lock = SlotState.NEED, None, None
+                slot.future = slot.job = None
+                continue
+            if outcome.lock is not None:
+                slot.lock = outcome.lock
             if outcome.kind in (launching.READY, launching.FAILED):
                 self._launch_done(slot.label, outcome)
             if outcome.kind is launching.READY:
@@ -294,7 +309,7 @@ class RequestHandler:
                                          zk_events.LAUNCH_FAILED, outcome.reason,
                                          outcome.error)
                 self._node_log(slot.node).warning("Launch failed: %s", outcome.error)
-            slot.future = None
+            slot.future = slot.job = None
 
     def _launch_done(self, label: str, outcome: launching.LaunchOutcome) -> None:
         try:
@@ -336,26 +351,24 @@ class RequestHandler:
         for slot in slots:
             node = slot.node
             assert node is not None
+            # Lock + `building` is sent now and its answer collected by the launch thread:
+            # in a burst the pool worker goes on to the next request meanwhile.
             try:
-                lock = self.engine.nodes.lock_new(node, model.BUILDING,
-                                                  self.engine.clock.time())
+                pending = self.engine.nodes.lock_new_async(node, model.BUILDING,
+                                                           self.engine.clock.time())
             except Exception:
                 slot.node = None  # left in `init`, unlocked: stale-init cleanup removes it
                 raise
-            if lock is None:
-                self._node_log(node).warning("Someone else locked our new node; replacing it")
-                slot.node = None
-                self.wake()
-                continue
-            slot.lock, slot.state = lock, SlotState.LAUNCHING
+            slot.state = SlotState.LAUNCHING
             job = launching.NodeLaunch(
                 provider=self.provider, provider_config=provider_cfg, pool=pool_cfg,
                 label=pool_cfg.labels[slot.label], request=self.request, node=node,
-                lock=lock, nodes=self.engine.nodes, cancel=self.cancel,
+                pending_lock=pending, nodes=self.engine.nodes, cancel=self.cancel,
                 stats=self.engine.stats, log=self._node_log(node), clock=self.engine.clock,
                 on_attempt_failed=functools.partial(lifecycle.record_attempt_failed,
                                                     self.engine.events, node))
             self._node_log(node).info("Launching %s node", slot.label)
+            slot.job = job
             slot.future = self.launches.submit(job.run, self._returned)
 
     def _returned(self) -> None:

@@ -6,14 +6,20 @@ Owns: calling `provider.launch` for one node (attempt after attempt, up to the p
 `nodepool.launch.*` stats. Launches run on a `LaunchPool`: at most `max-concurrency`
 threads per provider (or `launch_workers` when unlimited), never one thread per node.
 
+Before anything else a launch collects the answer to the node's lock + `building`
+transaction, which the pool worker sent without waiting (so it could go on to the next
+request of a burst): only a node locked by us is launched.
+
 Outcomes (`Outcome`): READY (with the LaunchResult), FAILED (every attempt failed, or a
 non-retryable error), ABORTED (the cloud refused for quota: not a failure, the request
-waits for capacity), CANCELLED (shutdown or session loss set the cancel event). This
-module writes only the external id; the request handler writes every state change.
+waits for capacity), CANCELLED (shutdown or session loss set the cancel event), UNLOCKED
+(the node could not be locked: nothing was launched, the handler replaces the node). This
+module writes only the external id; the request handler writes every other state change.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -30,7 +36,7 @@ from nodepool_k8s.driver.base import LaunchResult, LaunchSpec, Provider, Request
 from nodepool_k8s.exceptions import LaunchError, QuotaExceeded, TemporaryError
 from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.nodes import NodeStore, PendingLock
 
 
 class Outcome(enum.Enum):
@@ -38,10 +44,11 @@ class Outcome(enum.Enum):
     FAILED = "failed"
     ABORTED = "aborted"
     CANCELLED = "cancelled"
+    UNLOCKED = "unlocked"  # the new node could not be locked: nothing was launched
 
 
-READY, FAILED, ABORTED, CANCELLED = (Outcome.READY, Outcome.FAILED, Outcome.ABORTED,
-                                     Outcome.CANCELLED)
+READY, FAILED, ABORTED, CANCELLED, UNLOCKED = (Outcome.READY, Outcome.FAILED, Outcome.ABORTED,
+                                               Outcome.CANCELLED, Outcome.UNLOCKED)
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class LaunchOutcome:
     # LaunchError from anything unexpected by type, never by the error text.
     error_type: type[BaseException] | None = None
     reason: str = ""  # one of conditions.REASONS for failed and aborted outcomes
+    lock: HeldLock | None = None  # the node's lock, taken by the launch (see NodeLaunch)
 
 
 class LaunchPool:
@@ -121,7 +129,12 @@ def request_info(request: NodeRequest) -> RequestInfo:
 
 @dataclass
 class NodeLaunch:
-    """Everything one launch needs; `run` executes on a LaunchPool thread."""
+    """Everything one launch needs; `run` executes on a LaunchPool thread.
+
+    The node's lock + `building` transaction was sent by the pool worker (`pending_lock`),
+    which went on to its next request instead of waiting for the answer: the launch
+    collects it first, and reports UNLOCKED (nothing launched) if it did not get the lock.
+    """
 
     provider: Provider
     provider_config: ProviderConfig
@@ -129,7 +142,7 @@ class NodeLaunch:
     label: PoolLabel
     request: NodeRequest
     node: Node
-    lock: HeldLock
+    pending_lock: PendingLock
     nodes: NodeStore
     cancel: threading.Event
     stats: stats.Stats
@@ -137,6 +150,8 @@ class NodeLaunch:
     # Told of every failed attempt (attempt, reason, message): the event log.
     on_attempt_failed: Callable[[int, str, str], None] | None = None
     clock: Clock = SYSTEM_CLOCK
+    # Set by `run` once the pending lock is ours (read by a shutdown that gave up waiting).
+    lock: HeldLock | None = None
 
     def _attempt_failed(self, attempt: int, reason: str, error: str) -> None:
         if self.on_attempt_failed is not None:
@@ -153,21 +168,34 @@ class NodeLaunch:
         if self.node.external_id == external_id:
             return
         self.node.set(external_id=external_id)
+        lock = self.lock
+        assert lock is not None  # progress is reported only after `run` took the lock
         try:
-            self.nodes.store(self.node, self.lock)
+            self.nodes.store(self.node, lock)
         except Exception as exc:
             # Without the lock nothing we do for this node counts any more: stop early.
             self.log.warning("Could not record external id %s: %s", external_id, exc)
-            if not self.lock.valid:
+            if not lock.valid:
                 self.cancel.set()
 
     def run(self) -> LaunchOutcome:
+        try:
+            lock = self.pending_lock.result()
+        except Exception as exc:
+            self.log.warning("Could not lock the new node: %s", exc)
+            return LaunchOutcome(UNLOCKED, error=f"{type(exc).__name__}: {exc}")
+        if lock is None:
+            return LaunchOutcome(UNLOCKED, error="someone else locked the new node")
+        self.lock = lock
+        return dataclasses.replace(self._run_locked(lock), lock=lock)
+
+    def _run_locked(self, lock: HeldLock) -> LaunchOutcome:
         started = time.monotonic()
         outcome = self._attempts()
         result = {READY: stats.RESULT_READY, ABORTED: stats.RESULT_QUOTA}.get(outcome.kind)
         if result is None:
             if outcome.kind is CANCELLED:
-                result = stats.RESULT_ZKSESSION if not self.lock.valid \
+                result = stats.RESULT_ZKSESSION if not lock.valid \
                     else stats.RESULT_UNKNOWN
             else:
                 failed_by_driver = outcome.error_type is not None \

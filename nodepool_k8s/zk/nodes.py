@@ -14,13 +14,14 @@ Failure modes: `LockLost` (our contender is gone), `NoNodeError` (node deleted),
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from nodepool_k8s import model, records
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk import errors, locks, multiread, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.zk.txn import Txn
+from nodepool_k8s.zk.txn import PendingTxn, Txn
 
 log = logging.getLogger("nodepool_k8s.zk.nodes")
 
@@ -130,44 +131,24 @@ class NodeStore:
         Creates the lock dir and our contender and writes `new_state` atomically. Returns
         None when someone else got to the lock first (the node is then left alone).
         """
+        return self.lock_new_async(node, new_state, state_time).result()
+
+    def lock_new_async(self, node: Node, new_state: str, state_time: float) -> "PendingLock":
+        """`lock_new`, sent now and collected later with `PendingLock.result` (possibly on
+        another thread: until then `node` belongs to whoever collects it)."""
         lock_dir = paths.node_lock_path(node.id)
-        old_state, old_time = node.state, node.state_time
+        old = (node.state, node.state_time)
         node.state, node.state_time = new_state, state_time
         txn = Txn()
         contender = locks.add_fresh_lock(txn, lock_dir)
         data = encode(node)
         set_idx = txn.set(paths.node_path(node.id), data, version=node.version)
         try:
-            results = txn.commit(self.zk)
-        except errors.ZkConnectionError:
-            # Ambiguous: the transaction may have been applied. Adopt it if it was.
-            outcome = locks.reconcile_write(self.zk, paths.node_path(node.id), data,
-                                            node.version, f"{lock_dir}/{contender}")
-            if outcome is None:
-                node.state, node.state_time = old_state, old_time
-                raise
-            node.version, ours = outcome
-            if not ours:  # applied, but the session (and our lock) is gone since
-                raise errors.LockLost(f"lock on node {node.id} lost after the commit")
-            return HeldLock(self.zk, lock_dir, contender, self.zk.epoch)
-        except errors.TxnFailed as exc:
-            node.state, node.state_time = old_state, old_time
-            if isinstance(exc.cause, errors.NodeExistsError):
-                # Someone is contending already: fall back to an ordinary attempt.
-                held = self.lock(node.id)
-                if held is None:
-                    return None
-                node.state, node.state_time = new_state, state_time
-                try:
-                    self.store(node, held)
-                except Exception:
-                    node.state, node.state_time = old_state, old_time
-                    held.release()
-                    raise
-                return held
-            raise exc.cause from exc
-        node.version = results[set_idx].version
-        return HeldLock(self.zk, lock_dir, contender, self.zk.epoch)
+            sent = txn.commit_async(self.zk)
+        except Exception:
+            node.state, node.state_time = old
+            raise
+        return PendingLock(self, node, old, lock_dir, contender, data, set_idx, sent)
 
     def store(self, node: Node, held: HeldLock) -> None:
         """Write the whole node, only while we hold its lock (and at the version we read)."""
@@ -268,3 +249,55 @@ class NodeStore:
             self.zk.delete(paths.node_path(node_id), recursive=True)
         except errors.NoNodeError:
             pass
+
+
+class PendingLock:
+    """A sent `lock_new` transaction (see `NodeStore.lock_new_async`)."""
+
+    def __init__(self, store: NodeStore, node: Node, old: tuple[str, Any], lock_dir: str,
+                 contender: str, data: bytes, set_idx: int, sent: PendingTxn) -> None:
+        self.store = store
+        self.node = node
+        self._old = old
+        self._lock_dir = lock_dir
+        self._contender = contender
+        self._data = data
+        self._set_idx = set_idx
+        self._sent = sent
+
+    def result(self) -> HeldLock | None:
+        """Our lock on the node (now in its new state), or None when someone else got to
+        the lock first; raises as `Txn.commit` does when neither could be established."""
+        store, node, zk = self.store, self.node, self.store.zk
+        new_state, state_time = node.state, node.state_time
+        try:
+            results = self._sent.result()
+        except errors.ZkConnectionError:
+            # Ambiguous: the transaction may have been applied. Adopt it if it was.
+            outcome = locks.reconcile_write(zk, paths.node_path(node.id), self._data,
+                                            node.version, f"{self._lock_dir}/{self._contender}")
+            if outcome is None:
+                node.state, node.state_time = self._old
+                raise
+            node.version, ours = outcome
+            if not ours:  # applied, but the session (and our lock) is gone since
+                raise errors.LockLost(f"lock on node {node.id} lost after the commit")
+            return HeldLock(zk, self._lock_dir, self._contender, zk.epoch)
+        except errors.TxnFailed as exc:
+            node.state, node.state_time = self._old
+            if isinstance(exc.cause, errors.NodeExistsError):
+                # Someone is contending already: fall back to an ordinary attempt.
+                held = store.lock(node.id)
+                if held is None:
+                    return None
+                node.state, node.state_time = new_state, state_time
+                try:
+                    store.store(node, held)
+                except Exception:
+                    node.state, node.state_time = self._old
+                    held.release()
+                    raise
+                return held
+            raise exc.cause from exc
+        node.version = results[self._set_idx].version
+        return HeldLock(zk, self._lock_dir, self._contender, zk.epoch)

@@ -69,6 +69,14 @@ class Txn:
             return []
         if len(self.ops) == 1:
             return [self._single(zk, self.ops[0])]
+        return self.commit_async(zk).result()
+
+    def commit_async(self, zk: ZkClient) -> "PendingTxn":
+        """Send the transaction (two or more operations) without waiting for the answer:
+        the caller goes on and collects the outcome, as `commit` reports it, later
+        (possibly on another thread) with `PendingTxn.result`."""
+        if len(self.ops) < 2:
+            raise ValueError("commit_async needs two or more operations")
         tx = zk.transaction()
         for op in self.ops:
             if op.kind == "create":
@@ -84,22 +92,10 @@ class Txn:
                 tx.check(op.path, op.version)
         zk.writes.add(len(self.ops))
         try:
-            results = tx.commit()
+            sent = tx.commit_async()
         except kex.KazooException as exc:
             raise translate(exc, self.ops[0].path) from exc
-        for index, result in enumerate(results):
-            if isinstance(result, Exception) and not isinstance(result, kex.RolledBackError):
-                op = self.ops[index]
-                cause = translate(result, op.path)
-                if isinstance(cause, errors.ZkAuthError):
-                    raise cause  # permanent, and about access, not the state of the tree
-                if not isinstance(cause, errors.NodepoolError):
-                    cause = errors.ZkConnectionError(repr(result))
-                raise errors.TxnFailed(index, op.kind, op.path, cause)
-        if any(isinstance(r, Exception) for r in results):
-            raise errors.TxnFailed(0, self.ops[0].kind, self.ops[0].path,
-                                   errors.ZkConnectionError("transaction rolled back"))
-        return [Stat.of(r) if isinstance(r, ZnodeStat) else r for r in results]
+        return PendingTxn(self.ops, sent)
 
     @staticmethod
     def _single(zk: ZkClient, op: Op) -> Any:
@@ -120,3 +116,31 @@ class Txn:
         except (errors.NoNodeError, errors.VersionConflict, errors.NodeExistsError,
                 errors.NotEmptyError) as exc:
             raise errors.TxnFailed(0, op.kind, op.path, exc) from exc
+
+
+class PendingTxn:
+    """A sent transaction whose answer has not been collected (see `Txn.commit_async`)."""
+
+    def __init__(self, ops: list[Op], sent: Any) -> None:
+        self.ops = ops
+        self._sent = sent
+
+    def result(self) -> list[Any]:
+        """The per-op results, or the errors `Txn.commit` raises."""
+        try:
+            results = self._sent.get()
+        except kex.KazooException as exc:
+            raise translate(exc, self.ops[0].path) from exc
+        for index, result in enumerate(results):
+            if isinstance(result, Exception) and not isinstance(result, kex.RolledBackError):
+                op = self.ops[index]
+                cause = translate(result, op.path)
+                if isinstance(cause, errors.ZkAuthError):
+                    raise cause  # permanent, and about access, not the state of the tree
+                if not isinstance(cause, errors.NodepoolError):
+                    cause = errors.ZkConnectionError(repr(result))
+                raise errors.TxnFailed(index, op.kind, op.path, cause)
+        if any(isinstance(r, Exception) for r in results):
+            raise errors.TxnFailed(0, self.ops[0].kind, self.ops[0].path,
+                                   errors.ZkConnectionError("transaction rolled back"))
+        return [Stat.of(r) if isinstance(r, ZnodeStat) else r for r in results]
