@@ -61,7 +61,7 @@ class FakeProvider:
         self.clock = clock
         self.cloud = cloud or FakeCloud()
         self.calls: list[tuple[str, Any]] = []
-        self._failures: dict[str, list[Exception]] = {}
+        self._failures: dict[str, list[tuple[Exception, str | None]]] = {}
         self._lock = threading.Lock()
         self.started = False
         self.launching = 0
@@ -70,16 +70,21 @@ class FakeProvider:
 
     # -- test controls --------------------------------------------------------------------
     def fail_next(self, count: int = 1, exc: Exception | None = None,
-                  op: str = "launch") -> None:
-        """The next `count` calls of `op` (launch, delete, list) raise `exc`."""
+                  op: str = "launch", node_id: str | None = None) -> None:
+        """The next `count` calls of `op` (launch, delete, list) raise `exc` (only calls
+        for node `node_id`, if given: launches of one request run concurrently)."""
         error = exc or LaunchError("injected failure", reason="Injected")
         with self._lock:
-            self._failures.setdefault(op, []).extend([error] * count)
+            self._failures.setdefault(op, []).extend([(error, node_id)] * count)
 
-    def _injected(self, op: str) -> Exception | None:
+    def _injected(self, op: str, node_id: str | None = None) -> Exception | None:
         with self._lock:
-            queue = self._failures.get(op)
-            return queue.pop(0) if queue else None
+            queue = self._failures.get(op) or []
+            for index, (error, only) in enumerate(queue):
+                if only is None or only == node_id:
+                    del queue[index]
+                    return error
+            return None
 
     def add_resource(self, external_id: str, node_id: str | None,
                      created: float | None = None) -> None:
@@ -131,7 +136,7 @@ class FakeProvider:
 
     def _launch(self, spec: LaunchSpec, cancel: threading.Event,
                 progress: Progress | None) -> LaunchResult:
-        injected = self._injected("launch")
+        injected = self._injected("launch", spec.node_id)
         if injected is not None:
             raise injected
         suffix = f"-{spec.attempt}" if spec.attempt > 1 else ""
@@ -184,7 +189,7 @@ class FakeProvider:
 
     def delete(self, external_id: str, node_id: str | None = None) -> None:
         self._record("delete", external_id)
-        injected = self._injected("delete")
+        injected = self._injected("delete", node_id)
         if injected is not None:
             raise injected
         with self.cloud.lock:

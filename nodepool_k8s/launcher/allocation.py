@@ -21,7 +21,7 @@ import enum
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 from nodepool_k8s import model, quota
 from nodepool_k8s.clock import Clock
@@ -36,7 +36,7 @@ from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.quota_guard import (CONTENDED, GuardedWrite, Keep, QuotaGuard,
-                                         commit_guarded)
+                                         commit_guarded, usage_record)
 from nodepool_k8s.zk.txn import Txn
 
 if TYPE_CHECKING:
@@ -254,3 +254,78 @@ class Allocator:
                 slot.node, slot.lock, slot.state, slot.reused = node, lock, SlotState.READY, True
                 self._node_log(node).info("Reusing ready node for %s", slot.label)
                 break
+
+
+def create_batch(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[Slot]]],
+                 provider_cfg: ProviderConfig, pool_cfg: PoolConfig) -> int:
+    """Create nodes in `init` for the leading entries of `batch` that fit the quotas
+    together, in one guarded transaction: one guard read (often none, see
+    `QuotaGuard.known_listing`) and one commit for all of them instead of one each.
+
+    `batch`: freshly accepted requests of one pool, in priority order, none of them under
+    a tenant limit, each with the slots it needs. Returns how many leading entries got
+    their nodes (slot `node`s set, as `Allocator.create` leaves them). The caller serves
+    the rest one by one, which pauses or declines them exactly as before. A commit that
+    fails for another reason than a guard conflict (one of the requests' locks vanished)
+    creates nothing and returns 0.
+    """
+    if not batch:
+        return 0
+    guards = [paths.provider_guard_path(provider_cfg.name)]
+    tries = [0]
+
+    def counts(node: quota.NodeUsage) -> bool:
+        return bool(node.provider == provider_cfg.name)
+
+    def fitting(records: list[quota.UsageRecord]) -> list[list[Node]]:
+        """New nodes for the longest prefix of `batch` that fits on top of `records`."""
+        planned: list[list[Node]] = []
+        added: list[quota.UsageRecord] = []
+        for allocator, slots in batch:
+            need = quota.demand([s.label for s in slots], pool_cfg)
+            if not allocator.check(need, records + added, provider_cfg, pool_cfg, None):
+                break
+            nodes = [allocator.new_node(s.label, pool_cfg) for s in slots]
+            added += [usage_record(node, lambda _node: None) for node in nodes]
+            planned.append(nodes)
+        return planned
+
+    def attempt() -> GuardedWrite[int] | int:
+        tries[0] += 1
+        known = deps.guard.known_listing(guards) if tries[0] == 1 else None
+        if tries[0] > 1:
+            deps.guard.forget()  # another launcher wrote a guard since
+        planned: list[list[Node]] = []
+        if known is not None:
+            versions, ids = known
+            planned = fitting(deps.usage(counts, ids))
+        if known is None or len(planned) < len(batch):
+            # The remembered listing over-counts deleted nodes: decide a shortfall afresh.
+            versions, ids = deps.guard.read_listing(guards)
+            planned = fitting(deps.usage(counts, ids))
+        if not planned:
+            return 0
+        txn = Txn()
+        indexes: list[list[int]] = []
+        for (allocator, _slots), nodes in zip(batch, planned):
+            allocator.request_lock.guard(txn)  # only requests that are still ours
+            indexes.append([NodeStore.add_create(txn, node) for node in nodes])
+
+        def committed(results: list[Any]) -> int:
+            made: list[Node] = []
+            for (_allocator, slots), nodes, where in zip(batch, planned, indexes):
+                for slot, node, index in zip(slots, nodes, where):
+                    node.id, node.version = NodeStore.created_id(results[index]), 0
+                    slot.node = node
+                    made.append(node)
+            created = [node.id for node in made]
+            deps.guard.note_created(made, created)
+            deps.guard.remember(versions, ids, created)
+            return len(planned)
+        return GuardedWrite(versions, txn, committed)
+
+    try:
+        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+    except errors.NoNodeError:
+        return 0  # a request's lock vanished: nothing was created; served one by one
+    return 0 if outcome is CONTENDED else outcome

@@ -152,6 +152,17 @@ class RequestHandler:
         self.blocked_scope = verdict.scope
         return True
 
+    def launch_created(self) -> None:
+        """Start the launches of the nodes a batched create (`allocation.create_batch`)
+        made for this freshly accepted handler; from here on it is like one that created
+        them itself."""
+        with self._mutex:
+            configs = self._configs()
+            created = [s for s in self.slots
+                       if s.state is SlotState.NEED and s.node is not None]
+            if configs is not None and created:
+                self._start_launches(created, *configs)
+
     @property
     def finishable(self) -> bool:
         """Every launch has returned, and none was aborted: advancing only writes the final

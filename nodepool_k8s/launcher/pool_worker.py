@@ -20,8 +20,10 @@ session abandons every handler without writing (see handler.py).
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
+from typing import Callable
 
 from nodepool_k8s import logconfig, model, quota, stats
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
@@ -30,17 +32,23 @@ from nodepool_k8s.launcher import drift, fleet, lifecycle, maintenance, plan, po
 from nodepool_k8s.launcher.breaker import PoolBreaker
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.launcher.allocation import SlotState, create_batch
 from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.launch import LaunchPool
 from nodepool_k8s.launcher.worker import Worker
 from nodepool_k8s.model import NodeRequest, Resources
 from nodepool_k8s.zk import errors
+from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.pool_status import StatusWriter
 from nodepool_k8s.zk.registry import Registration, pool_worker_id
+from nodepool_k8s.zk.requests import PendingFresh
 
 
 # After losing the race for a request's lock, look at the request again this much later.
 CONTENDED_RETRY = 0.2
+# At most this many requests are accepted together (one lock round trip, one guarded
+# create): a bound on what one pass holds before any of it launches.
+BATCH_LIMIT = 16
 
 
 def copy_request(request: NodeRequest) -> NodeRequest:
@@ -76,6 +84,8 @@ class PoolWorker(Worker):
         self._status_writer = StatusWriter(engine.zk, self.id)
         self.published_status: dict[str, object] | None = None
         self._contended = False
+        # Requests whose lock dir exists (someone locked them before): never batched.
+        self.lock_dir_seen: set[str] = set()
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -195,7 +205,11 @@ class PoolWorker(Worker):
         me = next(p for p in registered if p.id == self.id)
         cloud = provider.cloud_limits()
         tenant_usage: list[quota.UsageRecord] | None = None
-        for request in plan.order(self.engine.request_cache.requests(), pool_cfg.labels):
+        batch = _Batch(self, provider, provider_cfg, pool_cfg)
+        requests = self.engine.request_cache.requests()
+        if self.lock_dir_seen:
+            self.lock_dir_seen &= {r.id for r in requests}
+        for request in plan.order(requests, pool_cfg.labels):
             if self.engine.stopping.is_set():
                 break
             if request.id in self.handlers or request.state != model.REQUESTED \
@@ -212,7 +226,7 @@ class PoolWorker(Worker):
                 if refusal:  # a suspended label: let another pool or provider serve it
                     decision = plan.Decision(plan.Verdict.DECLINE, refusal)
             if decision.verdict is plan.Verdict.ACCEPT:
-                if paused or self._at_concurrency(provider_cfg):
+                if paused or self._at_concurrency(provider_cfg, batch.node_count):
                     continue
                 if tenant_usage is None:
                     limited = self.engine.config.tenant_resource_limits
@@ -220,17 +234,28 @@ class PoolWorker(Worker):
                         lambda node: node.tenant_name in limited)
                 if not self._tenant_fits(request, pool_cfg, tenant_usage):
                     continue  # over the tenant's limit: defer, neither decline nor pause
+                if not probe and batch.add(request, functools.partial(
+                        self._take, request, decision, provider, me, pool_cfg, provider_cfg,
+                        registered, cloud, refusal=refusal)):
+                    continue  # accepted together with the next ones (`_Batch.flush`)
+            # Anything else is taken on its own, after the batch before it (order kept).
+            paused = batch.flush(paused)
             handler = self._take(request, decision, provider, me, pool_cfg, provider_cfg,
                                  registered, cloud, paused, refusal)
             if handler is not None:
                 if probe:
                     self._probes.add(handler.request.id)
-                with self._handlers_lock:
-                    self.handlers[handler.request.id] = handler
-                if handler.advance(may_allocate=True):
-                    paused = True
-                if handler.done:
-                    self._remove_handlers([handler.request.id])
+                paused = self._adopt(handler, paused, may_allocate=True)
+        return batch.flush(paused)
+
+    def _adopt(self, handler: RequestHandler, paused: bool, may_allocate: bool) -> bool:
+        """Keep a newly accepted handler and advance it once; whether the pool is paused."""
+        with self._handlers_lock:
+            self.handlers[handler.request.id] = handler
+        if handler.advance(may_allocate=may_allocate):
+            paused = True
+        if handler.done:
+            self._remove_handlers([handler.request.id])
         return paused
 
     def _take(self, request: NodeRequest, decision: plan.Decision, provider: Provider,
@@ -278,11 +303,15 @@ class PoolWorker(Worker):
             logconfig.annotate(self.log, fresh.event_id, fresh.id).info(
                 "Declined (%s); request is now %s", decline_reason, fresh.state)
             return None
-        handler = RequestHandler(self.engine, self.ref, provider, self.launches, fresh,
+        return self._new_handler(provider, fresh, lock)
+
+    def _new_handler(self, provider: Provider, request: NodeRequest,
+                     lock: HeldLock) -> RequestHandler:
+        handler = RequestHandler(self.engine, self.ref, provider, self.launches, request,
                                  lock, self.registered_ids, self.wake)
         handler.refuse = self._breaker_refusal
         handler.on_launch_done = self._launch_done
-        handler.log.info("Accepted request for %s", fresh.node_types)
+        handler.log.info("Accepted request for %s", request.node_types)
         return handler
 
     # -- circuit breaker and status --------------------------------------------------------
@@ -363,9 +392,10 @@ class PoolWorker(Worker):
         else:
             request.state, request.state_time = model.PENDING, now
 
-    def _at_concurrency(self, provider_cfg: ProviderConfig) -> bool:
+    def _at_concurrency(self, provider_cfg: ProviderConfig, planned: int = 0) -> bool:
+        """`planned`: launches about to start (a batch being gathered)."""
         limit = provider_cfg.max_concurrency
-        return limit > 0 and self.launches.in_flight >= limit
+        return limit > 0 and self.launches.in_flight + planned >= limit
 
     def _tenant_fits(self, request: NodeRequest, pool_cfg: PoolConfig,
                      usage: list[quota.UsageRecord]) -> bool:
@@ -426,3 +456,121 @@ class PoolWorker(Worker):
                 handler.shutdown(timeout)
             except Exception:
                 self.log.exception("Error while returning request %s", handler.request.id)
+
+
+class _Batch:
+    """Freshly requested requests of one pass that are accepted together (issue 15).
+
+    A request joins while it can be accepted the fast way (nobody ever locked it), asks
+    for no reuse of a ready node, has no tenant limit, and, with the batch before it,
+    still fits the pool's and provider's quotas as the cache sees them. `flush` then
+    sends the lock + `pending` transaction of every member before collecting any answer
+    (one round trip instead of one each), creates the nodes of all that fit in one
+    guarded transaction (`allocation.create_batch`), and starts their launches; members
+    that did not fit after all are advanced one by one as before (they pause in order).
+    """
+
+    def __init__(self, worker: PoolWorker, provider: Provider, provider_cfg: ProviderConfig,
+                 pool_cfg: PoolConfig) -> None:
+        self.worker = worker
+        self.provider = provider
+        self.provider_cfg = provider_cfg
+        self.pool_cfg = pool_cfg
+        self.requests: list[NodeRequest] = []
+        self._take: list[Callable[[bool], RequestHandler | None]] = []
+        self.node_count = 0
+        self._usage: list[quota.UsageRecord] | None = None
+        self._need = Resources({})
+
+    def add(self, request: NodeRequest,
+            take: Callable[[bool], RequestHandler | None]) -> bool:
+        """Gather `request` if it qualifies; `take(paused)` is the ordinary way to accept it
+        (used if it turns out somebody locked it before)."""
+        if len(self.requests) >= BATCH_LIMIT or request.tenant_name \
+                and request.tenant_name in self.worker.engine.config.tenant_resource_limits:
+            return False
+        if request.id in self.worker.lock_dir_seen or (request.reuse and self._reusable(request)):
+            return False
+        engine, provider_cfg, pool_cfg = self.worker.engine, self.provider_cfg, self.pool_cfg
+        if self._usage is None:
+            self._usage = engine.cached_usage(lambda n: n.provider == provider_cfg.name)
+        need = self._need + quota.demand(request.node_types, pool_cfg)
+        labels = sorted(set(request.node_types))
+        verdict = quota.check(
+            need, pool_usage=quota.total(self._usage, provider=provider_cfg.name,
+                                         pool=pool_cfg.name),
+            provider_usage=quota.total(self._usage, provider=provider_cfg.name),
+            pool=pool_cfg, provider=provider_cfg, cloud_limits=quota.tightest(
+                self.provider.cloud_limits(pool_cfg.labels[name])
+                for name in labels if name in pool_cfg.labels))
+        if not verdict:
+            return False
+        self._need = need
+        self.requests.append(request)
+        self._take.append(take)
+        self.node_count += len(request.node_types)
+        return True
+
+    def _reusable(self, request: NodeRequest) -> bool:
+        """A ready, unallocated node of one of the request's labels in this pool (then the
+        request is served one by one, which takes it over)."""
+        wanted = set(request.node_types)
+        worker = self.worker
+        return any(n.state == model.READY and not n.allocated_to
+                   and n.provider == worker.ref.provider and n.pool == worker.ref.pool
+                   and n.label in wanted for n in worker.engine.node_cache.nodes())
+
+    def flush(self, paused: bool) -> bool:
+        """Accept and start the gathered requests; whether the pool is paused after."""
+        # The pass's usage and the demand gathered so far stay: a later batch of the same
+        # pass is checked on top of this one (the cache does not show its nodes yet).
+        requests, takes = self.requests, self._take
+        self.requests, self._take, self.node_count = [], [], 0
+        if not requests:
+            return paused
+        worker = self.worker
+        store = worker.engine.requests
+        sent: list[tuple[NodeRequest, PendingFresh | BaseException]] = []
+        for request in requests:
+            fresh = copy_request(request)
+            worker._prepare(fresh, None)
+            try:
+                sent.append((fresh, store.store_fresh_async(fresh, release=False)))
+            except Exception as exc:  # not sent: nothing to collect
+                sent.append((fresh, exc))
+        # Every answer is collected even if one raises: a request the transaction locked
+        # must get its handler (or it would stay `pending` under our lock).
+        handlers: list[RequestHandler] = []
+        failure: BaseException | None = None
+        for (fresh, pending), take in zip(sent, takes):
+            try:
+                if isinstance(pending, BaseException):
+                    raise pending
+                lock = pending.result()
+            except (errors.NoNodeError, errors.VersionConflict):
+                continue  # it changed meanwhile; the cache event brings us back
+            except Exception as exc:
+                failure = failure or exc
+                continue
+            if lock is None:
+                # Someone locked it before: the ordinary way (lock, re-read), in its turn.
+                worker.lock_dir_seen.add(fresh.id)
+                handler = take(paused)
+                if handler is None:
+                    continue
+            else:
+                handler = worker._new_handler(self.provider, fresh, lock)
+            with worker._handlers_lock:
+                worker.handlers[handler.request.id] = handler
+            handlers.append(handler)
+        entries = [(h.allocator, [s for s in h.slots if s.state is SlotState.NEED])
+                   for h in handlers]
+        served = create_batch(worker.engine, entries, self.provider_cfg, self.pool_cfg) \
+            if not paused else 0
+        for handler in handlers[:served]:
+            handler.launch_created()
+        for handler in handlers:
+            paused = worker._adopt(handler, paused, may_allocate=not paused)
+        if failure is not None:
+            raise failure
+        return paused

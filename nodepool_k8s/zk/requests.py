@@ -23,7 +23,7 @@ from nodepool_k8s.zk import errors, locks, paths
 from nodepool_k8s.zk.client import Stat, ZkClient
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import raise_for
-from nodepool_k8s.zk.txn import Txn
+from nodepool_k8s.zk.txn import PendingTxn, Txn
 
 log = logging.getLogger("nodepool_k8s.zk.requests")
 
@@ -151,6 +151,11 @@ class RequestStore:
         released one), None when the lock dir already exists (use `lock_and_read`).
         Raises NoNodeError / VersionConflict when the request is gone or changed.
         """
+        return self.store_fresh_async(request, release=release).result()
+
+    def store_fresh_async(self, request: NodeRequest, *, release: bool) -> "PendingFresh":
+        """`store_fresh`, sent now and collected later with `PendingFresh.result`: a pool
+        worker accepting several requests sends all their transactions before waiting."""
         lock_dir = paths.request_lock_path(request.id)
         txn = Txn()
         contender = locks.add_fresh_lock(txn, lock_dir)
@@ -158,28 +163,8 @@ class RequestStore:
         idx = txn.set(paths.request_path(request.id), data, version=request.version)
         if release:
             txn.delete(f"{lock_dir}/{contender}")
-        try:
-            results = txn.commit(self.zk)
-        except errors.ZkConnectionError:
-            # Ambiguous: the transaction may have been applied. Adopt it if it was.
-            outcome = locks.reconcile_write(self.zk, paths.request_path(request.id), data,
-                                            request.version,
-                                            None if release else f"{lock_dir}/{contender}")
-            if outcome is None:
-                raise
-            request.version, ours = outcome
-            if not release and not ours:
-                raise errors.LockLost(f"lock on request {request.id} lost after the commit")
-            return HeldLock(self.zk, lock_dir, contender, self.zk.epoch, released=release)
-        except errors.TxnFailed as exc:
-            if exc.path == lock_dir and isinstance(exc.cause, errors.NodeExistsError):
-                return None
-            if exc.path == lock_dir and isinstance(exc.cause, errors.NoNodeError):
-                self.zk.ensure_path(paths.REQUEST_LOCKS)
-                return None
-            raise exc.cause from exc
-        request.version = results[idx].version
-        return HeldLock(self.zk, lock_dir, contender, self.zk.epoch, released=release)
+        return PendingFresh(self, request, release, lock_dir, contender, data, idx,
+                            txn.commit_async(self.zk))
 
     @staticmethod
     def add_create(txn: Txn, request: NodeRequest, priority: str, *,
@@ -212,3 +197,46 @@ class RequestStore:
         except (errors.NoNodeError, errors.NotEmptyError, errors.VersionConflict):
             return False
         return True
+
+
+class PendingFresh:
+    """A sent `store_fresh` transaction (see `RequestStore.store_fresh_async`)."""
+
+    def __init__(self, store: RequestStore, request: NodeRequest, release: bool,
+                 lock_dir: str, contender: str, data: bytes, idx: int,
+                 sent: PendingTxn) -> None:
+        self.store = store
+        self.request = request
+        self._release = release
+        self._lock_dir = lock_dir
+        self._contender = contender
+        self._data = data
+        self._idx = idx
+        self._sent = sent
+
+    def result(self) -> HeldLock | None:
+        """As `RequestStore.store_fresh` returns or raises."""
+        zk, request, release, lock_dir = (self.store.zk, self.request, self._release,
+                                          self._lock_dir)
+        try:
+            results = self._sent.result()
+        except errors.ZkConnectionError:
+            # Ambiguous: the transaction may have been applied. Adopt it if it was.
+            outcome = locks.reconcile_write(zk, paths.request_path(request.id), self._data,
+                                            request.version,
+                                            None if release else f"{lock_dir}/{self._contender}")
+            if outcome is None:
+                raise
+            request.version, ours = outcome
+            if not release and not ours:
+                raise errors.LockLost(f"lock on request {request.id} lost after the commit")
+            return HeldLock(zk, lock_dir, self._contender, zk.epoch, released=release)
+        except errors.TxnFailed as exc:
+            if exc.path == lock_dir and isinstance(exc.cause, errors.NodeExistsError):
+                return None
+            if exc.path == lock_dir and isinstance(exc.cause, errors.NoNodeError):
+                zk.ensure_path(paths.REQUEST_LOCKS)
+                return None
+            raise exc.cause from exc
+        request.version = results[self._idx].version
+        return HeldLock(zk, lock_dir, self._contender, zk.epoch, released=release)

@@ -176,7 +176,9 @@ def test_launch_retries_then_success(launchers: LauncherFactory, zuul: ZuulClien
 
 def test_launch_failure_fails_request(launchers: LauncherFactory, zuul: ZuulClient) -> None:
     launcher = launchers(body())
-    launcher.providers["fake"].fail_next(3, LaunchError("boom"))  # type: ignore[attr-defined]
+    # Every attempt for the request's first node fails (its two launches run at once).
+    launcher.providers["fake"].fail_next(  # type: ignore[attr-defined]
+        3, LaunchError("boom"), node_id="0000000000")
     request_id = zuul.submit(["small", "small"])
     result = zuul.wait(request_id, 20)
     assert result is not None and result["state"] == "failed" and result["nodes"] == []
