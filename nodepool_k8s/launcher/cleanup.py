@@ -30,7 +30,7 @@ from nodepool_k8s.config.model import Config
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.deleter import NodeDeleter
 from nodepool_k8s.launcher.leaks import LeakDeps, LeakSweeper
-from nodepool_k8s.launcher.worker import Worker
+from nodepool_k8s.launcher.worker import PASS_COALESCE, Worker
 from nodepool_k8s.model import Node
 from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk import errors, locks, paths
@@ -77,7 +77,8 @@ class CleanupDeps(LeakDeps, Protocol):
 
 class CleanupWorker(Worker):
     def __init__(self, engine: CleanupDeps, deleter: NodeDeleter) -> None:
-        super().__init__("CleanupWorker", engine.clock, engine.stats.thread_crashed)
+        super().__init__("CleanupWorker", engine.clock, engine.stats.thread_crashed,
+                         coalesce=PASS_COALESCE)
         self.engine = engine
         self.deleter = deleter
         self.leaks = LeakSweeper(engine, deleter)

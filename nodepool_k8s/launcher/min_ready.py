@@ -28,7 +28,7 @@ from nodepool_k8s import model
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.settings import next_backoff
-from nodepool_k8s.launcher.worker import Worker
+from nodepool_k8s.launcher.worker import PASS_COALESCE, Worker
 from nodepool_k8s.model import NodeRequest
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import requests as request_codec
@@ -44,7 +44,8 @@ Target = tuple[str, tuple[str, str] | None]
 
 class MinReadyWorker(Worker):
     def __init__(self, engine: Engine) -> None:
-        super().__init__("MinReadyWorker", engine.clock, engine.stats.thread_crashed)
+        super().__init__("MinReadyWorker", engine.clock, engine.stats.thread_crashed,
+                         coalesce=PASS_COALESCE)
         self.engine = engine
         self._backoff: dict[Target, tuple[float, float]] = {}  # target -> (until, delay)
         self.created = 0
