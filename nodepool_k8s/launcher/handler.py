@@ -343,6 +343,14 @@ class RequestHandler:
 
     def _allocate(self, needed: list[Slot], provider_cfg: ProviderConfig,
                   pool_cfg: PoolConfig) -> quota.Verdict:
+        created = [s for s in needed if s.node is not None]
+        if created:
+            # Created by a batch whose launches could not all be started (`launch_created`
+            # raised part way): launch them now instead of creating others.
+            self._start_launches(created, provider_cfg, pool_cfg)
+            needed = [s for s in needed if s.node is None]
+            if not needed:
+                return quota.FITS
         if self.request.reuse:
             self.allocator.reuse(needed)
         remaining = [s for s in needed if s.state is SlotState.NEED]
@@ -364,12 +372,10 @@ class RequestHandler:
             assert node is not None
             # Lock + `building` is sent now and its answer collected by the launch thread:
             # in a burst the pool worker goes on to the next request meanwhile.
-            try:
-                pending = self.engine.nodes.lock_new_async(node, model.BUILDING,
-                                                           self.engine.clock.time())
-            except Exception:
-                slot.node = None  # left in `init`, unlocked: stale-init cleanup removes it
-                raise
+            # Not sent when this raises (ZooKeeper unreachable): the node is still `init`
+            # and unlocked, and stays with its slot; the next pass launches it.
+            pending = self.engine.nodes.lock_new_async(node, model.BUILDING,
+                                                       self.engine.clock.time())
             slot.state = SlotState.LAUNCHING
             job = launching.NodeLaunch(
                 provider=self.provider, provider_config=provider_cfg, pool=pool_cfg,

@@ -481,6 +481,7 @@ class _Batch:
         self.node_count = 0
         self._usage: list[quota.UsageRecord] | None = None
         self._need = Resources({})
+        self._spare_labels: set[str | None] | None = None
 
     def add(self, request: NodeRequest,
             take: Callable[[bool], RequestHandler | None]) -> bool:
@@ -513,12 +514,15 @@ class _Batch:
 
     def _reusable(self, request: NodeRequest) -> bool:
         """A ready, unallocated node of one of the request's labels in this pool (then the
-        request is served one by one, which takes it over)."""
-        wanted = set(request.node_types)
-        worker = self.worker
-        return any(n.state == model.READY and not n.allocated_to
-                   and n.provider == worker.ref.provider and n.pool == worker.ref.pool
-                   and n.label in wanted for n in worker.engine.node_cache.nodes())
+        request is served one by one, which takes it over). The labels are looked up once
+        per pass."""
+        if self._spare_labels is None:
+            worker = self.worker
+            self._spare_labels = {
+                n.label for n in worker.engine.node_cache.nodes()
+                if n.state == model.READY and not n.allocated_to
+                and n.provider == worker.ref.provider and n.pool == worker.ref.pool}
+        return not self._spare_labels.isdisjoint(request.node_types)
 
     def flush(self, paused: bool) -> bool:
         """Accept and start the gathered requests; whether the pool is paused after."""

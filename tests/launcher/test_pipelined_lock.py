@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s.driver.base import LaunchSpec
 from nodepool_k8s.model import Node
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.nodes import NodeStore, PendingLock
 from tests.launchers import LauncherFactory
 
@@ -71,3 +71,26 @@ def test_launch_spec_is_only_built_after_the_lock(launchers: LauncherFactory,
     body = zuul.wait(zuul.submit(["small", "small"]), timeout=30)
     assert body is not None and body["state"] == "fulfilled"
     assert seen == [("building", "locked")] * 2
+
+
+def test_a_created_node_whose_lock_could_not_be_sent_is_launched_next_pass(
+        launchers: LauncherFactory, zuul: ZuulClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch created the node, then sending its lock + `building` failed (ZooKeeper
+    unreachable for a moment): the pass is retried and launches that node, instead of
+    creating another one and leaving the first for the stale-`init` cleanup."""
+    launchers()
+    original = NodeStore.lock_new_async
+    failed: list[str] = []
+
+    def unreachable_once(self: NodeStore, node: Node, state: str,
+                         state_time: float) -> PendingLock:
+        if not failed:
+            failed.append(node.id)
+            raise errors.ZkConnectionError("connection lost while sending")
+        return original(self, node, state, state_time)
+
+    monkeypatch.setattr(NodeStore, "lock_new_async", unreachable_once)
+    body = zuul.wait(zuul.submit(["small"]), timeout=30)
+    assert body is not None and body["state"] == "fulfilled"
+    assert body["nodes"] == failed  # the very node created first
