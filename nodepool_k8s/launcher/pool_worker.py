@@ -551,19 +551,19 @@ class _Batch:
                 if isinstance(pending, BaseException):
                     raise pending
                 lock = pending.result()
+                if lock is None:
+                    # Someone locked it before: the ordinary way (lock, re-read), in turn.
+                    worker.lock_dir_seen.add(fresh.id)
+                    handler = take(paused)
+                else:
+                    handler = worker._new_handler(self.provider, fresh, lock)
             except (errors.NoNodeError, errors.VersionConflict):
                 continue  # it changed meanwhile; the cache event brings us back
             except Exception as exc:
                 failure = failure or exc
                 continue
-            if lock is None:
-                # Someone locked it before: the ordinary way (lock, re-read), in its turn.
-                worker.lock_dir_seen.add(fresh.id)
-                handler = take(paused)
-                if handler is None:
-                    continue
-            else:
-                handler = worker._new_handler(self.provider, fresh, lock)
+            if handler is None:
+                continue
             with worker._handlers_lock:
                 worker.handlers[handler.request.id] = handler
             handlers.append(handler)

@@ -56,3 +56,19 @@ def test_waiting_requests_are_accepted_in_one_batch_within_quota(
     wait_for(lambda: states(zuul, ids[5:]) == ["fulfilled"] * 3, 30,
              message="the last three requests fulfilled")
     assert fake.peak_resources() == 5  # type: ignore[attr-defined]
+
+
+def test_a_member_locked_before_is_taken_the_ordinary_way_in_its_turn(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient) -> None:
+    """A request whose lock dir exists (an earlier holder let go) cannot be locked in the
+    batch's one transaction; it is locked the ordinary way, in its place, and still gets
+    its node from the batch's guarded create."""
+    ids = [zuul.submit(["small"]) for _ in range(3)]
+    kazoo_client.ensure_path(paths.request_lock_path(ids[1]))  # empty: nobody holds it
+    launchers(FIVE)
+    wait_for(lambda: states(zuul, ids) == ["fulfilled"] * 3, 30,
+             message="all three requests fulfilled")
+    guard = kazoo_client.exists(paths.provider_guard_path("fake"))
+    assert guard is not None and guard.version == 1
+    nodes = [(zuul.get_request(i) or {}).get("nodes") for i in ids]
+    assert nodes == [["0000000000"], ["0000000001"], ["0000000002"]]  # in order
