@@ -117,91 +117,38 @@ class Allocator:
         self.log = log
         self._node_log = node_log
 
+    @property
+    def tenant_limit(self) -> TenantLimit | None:
+        tenant = self.request.tenant_name
+        return self.deps.config.tenant_resource_limits.get(tenant) if tenant else None
+
     def create(self, remaining: list[Slot], provider_cfg: ProviderConfig,
                pool_cfg: PoolConfig) -> quota.Verdict:
         """Create nodes in `init` for `remaining` if the quotas allow (FITS: every slot has
         its `node`, not yet locked or launched); else the verdict that says why not."""
-        deps = self.deps
-        need = quota.demand([s.label for s in remaining], pool_cfg)
-        tenant = self.request.tenant_name
-        tenant_limit = deps.config.tenant_resource_limits.get(tenant) if tenant else None
-
-        def counts(node: quota.NodeUsage) -> bool:
-            """Only this provider's nodes (and the tenant's, if limited) enter the checks."""
-            return node.provider == provider_cfg.name \
-                or (tenant_limit is not None and node.tenant_name == tenant)
-
+        tenant_limit = self.tenant_limit
+        counts = _counted(provider_cfg, set() if tenant_limit is None
+                          else {self.request.tenant_name})
         # A cheap look at the cache first: while paused this is all a pass costs.
-        verdict = self.check(need, deps.cached_usage(counts), provider_cfg, pool_cfg,
+        verdict = self.check(quota.demand([s.label for s in remaining], pool_cfg),
+                             self.deps.cached_usage(counts), provider_cfg, pool_cfg,
                              tenant_limit)
         if not verdict:
             return verdict
-        guards = [paths.provider_guard_path(provider_cfg.name)]
-        if tenant_limit is not None and tenant:
-            guards.append(paths.tenant_guard_path(tenant))
-
-        tries = [0]
-
-        def attempt() -> GuardedWrite[quota.Verdict] | quota.Verdict:
-            tries[0] += 1
-            known = deps.guard.known_listing(guards) if tries[0] == 1 else None
-            if tries[0] > 1:
-                deps.guard.forget()  # another launcher wrote a guard since
-            if known is not None:
-                # As our last commit left it: no read, if it fits (see `known_listing`).
-                versions, ids = known
-                verdict = self.check(need, deps.usage(counts, ids), provider_cfg,
-                                     pool_cfg, tenant_limit)
-            if known is None or not verdict:
-                # Guard versions and the node listing in one round trip (pipelined).
-                versions, ids = deps.guard.read_listing(guards)
-                verdict = self.check(need, deps.usage(counts, ids), provider_cfg,
-                                     pool_cfg, tenant_limit)
-            if not verdict:
-                return verdict
-            new_nodes = [self.new_node(s.label, pool_cfg) for s in remaining]
-            txn = Txn()
-            # Only while the request is still ours: a pass that began before our session
-            # expired must not create nodes for a request another launcher now serves.
-            self.request_lock.guard(txn)
-            indexes = [NodeStore.add_create(txn, node) for node in new_nodes]
-
-            def committed(results: list[Any]) -> quota.Verdict:
-                for slot, node, index in zip(remaining, new_nodes, indexes):
-                    node.id, node.version = NodeStore.created_id(results[index]), 0
-                    slot.node = node
-                created = [n.id for n in new_nodes]
-                deps.guard.note_created(new_nodes, created)
-                deps.guard.remember(versions, ids, created)
-                return quota.FITS
-            return GuardedWrite(versions, txn, committed)
-
         try:
-            outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+            return create_guarded(self.deps, [(self, remaining)], provider_cfg, pool_cfg)[1]
         except errors.NoNodeError as exc:
             failed = exc.__cause__
             if isinstance(failed, errors.TxnFailed) \
                     and failed.path == self.request_lock.child_path:
                 raise errors.LockLost(f"lock on request {self.request.id} vanished") from exc
             raise
-        if outcome is CONTENDED:
-            return quota.Verdict(False, CONTENTION, ())
-        return outcome
 
     def check(self, need: model.Resources, records: list[quota.UsageRecord],
               provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
               tenant_limit: TenantLimit | None) -> quota.Verdict:
-        verdict = quota.check(
-            need, pool_usage=quota.total(records, provider=provider_cfg.name,
-                                         pool=pool_cfg.name),
-            provider_usage=quota.total(records, provider=provider_cfg.name),
-            pool=pool_cfg, provider=provider_cfg, cloud_limits=quota.tightest(
-                self.provider.cloud_limits(pool_cfg.labels[name])
-                for name in sorted(set(self.request.node_types)) if name in pool_cfg.labels))
-        if verdict and tenant_limit is not None:
-            verdict = quota.check_tenant(
-                need, quota.total(records, tenant=self.request.tenant_name), tenant_limit)
-        return verdict
+        return check_quota(need, records, self.provider, provider_cfg, pool_cfg,
+                           self.request.node_types, self.request.tenant_name, tenant_limit)
 
     def new_node(self, label: str, pool_cfg: PoolConfig) -> Node:
         now = self.deps.clock.time()
@@ -256,62 +203,91 @@ class Allocator:
                 break
 
 
-def create_batch(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[Slot]]],
-                 provider_cfg: ProviderConfig, pool_cfg: PoolConfig) -> int:
-    """Create nodes in `init` for the leading entries of `batch` that fit the quotas
-    together, in one guarded transaction: one guard read (often none, see
-    `QuotaGuard.known_listing`) and one commit for all of them instead of one each.
+def check_quota(need: model.Resources, records: list[quota.UsageRecord], provider: Provider,
+                provider_cfg: ProviderConfig, pool_cfg: PoolConfig, labels: Sequence[str],
+                tenant: str | None = None,
+                tenant_limit: TenantLimit | None = None) -> quota.Verdict:
+    """Whether `need` (of nodes with `labels`) fits the pool, provider, cloud and, with
+    `tenant_limit`, the tenant's limits on top of `records`."""
+    verdict = quota.check(
+        need, pool_usage=quota.total(records, provider=provider_cfg.name, pool=pool_cfg.name),
+        provider_usage=quota.total(records, provider=provider_cfg.name),
+        pool=pool_cfg, provider=provider_cfg, cloud_limits=quota.tightest(
+            provider.cloud_limits(pool_cfg.labels[name])
+            for name in sorted(set(labels)) if name in pool_cfg.labels))
+    if verdict and tenant_limit is not None:
+        verdict = quota.check_tenant(need, quota.total(records, tenant=tenant), tenant_limit)
+    return verdict
 
-    `batch`: freshly accepted requests of one pool, in priority order, none of them under
-    a tenant limit, each with the slots it needs. Returns how many leading entries got
-    their nodes (slot `node`s set, as `Allocator.create` leaves them). The caller serves
-    the rest one by one, which pauses or declines them exactly as before. A commit that
-    fails for another reason than a guard conflict (one of the requests' locks vanished)
-    creates nothing and returns 0.
+
+def _counted(provider_cfg: ProviderConfig, tenants: set[str | None]) -> Keep:
+    """Only this provider's nodes (and those of `tenants`, the limited ones) enter the
+    checks."""
+    def counts(node: quota.NodeUsage) -> bool:
+        return bool(node.provider == provider_cfg.name or (tenants and node.tenant_name in tenants))
+    return counts
+
+
+def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[Slot]]],
+                   provider_cfg: ProviderConfig, pool_cfg: PoolConfig
+                   ) -> tuple[int, quota.Verdict]:
+    """Create nodes in `init` for the leading entries of `batch` (requests of one pool, in
+    priority order, each with the slots it needs) that fit the quotas together, in one
+    guarded transaction: one guard read (often none, see `QuotaGuard.known_listing`) and
+    one commit, with each request's lock checked in it.
+
+    Returns (how many leading entries got their nodes, slot `node`s set but not locked
+    or launched; FITS if that is all of them, else the verdict of the first that did not
+    fit, CONTENTION when every attempt lost to another launcher). A commit that fails for
+    another reason than a guard conflict raises its typed cause (NoNodeError when one of
+    the requests' locks vanished) and creates nothing.
     """
-    if not batch:
-        return 0
+    tenants = {a.request.tenant_name for a, _ in batch if a.tenant_limit is not None}
     guards = [paths.provider_guard_path(provider_cfg.name)]
+    guards += [paths.tenant_guard_path(t) for t in sorted(t for t in tenants if t)]
+    counts = _counted(provider_cfg, tenants)
     tries = [0]
 
-    def counts(node: quota.NodeUsage) -> bool:
-        return bool(node.provider == provider_cfg.name)
-
-    def fitting(records: list[quota.UsageRecord]) -> list[list[Node]]:
+    def fitting(records: list[quota.UsageRecord]) -> tuple[list[list[Node]], quota.Verdict]:
         """New nodes for the longest prefix of `batch` that fits on top of `records`."""
         planned: list[list[Node]] = []
         added: list[quota.UsageRecord] = []
         for allocator, slots in batch:
-            need = quota.demand([s.label for s in slots], pool_cfg)
-            if not allocator.check(need, records + added, provider_cfg, pool_cfg, None):
-                break
+            verdict = allocator.check(quota.demand([s.label for s in slots], pool_cfg),
+                                      records + added, provider_cfg, pool_cfg,
+                                      allocator.tenant_limit)
+            if not verdict:
+                return planned, verdict
             nodes = [allocator.new_node(s.label, pool_cfg) for s in slots]
             added += [usage_record(node, lambda _node: None) for node in nodes]
             planned.append(nodes)
-        return planned
+        return planned, quota.FITS
 
-    def attempt() -> GuardedWrite[int] | int:
+    def attempt() -> GuardedWrite[tuple[int, quota.Verdict]] | tuple[int, quota.Verdict]:
         tries[0] += 1
         known = deps.guard.known_listing(guards) if tries[0] == 1 else None
         if tries[0] > 1:
             deps.guard.forget()  # another launcher wrote a guard since
-        planned: list[list[Node]] = []
         if known is not None:
+            # As our last commit left it: no read, if all fits (see `known_listing`).
             versions, ids = known
-            planned = fitting(deps.usage(counts, ids))
-        if known is None or len(planned) < len(batch):
+            planned, verdict = fitting(deps.usage(counts, ids))
+        if known is None or not verdict:
             # The remembered listing over-counts deleted nodes: decide a shortfall afresh.
+            # Guard versions and the node listing in one round trip (pipelined).
             versions, ids = deps.guard.read_listing(guards)
-            planned = fitting(deps.usage(counts, ids))
+            planned, verdict = fitting(deps.usage(counts, ids))
         if not planned:
-            return 0
+            return 0, verdict
         txn = Txn()
         indexes: list[list[int]] = []
         for (allocator, _slots), nodes in zip(batch, planned):
-            allocator.request_lock.guard(txn)  # only requests that are still ours
+            # Only while the request is still ours: a pass that began before our session
+            # expired must not create nodes for a request another launcher now serves.
+            allocator.request_lock.guard(txn)
             indexes.append([NodeStore.add_create(txn, node) for node in nodes])
 
-        def committed(results: list[Any]) -> int:
+        def committed(results: list[Any]) -> tuple[int, quota.Verdict]:
             made: list[Node] = []
             for (_allocator, slots), nodes, where in zip(batch, planned, indexes):
                 for slot, node, index in zip(slots, nodes, where):
@@ -321,11 +297,23 @@ def create_batch(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[Slo
             created = [node.id for node in made]
             deps.guard.note_created(made, created)
             deps.guard.remember(versions, ids, created)
-            return len(planned)
+            return len(planned), verdict
         return GuardedWrite(versions, txn, committed)
 
+    outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+    if outcome is CONTENDED:
+        return 0, quota.Verdict(False, CONTENTION, ())
+    return outcome
+
+
+def create_batch(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[Slot]]],
+                 provider_cfg: ProviderConfig, pool_cfg: PoolConfig) -> int:
+    """`create_guarded` for freshly accepted requests (`pool_worker._Batch`): how many
+    leading entries got their nodes. The caller serves the rest one by one, which pauses
+    or declines them exactly as before; a vanished request lock creates nothing (0)."""
+    if not batch:
+        return 0
     try:
-        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+        return create_guarded(deps, batch, provider_cfg, pool_cfg)[0]
     except errors.NoNodeError:
-        return 0  # a request's lock vanished: nothing was created; served one by one
-    return 0 if outcome is CONTENDED else outcome
+        return 0

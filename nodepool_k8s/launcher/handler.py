@@ -212,13 +212,13 @@ class RequestHandler:
                 try:
                     outcome = slot.future.result(max(0.0, deadline - clock.monotonic()))
                 except Exception:
-                    # Not returned in time: if its launch took the node's lock, release it
-                    # with the rest (the node stays in `building`; cleanup deletes it).
-                    if slot.job is not None and slot.job.lock is not None:
-                        slot.lock = slot.job.lock
+                    outcome = None
+                # Returned or not: if its launch took the node's lock, release it with the
+                # rest (a node whose launch did not return stays `building`; cleanup
+                # deletes it).
+                self._take_launch_lock(slot)
+                if outcome is None:
                     continue
-                if outcome.lock is not None:
-                    slot.lock = outcome.lock
                 if outcome.kind in (launching.CANCELLED, launching.FAILED) and not slot.reused:
                     discarded.append(slot)
         if self.done or not self.lock.valid:
@@ -296,8 +296,7 @@ class RequestHandler:
                 slot.state, slot.node, slot.lock = SlotState.NEED, None, None
                 slot.future = slot.job = None
                 continue
-            if outcome.lock is not None:
-                slot.lock = outcome.lock
+            self._take_launch_lock(slot)
             if outcome.kind in (launching.READY, launching.FAILED):
                 self._launch_done(slot.label, outcome)
             if outcome.kind is launching.READY:
@@ -321,6 +320,12 @@ class RequestHandler:
                                          outcome.error)
                 self._node_log(slot.node).warning("Launch failed: %s", outcome.error)
             slot.future = slot.job = None
+
+    @staticmethod
+    def _take_launch_lock(slot: Slot) -> None:
+        """The node's lock, which its launch takes first (see `launch.NodeLaunch`)."""
+        if slot.job is not None and slot.job.lock is not None:
+            slot.lock = slot.job.lock
 
     def _launch_done(self, label: str, outcome: launching.LaunchOutcome) -> None:
         try:

@@ -19,7 +19,6 @@ module writes only the external id; the request handler writes every other state
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import logging
 import threading
@@ -61,7 +60,6 @@ class LaunchOutcome:
     # LaunchError from anything unexpected by type, never by the error text.
     error_type: type[BaseException] | None = None
     reason: str = ""  # one of conditions.REASONS for failed and aborted outcomes
-    lock: HeldLock | None = None  # the node's lock, taken by the launch (see NodeLaunch)
 
 
 class LaunchPool:
@@ -150,7 +148,7 @@ class NodeLaunch:
     # Told of every failed attempt (attempt, reason, message): the event log.
     on_attempt_failed: Callable[[int, str, str], None] | None = None
     clock: Clock = SYSTEM_CLOCK
-    # Set by `run` once the pending lock is ours (read by a shutdown that gave up waiting).
+    # Set by `run` once the pending lock is ours: the handler takes it from here.
     lock: HeldLock | None = None
 
     def _attempt_failed(self, attempt: int, reason: str, error: str) -> None:
@@ -187,7 +185,7 @@ class NodeLaunch:
         if lock is None:
             return LaunchOutcome(UNLOCKED, error="someone else locked the new node")
         self.lock = lock
-        return dataclasses.replace(self._run_locked(lock), lock=lock)
+        return self._run_locked(lock)
 
     def _run_locked(self, lock: HeldLock) -> LaunchOutcome:
         started = time.monotonic()

@@ -32,7 +32,7 @@ from nodepool_k8s.launcher import drift, fleet, lifecycle, maintenance, plan, po
 from nodepool_k8s.launcher.breaker import PoolBreaker
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.launcher.context import Engine
-from nodepool_k8s.launcher.allocation import SlotState, create_batch
+from nodepool_k8s.launcher.allocation import SlotState, check_quota, create_batch
 from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.launch import LaunchPool
 from nodepool_k8s.launcher.worker import Worker
@@ -496,15 +496,8 @@ class _Batch:
         if self._usage is None:
             self._usage = engine.cached_usage(lambda n: n.provider == provider_cfg.name)
         need = self._need + quota.demand(request.node_types, pool_cfg)
-        labels = sorted(set(request.node_types))
-        verdict = quota.check(
-            need, pool_usage=quota.total(self._usage, provider=provider_cfg.name,
-                                         pool=pool_cfg.name),
-            provider_usage=quota.total(self._usage, provider=provider_cfg.name),
-            pool=pool_cfg, provider=provider_cfg, cloud_limits=quota.tightest(
-                self.provider.cloud_limits(pool_cfg.labels[name])
-                for name in labels if name in pool_cfg.labels))
-        if not verdict:
+        if not check_quota(need, self._usage, self.provider, provider_cfg, pool_cfg,
+                           request.node_types):
             return False
         self._need = need
         self.requests.append(request)

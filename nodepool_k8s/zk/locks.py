@@ -129,6 +129,23 @@ def reconcile_write(zk: ZkClient, path: str, data: bytes, old_version: int,
     return found[1].version, held
 
 
+def adopt_fresh_lock(zk: ZkClient, path: str, data: bytes, old_version: int, lock_dir: str,
+                     contender: str, *, released: bool = False
+                     ) -> tuple[int, HeldLock] | None:
+    """After a lost reply to a transaction that wrote `data` to `path` and took a fresh
+    lock (`add_fresh_lock`; given back in the same transaction when `released`): (the new
+    version, the lock) if it was applied, None if not. LockLost when it was applied but
+    our contender is gone since (the session that held it ended)."""
+    outcome = reconcile_write(zk, path, data, old_version,
+                              None if released else f"{lock_dir}/{contender}")
+    if outcome is None:
+        return None
+    version, ours = outcome
+    if not released and not ours:
+        raise errors.LockLost(f"lock {lock_dir} lost after the commit that took it")
+    return version, HeldLock(zk, lock_dir, contender, zk.epoch, released=released)
+
+
 _LIVE: "weakref.WeakSet[HeldLock]" = weakref.WeakSet()
 
 

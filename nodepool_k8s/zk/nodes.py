@@ -274,15 +274,13 @@ class PendingLock:
             results = self._sent.result()
         except errors.ZkConnectionError:
             # Ambiguous: the transaction may have been applied. Adopt it if it was.
-            outcome = locks.reconcile_write(zk, paths.node_path(node.id), self._data,
-                                            node.version, f"{self._lock_dir}/{self._contender}")
-            if outcome is None:
+            adopted = locks.adopt_fresh_lock(zk, paths.node_path(node.id), self._data,
+                                             node.version, self._lock_dir, self._contender)
+            if adopted is None:
                 node.state, node.state_time = self._old
                 raise
-            node.version, ours = outcome
-            if not ours:  # applied, but the session (and our lock) is gone since
-                raise errors.LockLost(f"lock on node {node.id} lost after the commit")
-            return HeldLock(zk, self._lock_dir, self._contender, zk.epoch)
+            node.version, adopted_lock = adopted
+            return adopted_lock
         except errors.TxnFailed as exc:
             node.state, node.state_time = self._old
             if isinstance(exc.cause, errors.NodeExistsError):

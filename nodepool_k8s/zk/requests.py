@@ -222,15 +222,13 @@ class PendingFresh:
             results = self._sent.result()
         except errors.ZkConnectionError:
             # Ambiguous: the transaction may have been applied. Adopt it if it was.
-            outcome = locks.reconcile_write(zk, paths.request_path(request.id), self._data,
-                                            request.version,
-                                            None if release else f"{lock_dir}/{self._contender}")
-            if outcome is None:
+            adopted = locks.adopt_fresh_lock(zk, paths.request_path(request.id), self._data,
+                                             request.version, lock_dir, self._contender,
+                                             released=release)
+            if adopted is None:
                 raise
-            request.version, ours = outcome
-            if not release and not ours:
-                raise errors.LockLost(f"lock on request {request.id} lost after the commit")
-            return HeldLock(zk, lock_dir, self._contender, zk.epoch, released=release)
+            request.version, held = adopted
+            return held
         except errors.TxnFailed as exc:
             if exc.path == lock_dir and isinstance(exc.cause, errors.NodeExistsError):
                 return None
