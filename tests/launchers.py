@@ -42,6 +42,24 @@ providers:
 """
 
 
+def small_pool(max_servers: int) -> str:
+    """Provider `fake`, pool `main` with `max-servers`, one namespace label `small`."""
+    return f"""
+labels:
+  - name: small
+providers:
+  - name: fake
+    driver: fake
+    pools:
+      - name: main
+        max-servers: {max_servers}
+        labels:
+          - name: small
+            type: namespace
+            launch-delay: 0.01
+"""
+
+
 def make_config(zk: ZkConnection, body: str = BASIC, timeout: float = 5.0) -> Config:
     text = zk.config_yaml() + f"zookeeper-timeout: {timeout}\n" + textwrap.dedent(body)
     return load_config_text(text)

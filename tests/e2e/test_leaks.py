@@ -18,28 +18,9 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.zk import paths
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from tests.e2e.util import admin_api, our_namespaces
+from tests.e2e.util import LEAK_CONFIG, LEAK_GRACE, SWEEP_INTERVAL, admin_api, our_namespaces
 from tests.helpers import wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
-
-SWEEP_INTERVAL = 10.0
-LEAK_GRACE = 30
-
-CONFIG = f"""
-labels:
-  - name: ns
-providers:
-  - name: k8s
-    driver: kubernetes
-    context: sim
-    leak-grace: {LEAK_GRACE}
-    api-backoff: [0.01]
-    pools:
-      - name: main
-        labels:
-          - name: ns
-            type: namespace
-"""
 
 
 def sweep_after(launcher: Launcher, clock: ManualClock, seconds: float) -> None:
@@ -65,7 +46,7 @@ def test_leaked_namespace_swept_after_two_sightings_and_grace(
         launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
         kazoo_client: KazooClient) -> None:
     clock = ManualClock(start=time.time())
-    launcher = launchers(CONFIG, clock=clock,
+    launcher = launchers(LEAK_CONFIG, clock=clock,
                          settings=TEST_SETTINGS.replace(leak_sweep_interval=SWEEP_INTERVAL))
     keep, victim = fulfilled_node(zuul), fulfilled_node(zuul)
     leaked = f"main-{victim}"

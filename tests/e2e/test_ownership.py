@@ -27,28 +27,9 @@ from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from tests.e2e.util import admin_api
+from tests.e2e.util import LEAK_CONFIG, LEAK_GRACE, SWEEP_INTERVAL, admin_api
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
-
-SWEEP_INTERVAL = 10.0
-LEAK_GRACE = 30
-
-CONFIG = f"""
-labels:
-  - name: ns
-providers:
-  - name: k8s
-    driver: kubernetes
-    context: sim
-    leak-grace: {LEAK_GRACE}
-    api-backoff: [0.01]
-    pools:
-      - name: main
-        labels:
-          - name: ns
-            type: namespace
-"""
 
 
 def fulfilled(zuul: ZuulClient) -> tuple[str, str]:
@@ -77,7 +58,7 @@ def test_records_naming_namespaces_not_ours_are_dropped_without_a_delete(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO)
     k8s_sim.config.enforce_rbac = True
-    launcher = launchers(CONFIG)
+    launcher = launchers(LEAK_CONFIG)
     written = record_stores(launcher, monkeypatch)
     keep_request, keep = fulfilled(zuul)
     request_id, tampered = fulfilled(zuul)
@@ -147,8 +128,8 @@ def test_two_installations_never_sweep_each_other(
     clock = ManualClock(start=time.time())
     settings = TEST_SETTINGS.replace(leak_sweep_interval=SWEEP_INTERVAL)
     try:
-        a = launchers(CONFIG, clock=clock, settings=settings)
-        b = launchers_b(CONFIG, clock=clock, settings=settings)
+        a = launchers(LEAK_CONFIG, clock=clock, settings=settings)
+        b = launchers_b(LEAK_CONFIG, clock=clock, settings=settings)
         assert a.config.installation_id != b.config.installation_id
         _, node_a = fulfilled(zuul)
         _, node_b = fulfilled(zuul_b)

@@ -9,7 +9,7 @@ executor and an operator would use it); the launcher reaches the simulator on it
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Self
 from urllib.parse import urlsplit
 
 import kubernetes
@@ -65,101 +65,114 @@ def admin_api(sim: Simulator) -> k8s.CoreV1Api:
     return k8s.CoreV1Api(api)
 
 
-class NamespaceLog:
-    """Watches namespaces through the official client and records every name ever ADDED,
-    in order, so a test can tell which names its launches used even after deletion."""
+class _AddedLog:
+    """Watches one kind through the official client (from a list's resourceVersion, resumed
+    after every error) and keeps `record(obj)` of every object ever ADDED, in order."""
+
+    name = "watch-log"
 
     def __init__(self, sim: Simulator) -> None:
         self.core = admin_api(sim)
-        self.added: list[str] = []
+        self.added: list[Any] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._listed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="namespace-log", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
 
-    def start(self) -> "NamespaceLog":
+    def _lister(self) -> Any:
+        """The client's list method itself: the watch reads the type it returns from its
+        docstring, to decode the objects of the events."""
+        raise NotImplementedError
+
+    def record(self, obj: Any) -> Any:
+        raise NotImplementedError
+
+    def start(self) -> Self:
         self._thread.start()
-        assert self._listed.wait(15), "namespace watch did not start"
+        assert self._listed.wait(15), f"{self.name} watch did not start"
         return self
 
     def _run(self) -> None:
-        version = self.core.list_namespace().metadata.resource_version
+        lister = self._lister()
+        version = lister().metadata.resource_version
         self._listed.set()
         while not self._stop.is_set():
             watcher = k8s_watch.Watch()
             try:
-                for event in watcher.stream(self.core.list_namespace, timeout_seconds=1,
+                for event in watcher.stream(lister, timeout_seconds=1,
                                             resource_version=version):
                     obj = event["object"]
                     version = obj.metadata.resource_version
                     if event["type"] == "ADDED":
                         with self._lock:
-                            self.added.append(obj.metadata.name)
+                            self.added.append(self.record(obj))
                     if self._stop.is_set():
                         break
             except Exception:  # noqa: BLE001 - e.g. an injected fault: resume the watch
                 self._stop.wait(0.05)
             finally:
                 watcher.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+class NamespaceLog(_AddedLog):
+    """Every namespace name ever ADDED, in order, so a test can tell which names its
+    launches used even after deletion."""
+
+    name = "namespace-log"
+
+    def _lister(self) -> Any:
+        return self.core.list_namespace
+
+    def record(self, obj: Any) -> str:
+        return str(obj.metadata.name)
 
     def names(self, prefix: str = "") -> list[str]:
         with self._lock:
             return [n for n in self.added if n.startswith(prefix)]
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
+class KubeEventLog(_AddedLog):
+    """Every core/v1 Event ever ADDED in any namespace (a failed attempt's events vanish
+    with its namespace; this still saw them)."""
 
-class KubeEventLog:
-    """Watches core/v1 Events in every namespace and keeps every one ever ADDED (a failed
-    attempt's events vanish with its namespace; this still saw them)."""
+    name = "event-log"
 
-    def __init__(self, sim: Simulator) -> None:
-        self.core = admin_api(sim)
-        self.added: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._listed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="event-log", daemon=True)
+    def _lister(self) -> Any:
+        return self.core.list_event_for_all_namespaces
 
-    def start(self) -> "KubeEventLog":
-        self._thread.start()
-        assert self._listed.wait(15), "event watch did not start"
-        return self
-
-    def _run(self) -> None:
-        version = self.core.list_event_for_all_namespaces().metadata.resource_version
-        self._listed.set()
-        while not self._stop.is_set():
-            watcher = k8s_watch.Watch()
-            try:
-                for event in watcher.stream(self.core.list_event_for_all_namespaces,
-                                            timeout_seconds=1, resource_version=version):
-                    obj = event["object"]
-                    version = obj.metadata.resource_version
-                    if event["type"] == "ADDED":
-                        with self._lock:
-                            self.added.append({
-                                "namespace": obj.metadata.namespace, "reason": obj.reason,
-                                "message": obj.message, "type": obj.type,
-                                "component": obj.source.component if obj.source else None,
-                                "kind": obj.involved_object.kind,
-                                "name": obj.involved_object.name})
-                    if self._stop.is_set():
-                        break
-            except Exception:  # noqa: BLE001 - e.g. an injected fault: resume the watch
-                self._stop.wait(0.05)
-            finally:
-                watcher.stop()
+    def record(self, obj: Any) -> dict[str, Any]:
+        return {"namespace": obj.metadata.namespace, "reason": obj.reason,
+                "message": obj.message, "type": obj.type,
+                "component": obj.source.component if obj.source else None,
+                "kind": obj.involved_object.kind, "name": obj.involved_object.name}
 
     def events(self, reason: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
             return [e for e in self.added if reason is None or e["reason"] == reason]
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+
+# The leak sweep's tests (test_leaks.py, test_ownership.py): one namespace label.
+SWEEP_INTERVAL = 10.0
+LEAK_GRACE = 30
+LEAK_CONFIG = f"""
+labels:
+  - name: ns
+providers:
+  - name: k8s
+    driver: kubernetes
+    context: sim
+    leak-grace: {LEAK_GRACE}
+    api-backoff: [0.01]
+    pools:
+      - name: main
+        labels:
+          - name: ns
+            type: namespace
+"""
 
 
 def zuul_kubeconfig(port: dict[str, Any]) -> tuple[dict[str, Any], str]:

@@ -13,21 +13,9 @@ from kazoo.client import KazooClient
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
-from tests.launchers import LauncherFactory
+from tests.launchers import LauncherFactory, small_pool
 
-FIVE = """
-labels:
-  - name: small
-providers:
-  - name: fake
-    driver: fake
-    pools:
-      - name: main
-        max-servers: 5
-        labels:
-          - name: small
-            type: namespace
-"""
+FIVE = small_pool(5)
 
 
 def states(zuul: ZuulClient, ids: list[str]) -> list[str]:

@@ -21,7 +21,7 @@ from nodepool_k8s.launcher.launch import LaunchOutcome, LaunchPool, READY
 from nodepool_k8s.zk import paths
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
-from tests.launchers import LauncherFactory
+from tests.launchers import LauncherFactory, small_pool
 
 
 def test_node_written_behind_our_back_under_our_lock_is_still_fulfilled(
@@ -75,20 +75,7 @@ def test_launch_completion_wakes_after_the_outcome_is_visible() -> None:
     pool.shutdown()
 
 
-ONE_SERVER = """
-labels:
-  - name: small
-providers:
-  - name: fake
-    driver: fake
-    pools:
-      - name: main
-        max-servers: 1
-        labels:
-          - name: small
-            type: namespace
-            launch-delay: 0.01
-"""
+ONE_SERVER = small_pool(1)
 
 
 def test_no_node_is_created_for_a_request_whose_lock_vanished(
