@@ -41,14 +41,9 @@ def secured(zk: ZkConnection) -> Iterator[ZkClient]:
 
 
 @pytest.fixture
-def anonymous(zk: ZkConnection) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=zk.hosts)
-    client.start(timeout=15)
-    try:
-        yield client
-    finally:
-        client.stop()
-        client.close()
+def anonymous(kazoo_client: KazooClient) -> KazooClient:
+    """A client without credentials (the shared raw client has none)."""
+    return kazoo_client
 
 
 def walk(client: KazooClient, path: str = "/") -> Iterator[str]:
