@@ -17,7 +17,8 @@ import json
 import math
 import sys
 from dataclasses import dataclass, field
-from typing import Any, Generic, Iterable, Iterator, Mapping, TypeVar, overload
+from typing import (Any, Generic, ItemsView, Iterable, Iterator, KeysView, Mapping, TypeVar,
+                    ValuesView, overload)
 
 from nodepool_k8s import conditions as cond
 
@@ -460,6 +461,17 @@ class Resources(Mapping[str, float]):
     def __len__(self) -> int:
         return len(self._values)
 
+    # The dict's own views: Mapping's generic ones call __getitem__ per key, and quota
+    # sums run over every node's resources on each allocation decision.
+    def keys(self) -> KeysView[str]:
+        return self._values.keys()
+
+    def values(self) -> ValuesView[float]:
+        return self._values.values()
+
+    def items(self) -> ItemsView[str, float]:
+        return self._values.items()
+
     def __repr__(self) -> str:
         return f"Resources({self._values!r}, default={self._default})"
 
@@ -473,13 +485,13 @@ class Resources(Mapping[str, float]):
         return hash((tuple(sorted(self._values.items())), self._default))
 
     def _combine(self, other: Mapping[str, float], sign: float) -> "Resources":
-        odefault = other._default if isinstance(other, Resources) else 0.0
-        keys = set(self._values) | set(other)
-        out = {}
-        for k in keys:
-            b = other[k] if k in other else odefault
-            a = self[k]
-            out[k] = a + sign * b
+        if isinstance(other, Resources):
+            theirs, odefault = other._values, other._default
+        else:
+            theirs, odefault = dict(other), 0.0
+        mine, default = self._values, self._default
+        out = {k: mine.get(k, default) + sign * theirs.get(k, odefault)
+               for k in mine.keys() | theirs.keys()}
         return Resources(out, default=self._default + sign * odefault
                          if not (math.isinf(self._default) and math.isinf(odefault))
                          else self._default)

@@ -99,8 +99,8 @@ def total(records: Iterable[UsageRecord], *, provider: str | None = None,
             continue
         if tenant is not None and rec.tenant != tenant:
             continue
-        for key in rec.resources:
-            acc[key] = acc.get(key, 0.0) + rec.resources[key]
+        for key, amount in rec.resources.items():
+            acc[key] = acc.get(key, 0.0) + amount
     return Resources(acc)
 
 

@@ -157,7 +157,18 @@ def test_pod_role_is_restricted_and_names_pods_log() -> None:
 def test_role_rules_are_copies() -> None:
     rules = m.role_rules(make_label())
     rules[0]["verbs"].append("delete")
+    rules[0]["resources"].append("nodes")
     assert "delete" not in m.POD_RULES[0]["verbs"]
+    assert "nodes" not in m.POD_RULES[0]["resources"]
+
+
+@pytest.mark.parametrize("type_,rules", [("namespace", m.NAMESPACE_RULES),
+                                         ("pod", m.POD_RULES)])
+def test_role_rules_equal_the_constants_and_are_flat(type_: str, rules: list) -> None:
+    assert m.role_rules(make_label("l", type_)) == rules
+    # The copy is one level deep: a nested mapping in a rule would be shared.
+    assert all(isinstance(v, (str, list)) and all(isinstance(x, str) for x in
+               (v if isinstance(v, list) else [v])) for rule in rules for v in rule.values())
 
 
 @pytest.mark.parametrize("type_,role", [("namespace", "zuul"), ("pod", "zuul-restricted")])
