@@ -1,7 +1,8 @@
 """Strict decoders for the two records other programs write: node requests and nodes.
 
 Owns: the one gate every node or request znode passes before anything acts on it. The
-bytes must be at most `MAX_RECORD_BYTES`, valid UTF-8 and one JSON object; every key the
+bytes must be at most `MAX_RECORD_BYTES`, valid UTF-8 and one JSON object nested at most
+`MAX_DEPTH` levels (so it can always be encoded again); every key the
 launcher reads must have the type the protocol gives it (strings, lists of strings, finite
 non-negative numbers, known states), and a request may ask for at most `MAX_NODE_TYPES`
 nodes. Keys we do not read (and `requestor_data`, which is opaque) are not checked, so
@@ -31,6 +32,10 @@ MAX_RECORD_BYTES = 256 * 1024
 # Zuul's largest nodesets have tens of nodes; a request for thousands is an error or an
 # attack, and each node type costs a plan entry and a node znode.
 MAX_NODE_TYPES = 256
+# Records are a few levels deep (requestor_data and attributes included). The JSON parser's
+# own limit is the interpreter's recursion limit, which the encoder reaches sooner on a
+# deeper stack: a record decoded just under it could not be written back.
+MAX_DEPTH = 64
 
 # Remembered (path -> version) of reported records; the oldest are forgotten first.
 MALFORMED_MEMORY = 10_000
@@ -142,6 +147,11 @@ def _check_fields(data: Mapping[str, Any], fields: Mapping[str, tuple[_Check, st
             raise Malformed(f"{key} must be {expected}, got {_sample(data[key])}")
 
 
+def clip(text: str, limit: int = 80) -> str:
+    """`text` for a log line or an error message: a record can carry anything, at any size."""
+    return text if len(text) <= limit else f"{text[:limit - 3]}... ({len(text)} characters)"
+
+
 def _sample(value: Any) -> str:
     """A short, safe description of a bad value for the log."""
     try:
@@ -153,12 +163,13 @@ def _sample(value: Any) -> str:
 
 # -- decoders -----------------------------------------------------------------------------
 
-def load_object(raw: bytes) -> dict[str, Any]:
-    """The JSON object in a znode's data, or Malformed."""
+def load_json(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> Any:
+    """The JSON value in a znode's data (at most `max_bytes`, UTF-8, at most `MAX_DEPTH`
+    levels deep), or Malformed: the one parser for data other programs can write."""
     if not raw:
         raise Malformed("empty znode data")
-    if len(raw) > MAX_RECORD_BYTES:
-        raise Malformed(f"{len(raw)} bytes, more than the {MAX_RECORD_BYTES} a record may have")
+    if len(raw) > max_bytes:
+        raise Malformed(f"{len(raw)} bytes, more than the {max_bytes} a record may have")
     try:
         data = json.loads(raw.decode("utf8"))
     except UnicodeDecodeError as exc:
@@ -167,9 +178,32 @@ def load_object(raw: bytes) -> dict[str, Any]:
         raise Malformed("JSON nested too deeply") from None
     except ValueError as exc:
         raise Malformed(f"not JSON ({exc})") from None
+    # Counting brackets is C-speed; only data with many of them is walked.
+    if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _deeper_than(data, MAX_DEPTH):
+        raise Malformed(f"JSON nested more than {MAX_DEPTH} levels deep")
+    return data
+
+
+def load_object(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
+    """The JSON object in a znode's data, or Malformed."""
+    data = load_json(raw, max_bytes)
     if not isinstance(data, dict):
         raise Malformed(f"expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether objects/arrays nest more than `limit` levels (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(item, dict):
+            stack.extend((v, depth + 1) for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend((v, depth + 1) for v in item if isinstance(v, (dict, list)))
+    return False
 
 
 def check_request(data: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -15,7 +15,6 @@ lock and re-read before acting. Unusable znodes are logged with their path and s
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -211,11 +210,10 @@ class Component:
 
 def decode_component(kind: str, znode: str, raw: bytes, owner: int = 0) -> Component | None:
     try:
-        data = json.loads(raw.decode("utf8")) if raw else None
-    except (ValueError, UnicodeDecodeError):
-        data = None
-    if not isinstance(data, dict):
-        log.warning("Skipping malformed component %s/%s/%s", paths.COMPONENTS, kind, znode)
+        data = records.load_object(raw)
+    except records.Malformed as exc:
+        log.warning("Skipping malformed component %s/%s/%s: %s", paths.COMPONENTS, kind,
+                    znode, exc.reason)
         return None
     return Component(kind=kind, znode=znode, hostname=data.get("hostname"),
                      state=data.get("state"), data=data, owner=owner)

@@ -27,6 +27,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+from nodepool_k8s import records
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
@@ -198,8 +199,8 @@ def read_events(zk: ZkClient) -> list[dict[str, Any]]:
         if found is None:
             continue
         try:
-            batch = json.loads(found[0].decode("utf8"))
-        except (ValueError, UnicodeDecodeError):
+            batch = records.load_json(found[0])
+        except records.Malformed:
             continue
         if isinstance(batch, list):
             out.extend(e for e in batch if isinstance(e, dict) and isinstance(

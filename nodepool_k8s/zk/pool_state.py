@@ -65,11 +65,8 @@ def target_path(target: str) -> str:
 
 
 def decode(name: str, raw: bytes, stat: Any = None) -> PoolState:
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise records.Malformed(f"not JSON: {exc}") from None
-    if not isinstance(data, dict) or data.get("action") not in ACTIONS:
+    data = records.load_object(raw)
+    if data.get("action") not in ACTIONS:
         raise records.Malformed(f"expected an action of {', '.join(ACTIONS)}")
     return PoolState(target=unquote(name), action=str(data["action"]),
                      reason=str(data.get("reason") or ""), by=str(data.get("by") or ""),

@@ -20,6 +20,7 @@ Failure modes: writes raise the zk.errors classes; a record that is not a JSON o
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable
 from urllib.parse import quote
 
@@ -50,21 +51,63 @@ def encode(data: dict[str, Any]) -> bytes:
 
 
 def decode(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
-    try:
-        data = json.loads(raw.decode("utf8")) if raw else None
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise records.Malformed(f"not JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise records.Malformed("not a JSON object")
+    return records.load_object(raw)
+
+
+def _finite(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# What a breaker entry's keys must hold (see launcher.breaker for their meaning).
+_BREAKER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "state": (lambda v: v in ("closed", "open", "probing"), "closed, open or probing"),
+    "config": (lambda v: isinstance(v, str), "a string"),
+    "probe": (lambda v: isinstance(v, str), "a string"),
+    "reason": (lambda v: isinstance(v, str), "a string"),
+    "message": (lambda v: isinstance(v, str), "a string"),
+    "failures": (_count, "a non-negative integer"),
+    "trips": (_count, "a non-negative integer"),
+    "until": (_finite, "a number"),
+    "since": (_finite, "a number"),
+    "probe_at": (_finite, "a number"),
+}
+
+
+def breaker_entry_problem(entry: Any) -> str | None:
+    """Why one label's breaker entry is unusable, None when it is fine."""
+    if not isinstance(entry, dict):
+        return f"expected an object, got {type(entry).__name__}"
+    for key, (check, expected) in _BREAKER_FIELDS.items():
+        if key in entry and not check(entry[key]):
+            return f"{key} must be {expected}"
+    return None
+
+
+def decode_breakers(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
+    """A pool's breaker record, label -> entry. An unusable entry (someone else wrote it, or
+    an older format) is left out and reported once: that label's breaker starts afresh,
+    and the next update of the record drops it."""
+    data = records.load_object(raw)
+    for label in [name for name, entry in data.items() if breaker_entry_problem(entry)]:
+        records.REPORTS.report("breaker entry", f"{POOL_BREAKERS}/{key} (label {label})",
+                               getattr(stat, "version", -1),
+                               str(breaker_entry_problem(data.pop(label))))
     return data
 
 
 class JsonDirCache(MirroredCache[dict[str, Any]]):
     """Every JSON child of `root`, by child name."""
 
-    def __init__(self, zk: ZkClient, root: str, name: str) -> None:
+    def __init__(self, zk: ZkClient, root: str, name: str,
+                 decoder: Callable[[str, bytes, Any], dict[str, Any]] = decode) -> None:
         self.name = name
-        self._mirror = ChildMirror(zk, root, decode, name=name, accept=lambda child: bool(child))
+        self._mirror = ChildMirror(zk, root, decoder, name=name,
+                                   accept=lambda child: bool(child))
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._mirror._lock:
@@ -113,10 +156,17 @@ def update_breaker(zk: ZkClient, provider: str, pool: str,
                    ) -> dict[str, Any]:
     """Read-modify-write the pool's breaker record; `change` edits it in place and returns
     whether anything changed (no write otherwise). Returns the record as stored."""
+    key = breaker_key(provider, pool)
     path = breaker_path(provider, pool)
     for _ in range(attempts):
         found = zk.get(path)
-        data = decode(path, found[0], found[1]) if found and found[0] else {}
+        data: dict[str, Any] = {}
+        if found and found[0]:
+            try:
+                data = decode_breakers(key, found[0], found[1])
+            except records.Malformed as exc:
+                # Our own record, unusable as a whole: replaced by this update.
+                records.REPORTS.report("breaker record", path, found[1].version, exc.reason)
         if not change(data):
             return data
         try:

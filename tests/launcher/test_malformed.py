@@ -15,13 +15,13 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import paths, pool_status
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.util import Processes
@@ -44,6 +44,14 @@ providers:
             type: namespace
 """
 
+
+def _with_nested(record: dict[str, Any], key: str, depth: int) -> bytes:
+    """`record` plus `key` holding objects nested `depth` deep, built as text (encoding
+    such a value needs a deeper stack than reading it does)."""
+    nested = '{"a":' * (depth - 1) + "{}" + "}" * (depth - 1)
+    return (json.dumps(record)[:-1] + f', "{key}": {nested}}}').encode()
+
+
 GOOD_REQUEST = {"state": "requested", "node_types": ["small"], "requestor": "zuul",
                 "relative_priority": 0, "reuse": True, "tenant_name": "t"}
 
@@ -55,6 +63,10 @@ BAD_REQUESTS: dict[str, bytes] = {
     "relative_priority str": json.dumps({**GOOD_REQUEST, "relative_priority": "1"}).encode(),
     "5000 node types": json.dumps({**GOOD_REQUEST, "node_types": ["small"] * 5000}).encode(),
     "deep nesting": b"[" * 200_000,
+    # Valid JSON the parser reads, nested deeper than a record may be: once accepted, such
+    # a request could fail to be written back (the encoder runs on a deeper stack: at
+    # about 980 levels it did) and wedged its pool.
+    "requestor_data nested 500 deep": _with_nested(GOOD_REQUEST, "requestor_data", 499),
     "not utf-8": b'{"state": "requested", "node_types": ["\xff"]}',
     "too large": json.dumps({**GOOD_REQUEST, "requestor_data": "x" * 300_000}).encode(),
     "unknown state": json.dumps({**GOOD_REQUEST, "state": "sleeping"}).encode(),
@@ -70,6 +82,7 @@ BAD_NODES: dict[str, bytes] = {
     "resources NaN": b'{"state": "used", "provider": "fake", "resources": {"cores": NaN}}',
     "resources -inf": b'{"state": "ready", "provider": "fake", "resources": {"ram": -Infinity}}',
     "deep nesting": b"{\"a\":" * 100_000,
+    "attributes nested 500 deep": _with_nested(OURS, "attributes", 499),
     "not utf-8": b"\xc3\x28",
 }
 
@@ -177,3 +190,27 @@ def test_cleanup_and_min_ready_pass_malformed_nodes(
     wait_for(lambda: len(spares()) == 1, 30, message="spare replaced after use")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(10) == 0
+
+
+def test_garbage_in_our_own_tree_stops_no_pool(
+        processes: Processes, zk: ZkConnection, kazoo_client: KazooClient) -> None:
+    """Our own records as anybody with write access may leave them: label entries of the
+    pool's circuit-breaker record of the wrong type (each used to fail every pass of the
+    pool worker, restarts included) and a component registration nested too deep."""
+    breaker = pool_status.breaker_path("fake", "main")
+    kazoo_client.create(breaker, json.dumps({
+        "small": "x", "other": {"failures": "many", "state": "open"}}).encode(),
+        makepath=True)
+    component = kazoo_client.create(f"{paths.COMPONENTS}/launcher/evil-", _with_nested(
+        {"hostname": "h"}, "deep", 500), makepath=True, sequence=True)
+    proc = processes.start(CONFIG)
+    with ZuulClient(zk.hosts) as zuul:
+        for _ in range(3):
+            zuul.run_build(["small"], timeout=60)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    log = (processes.tmp / "launcher-0.log").read_text(errors="replace")
+    assert "Traceback" not in log and "pass failed" not in log
+    for label in ("small", "other"):
+        assert log.count(f"Skipping malformed breaker entry {breaker} (label {label})") == 1
+    assert log.count(f"Skipping malformed component {component}: JSON nested") == 1

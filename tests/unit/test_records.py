@@ -115,6 +115,44 @@ def test_malformed_bytes(raw: bytes, reason: str) -> None:
         assert reason in info.value.reason
 
 
+def _nested(depth: int) -> bytes:
+    """A node/request record whose requestor_data makes it `depth` levels deep, built as
+    text: encoding such a value needs a deeper stack than reading it does."""
+    inner = depth - 1
+    opening = "".join('{"k":' if level % 2 == 0 else "[" for level in range(inner - 1))
+    closing = "".join("}" if level % 2 == 0 else "]" for level in reversed(range(inner - 1)))
+    return ('{"state": "ready", "attributes": {"x": 1}, "requestor_data": '
+            + opening + "{}" + closing + "}").encode()
+
+
+@pytest.mark.parametrize("depth", [records.MAX_DEPTH + 1, 200, 982])
+def test_valid_json_nested_beyond_the_limit_is_malformed(depth: int) -> None:
+    # Closed, valid JSON the parser accepts, but nested so deep that writing it back (on
+    # a deeper stack than the reader's) could hit the interpreter's recursion limit.
+    raw = _nested(depth)
+    for decode in (records.decode_node, records.decode_request, records.load_json):
+        with pytest.raises(Malformed) as info:
+            decode(raw)
+        # The parser's own limit may come first, on this (deeper) stack.
+        assert "nested" in info.value.reason
+
+
+def test_records_up_to_the_depth_limit_and_wide_ones_decode() -> None:
+    raw = _nested(records.MAX_DEPTH)
+    decoded = records.load_json(raw)
+    assert decoded == json.loads(raw)
+    assert json.loads(json.dumps(decoded)) == decoded  # what is accepted can be written
+    # Many brackets side by side are not depth: only nesting counts.
+    wide = {"state": "ready", "attributes": {"lists": [[] for _ in range(5000)]}}
+    assert records.decode_node(json.dumps(wide).encode()) == wide
+
+
+def test_clip_keeps_short_text_and_says_how_long_the_rest_was() -> None:
+    assert records.clip("kube-system") == "kube-system"
+    clipped = records.clip("a" * 200_000)
+    assert len(clipped) < 120 and clipped.endswith("(200000 characters)")
+
+
 def test_parse_reports_once_per_version(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     raw = _dump({"state": 3})

@@ -1,0 +1,78 @@
+"""Our own pool records as someone else may have written them: the circuit-breaker record.
+
+Aspects: an unusable label entry is dropped when read (that label's breaker starts afresh)
+and reported once with its path; the next update rewrites the record without it; a record
+that is no JSON object at all is replaced by the update.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from nodepool_k8s import records
+from nodepool_k8s.zk import pool_status
+from nodepool_k8s.zk.client import ZkClient
+
+GOOD = {"state": "open", "failures": 3, "trips": 1, "until": 1e9, "since": 1.0,
+        "config": "abc", "reason": "ImagePullBackOff", "message": "m"}
+BAD: dict[str, Any] = {
+    "a-string": "x",
+    "a-list": [1],
+    "failures-text": {**GOOD, "failures": "many"},
+    "failures-bool": {**GOOD, "failures": True},
+    "until-text": {**GOOD, "until": "soon"},
+    "state-unknown": {**GOOD, "state": "half-open"},
+    "config-number": {**GOOD, "config": 5},
+}
+
+
+@pytest.fixture(autouse=True)
+def fresh_reports() -> None:
+    records.REPORTS.clear()
+
+
+def test_unusable_entries_are_dropped_and_reported_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    raw = json.dumps({"good": GOOD, **BAD}).encode()
+    with caplog.at_level(logging.WARNING, logger="nodepool_k8s.records"):
+        for _ in range(3):
+            assert pool_status.decode_breakers("fake.main", raw, None) == {"good": GOOD}
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == len(BAD)
+    for label in BAD:
+        assert sum(f"{pool_status.POOL_BREAKERS}/fake.main (label {label})" in m
+                   for m in messages) == 1
+
+
+def test_update_rewrites_the_record_without_unusable_entries(
+        zkc: ZkClient, kazoo_client: KazooClient) -> None:
+    path = pool_status.breaker_path("fake", "main")
+    kazoo_client.create(path, json.dumps({"good": GOOD, **BAD}).encode(), makepath=True)
+
+    def touch(data: dict[str, Any]) -> bool:
+        assert set(data) == {"good"}
+        data["other"] = {"state": "closed", "failures": 1, "trips": 0, "config": "x"}
+        return True
+
+    pool_status.update_breaker(zkc, "fake", "main", touch)
+    stored = json.loads(kazoo_client.get(path)[0])
+    assert set(stored) == {"good", "other"}
+
+
+@pytest.mark.parametrize("raw", [b"[1, 2]", b"{not json", b'{"a":' * 5000])
+def test_update_replaces_a_record_that_is_no_object(
+        zkc: ZkClient, kazoo_client: KazooClient, raw: bytes) -> None:
+    path = pool_status.breaker_path("fake", "main")
+    kazoo_client.create(path, raw, makepath=True)
+
+    def count(data: dict[str, Any]) -> bool:
+        data["small"] = {"failures": 1}
+        return True
+
+    pool_status.update_breaker(zkc, "fake", "main", count)
+    assert json.loads(kazoo_client.get(path)[0]) == {"small": {"failures": 1}}
