@@ -33,6 +33,8 @@ from nodepool_k8s.zk.txn import Txn
 log = logging.getLogger("nodepool_k8s.zk.locks")
 
 _CONTENDER = re.compile(r"__lock__(-?\d{10})$")
+# Any contender of kazoo's lock recipes (exclusive and write: __lock__, read: __rlock__).
+_ANY_CONTENDER = re.compile(r"__r?lock__-?\d{10}$")
 
 
 @dataclass(eq=False)
@@ -180,6 +182,11 @@ def contenders(children: list[str]) -> list[str]:
     """Lock contender names, lowest sequence (the holder) first."""
     found = [(m.group(1), c) for c in children if (m := _CONTENDER.search(c))]
     return [c for _, c in sorted(found)]
+
+
+def is_contender(name: str) -> bool:
+    """Whether a lock dir's child is some client's lock contender (ours to wait for)."""
+    return _ANY_CONTENDER.search(name) is not None
 
 
 def _predecessor(children: list[str], own: str) -> str | None:

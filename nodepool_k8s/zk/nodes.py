@@ -217,9 +217,16 @@ class NodeStore:
         it and just removes the znode, as Nodepool does) and the transaction is retried.
         If contenders keep appearing, our lock is released and False returned: the node
         stays in `deleted` for the next cleanup pass. True once the znode is gone.
+
+        Children that are no part of the protocol (anything beside `lock` under the node,
+        anything but lock contenders under `lock`) would make every removal fail and keep
+        the node counting against quota: they are removed with the node, as Nodepool's
+        recursive delete would, and logged once.
         """
         lock_dir = paths.node_lock_path(node.id)
-        for _ in range(attempts):
+        tries = 0
+        while tries < attempts:
+            tries += 1
             txn = Txn()
             held.release_in(txn)
             txn.delete(lock_dir)
@@ -237,11 +244,34 @@ class NodeStore:
                     return True
                 if not isinstance(exc.cause, errors.NotEmptyError):
                     raise exc.cause from exc
+                if self._remove_strays(node.id, exc.path):
+                    continue
             if node.state != model.DELETED:
                 node.state = model.DELETED
                 self.store(node, held)
         held.release()
         return False
+
+    def _remove_strays(self, node_id: str, full: str | None) -> bool:
+        """Remove what is not ours to wait for under the node znode or its lock dir (the
+        one at `full`, the path the transaction found not empty); whether any was."""
+        node_path, lock_dir = paths.node_path(node_id), paths.node_lock_path(node_id)
+        parent = lock_dir if full == lock_dir else node_path if full == node_path else None
+        if parent is None:
+            return False
+        children = self.zk.get_children(parent) or []
+        if parent == lock_dir:
+            strays = [c for c in children if not locks.is_contender(c)]
+        else:
+            strays = [c for c in children if c != "lock"]
+        for child in strays:
+            log.warning("Removing %s/%s with node %s: not part of a node's record or lock",
+                        parent, child, node_id)
+            try:
+                self.zk.delete(f"{parent}/{child}", recursive=True)
+            except errors.NoNodeError:
+                pass
+        return bool(strays)
 
     def delete_unlocked(self, node_id: str) -> None:
         """Remove a znode that holds no usable record (empty data), with its subtree."""

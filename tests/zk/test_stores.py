@@ -119,6 +119,32 @@ def test_delete_fast_and_slow_path(zkc: ZkClient, kazoo_client: KazooClient) -> 
     assert kazoo_client.exists(paths.node_path(node.id)) is None
 
 
+def test_delete_removes_strays_but_waits_for_real_contenders(
+        zkc: ZkClient, kazoo_client: KazooClient, caplog: pytest.LogCaptureFixture) -> None:
+    """Children that are no part of a node (a `junk` znode beside the lock dir, garbage in
+    the lock dir, with children of their own) used to fail every removal for ever."""
+    store = NodeStore(zkc)
+    kazoo_client.ensure_path(paths.NODES)
+    node = new_node(store)
+    kazoo_client.create(paths.node_path(node.id) + "/junk/deeper", b"x", makepath=True)
+    kazoo_client.create(paths.node_lock_path(node.id) + "/garbage", b"", makepath=True)
+    got = store.lock_and_read(node.id)
+    assert got is not None
+    with caplog.at_level(logging.WARNING, logger="nodepool_k8s.zk.nodes"):
+        assert store.delete(got[1], got[0]) is True
+    assert kazoo_client.exists(paths.node_path(node.id)) is None
+    assert sum("not part of a node" in r.getMessage() for r in caplog.records) == 2
+
+    # A read-lock contender is some client's, like an exclusive one: waited for, kept.
+    node = new_node(store)
+    got = store.lock_and_read(node.id)
+    assert got is not None
+    waiter = kazoo_client.create(paths.node_lock_path(node.id) + "/abc__rlock__",
+                                 b"", ephemeral=True, sequence=True)
+    assert store.delete(got[1], got[0]) is False
+    assert kazoo_client.exists(waiter) is not None
+
+
 def test_tolerant_reads(zkc: ZkClient, kazoo_client: KazooClient,
                         caplog: pytest.LogCaptureFixture) -> None:
     kazoo_client.ensure_path(paths.NODES)
