@@ -127,6 +127,12 @@ class Provider(Protocol):
         when given) is deleted; anything else raises `NotOwned` without being touched.
         """
 
+    def ownership_problem(self, external_id: str, node_id: str) -> str | None:
+        """Why `external_id` is not provably node `node_id`'s resource of this installation
+        (None when it is), checked before a ready node is handed to another request: a
+        record anybody can write must not send a job into somebody else's namespace.
+        May raise TemporaryError when it cannot tell now."""
+
     def list_resources(self) -> Sequence[CloudResource]:
         """Every resource carrying this provider's ownership labels."""
 

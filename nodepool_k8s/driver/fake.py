@@ -205,6 +205,17 @@ class FakeProvider:
                                f" {node_id}")
             del self.cloud.resources[external_id]
 
+    def ownership_problem(self, external_id: str, node_id: str) -> str | None:
+        with self.cloud.lock:
+            resource = self.cloud.resources.get(external_id)
+            if external_id in self.cloud.foreign or resource is None:
+                return f"{external_id} is not one of our resources"
+            if resource.provider != self.name:
+                return f"{external_id} belongs to provider {resource.provider}"
+            if resource.node_id not in (None, node_id):
+                return f"{external_id} belongs to node {resource.node_id}"
+            return None
+
     def list_resources(self) -> Sequence[CloudResource]:
         self._record("list", None)
         injected = self._injected("list")

@@ -23,8 +23,9 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
-from nodepool_k8s import model, quota
+from nodepool_k8s import model, quota, records
 from nodepool_k8s.clock import Clock
+from nodepool_k8s.exceptions import NodepoolError
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig, TenantLimit
 from nodepool_k8s.driver.base import LaunchResult, Provider
@@ -163,6 +164,21 @@ class Allocator:
         node.extra[model.CONFIG_HASH] = label_hash(pool_cfg.labels[label], pool_cfg)
         return node
 
+    def _provably_ours(self, node: Node) -> bool:
+        """Whether the resource a ready record names is that node's, of this installation:
+        anybody who can write a record could otherwise hand a job somebody else's namespace
+        (a refusal is logged once per record version; the record is left alone)."""
+        try:
+            problem = self.provider.ownership_problem(node.external_id or "", node.id) \
+                if node.external_id else "it names no resource"
+        except NodepoolError as exc:
+            self._node_log(node).info("Not reusing the ready node now: %s", exc)
+            return False
+        if problem is not None:
+            records.REPORTS.report("node", paths.node_path(node.id), node.version,
+                                   f"ready, but not handed out: {problem}")
+        return problem is None
+
     def reuse(self, needed: list[Slot]) -> None:
         """Take over ready, unallocated nodes of the pool for `needed` slots (locked,
         re-read and re-checked, then `allocated_to` written)."""
@@ -179,13 +195,17 @@ class Allocator:
                 if candidate.id in taken or candidate.label != slot.label:
                     continue
                 taken.add(candidate.id)
+                if not self._provably_ours(candidate):
+                    continue
                 got = self.deps.nodes.lock_and_read(candidate.id)
                 if got is None:
                     continue
                 lock, node = got
                 if node.state != model.READY or node.allocated_to \
                         or node.provider != self.ref.provider or node.pool != self.ref.pool \
-                        or node.label != slot.label:
+                        or node.label != slot.label \
+                        or (node.external_id != candidate.external_id
+                            and not self._provably_ours(node)):
                     lock.release()
                     continue
                 if not self.request_lock.valid:  # our session expired during this pass

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol
 
 from nodepool_k8s import conditions as cond
-from nodepool_k8s import logconfig, model
+from nodepool_k8s import logconfig, model, records
 from nodepool_k8s.exceptions import NotOwned, TemporaryError, ZkSessionLost
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.clock import Clock
@@ -295,7 +295,8 @@ class NodeDeleter:
             except (ZkSessionLost, ZkConnectionError):
                 raise  # ZooKeeper, not the resource: interrupted (see _delete_node)
             except TemporaryError as exc:
-                nlog.warning("Could not delete %s yet (%s); will retry", node.external_id, exc)
+                nlog.warning("Could not delete %s yet (%s); will retry",
+                             records.clip(node.external_id or ""), exc)
                 lifecycle.note_delete_failed(engine.nodes, node, lock, str(exc),
                                              engine.clock.time())
                 return False
@@ -303,7 +304,8 @@ class NodeDeleter:
             if refused:
                 # Never retried and never deleted: the record is dropped, the reason kept.
                 nlog.warning("Refusing to delete %s of provider %s (%s); removing the node"
-                             " record only", node.external_id, node.provider, done.refused)
+                             " record only", records.clip(node.external_id or ""),
+                             node.provider, done.refused)
                 engine.stats.delete_refused(node.provider)
             if done.removal is Removal.CONTENDED:
                 nlog.info("Node is contended; left in state deleted for the next pass")
@@ -315,8 +317,8 @@ class NodeDeleter:
             if not refused:
                 lifecycle.report_deleted(engine.stats, engine.events, node)
             if refused:
-                nlog.info("Removed the node record; %s was left alone (%s)", node.external_id,
-                          reason)
+                nlog.info("Removed the node record; %s was left alone (%s)",
+                          records.clip(node.external_id or ""), reason)
             else:
                 nlog.info("Deleted node %s (%s)", node.external_id or "", reason)
             return True

@@ -106,6 +106,44 @@ def test_records_naming_namespaces_not_ours_are_dropped_without_a_delete(
     assert keys.count("nodepool.provider.k8s.delete_refused") == 3
 
 
+def test_forged_ready_records_are_never_handed_out(
+        launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
+        kazoo_client: KazooClient, caplog: pytest.LogCaptureFixture) -> None:
+    """Ready, unallocated records of our provider and pool that somebody else wrote, naming
+    kube-system, a namespace that does not exist, and a real node's namespace under another
+    id: a request gets a fresh namespace of its own, the forged records stay as they are
+    (not ours to delete), and each is reported once."""
+    caplog.set_level(logging.INFO)
+    launcher = launchers(LEAK_CONFIG)
+    _, real = fulfilled(zuul)
+    forged = {}
+    for external_id in ("kube-system", "main-0000009999", f"main-{real}"):
+        body = {"state": "ready", "provider": "k8s", "pool": "main", "type": ["ns"],
+                "external_id": external_id, "state_time": 0, "allocated_to": None,
+                "connection_type": "namespace",
+                "connection_port": {"namespace": external_id, "token": "forged",
+                                    "host": "https://evil.example"}}
+        path = kazoo_client.create(f"{paths.NODES}/", json.dumps(body).encode(),
+                                   sequence=True)
+        forged[paths.basename(path)] = external_id
+    wait_for(lambda: all(launcher.engine.node_cache.get(n) is not None for n in forged),
+             message="the forged records in the cache")
+    for _ in range(2):
+        _, node_id = fulfilled(zuul)
+        node = zuul.get_node(node_id)
+        assert node_id not in forged and node is not None
+        assert node["connection_port"]["token"] != "forged"
+        assert node["external_id"] == f"main-{node_id}"
+    for node_id, external_id in forged.items():
+        record = zuul.get_node(node_id)
+        assert record is not None and record["state"] == "ready" \
+            and record.get("allocated_to") is None, record
+        path = paths.node_path(node_id)
+        assert sum(f"malformed node {path}: ready, but not handed out" in r.getMessage()
+                   for r in caplog.records) == 1, node_id
+    assert k8s_sim.get("namespaces", "kube-system") is not None
+
+
 def sweep_after(launcher: Launcher, clock: ManualClock, seconds: float) -> None:
     """Move time on and return once the launcher finished a leak sweep at the new time."""
     clock.advance(seconds)

@@ -85,6 +85,39 @@ def test_delete_refuses_namespaces_that_are_not_ours(make_sim: Any,
     assert sim.get("namespaces", other_node) is None and sim.get("namespaces", foreign) is None
 
 
+@pytest.mark.parametrize("name", ["a" * 200_000, "a" * 64, "../kube-system", "Kube-System",
+                                  "kube-system/finalize", "", "-x"])
+def test_names_that_are_no_namespace_name_are_refused_without_a_call(
+        sim: Simulator, make_k8s_provider: ProviderFactory, name: str) -> None:
+    """A record can name anything; a huge name earned a 414 that was retried for ever."""
+    provider = make_k8s_provider(sim, NS)
+    sim.reset_counters()
+    with pytest.raises(NotOwned) as info:
+        provider.delete(name, node_id="0000000000")
+    assert len(str(info.value)) < 200
+    assert provider.ownership_problem(name, "0000000000") is not None
+    assert sum(sim.counters.values()) == 0, sim.counters
+
+
+def test_ownership_problem_before_a_ready_node_is_handed_out(
+        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any) -> None:
+    provider = make_k8s_provider(sim, NS)
+    name = _launch(provider).external_id
+    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
+             message="the namespace watch to see the namespace")
+    sim.reset_counters()
+    assert provider.ownership_problem(name, "0000000000") is None  # from the watch
+    assert "nodepool_node_id" in str(provider.ownership_problem(name, "0000000005"))
+    assert "nodepool_provider_name" in str(provider.ownership_problem("kube-system", "0"))
+    assert "does not exist" in str(provider.ownership_problem("main-0000000042", "42"))
+    reads = sim.counters.get("get namespaces", 0)
+    assert reads == 3, sim.counters
+    # A refusal is remembered: a forged record costs one look, not one per request.
+    for _ in range(3):
+        assert provider.ownership_problem("kube-system", "0") is not None
+    assert sim.counters.get("get namespaces", 0) == reads
+
+
 def test_uid_precondition_mismatch_is_not_a_delete(sim: Simulator,
                                                    make_k8s_provider: ProviderFactory,
                                                    tmp_path: Any) -> None:

@@ -77,6 +77,14 @@ _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9
 
 # -- naming ------------------------------------------------------------------------------------
 
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def is_namespace_name(name: str) -> bool:
+    """Whether `name` can name a namespace at all (an RFC 1123 label, <= 63 characters)."""
+    return len(name) <= _DNS_LABEL_MAX and _DNS_LABEL.match(name) is not None
+
+
 def dns_label(text: str, max_len: int = _DNS_LABEL_MAX) -> str:
     """`text` as an RFC 1123 label: lower case, [a-z0-9-], alphanumeric at both ends."""
     cleaned = re.sub(r"[^a-z0-9-]+", "-", text.lower())[:max_len].strip("-")

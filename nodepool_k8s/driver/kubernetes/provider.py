@@ -30,12 +30,13 @@ import logging
 import dataclasses
 import secrets
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from nodepool_k8s import conditions as cond
-from nodepool_k8s import logconfig
+from nodepool_k8s import logconfig, records
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
@@ -68,6 +69,8 @@ LIST_PAGE_SIZE = 500
 NAMESPACE_TOMBSTONES = 1024
 # GET + DELETE rounds when the namespace keeps being replaced under us (uid precondition 409).
 DELETE_ROUNDS = 3
+# (namespace, node) pairs remembered as not ours (`ownership_problem`).
+MAX_REFUSED = 1024
 
 
 @dataclass(frozen=True)
@@ -139,6 +142,9 @@ class KubernetesProvider:
         self._events: EventRecorder | None = None
         self._capacity: CapacityTracker | None = None
         self._capacity_listeners: list[Callable[[], None]] = []
+        # (namespace, node id) -> why it is not that node's: such a namespace never becomes
+        # one (names are unique per node and attempt), so a forged record costs one look.
+        self._refused: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     @property
     def unschedulable_grace(self) -> float:
@@ -542,6 +548,10 @@ class KubernetesProvider:
     # -- delete and list ---------------------------------------------------------------------
 
     def delete(self, external_id: str, node_id: str | None = None) -> None:
+        if not manifests.is_namespace_name(external_id):
+            # No API call: such a name was never created by us, and a huge one would only
+            # earn a 414 (retried for ever) from the server or a proxy in front of it.
+            raise NotOwned(f"{records.clip(external_id)!r} is not a namespace name")
         client, _ = self._connected()
         deadline = self._clock.monotonic() + self.delete_timeout
         try:
@@ -552,6 +562,33 @@ class KubernetesProvider:
             # Never swallowed (Nodepool logged and forgot): the core keeps the node and retries.
             raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") from exc
         log.info("Namespace %s deleted", external_id)
+
+    def ownership_problem(self, external_id: str, node_id: str) -> str | None:
+        if not manifests.is_namespace_name(external_id):
+            return f"{records.clip(external_id)!r} is not a namespace name"
+        key = (external_id, node_id)
+        with self._lock:
+            known = self._refused.get(key)
+        if known is not None:
+            return known
+        if self._watched_namespace(external_id, node_id) is not None:
+            return None
+        client, _ = self._connected()
+        try:
+            current = client.call(f"read namespace {external_id}", client.core.read_namespace,
+                                  external_id)
+        except NotFound:
+            problem: str | None = f"namespace {external_id} does not exist"
+        else:
+            problem = self._ownership_problem(current, node_id)
+            if problem is None and (current.get("metadata") or {}).get("deletionTimestamp"):
+                problem = f"namespace {external_id} is being deleted"
+        if problem is not None:
+            with self._lock:
+                self._refused[key] = problem
+                while len(self._refused) > MAX_REFUSED:
+                    self._refused.popitem(last=False)
+        return problem
 
     def list_resources(self) -> Sequence[CloudResource]:
         client, _ = self._connected()
