@@ -5,7 +5,8 @@ the session supervisor) runs the next pass at once; passes coalesce, so a burst 
 costs one pass (a worker may also ask for a short gap between passes: `coalesce`).
 `run_once()` returns the epoch time of the next timed work (or None) and the loop waits
 exactly until then: no fixed sleep tick. A pass that raises is logged with its
-traceback and retried after a short backoff (a temporary error, such as ZooKeeper being
+traceback (once while it keeps failing the same way, then a count per minute) and retried
+after a short backoff (a temporary error, such as ZooKeeper being
 unreachable, with a WARNING line instead); the loop itself runs inside the thread guard
 (`nodepool_k8s/threads.py`: logged, counted in stats, restarted), so the thread never dies
 silently.
@@ -29,6 +30,10 @@ ERROR_BACKOFF = 1.0
 # and request change, and in a burst one pass per 20 ms serves them all (measured: five
 # and seven passes per node before, issue 15).
 PASS_COALESCE = 0.02
+# A pass failing the same way again is logged with its traceback once, then one line per
+# this many seconds with the count: a poisoned pass retried every second must not fill
+# the log (the traceback is the same every time).
+REPEAT_LOG_INTERVAL = 60.0
 
 
 class Worker:
@@ -47,6 +52,10 @@ class Worker:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.passes = 0
+        self.failures = 0  # passes that raised something other than a TemporaryError
+        self._failing: tuple[str, str] | None = None  # (type, message) of the last failure
+        self._repeats = 0
+        self._reported_at = 0.0
 
     def start(self) -> None:
         self._thread = threads.start(
@@ -63,6 +72,20 @@ class Worker:
     def join(self, timeout: float | None = None) -> None:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        signature = (type(exc).__name__, str(exc)[:500])
+        now = self.clock.monotonic()
+        if signature != self._failing:
+            self._failing, self._repeats, self._reported_at = signature, 0, now
+            self.log.exception("%s pass failed; retrying", self.name)
+            return
+        self._repeats += 1
+        if now - self._reported_at >= REPEAT_LOG_INTERVAL:
+            self.log.error("%s pass still failing (%d more times in %.0fs): %s: %s",
+                           self.name, self._repeats, now - self._reported_at, *signature)
+            self._repeats, self._reported_at = 0, now
 
     @property
     def stopping(self) -> bool:
@@ -81,13 +104,14 @@ class Worker:
             self._wake.clear()
             try:
                 deadline = self.run_once()
+                self._failing = None
             except TemporaryError as exc:
                 # ZooKeeper or the API went away mid-pass (a failover, a lost reply): an
                 # expected condition, logged as such; the pass is retried after a backoff.
                 self.log.warning("%s pass interrupted (%s); retrying", self.name, exc)
                 deadline = self.clock.time() + ERROR_BACKOFF
-            except Exception:
-                self.log.exception("%s pass failed; retrying", self.name)
+            except Exception as exc:
+                self._failed(exc)
                 deadline = self.clock.time() + ERROR_BACKOFF
             self.passes += 1
             if self.coalesce > 0 and self._stop.wait(self.coalesce):
