@@ -264,6 +264,10 @@ def select_columns(columns: Sequence[tuple[str, str]],
     return picked or columns
 
 
+# The widest a text-table cell gets (longer values end in "..."; JSON output is whole).
+MAX_CELL = 120
+
+
 def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]]) -> str:
     """A left-aligned ASCII table in the style operators know from Nodepool's CLI.
 
@@ -280,6 +284,11 @@ def render_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, st
         cells = [v if type(v) is str else _cell(v)
                  for v in [row.get(key) for row in rows]]
         width = max(len(header), max(map(len, cells), default=0))
+        if width > MAX_CELL:
+            # Every row is padded to the widest cell: one 50 KB hold reason (or a huge
+            # external id in a foreign record) made a 100 MiB table. --json has it all.
+            cells = [c if len(c) <= MAX_CELL else c[:MAX_CELL - 3] + "..." for c in cells]
+            width = max(len(header), max(map(len, cells), default=0))
         headers.append(header.ljust(width))
         padded.append([c.ljust(width) for c in cells])
     rule = "+" + "+".join("-" * (len(h) + 2) for h in headers) + "+"

@@ -44,8 +44,12 @@ log = logging.getLogger("nodepool_k8s.webapp")
 
 CACHE_SECONDS = 1.0
 MEMO_ENTRIES = 64
+# And at most this many characters of answers in all: with 5,000 nodes each node list is
+# megabytes, and 64 of them (distinct URLs) held 228 MiB until the next distinct URL came.
+MEMO_CHARS = 16 * 1024 * 1024
 MAX_QUERY_FIELDS = 8
 MAX_VALUE_LENGTH = 512
+NODE_ID_DIGITS = 10  # node ids are zero-padded sequence numbers
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,7 @@ class WebApp:
         self._memo: OrderedDict[tuple[str, Params, bool], tuple[float, Response]] = \
             OrderedDict()
         self._memo_lock = threading.Lock()
+        self._memo_chars = 0
         self._server = _QuietServer((listen_address, port), self._wsgi,
                                     numthreads=settings.threads, max=settings.threads,
                                     timeout=settings.timeout, server_name="nodepool-k8s")
@@ -192,17 +197,34 @@ class WebApp:
             if hit and now - hit[0] < CACHE_SECONDS:
                 return hit[1]
         response = compute()
+        size = len(response[2])
         with self._memo_lock:
-            self._memo[key] = (now, response)
-            self._memo.move_to_end(key)
-            while len(self._memo) > MEMO_ENTRIES:
+            old = self._memo.pop(key, None)
+            if old is not None:
+                self._memo_chars -= len(old[1][2])
+            if size <= MEMO_CHARS:
+                self._memo[key] = (now, response)
+                self._memo_chars += size
+            # Oldest first (every store goes to the end): expired answers can never be
+            # served again, so they go at once, then whatever exceeds the bounds.
+            while self._memo:
+                first_at, first = next(iter(self._memo.values()))
+                if now - first_at < CACHE_SECONDS and len(self._memo) <= MEMO_ENTRIES \
+                        and self._memo_chars <= MEMO_CHARS:
+                    break
                 self._memo.popitem(last=False)
+                self._memo_chars -= len(first[2])
         return response
 
     @property
     def memo_size(self) -> int:
         with self._memo_lock:
             return len(self._memo)
+
+    @property
+    def memo_chars(self) -> int:
+        with self._memo_lock:
+            return self._memo_chars
 
     # -- endpoints ----------------------------------------------------------------------
     def _render(self, rows: list[dict[str, Any]], columns: Sequence[tuple[str, str]],
@@ -281,7 +303,7 @@ def _node_id_of(path: str) -> str:
     node_id = path[len(NODE_PREFIX):]
     if not node_id.isdigit() or not node_id.isascii() or len(node_id) > 20:
         raise BadRequest("/node/<id> takes a node id (digits)")
-    return node_id
+    return node_id.zfill(NODE_ID_DIGITS)
 
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
@@ -309,7 +331,7 @@ def _params(environ: Mapping[str, Any], allowed: Sequence[str]) -> Params:
         if name == "node_id":
             if not value.isdigit() or not value.isascii():
                 raise BadRequest("node_id must be a node id (digits)")
-            out[name] = value
+            out[name] = value.zfill(NODE_ID_DIGITS)  # 42 is 0000000042, as in the CLI
         elif name in ("provider", "pool"):
             out[name] = value
         elif name == "since":

@@ -21,7 +21,7 @@ from nodepool_k8s import pool_view, status
 from nodepool_k8s.cmd import common
 from nodepool_k8s.config import fingerprint
 from nodepool_k8s.records import MalformedRecord
-from nodepool_k8s.zk.pool_status import POOL_STATUS, read_all
+from nodepool_k8s.zk.pool_status import POOL_STATUS, decode_pool_status, read_all
 
 
 @contextmanager
@@ -117,7 +117,7 @@ def _info(args: argparse.Namespace) -> int:
 def cmd_pool_list(args: argparse.Namespace) -> int:
     """Every running pool's published status (conditions, counts; see pool_view)."""
     with common.session(args) as s:
-        records = read_all(s.zk, POOL_STATUS)
+        records = read_all(s.zk, POOL_STATUS, decode_pool_status)
     if args.json:
         sys.stdout.write(status.render_json(pool_view.pool_records(records.values())) + "\n")
     else:

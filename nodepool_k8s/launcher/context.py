@@ -26,7 +26,7 @@ from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.pool_state import PoolStateCache
 from nodepool_k8s.zk.pool_status import (POOL_BREAKERS, POOL_STATUS, JsonDirCache,
-                                         decode_breakers)
+                                         decode_breakers, decode_pool_status)
 from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
 from nodepool_k8s.zk.registry import ComponentRegistry
 from nodepool_k8s.zk.requests import RequestStore
@@ -55,7 +55,8 @@ class Engine:
         # The installation's lifecycle event log (`nodepool events`): best effort.
         self.events = EventLog(zk, clock)
         # Every pool's published status and circuit-breaker record (launcher.pool_status).
-        self.pool_statuses = JsonDirCache(zk, POOL_STATUS, "pool-status-cache")
+        self.pool_statuses = JsonDirCache(zk, POOL_STATUS, "pool-status-cache",
+                                          decode_pool_status)
         self.breakers = JsonDirCache(zk, POOL_BREAKERS, "breaker-cache",
                                      decode_breakers)
         self.providers: dict[str, Provider] = {}

@@ -65,16 +65,30 @@ TOMBSTONE_TTL = 60.0
 MAX_TOMBSTONES = 4_000
 MAX_IN_FLIGHT = 256
 NO_CONTENDERS: frozenset[str] = frozenset()
+# How long a reused-names mirror waits for one read (a lost connection answers sooner;
+# an unanswered read is skipped and the resync after the reconnect reads it again).
+SYNC_READ_TIMEOUT = 30.0
+
+
+class _Unanswered:
+    """A read that got no answer in time, as `_apply_data` sees it."""
+
+    def get_nowait(self) -> Any:
+        raise kex.ConnectionLoss("no answer in time")
 
 
 class ChildMirror(Generic[T]):
     def __init__(self, zk: ZkClient, root: str, decode: Decoder[T], *, name: str,
                  accept: Callable[[str], bool], with_locks: bool = False,
                  lock_expected: Callable[[T], bool] = lambda record: True,
-                 on_change: Callable[[str, "T | None", "T | None"], None] | None = None
-                 ) -> None:
+                 on_change: Callable[[str, "T | None", "T | None"], None] | None = None,
+                 reused_names: bool = False) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
-        `on_change(key, old, new)` maintains derived indexes (called under the lock)."""
+        `on_change(key, old, new)` maintains derived indexes (called under the lock).
+        `reused_names`: children come back under the same name after a deletion (a pool
+        paused, resumed and paused again), so a deleted name must not be tombstoned; such
+        a (small) mirror reads each child synchronously on its own thread instead, which
+        keeps every answer in order without tombstones."""
         self.zk = zk
         self.root = root
         self.name = name
@@ -83,6 +97,7 @@ class ChildMirror(Generic[T]):
         self._with_locks = with_locks
         self._lock_expected = lock_expected
         self._on_change = on_change
+        self._reused_names = reused_names
         self.items: dict[str, T] = {}
         self.contenders: dict[str, frozenset[str]] = {}
         self.empty: set[str] = set()
@@ -271,7 +286,13 @@ class ChildMirror(Generic[T]):
         if counted:
             self._pending += 1
         result = self.zk.kazoo.get_async(self._path(key), watch=self._data_watch)
-        result.rawlink(lambda r: self._submit(self._on_data, key, r, counted))
+        if self._reused_names:
+            # Answered before this thread does anything else: no older answer can arrive
+            # after a newer event (what the tombstones guard against otherwise).
+            result.wait(SYNC_READ_TIMEOUT)
+            self._on_data(key, result if result.ready() else _Unanswered(), counted)
+        else:
+            result.rawlink(lambda r: self._submit(self._on_data, key, r, counted))
         if self._with_locks and with_lock:
             self._fetch_lock(key)
 
@@ -377,7 +398,8 @@ class ChildMirror(Generic[T]):
 
     def _remove(self, key: str) -> None:
         now = time.monotonic()
-        self._dead[key] = now
+        if not self._reused_names:
+            self._dead[key] = now
         if len(self._dead) > MAX_TOMBSTONES // 2:
             for dead in [k for k, t in self._dead.items() if now - t > TOMBSTONE_TTL]:
                 del self._dead[dead]

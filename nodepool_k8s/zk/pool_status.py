@@ -88,6 +88,44 @@ def breaker_entry_problem(entry: Any) -> str | None:
     return None
 
 
+def _objects(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(item, dict) for item in value)
+
+
+def _counts(value: Any) -> bool:
+    return isinstance(value, dict) and all(_finite(v) for v in value.values())
+
+
+# What the readers of a pool's status (pool-list, /metrics, the status page) rely on.
+_STATUS_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "id": (lambda v: isinstance(v, str), "a string"),
+    "provider": (lambda v: isinstance(v, str), "a string"),
+    "pool": (lambda v: isinstance(v, str), "a string"),
+    "hostname": (lambda v: v is None or isinstance(v, str), "a string"),
+    "conditions": (_objects, "a list of objects"),
+    "usage": (_objects, "a list of objects"),
+    "nodes": (_counts, "an object of numbers"),
+    "suspended": (lambda v: isinstance(v, dict), "an object"),
+    "capacity": (lambda v: isinstance(v, dict), "an object"),
+    "labels": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+               "a list of strings"),
+    "launches_in_progress": (_finite, "a number"),
+    "requests_queued": (_finite, "a number"),
+    "requests_handled": (_finite, "a number"),
+    "priority": (_finite, "a number"),
+}
+
+
+def decode_pool_status(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
+    """A pool worker's published status, or Malformed when a field its readers use has
+    the wrong type (one such record once turned /metrics into a 500 on every scrape)."""
+    data = records.load_object(raw)
+    for field, (check, expected) in _STATUS_FIELDS.items():
+        if field in data and data[field] is not None and not check(data[field]):
+            raise records.Malformed(f"{field} must be {expected}")
+    return data
+
+
 def decode_breakers(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
     """A pool's breaker record, label -> entry. An unusable entry (someone else wrote it, or
     an older format) is left out and reported once: that label's breaker starts afresh,
@@ -106,8 +144,9 @@ class JsonDirCache(MirroredCache[dict[str, Any]]):
     def __init__(self, zk: ZkClient, root: str, name: str,
                  decoder: Callable[[str, bytes, Any], dict[str, Any]] = decode) -> None:
         self.name = name
+        # Names come back: a pool's status after a restart, its breaker after a removal.
         self._mirror = ChildMirror(zk, root, decoder, name=name,
-                                   accept=lambda child: bool(child))
+                                   accept=lambda child: bool(child), reused_names=True)
 
     def get(self, key: str) -> dict[str, Any] | None:
         with self._mirror._lock:
@@ -180,15 +219,18 @@ def update_breaker(zk: ZkClient, provider: str, pool: str,
     raise errors.VersionConflict(f"{path}: too many concurrent breaker updates")
 
 
-def read_all(zk: ZkClient, root: str) -> dict[str, dict[str, Any]]:
-    """A one-shot read of every record under `root` (the CLI has no cache)."""
+def read_all(zk: ZkClient, root: str,
+             decoder: Callable[[str, bytes, Any], dict[str, Any]] = decode
+             ) -> dict[str, dict[str, Any]]:
+    """A one-shot read of every record under `root` (the CLI has no cache); malformed
+    records are left out."""
     children = zk.get_children(root) or []
     out: dict[str, dict[str, Any]] = {}
     for path, found in zk.get_many([f"{root}/{c}" for c in sorted(children)]):
         if found is None or not found[0]:
             continue
         try:
-            out[paths.basename(path)] = decode(path, found[0], found[1])
-        except records.Malformed:
-            continue
+            out[paths.basename(path)] = decoder(paths.basename(path), found[0], found[1])
+        except records.Malformed as exc:
+            records.REPORTS.report("record", path, found[1].version, exc.reason)
     return out

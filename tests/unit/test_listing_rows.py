@@ -111,3 +111,17 @@ def test_render_table_layout() -> None:
     ]
     assert status.render_table([], (("A", "a"),)).splitlines() == [
         "+---+", "| A |", "+---+", "+---+"]
+
+
+def test_one_long_cell_does_not_widen_every_row() -> None:
+    """Each row is padded to its column's widest cell: a 50 KB hold reason on one node of
+    2,000 made `nodepool list --detail` and the web app's text node list 96 MiB."""
+    rows = [{"id": f"{i:010d}", "comment": "short"} for i in range(2000)]
+    rows[7]["comment"] = "x" * 50_000
+    table = status.render_table(rows, [("ID", "id"), ("Comment", "comment")])
+    lines = table.splitlines()
+    assert len(lines) == 2000 + 4
+    assert max(map(len, lines)) <= status.MAX_CELL + 20
+    assert ("x" * (status.MAX_CELL - 3) + "...") in lines[7 + 3]
+    # Cells that fit are untouched.
+    assert "| 0000000000 | short " in lines[3]

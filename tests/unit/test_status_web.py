@@ -150,6 +150,13 @@ def test_web_node_list_json_and_text(web):
     assert ids == ["0000000002"]
     code, _, body = get(base + "/node-list?fields=id,allocated_to")
     assert "Allocated To" in body and "Provider" not in body
+    # A node id without its leading zeros names the same node, as in `nodepool show 2`.
+    for path in ("/node-list?node_id=2", "/node/2", "/node/0000000002"):
+        code, _, body = get(base + path, "application/json")
+        found = json.loads(body)
+        assert code == 200, path
+        assert (found[0] if isinstance(found, list) else found["node"])["id"] \
+            == "0000000002", path
 
 
 def test_web_request_and_label_list(web):

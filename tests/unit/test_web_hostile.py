@@ -21,6 +21,7 @@ import pytest
 
 from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.records import MalformedRecord
+from nodepool_k8s import webapp
 from nodepool_k8s.webapp import MEMO_ENTRIES, WebApp, WebSettings
 from tests.unit.test_status_web import NOW, Source
 
@@ -83,6 +84,25 @@ def test_distinct_query_flood_keeps_the_memo_bounded(app: tuple[Source, WebApp])
     get(web, "/request-list?fields=state,id")
     keys = [k for k in web._memo if k[0] == "/request-list"]
     assert len(keys) == 2
+
+
+def test_memo_holds_answers_for_a_second_and_a_bounded_size(
+        app: tuple[Source, WebApp], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Distinct valid URLs (unknown field names show every column) each memoised a whole
+    node list; with 5,000 nodes 64 of them held 228 MiB for as long as no new URL came."""
+    _, web = app
+    size = len(get(web, "/node-list?fields=junk0")[2])
+    monkeypatch.setattr(webapp, "MEMO_CHARS", 3 * size)
+    for index in range(1, 40):
+        assert get(web, f"/node-list?fields=junk{index}")[0] == 200
+        assert web.memo_chars <= 3 * size
+    assert 1 <= web.memo_size <= 3
+    clock = web.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(webapp.CACHE_SECONDS + 0.1)
+    get(web, "/request-list")  # every older answer has expired: only this one stays
+    assert web.memo_size == 1
+    assert web.memo_chars == len(get(web, "/request-list")[2])
 
 
 def test_idle_and_half_sent_connections(app: tuple[Source, WebApp]) -> None:

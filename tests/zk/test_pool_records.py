@@ -76,3 +76,43 @@ def test_update_replaces_a_record_that_is_no_object(
 
     pool_status.update_breaker(zkc, "fake", "main", count)
     assert json.loads(kazoo_client.get(path)[0]) == {"small": {"failures": 1}}
+
+
+GOOD_STATUS = {"model": 1, "id": "h-PoolWorker.fake-main-1", "hostname": "h",
+               "provider": "fake", "pool": "main", "priority": 100, "labels": ["small"],
+               "nodes": {"ready": 2}, "launches_in_progress": 0, "requests_queued": 1,
+               "requests_handled": 0, "usage": [{"scope": "pool", "resource": "instances",
+                                                 "used": 2, "limit": 5}],
+               "targets": {}, "suspended": {}, "capacity": {},
+               "conditions": [{"type": "Quota", "status": "True", "reason": "Ok"}]}
+
+
+@pytest.mark.parametrize("change", [
+    {"suspended": 5}, {"nodes": "x"}, {"nodes": {"ready": "2"}}, {"conditions": [1]},
+    {"conditions": {"type": "Quota"}}, {"usage": "all"}, {"requests_queued": "1"},
+    {"labels": "small"}, {"provider": ["fake"]},
+])
+def test_pool_status_fields_its_readers_use_are_checked(change: dict[str, Any]) -> None:
+    """One such record made /metrics and /pool-list answer 500 on every request (with a
+    traceback each) and `nodepool pool-list` crash."""
+    assert pool_status.decode_pool_status(
+        "x", json.dumps(GOOD_STATUS).encode(), None) == GOOD_STATUS
+    with pytest.raises(records.Malformed) as info:
+        pool_status.decode_pool_status("x", json.dumps({**GOOD_STATUS, **change}).encode(),
+                                       None)
+    assert next(iter(change)) in info.value.reason
+
+
+def test_the_cli_listing_leaves_malformed_status_out_and_says_so_once(
+        zkc: ZkClient, kazoo_client: KazooClient, caplog: pytest.LogCaptureFixture) -> None:
+    good = pool_status.status_path("good")
+    bad = pool_status.status_path("bad")
+    kazoo_client.create(good, json.dumps(GOOD_STATUS).encode(), makepath=True)
+    kazoo_client.create(bad, json.dumps({**GOOD_STATUS, "suspended": 5}).encode())
+    with caplog.at_level(logging.WARNING, logger="nodepool_k8s.records"):
+        for _ in range(2):
+            found = pool_status.read_all(zkc, pool_status.POOL_STATUS,
+                                         pool_status.decode_pool_status)
+            assert list(found) == ["good"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"Skipping malformed record {bad}: suspended must be an object"]
