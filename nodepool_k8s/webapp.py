@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import email.utils
 import logging
+import select
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -93,6 +94,27 @@ class _QuietServer(wsgi.Server):
             log.warning("HTTP server: %s", msg, exc_info=traceback)
         else:
             log.debug("HTTP server: %s", msg)
+
+    def process_conn(self, conn: Any) -> None:
+        """Give a connection a worker only once it has something to read.
+
+        cheroot hands every new connection to a worker at once, and the worker waits up to
+        `timeout` for the request line: a few clients that connect and send nothing (every
+        10 s, say) held all workers, and /ready went unanswered for minutes. A silent new
+        connection is parked with the idle keep-alive ones instead (one selector, no
+        thread), handed over when it becomes readable and closed after `timeout`."""
+        manager = getattr(self, "_connections", None)
+        if manager is not None and not conn.rfile.has_data() and not _readable(conn.socket):
+            manager.put(conn)
+            return
+        super().process_conn(conn)
+
+
+def _readable(sock: Any) -> bool:
+    try:
+        return bool(select.select([sock], [], [], 0)[0])
+    except (OSError, ValueError):  # closed meanwhile: a worker finds out and cleans up
+        return True
 
 
 class WebApp:

@@ -128,6 +128,27 @@ def test_idle_and_half_sent_connections(app: tuple[Source, WebApp]) -> None:
             sock.close()
 
 
+def test_silent_connections_hold_no_worker() -> None:
+    """Clients that connect and send nothing used to take a worker each for the whole
+    timeout: with them /ready went unanswered for minutes (a liveness probe would have
+    restarted the launcher). Now they wait in the selector; requests keep being served."""
+    web = WebApp(Source(), port=0, settings=WebSettings(threads=2, timeout=120)).start()
+    sockets = [socket.create_connection(("127.0.0.1", web.port), timeout=30)
+               for _ in range(20)]
+    try:
+        for _ in range(3):
+            req = urllib.request.Request(f"http://127.0.0.1:{web.port}/ready")
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                assert resp.status == 200
+        # A parked connection that speaks up is served like any other.
+        sockets[0].sendall(b"GET /ready HTTP/1.0\r\n\r\n")
+        assert sockets[0].recv(100).startswith(b"HTTP/1.1 200")
+    finally:
+        for sock in sockets:
+            sock.close()
+        web.stop()
+
+
 def closed_by_server(sock: socket.socket) -> bool:
     """Read (a 408 answer, perhaps) until the server closes; False if it never does."""
     sock.settimeout(30)
