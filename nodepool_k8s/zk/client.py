@@ -146,6 +146,14 @@ def _batch_paths(paths: list[str]) -> str:
     return f"one of {len(paths)} znodes from {paths[0]}" if paths else "(no znodes)"
 
 
+def _stop_quietly(client: KazooClient) -> None:
+    try:
+        client.stop()
+        client.close()
+    except Exception:  # noqa: BLE001 - an abandoned attempt: nothing left to report to
+        log.debug("stopping an abandoned connection attempt failed", exc_info=True)
+
+
 class ZkClient:
     """A started-once connection to ZooKeeper for one launcher process (or CLI run)."""
 
@@ -250,7 +258,11 @@ class ZkClient:
             raise errors.ZkAuthError("AuthFailedError", None,
                                      f"ZooKeeper rejected the {schemes} credentials")
         if not client.connected:
-            client.stop()
+            # kazoo's stop joins its connection thread, which may sit in a read from a server
+            # that accepted and never answered until kazoo's own timeout (10 s where the
+            # CLI promised 5): stopped in the background, the attempt ends on time.
+            threading.Thread(target=_stop_quietly, args=(client,), daemon=True,
+                             name="zk-abandoned-attempt").start()
             raise errors.ZkConnectionError("connection attempt timed out" if not stop.is_set()
                                            else "stopped while connecting")
 

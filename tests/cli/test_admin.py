@@ -3,6 +3,7 @@ checked against kazoo's own `Lock` recipe (what Zuul uses)."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from typing import Iterator
@@ -37,6 +38,30 @@ def test_connect_gives_up() -> None:
         admin.connect(ZkSettings(hosts=hosts), timeout=0.5)
     assert str(info.value) == f"cannot connect to ZooKeeper at {hosts} within 0.5s"
     assert time.monotonic() - started < 10
+
+
+def test_connect_gives_up_on_a_server_that_accepts_and_never_answers() -> None:
+    """kazoo's stop waited for its connection thread, stuck reading from the silent peer
+    until kazoo's own timeout: the CLI said "within 1s" after about 10 s."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(8)
+    hosts = f"127.0.0.1:{listener.getsockname()[1]}"
+    outcome: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            admin.connect(ZkSettings(hosts=hosts), timeout=1)
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            outcome.append(exc)
+
+    worker = threading.Thread(target=attempt, daemon=True)
+    worker.start()
+    try:
+        wait_for(lambda: outcome, 4, message="connect to give up close to its budget")
+        assert isinstance(outcome[0], errors.ZkConnectionError)
+    finally:
+        listener.close()
 
 
 def test_break_a_held_lock_and_requeue_a_waiter(zk: ZkConnection, client: ZkClient,
