@@ -6,8 +6,9 @@ per-pool listing that shows what governs each configured pool (operator or maint
 window), the drain's progress (spare nodes still to go, nodes in use) and the next
 maintenance window. Every launcher watches the entries, so they take effect at once.
 
-How it fails: an unknown provider or pool raises `CliError` (nothing is written); see
-`common` for configuration and connection failures.
+How it fails: an unknown provider or pool raises `CliError` (nothing is written); a
+malformed entry in ZooKeeper is left out of the listing with a one-line warning on stderr
+(the launchers ignore it too); see `common` for configuration and connection failures.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from nodepool_k8s.cmd import common
 from nodepool_k8s.config.model import Config, PoolConfig
 from nodepool_k8s.model import NodeView
 from nodepool_k8s.launcher import maintenance
+from nodepool_k8s.records import clip
 from nodepool_k8s.zk.pool_state import DRAIN, PAUSE, PoolState, PoolStateStore, strongest
 
 POOL_STATE_COLUMNS = (
@@ -122,8 +124,16 @@ def _state(governing: PoolState | None, count: dict[str, int]) -> str:
     return "drained" if count["in_use"] else "empty"
 
 
+def _warn_malformed(path: str, reason: str) -> None:
+    # Left out of the rows, as every launcher ignores it; said once, so a pause or drain
+    # that an operator believes in force but is not is visible.
+    common.warn(f"ignoring malformed pool-state entry {path}: {clip(reason)} (the"
+                " launchers ignore it too; pause or drain again to replace it, resume to"
+                " remove it)")
+
+
 def _show(args: argparse.Namespace, s: common.Session, only: list[PoolConfig] | None) -> None:
-    states = PoolStateStore(s.zk).list()
+    states = PoolStateStore(s.zk).list(_warn_malformed)
     records = s.reader.nodes()
     rows = pool_rows(s.config, states, records, common.now())
     if only is not None:

@@ -5,8 +5,9 @@ reason with what to do; `--json` for the web app's `/node/<id>` document) and `e
 (the installation's event log from `/nodepool_k8s/events`, filtered by provider, pool, node
 and age, newest last). Read-only: one or two reads of ZooKeeper.
 
-How it fails: `CliError` for an unknown node id or an unparsable `--since`; ZooKeeper
-errors as in `common`.
+How it fails: a node id that is not digits or an unparsable `--since` is an argparse
+usage error (exit 2, before ZooKeeper is contacted); `CliError` for an unknown node id;
+ZooKeeper errors as in `common`.
 """
 
 from __future__ import annotations
@@ -58,8 +59,8 @@ def cmd_events(args: argparse.Namespace) -> int:
     with common.session(args) as s:
         events = zk_events.read_events(s.zk)
     since = common.now() - args.since if args.since is not None else None
-    node = common.node_id(args.node) if args.node else None
-    selected = zk_events.select(events, provider=args.provider, pool=args.pool, node=node,
+    # `--node` was checked and zero-padded by `common.node_id_arg` (a usage error, exit 2).
+    selected = zk_events.select(events, provider=args.provider, pool=args.pool, node=args.node,
                                 since=since)
     common.emit(status_detail.event_rows(selected), status_detail.EVENT_COLUMNS, args.json)
     return 0
@@ -87,7 +88,9 @@ def add_events(subparsers: Any) -> None:
                     " every launcher shares in ZooKeeper.")
     parser.add_argument("--provider", default=None, help="only events of this provider")
     parser.add_argument("--pool", default=None, help="only events of this pool")
-    parser.add_argument("--node", default=None, help="only events of this node id")
+    parser.add_argument("--node", type=common.node_id_arg, default=None,
+                        help="only events of this node id (digits; leading zeros may be"
+                             " omitted)")
     parser.add_argument("--since", type=duration_arg, default=None, metavar="D",
                         help="only events of the last D (e.g. 90s, 15m, 2h, 1d)")
     common.add_json_option(parser)

@@ -8,15 +8,18 @@ structure), the secure-file override, running `schema` then `checks`, and handin
 
 How it fails: every problem raises `ConfigError` whose `.path` names the file and whose
 `.problems` are `place: message` lines (all of them for schema and semantic problems; the
-first one for unreadable files and invalid YAML, with line and column). A secure file is
-checked before the main file, so its problems are reported on their own. Nothing
-unvalidated is ever returned.
+first one for unreadable files and invalid YAML, with line and column). A file that is not
+a regular file or is over `MAX_FILE_BYTES` is not read; a document that expands (through
+YAML aliases) past `MAX_VALUES` values or `MAX_DEPTH` levels, or into itself, is refused
+before anything walks it. A secure file is checked before the main file, so its problems
+are reported on their own. Nothing unvalidated is ever returned.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from typing import Any, Mapping
 
@@ -32,6 +35,17 @@ Fingerprint = tuple[tuple[str, int | None, int | None], ...]
 # Editors often replace a file by delete + rename; a short retry rides over that window.
 READ_ATTEMPTS = 3
 READ_RETRY_DELAY = 0.5
+# Far more than any real configuration (a large one is a few hundred KB), little enough to
+# read into memory: a bigger file, or one that is not a regular file (`-c /dev/zero`), is
+# refused before it is read.
+MAX_FILE_BYTES = 4 * 1024 * 1024
+# Bounds on the parsed document with every alias expanded, which is what the schema, the
+# checks and the build walk. A real configuration has thousands of values and a dozen
+# levels; a 1 KB "billion laughs" file (anchors of aliases of anchors) has billions of
+# values, and aliases can nest a document deeper than the parser's own limit, or into
+# itself (`&a [*a]`).
+MAX_VALUES = 1_000_000
+MAX_DEPTH = 100
 
 _TOKEN = re.compile(r"%%|%\(([^()\n]*)\)s")
 # Marks where a token was; letters, digits and underscores only, so it is an ordinary plain
@@ -156,11 +170,25 @@ def resolve(data: Any, tokens: list[tuple[str | None, int]], env: Mapping[str, s
 # -- internals -----------------------------------------------------------------------------------
 
 
+def _open_nonblocking(path: str, flags: int) -> int:
+    # Opening a FIFO for reading would wait for a writer; non-blocking, it opens at once
+    # and is refused as not a regular file. A regular file reads the same either way.
+    return os.open(path, flags | os.O_NONBLOCK)
+
+
 def _read(path: str) -> str:
     for attempt in range(1, READ_ATTEMPTS + 1):
         try:
-            with open(path, encoding="utf-8") as handle:
-                return handle.read()
+            with open(path, encoding="utf-8", opener=_open_nonblocking) as handle:
+                info = os.fstat(handle.fileno())
+                if not stat.S_ISREG(info.st_mode):
+                    raise ConfigError("cannot read the file: not a regular file", path)
+                if info.st_size > MAX_FILE_BYTES:
+                    raise ConfigError(_too_big(info.st_size), path)
+                text = handle.read(MAX_FILE_BYTES + 1)  # bounded: it may grow meanwhile
+            if len(text) > MAX_FILE_BYTES:
+                raise ConfigError(_too_big(len(text)), path)
+            return text
         except FileNotFoundError:
             if attempt == READ_ATTEMPTS:
                 raise ConfigError("cannot read the file: it does not exist", path) from None
@@ -171,6 +199,48 @@ def _read(path: str) -> str:
         except OSError as exc:
             raise ConfigError(f"cannot read the file: {exc.strerror or exc}", path) from None
     raise AssertionError("unreachable")
+
+
+def _too_big(size: int) -> str:
+    return (f"cannot read the file: it has more than {MAX_FILE_BYTES} bytes ({size}),"
+            " too many for a configuration")
+
+
+def _check_expansion(data: Any, path: str) -> None:
+    """Refuse a document that expands to more than `MAX_VALUES` values (keys, items and
+    scalars; an alias counts as often as it is used) or nests more than `MAX_DEPTH` levels.
+
+    Aliases share one parsed object, so each collection is measured once, by identity, and
+    its size reused at every reference: the check takes time in proportion to the file, not
+    to its expansion, and refuses an alias bomb in milliseconds. Iterative, so depth alone
+    cannot exhaust the stack."""
+    measured: dict[int, tuple[int, int]] = {}  # id -> (values, depth)
+    open_ids: set[int] = set()  # collections being measured: meeting one again is a cycle
+    stack: list[tuple[Any, bool]] = [(data, False)]
+    while stack:
+        item, finish = stack.pop()
+        key = id(item)
+        members = [*item.keys(), *item.values()] if isinstance(item, dict) else item
+        if finish:
+            values, depth = 1, 1
+            for member in members:
+                size, levels = (measured[id(member)] if isinstance(member, (dict, list))
+                                else (1, 0))
+                values, depth = values + size, max(depth, levels + 1)
+            if values > MAX_VALUES:
+                raise ConfigError(f"config expands to more than {MAX_VALUES} values"
+                                  " (YAML aliases?)", path)
+            if depth > MAX_DEPTH:
+                raise ConfigError(f"config nests more than {MAX_DEPTH} levels deep", path)
+            measured[key] = (values, depth)
+            open_ids.discard(key)
+        elif key in open_ids:
+            raise ConfigError("config contains itself (a YAML alias inside its own anchor)",
+                              path)
+        elif key not in measured:
+            open_ids.add(key)
+            stack.append((item, True))
+            stack.extend((m, False) for m in members if isinstance(m, (dict, list)))
 
 
 class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
@@ -223,6 +293,8 @@ def _parse(text: str, path: str, env: Mapping[str, str]) -> Any:
         data = yaml.load(marked, Loader=_Loader)  # noqa: S506 - a safe loader subclass
     except yaml.YAMLError as exc:
         raise ConfigError(_yaml_problem(exc), path) from None
+    if isinstance(data, (dict, list)):
+        _check_expansion(data, path)  # before anything walks it, `resolve` first
     problems: list[str] = []
     data = resolve(data, tokens, env, problems)
     if problems:

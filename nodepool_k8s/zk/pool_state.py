@@ -11,14 +11,17 @@ A pool is governed by its own entry and its provider's; when both exist the stro
 (drain over pause). The znodes live outside `/nodepool`: Zuul never sees them.
 
 How it fails: writes raise the usual `zk.errors` (`ZkConnectionError`, `ZkAuthError`); an
-entry that is not such JSON is reported as malformed by the mirror and ignored.
+entry that is not such JSON (an unknown action, a `reason` or `by` that is not a string, a
+`time` that is not a number of seconds from 1970 to the end of year 9999) is `Malformed`:
+reported by the mirror and ignored, and left out by `PoolStateStore.list` (which tells
+its caller).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 from urllib.parse import quote, unquote
 
 from nodepool_k8s import records
@@ -31,6 +34,8 @@ ROOT = f"{paths.OWN_ROOT}/pool-state"
 PAUSE, DRAIN = "pause", "drain"
 ACTIONS = (PAUSE, DRAIN)
 _STRENGTH = {PAUSE: 1, DRAIN: 2}
+# The last second of year 9999 (UTC): the latest `time` that can be shown as a date.
+MAX_TIME = 253402300799
 
 
 @dataclass(frozen=True)
@@ -65,12 +70,30 @@ def target_path(target: str) -> str:
 
 
 def decode(name: str, raw: bytes, stat: Any = None) -> PoolState:
+    """The entry in `raw`, or Malformed: every field read is type- and range-checked, so
+    nothing a hand edit or another tool wrote can fail later (when it is shown, compared
+    or turned into a date)."""
     data = records.load_object(raw)
-    if data.get("action") not in ACTIONS:
-        raise records.Malformed(f"expected an action of {', '.join(ACTIONS)}")
-    return PoolState(target=unquote(name), action=str(data["action"]),
-                     reason=str(data.get("reason") or ""), by=str(data.get("by") or ""),
-                     time=float(data.get("time") or 0.0))
+    action = data.get("action")
+    if not isinstance(action, str) or action not in ACTIONS:
+        raise records.Malformed(f"expected an action of {', '.join(ACTIONS)},"
+                                f" got {records.clip(repr(action))}")
+    texts: dict[str, str] = {}
+    for key in ("reason", "by"):
+        value = data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise records.Malformed(f"{key} must be a string, got {type(value).__name__}")
+        texts[key] = value or ""
+    when = data.get("time")
+    when = 0.0 if when is None else when
+    # The range test also refuses NaN and infinities (every comparison with NaN is false)
+    # and compares huge JSON integers exactly, without converting them to float.
+    if isinstance(when, bool) or not isinstance(when, (int, float)) \
+            or not 0 <= when <= MAX_TIME:
+        raise records.Malformed(f"time must be seconds since the epoch (0 to {MAX_TIME}),"
+                                f" got {records.clip(repr(when))}")
+    return PoolState(target=unquote(name), action=action, reason=texts["reason"],
+                     by=texts["by"], time=float(when))
 
 
 def strongest(states: Iterable[PoolState]) -> PoolState | None:
@@ -104,7 +127,9 @@ class PoolStateStore:
             return False
         return True
 
-    def list(self) -> list[PoolState]:
+    def list(self, malformed: Callable[[str, str], None] | None = None) -> list[PoolState]:
+        """The entries; a malformed one is left out (as the launchers ignore it) and
+        reported to `malformed(path, reason)`, if given."""
         names = self.zk.get_children(ROOT) or []
         found: list[PoolState] = []
         for path, result in self.zk.get_many([f"{ROOT}/{n}" for n in sorted(names)]):
@@ -112,8 +137,9 @@ class PoolStateStore:
                 continue
             try:
                 found.append(decode(paths.basename(path), result[0]))
-            except records.Malformed:
-                continue
+            except records.Malformed as exc:
+                if malformed is not None:
+                    malformed(path, exc.reason)
         return found
 
 
@@ -123,8 +149,9 @@ class PoolStateCache(MirroredCache[PoolState]):
     name = "pool state cache"
 
     def __init__(self, zk: ZkClient) -> None:
+        # A target's entry is deleted on resume and created again on the next pause.
         self._mirror = ChildMirror(zk, ROOT, decode, name="pool-state-cache",
-                                   accept=lambda name: True)
+                                   accept=lambda name: True, reused_names=True)
 
     def states(self) -> list[PoolState]:
         with self._mirror._lock:

@@ -20,6 +20,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s.zk import mirror, paths
 from nodepool_k8s.zk.cache import NodeCache
 from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.pool_state import ROOT, PoolState, PoolStateCache, target_path
 from tests.helpers import wait_for
 
 NODE = "0000000007"
@@ -91,5 +92,29 @@ def test_bulk_creation_is_read_once_and_bounded(zkc: ZkClient, kazoo_client: Kaz
         wait_for(lambda: len(cache) == len(ids), 20, message="every node in the cache")
         assert counts["reads"] == len(ids)
         assert counts["max_in_flight"] <= 16
+    finally:
+        cache.stop()
+
+
+def test_a_name_that_comes_back_is_seen_again(zkc: ZkClient,
+                                              kazoo_client: KazooClient) -> None:
+    """Pool-state entries are deleted on resume and created under the same name on the
+    next pause: a tombstone for the deleted name hid every later pause of that pool until
+    the launcher restarted (the operator was told the pool was paused; it was not)."""
+    kazoo_client.ensure_path(ROOT)
+    cache = PoolStateCache(zkc)
+    cache.start()
+    path = target_path("fake/main")
+    try:
+        assert cache.wait_synced(10)
+        for round_ in range(3):
+            state = PoolState(target="fake/main", action="pause", reason=f"r{round_}",
+                              by="test", time=float(round_))
+            kazoo_client.create(path, json.dumps(state.to_dict()).encode())
+            wait_for(lambda: [s.reason for s in cache.states()] == [f"r{round_}"], 10,
+                     message=f"pause #{round_ + 1} to be seen")
+            kazoo_client.delete(path)
+            wait_for(lambda: cache.states() == [], 10,
+                     message=f"resume #{round_ + 1} to be seen")
     finally:
         cache.stop()
