@@ -6,10 +6,12 @@ JSON, else a text table), caching headers and a small one-second memo. It reads 
 
 It lives inside the launcher, so no client may be able to hurt it. The HTTP server is
 cheroot (the server CherryPy runs on, as Nodepool's and Zuul's web apps do): a fixed pool of
-`threads` workers, idle and half-sent connections closed after `timeout` seconds without
-holding a worker while idle, request line and headers capped at `max-header-size` bytes.
+`threads` workers; a connection gets a worker only once it has sent something (silent and
+idle keep-alive connections wait in one selector); idle and half-sent connections closed
+after `timeout` seconds; request line and headers capped at `max-header-size` bytes.
 Only known endpoints and parameters are answered (others: 404 / 400), so the memo is keyed
-by normalised parameters and bounded (`MEMO_ENTRIES`). No CORS header unless the operator
+by normalised parameters; it forgets answers after a second and is bounded in entries and
+characters (`MEMO_ENTRIES`, `MEMO_CHARS`). No CORS header unless the operator
 names an origin. Error bodies never carry tracebacks or exception text of unexpected errors;
 client disconnects are not errors.
 
