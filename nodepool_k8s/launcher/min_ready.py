@@ -32,7 +32,7 @@ from nodepool_k8s.launcher.worker import PASS_COALESCE, Worker
 from nodepool_k8s.model import NodeRequest
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import requests as request_codec
-from nodepool_k8s.zk.nodes import encode as encode_node
+from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.quota_guard import GuardedWrite, commit_guarded
 from nodepool_k8s.zk.requests import RequestStore, min_ready_request
 from nodepool_k8s.zk.txn import Txn
@@ -146,24 +146,45 @@ class MinReadyWorker(Worker):
                 continue
             fresh, stat = found
             txn = Txn()
-            if fresh.state == model.FULFILLED:
-                for target in self._targets(fresh):
-                    self._backoff.pop(target, None)
-                # Nobody locks a node allocated to a fulfilled min-ready request; the
-                # versioned write still refuses if the node changed since we read it.
-                for node_id in fresh.nodes:
-                    node = engine.nodes.get(node_id)
-                    if node is not None and node.allocated_to == fresh.id:
-                        node.set(allocated_to=None)
-                        txn.set(paths.node_path(node_id), encode_node(node), node.version)
-            else:
-                self._back_off(fresh, now)
-            engine.requests.delete_own_min_ready(txn, fresh, stat)
+            node_locks: list[HeldLock] = []
             try:
+                if fresh.state == model.FULFILLED:
+                    for target in self._targets(fresh):
+                        self._backoff.pop(target, None)
+                    self._release_nodes(fresh, txn, node_locks)
+                else:
+                    self._back_off(fresh, now)
+                engine.requests.delete_own_min_ready(txn, fresh, stat)
                 txn.commit(engine.zk)
+                for node_lock in node_locks:
+                    node_lock.mark_released()
             except errors.TxnFailed as exc:
                 self.log.info("Could not finish min-ready request %s yet: %s", fresh.id, exc)
                 self.wake()
+            finally:
+                for node_lock in node_locks:
+                    if not node_lock.released:
+                        node_lock.release()
+
+    def _release_nodes(self, request: NodeRequest, txn: Txn,
+                       node_locks: list[HeldLock]) -> None:
+        """Queue the writes that free the fulfilled min-ready request's nodes for anyone.
+
+        Each node is locked first, like every node write: an operator's `nodepool delete`
+        may hold it (an unlocked write made its own write fail with a version conflict).
+        A node locked elsewhere is left allocated: once the request is gone, the cleanup
+        worker de-allocates it under its lock."""
+        for node_id in request.nodes:
+            got = self.engine.nodes.lock_and_read(node_id)
+            if got is None:
+                continue
+            node_lock, node = got
+            node_locks.append(node_lock)
+            if node.allocated_to == request.id:
+                node.set(allocated_to=None)
+                self.engine.nodes.add_store(txn, node, node_lock, release=True)
+            else:
+                node_lock.release_in(txn)
 
     @staticmethod
     def _targets(request: NodeRequest) -> list[Target]:

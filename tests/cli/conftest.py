@@ -122,10 +122,14 @@ def fake_provider(launcher: Launcher) -> FakeProvider:
 
 
 def ready_node(client: KazooClient) -> str:
-    """Wait for a ready, unlocked node (the min-ready one of `MIN_READY`)."""
+    """Wait for a spare: a ready, unallocated, unlocked node (the min-ready one of
+    `MIN_READY`). Until its min-ready request is finished the node is still allocated to
+    it, and the launcher locks it briefly to free it."""
     def find() -> str | None:
         for node_id in sorted(client.get_children(paths.NODES)):
-            if node_state(client, node_id) == "ready" and not lock_contenders(client, node_id):
+            data = node_data(client, node_id)
+            if data is not None and data.get("state") == "ready" \
+                    and not data.get("allocated_to") and not lock_contenders(client, node_id):
                 return str(node_id)
         return None
     return str(wait_for(find, message="a ready node"))
