@@ -293,3 +293,14 @@ def test_ownership_problem() -> None:
     assert m.ownership_problem({"metadata": {"name": "kube-system"}}, "p", "i") is not None
     # The installation label alone is not enough: the provider must match too.
     assert m.ownership_problem(ns(nodepool_installation_id="i"), "p", "i") is not None
+
+
+@pytest.mark.parametrize("obj", [
+    {"metadata": {"labels": ["nodepool_provider_name", "x"]}},
+    {"metadata": ["labels"]}, {"metadata": "x"}, ["not", "an", "object"], "text", None,
+])
+def test_ownership_of_a_misshapen_answer_is_a_refusal_not_an_error(obj: object) -> None:
+    """An API answer with labels as a list raised AttributeError in every deletion attempt
+    (a traceback each time) and would have stopped the provider's leak sweep."""
+    problem = m.ownership_problem(obj, "p", "inst", "0000000001")  # type: ignore[arg-type]
+    assert isinstance(problem, str) and problem

@@ -383,3 +383,69 @@ def test_event_lines_are_bounded() -> None:
     endless = _Chunked([b"{" + b"x" * 65536] * (MAX_EVENT_BYTES // 65536 + 2))
     with pytest.raises(TemporaryError):
         list(iter_events(endless))
+
+
+def test_many_short_lines_and_big_chunks_are_read_in_bounded_pieces() -> None:
+    """A chunk of three million newlines used to be split one line at a time (each split
+    copying the rest: a core busy for minutes), and a chunk was taken whole whatever its
+    size (a 200 MB chunk, 190 MiB more RSS)."""
+    from nodepool_k8s.driver.kubernetes.waiter import READ_BYTES
+    asked: list[Any] = []
+
+    class Recording(_Chunked):
+        def stream(self, amt: Any, decode_content: bool = True) -> Iterator[bytes]:
+            asked.append(amt)
+            yield from super().stream(amt, decode_content)
+
+    stream = Recording([b"\n" * 3_000_000 + EVENTS[:30], EVENTS[30:]])
+    assert [e["type"] for e in iter_events(stream)] == ["ADDED", "DELETED"]
+    assert asked == [READ_BYTES]
+
+
+class _Ended(_Chunked):
+    def release_conn(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class _OneBookmarkThenEnd:
+    """A server that lists fine and ends every watch right after one BOOKMARK."""
+
+    def __init__(self) -> None:
+        self.watches = 0
+        self.stop: threading.Event | None = None
+
+    def call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return {"items": [], "metadata": {"resourceVersion": "1"}}
+
+    def stream(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        self.watches += 1
+        if self.watches > 50 and self.stop is not None:
+            self.stop.set()  # hammering: end the test instead of spinning for ever
+        return _Ended([b'{"type":"BOOKMARK","object":{"metadata":'
+                       b'{"resourceVersion":"2"}}}\n'])
+
+
+def test_a_watch_that_ends_after_one_event_is_restarted_with_backoff() -> None:
+    """Any event used to reset the backoff: a server (or proxy) that sent one bookmark and
+    closed was watched again about 23 times a second, for ever, without a log line."""
+    from nodepool_k8s.driver.kubernetes.waiter import restart_delay
+    client = _OneBookmarkThenEnd()
+    watch = ObjectWatch("pods", client, lambda **kw: None,  # type: ignore[arg-type]
+                        "x=y", ManualClock())
+    delays: list[float] = []
+
+    class Recording(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            if timeout is not None:  # a backoff: recorded, not slept
+                delays.append(timeout)
+                if len(delays) >= 5:
+                    self.set()
+            return self.is_set()
+
+    watch._stopped = client.stop = Recording()
+    watch._run()  # returns once five backoffs were asked for
+    assert delays == [restart_delay(i) for i in range(5)]
+    assert client.watches == 5

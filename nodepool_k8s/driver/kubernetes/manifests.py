@@ -200,7 +200,11 @@ def ownership_problem(obj: Mapping[str, Any], provider_name: str, installation_i
     Ours = our provider label and our installation label, and, when `node_id` is given,
     the node-id label naming that node. Used before every DELETE.
     """
-    labels = (obj.get("metadata") or {}).get("labels") or {}
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    labels = (meta.get("labels") if isinstance(meta, Mapping) else None) or {}
+    if not isinstance(labels, Mapping):
+        # What the server answered is data from outside too: not provably ours.
+        return f"its labels are not a mapping ({type(labels).__name__})"
     wanted = [(PROVIDER_LABEL, label_value(provider_name)),
               (INSTALLATION_LABEL, label_value(installation_id))]
     if node_id is not None:

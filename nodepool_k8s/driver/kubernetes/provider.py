@@ -48,9 +48,9 @@ from nodepool_k8s.driver.kubernetes.client import KubeClient, Sleeper, connect
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
 from nodepool_k8s.driver.kubernetes.events import EventRecorder
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
-from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, object_uid,
-                                                   resource_version, wait_namespace_deleted,
-                                                   wait_namespace_gone)
+from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, metadata,
+                                                   object_uid, resource_version,
+                                                   wait_namespace_deleted, wait_namespace_gone)
 from nodepool_k8s.exceptions import (LaunchCancelled, LaunchError, NodepoolError, NotFound,
                                      NotOwned, PermanentError, QuotaExceeded, TemporaryError)
 from nodepool_k8s.model import Resources
@@ -441,7 +441,7 @@ class KubernetesProvider:
         pod_name = None
         host_id = None
         if pod is not None:
-            pod_name = str((pod.get("metadata") or {}).get("name") or manifests.pod_name(label))
+            pod_name = str(metadata(pod).get("name") or manifests.pod_name(label))
             port["pod"] = pod_name
             host_id = (pod.get("spec") or {}).get("nodeName")
         return LaunchResult(
@@ -501,7 +501,7 @@ class KubernetesProvider:
             if not uid:
                 raise TemporaryError(f"namespace {name} was read without a uid")
             response: dict[str, Any] = current
-            if not (current.get("metadata") or {}).get("deletionTimestamp"):
+            if not metadata(current).get("deletionTimestamp"):
                 if announce:
                     # Proven ours; sent before the DELETE (a Terminating namespace accepts
                     # no new objects). Best effort, one try.
@@ -527,7 +527,7 @@ class KubernetesProvider:
         cached = watch.get("", name) if watch is not None and watch.synced else None
         if cached is None or self._ownership_problem(cached, node_id) is not None \
                 or not object_uid(cached) \
-                or (cached.get("metadata") or {}).get("deletionTimestamp"):
+                or metadata(cached).get("deletionTimestamp"):
             return None
         return cached
 
@@ -581,7 +581,7 @@ class KubernetesProvider:
             problem: str | None = f"namespace {external_id} does not exist"
         else:
             problem = self._ownership_problem(current, node_id)
-            if problem is None and (current.get("metadata") or {}).get("deletionTimestamp"):
+            if problem is None and metadata(current).get("deletionTimestamp"):
                 problem = f"namespace {external_id} is being deleted"
         if problem is not None:
             with self._lock:
@@ -606,7 +606,7 @@ class KubernetesProvider:
                     resource = self._as_resource(item)
                     if resource is not None:
                         found.append(resource)
-                token = (body.get("metadata") or {}).get("continue")
+                token = metadata(body).get("continue")
                 if not token:
                     return found
         except TemporaryError:
@@ -617,14 +617,15 @@ class KubernetesProvider:
     def _as_resource(self, item: dict[str, Any]) -> CloudResource | None:
         if not self._owns(item):  # the selector says so; never trust a list blindly
             return None
-        meta = item.get("metadata") or {}
+        meta = metadata(item)
         labels = dict(meta.get("labels") or {})
         name = str(meta.get("name") or "")
         node_id = labels.get(manifests.NODE_ID_LABEL)
         if not node_id:
             parsed = manifests.parse_namespace_name(name)
             node_id = parsed[1] if parsed else None
-        phase = (item.get("status") or {}).get("phase")
+        status = item.get("status")
+        phase = status.get("phase") if isinstance(status, dict) else None
         return CloudResource(
             external_id=name, node_id=node_id, provider=self.name,
             created=_parse_timestamp(meta.get("creationTimestamp")),

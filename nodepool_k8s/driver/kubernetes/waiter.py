@@ -14,17 +14,18 @@ How it fails: a watch that ends is resumed from the last resourceVersion; 410 Go
 ERROR event with code 410) triggers a fresh list that replaces the cache (objects missing
 from it count as deleted); any other error is logged and the list+watch is restarted after a
 backoff. The backoff grows with consecutive failures and is only reset by a watch that
-delivered events: a watch that fails while the list succeeds (e.g. watch forbidden, list
-allowed) does not relist every 0.2 s forever, and neither does a server that ends every
-watch at once. One event line may be at most `MAX_EVENT_BYTES`. `wait` raises
-BootTimeout at its deadline and LaunchCancelled as soon as `cancel` is set; the check itself
-may raise LaunchError to fail early. Nothing is polled: a waiter sleeps until an event for
-its object, the provider's stop, its cancel event (a `CancelEvent` wakes it; the core always
-passes one), its deadline, or the time its check asks to be run again (`recheck_in`: the
-unschedulable grace, the namespace wait's `ask_after`). Only a plain `threading.Event` as
-cancel (some tests and callers) or an explicit `tick` (tests on a `ManualClock`, whose time
-moves without waking anyone) makes a waiter also look every `tick` (default
-`PLAIN_EVENT_TICK`) seconds.
+delivered events and lasted `MIN_HEALTHY_WATCH` seconds: a watch that fails while the list
+succeeds (e.g. watch forbidden, list allowed) does not relist every 0.2 s forever, and
+neither does a server that ends every watch at once, with or without an event first. One
+event line may be at most `MAX_EVENT_BYTES`; the stream is read `READ_BYTES` at a time.
+`wait` raises BootTimeout at its deadline and LaunchCancelled as soon as `cancel` is set;
+the check itself may raise LaunchError to fail early. Nothing is polled: a waiter sleeps
+until an event for its object, the provider's stop, its cancel event (a `CancelEvent` wakes
+it; the core always passes one), its deadline, or the time its check asks to be run again
+(`recheck_in`: the unschedulable grace, the namespace wait's `ask_after`). Only a plain
+`threading.Event` as cancel (some tests and callers) or an explicit `tick` (tests on a
+`ManualClock`, whose time moves without waking anyone) makes a waiter also look every
+`tick` (default `PLAIN_EVENT_TICK`) seconds.
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ Check = Callable[[dict[str, Any] | None], T | None]
 RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # A watch event is one object (a pod is a few KB); a line this long is garbage or an attack.
 MAX_EVENT_BYTES = 4 * 1024 * 1024
+# A watch must have lasted this long (and delivered events) to count as healthy and reset
+# the restart backoff: a server (or proxy) that sends one event, a bookmark say, and ends
+# every watch at once was re-watched about 23 times a second.
+MIN_HEALTHY_WATCH = 5.0
+# What one read of a watch stream may return: a server's chunk of any size is taken in
+# pieces, so memory stays bounded by MAX_EVENT_BYTES plus this, not by the chunk.
+READ_BYTES = 65536
 # How often a waiter whose cancel event cannot wake it (a plain threading.Event) looks at it.
 PLAIN_EVENT_TICK = 0.1
 
@@ -64,12 +72,19 @@ def restart_delay(failures: int) -> float:
     return RESTART_BACKOFF[min(failures, len(RESTART_BACKOFF) - 1)]
 
 
+def metadata(obj: Any) -> dict[str, Any]:
+    """`obj`'s metadata; {} when the server sent something else (a list, a string): API
+    answers are data from outside, read with this instead of trusting their shape."""
+    meta = obj.get("metadata") if isinstance(obj, dict) else None
+    return meta if isinstance(meta, dict) else {}
+
+
 def object_uid(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("uid") or "")
+    return str(metadata(obj).get("uid") or "")
 
 
 def object_key(obj: dict[str, Any]) -> Key:
-    meta = obj.get("metadata") or {}
+    meta = metadata(obj)
     return str(meta.get("namespace") or ""), str(meta.get("name") or "")
 
 
@@ -78,15 +93,20 @@ def iter_events(response: Any) -> Iterator[dict[str, Any]]:
     buffer = b""
     chunks: Iterator[bytes]
     if getattr(response, "chunked", False):
-        chunks = response.stream(None, decode_content=True)
+        # At most READ_BYTES of the current chunk per read (a small chunk, one event, is
+        # returned whole and at once): a 200 MB chunk used to be held whole in memory.
+        chunks = response.stream(READ_BYTES, decode_content=True)
     else:
-        chunks = iter(lambda: response.read1(65536), b"")
+        chunks = iter(lambda: response.read1(READ_BYTES), b"")
     for chunk in chunks:
         buffer += chunk
-        while b"\n" in buffer:
-            line, buffer = buffer.split(b"\n", 1)
-            if line.strip():
-                yield json.loads(line)
+        if b"\n" in chunk:
+            # All complete lines at once: splitting one line off at a time copied the
+            # rest of the buffer per line (a chunk of newlines spun a core for minutes).
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
         if len(buffer) > MAX_EVENT_BYTES:
             raise TemporaryError(f"watch event longer than {MAX_EVENT_BYTES} bytes")
     if buffer.strip():
@@ -269,13 +289,18 @@ class ObjectWatch:
             try:
                 version = self._relist()
                 while not self._stopped.is_set():
-                    before = self.events
+                    before, started = self.events, self._clock.monotonic()
                     version = self._watch(version)
-                    if self.events > before:
+                    if self.events > before \
+                            and self._clock.monotonic() - started >= MIN_HEALTHY_WATCH:
                         failures = 0
-                    else:  # ended at once without a single event: do not hammer
-                        self._stopped.wait(restart_delay(failures))
+                    else:  # ended (almost) at once: do not hammer the server
+                        delay = restart_delay(failures)
                         failures += 1
+                        if failures == len(RESTART_BACKOFF):  # once, when it gets slow
+                            log.warning("%s watch keeps ending at once; restarting it every"
+                                        " %.0fs at most", self.kind, RESTART_BACKOFF[-1])
+                        self._stopped.wait(delay)
             except Gone as exc:
                 log.debug("%s watch expired, listing again: %s", self.kind, exc)
                 if failures:  # repeated 410s: the same backoff as any failure
@@ -371,7 +396,7 @@ def deletion_finished(response: dict[str, Any]) -> bool:
 
 
 def resource_version(obj: dict[str, Any]) -> str:
-    return str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return str(metadata(obj).get("resourceVersion") or "")
 
 
 def wait_namespace_gone(client: KubeClient, name: str, version: str, deadline: float,
