@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -122,6 +123,27 @@ def _never_cancelled(seconds: float) -> bool:
     return False
 
 
+# How much of an answer one read may return.
+READ_BYTES = 65536
+
+
+def _read_body(response: Any, deadline: float, what: str, timeout: float) -> bytes:
+    """The whole answer, or TemporaryError once `deadline` has passed.
+
+    urllib3's read timeout bounds each read from the socket, not the answer: a server (or a
+    proxy) that sent its headers and then one byte every few seconds held a launch, and
+    Zuul's request, for ever. Reading what has arrived, piece by piece, lets the call's
+    own deadline (`api-timeout`) end it."""
+    parts: list[bytes] = []
+    while True:
+        chunk = response.read1(READ_BYTES)
+        if not chunk:
+            return b"".join(parts)
+        parts.append(chunk)
+        if time.monotonic() > deadline:
+            raise TemporaryError(f"{what}: the answer took longer than {timeout:g}s")
+
+
 class KubeClient:
     """The API groups we use plus the retrying, error-mapping `call`."""
 
@@ -172,9 +194,13 @@ class KubeClient:
         attempts = self.retry.retries + 1
         for attempt in range(1, attempts + 1):
             try:
+                deadline = time.monotonic() + self.retry.timeout
                 response = fn(*args, _preload_content=False, **kwargs)
                 try:
-                    data = response.data
+                    data = _read_body(response, deadline, what, self.retry.timeout)
+                except BaseException:
+                    response.close()  # a half-read answer must not go back to the pool
+                    raise
                 finally:
                     response.release_conn()
                 return json.loads(data) if data else {}
