@@ -108,10 +108,16 @@ def test_ready_node_conditions_show_and_timers(launchers: LauncherFactory, zuul:
     zuul.release(nodeset)
     # Launch and deletion are in the event log (batched: flushed here).
     wait_for(lambda: zuul.get_node(node_id) is None, message="the used node deleted")
-    launcher.engine.events.flush()
-    kinds = [e["kind"] for e in zk_events.read_events(launcher.zk)
-             if e.get("node") == node_id]
-    assert kinds == [zk_events.LAUNCHED, zk_events.DELETED]
+
+    def recorded() -> list[str]:
+        # The deleter records the deletion just after removing the znode: flush and look
+        # until it is there (flushing once right after the znode went could miss it).
+        launcher.engine.events.flush()
+        return [e["kind"] for e in zk_events.read_events(launcher.zk)
+                if e.get("node") == node_id]
+    wait_for(lambda: recorded() == [zk_events.LAUNCHED, zk_events.DELETED],
+             message="the launch and the deletion in the event log")
+    kinds = recorded()
     events = cli("events", "--node", node_id.lstrip("0") or "0", "--json").json()
     assert [e["kind"] for e in events] == kinds
     assert "deletion" in json.dumps(launcher.engine.stats.backend.keys("timing"))  # type: ignore[attr-defined]  # noqa: E501
