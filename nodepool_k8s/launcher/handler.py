@@ -118,7 +118,9 @@ class RequestHandler:
             return False
         configs = self._configs()
         if configs is None:
-            self._decline("the pool is no longer configured")
+            # The pool left the configuration: the reload that removed it stops this
+            # worker next and hands the request back (`shutdown`) for the pools that
+            # remain. Declining here, in that window, failed requests another pool serves.
             return False
         provider_cfg, pool_cfg = configs
         reason = plan.decline_reason(self.request, pool_cfg, provider_cfg,

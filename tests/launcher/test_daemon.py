@@ -106,6 +106,35 @@ def test_reload_declines_paused_request_that_became_impossible(
     zuul.release(nodeset)
 
 
+def test_a_request_of_a_removed_pool_is_handed_back_not_declined(
+        zk: ZkConnection, launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    """A reload sets the new configuration first, then stops the removed pools' workers,
+    which hand their requests back. A handler advanced in between saw its pool gone and
+    declined: renaming a pool during a burst failed 9 requests of 30."""
+    launcher = launchers(ONE.format(max_servers=1, delay=0.0))
+    held = zuul.submit(["small"])
+    assert (zuul.wait(held) or {}).get("state") == "fulfilled"
+    nodeset = zuul.accept(held)
+    waiting = zuul.submit(["small"])
+    wait_for(lambda: any(c.paused for c in launcher.component_cache.pools()), 10)
+    renamed = make_config(zk, ONE.format(max_servers=5, delay=0.0).replace(
+        "- name: main", "- name: other"))
+    # The window inside reload: the new configuration is in force while the old worker
+    # still holds the request (its pass, or a launch thread, advances the handler).
+    worker = next(iter(launcher.pool_workers.values()))
+    handler = worker.handlers[waiting]
+    launcher.engine.set_config(launcher._with_installation_id(renamed))
+    handler.advance(may_allocate=True)
+    assert not handler.done
+    assert (zuul.get_request(waiting) or {}).get("state") == "pending"
+    launcher.reload(renamed)
+    result = zuul.wait(waiting, 20)
+    assert result is not None and result["state"] == "fulfilled"
+    assert zuul.get_node(result["nodes"][0])["pool"] == "other"  # type: ignore[index]
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+
+
 def test_launcher_over_tls(zk_tls: ZkConnection) -> None:
     """The launcher talks to ZooKeeper over TLS with client certificates (Nodepool's norm)."""
     assert zk_tls.tls_ca and zk_tls.tls_cert and zk_tls.tls_key
