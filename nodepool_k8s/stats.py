@@ -21,6 +21,8 @@ import os
 import threading
 from typing import Any, Mapping, Protocol
 
+from nodepool_k8s.exceptions import ConfigError
+
 log = logging.getLogger("nodepool_k8s.stats")
 
 # Launch results, as in Nodepool (`nodepool.launch.<result>`).
@@ -336,12 +338,31 @@ class Stats:
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Stats:
-    """A statsd-backed facade when STATSD_HOST is set, else a null one."""
+    """A statsd-backed facade when STATSD_HOST is set, else a null one.
+
+    ConfigError for a value that can never work (a port that is not 1-65535, a host that
+    is not valid UTF-8). A host that does not resolve now (DNS trouble) is logged as an
+    ERROR and the launcher runs without metrics rather than not at all."""
     env = os.environ if env is None else env
     host = env.get("STATSD_HOST")
     if not host:
         return Stats()
+    try:
+        host.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("STATSD_HOST: not valid UTF-8") from None
+    raw_port = env.get("STATSD_PORT", "8125")
+    try:
+        port = int(raw_port)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"STATSD_PORT: {raw_port[:40]!r} is not a port (1-65535)")
     import statsd  # imported only when configured
 
-    port = int(env.get("STATSD_PORT", "8125"))
-    return Stats(statsd.StatsClient(host, port))
+    try:
+        return Stats(statsd.StatsClient(host, port))
+    except (OSError, UnicodeError) as exc:
+        log.error("statsd at %s:%d is unusable (%s): running without statsd metrics",
+                  host[:100], port, exc)
+        return Stats()

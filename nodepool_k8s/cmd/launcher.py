@@ -165,6 +165,7 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
         fingerprint = config_fingerprint(args.config, args.secure)
         config = load_config(args.config, args.secure)
         settings = EngineSettings.from_env()
+        stats = stats_mod.from_env()
     except ConfigError as exc:
         print(f"nodepool-launcher: invalid configuration:\n{exc}", file=sys.stderr)
         return 1
@@ -172,8 +173,7 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
         log.warning("%s", warning)
 
     service = LauncherService(args.config, args.secure, config, fingerprint=fingerprint,
-                              stats=stats_mod.from_env(), settings=settings,
-                              webapp=not args.no_webapp)
+                              stats=stats, settings=settings, webapp=not args.no_webapp)
 
     def stop(signum: int) -> None:
         if service.stopping:

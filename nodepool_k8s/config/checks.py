@@ -119,6 +119,13 @@ def _zookeeper(data: Raw, report: _Report, skip: set[str]) -> None:
             if "[" in host or "]" in host or "/" in host or host.count(":") == 1:
                 report.error(path + ("host",), f"{host!r} must be a bare host name or address;"
                              " give the port in `port` and the chroot in `chroot`")
+            elif ":" not in host and (len(host) > 253 or any(
+                    len(label) > 63 for label in host.rstrip(".").split("."))):
+                # The resolver refuses such a name on every connection attempt, with a
+                # traceback each time, long after the configuration was accepted.
+                report.error(path + ("host",), f"{host[:80]!r} is not a usable host name:"
+                             " each dot-separated part may have at most 63 characters, the"
+                             " whole name 253")
             chroot = server.get("chroot")
             if chroot is not None and not _CHROOT.match(chroot):
                 report.error(path + ("chroot",), f"{chroot!r} must be an absolute znode path"

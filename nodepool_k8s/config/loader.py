@@ -69,6 +69,14 @@ def _typed(text: str) -> Any:
     return yaml.constructor.SafeConstructor().construct_object(yaml.ScalarNode(tag, text))
 
 
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _unset_problem(name: str, line: int, path: tuple[Any, ...]) -> str:
     place = schema.format_path(path) or "top level"
     if name.startswith("NODEPOOL_"):
@@ -150,7 +158,15 @@ def resolve(data: Any, tokens: list[tuple[str | None, int]], env: Mapping[str, s
             if name is None:
                 return "%"
             if name.startswith("NODEPOOL_") and name in env:
-                return env[name]
+                found = env[name]
+                if _encodable(found):
+                    return found
+                # os.environ keeps undecodable bytes as lone surrogates, which fail much
+                # later (hashing, DNS) with a traceback instead of one clear line here.
+                place = schema.format_path(path) or "top level"
+                missing.append(f"{place}: environment variable {name} is not valid UTF-8"
+                               f" (line {line})")
+                return match.group(0)
             missing.append(_unset_problem(name, line, path))
             return match.group(0)
 

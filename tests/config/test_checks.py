@@ -337,6 +337,21 @@ def test_server_host_is_bare(host: str, ok: bool) -> None:
         assert_problem(data, "zookeeper-servers[0].host", "bare host name or address")
 
 
+@pytest.mark.parametrize("host", ["a" * 70, "zk." + "b" * 64 + ".example", "x." * 130])
+def test_server_host_a_resolver_refuses_is_an_error(host: str) -> None:
+    """A 70-character label passed validation, then every connection attempt failed with
+    a UnicodeError traceback ("label empty or too long"), for ever."""
+    data = base()
+    data["zookeeper-servers"][0]["host"] = host
+    assert_problem(data, "zookeeper-servers[0].host", "not a usable host name")
+
+
+def test_long_but_valid_host_names_are_fine() -> None:
+    data = base()
+    data["zookeeper-servers"][0]["host"] = ".".join(["a" * 63] * 3)
+    load(data)
+
+
 def test_duplicate_server_is_a_warning() -> None:
     data = base()
     data["zookeeper-servers"] = [{"host": "zk", "port": 2181}, {"host": "zk"}]

@@ -130,6 +130,16 @@ def test_missing_env_var_names_variable_place_and_file() -> None:
     assert str(error).startswith(str(FIXTURES / "env.yaml") + ": zookeeper-servers[0].port")
 
 
+def test_an_env_value_that_is_not_utf8_is_one_clear_problem() -> None:
+    """os.environ keeps undecodable bytes as lone surrogates: NODEPOOL_ZK_HOST=$'zk\\xff'
+    used to fail later, in the installation id's hash, with a UnicodeEncodeError
+    traceback."""
+    env = dict(ENV, NODEPOOL_ZK_HOST="zk" + b"\xff".decode("utf-8", "surrogateescape"))
+    error = _error(str(FIXTURES / "env.yaml"), env=env)
+    assert error.problems == ["zookeeper-servers[0].host: environment variable"
+                              " NODEPOOL_ZK_HOST is not valid UTF-8 (line 3)"]
+
+
 def test_only_nodepool_variables_are_substituted() -> None:
     text = "zookeeper-servers: [{host: '%(HOME)s'}]\n"
     with pytest.raises(ConfigError) as info:
