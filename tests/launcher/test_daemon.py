@@ -4,6 +4,8 @@ requests that became impossible declined), and the read-only views it exposes.""
 
 from __future__ import annotations
 
+from typing import Any
+
 from kazoo.client import KazooClient
 
 from nodepool_k8s import model
@@ -91,14 +93,22 @@ def test_reload_adds_and_removes_pools(zk: ZkConnection, launchers: LauncherFact
     assert "extra" not in launcher.providers
 
 
-def test_reload_declines_paused_request_that_became_impossible(
-        zk: ZkConnection, launchers: LauncherFactory, zuul: ZuulClient) -> None:
+def paused_pool(launchers: LauncherFactory,
+                zuul: ZuulClient) -> tuple[Launcher, Any, str]:
+    """A launcher whose only pool (max-servers 1) is full: its node held by Zuul (the
+    nodeset, to return at the end) and a second request waiting (its id)."""
     launcher = launchers(ONE.format(max_servers=1, delay=0.0))
     held = zuul.submit(["small"])
     assert (zuul.wait(held) or {}).get("state") == "fulfilled"
     nodeset = zuul.accept(held)
     waiting = zuul.submit(["small"])
     wait_for(lambda: any(c.paused for c in launcher.component_cache.pools()), 10)
+    return launcher, nodeset, waiting
+
+
+def test_reload_declines_paused_request_that_became_impossible(
+        zk: ZkConnection, launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    launcher, nodeset, waiting = paused_pool(launchers, zuul)
     launcher.reload(make_config(zk, ONE.format(max_servers=0, delay=0.0)))
     result = zuul.wait(waiting, 20)
     assert result is not None and result["state"] == "failed"
@@ -111,12 +121,7 @@ def test_a_request_of_a_removed_pool_is_handed_back_not_declined(
     """A reload sets the new configuration first, then stops the removed pools' workers,
     which hand their requests back. A handler advanced in between saw its pool gone and
     declined: renaming a pool during a burst failed 9 requests of 30."""
-    launcher = launchers(ONE.format(max_servers=1, delay=0.0))
-    held = zuul.submit(["small"])
-    assert (zuul.wait(held) or {}).get("state") == "fulfilled"
-    nodeset = zuul.accept(held)
-    waiting = zuul.submit(["small"])
-    wait_for(lambda: any(c.paused for c in launcher.component_cache.pools()), 10)
+    launcher, nodeset, waiting = paused_pool(launchers, zuul)
     renamed = make_config(zk, ONE.format(max_servers=5, delay=0.0).replace(
         "- name: main", "- name: other"))
     # The window inside reload: the new configuration is in force while the old worker
