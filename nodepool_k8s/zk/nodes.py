@@ -224,9 +224,7 @@ class NodeStore:
         recursive delete would, and logged once.
         """
         lock_dir = paths.node_lock_path(node.id)
-        tries = 0
-        while tries < attempts:
-            tries += 1
+        for _ in range(attempts):
             txn = Txn()
             held.release_in(txn)
             txn.delete(lock_dir)

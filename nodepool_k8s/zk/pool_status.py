@@ -131,10 +131,12 @@ def decode_breakers(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
     an older format) is left out and reported once: that label's breaker starts afresh,
     and the next update of the record drops it."""
     data = records.load_object(raw)
-    for label in [name for name, entry in data.items() if breaker_entry_problem(entry)]:
+    problems = {name: problem for name, entry in data.items()
+                if (problem := breaker_entry_problem(entry)) is not None}
+    for label, problem in problems.items():
+        del data[label]
         records.REPORTS.report("breaker entry", f"{POOL_BREAKERS}/{key} (label {label})",
-                               getattr(stat, "version", -1),
-                               str(breaker_entry_problem(data.pop(label))))
+                               getattr(stat, "version", -1), problem)
     return data
 
 
