@@ -13,7 +13,11 @@ Owns: what kazoo 2.11's public API does not offer and nodepool_k8s needs:
   sequential creates (appends to `TransactionRequest.operations`, since
   `TransactionRequest.create` normalises the slash away);
 - `PollThreadingHandler`: kazoo's threading handler whose `select` waits with one `poll()`
-  instead of creating an epoll object per wait (see `poll_select`).
+  instead of creating an epoll object per wait (see `poll_select`);
+- `RecursiveWatches`: ZooKeeper's persistent recursive watches (`addWatch`, opcode 106, 3.6+),
+  which kazoo 2.11 lacks: the request's encoding, and the delivery of their events, by
+  wrapping the connection's `_read_watch_event` (kazoo hands an event only to its one-shot
+  watchers and drops the rest).
 
 Nothing else in the package touches these (import-linter forbids importing the internal
 kazoo modules elsewhere). The module was written for kazoo `SUPPORTED` (>= 2.10, < 2.12,
@@ -27,13 +31,14 @@ message instead of misbehaving later.
 
 from __future__ import annotations
 
+import logging
 import math
 import select
 import socket
 import struct
 import threading
 from collections import namedtuple
-from typing import Any
+from typing import Any, Callable
 
 import kazoo.version
 from kazoo.client import KazooClient, TransactionRequest
@@ -41,16 +46,20 @@ from kazoo.exceptions import EXCEPTIONS
 from kazoo.handlers.threading import SequentialThreadingHandler
 from kazoo.handlers.utils import fileobj_to_fd
 from kazoo.protocol.paths import _prefix_root
-from kazoo.protocol.serialization import (Create, GetChildren, GetData, MultiHeader,
+from kazoo.protocol.serialization import (Create, GetChildren, GetData, MultiHeader, Watch,
                                           int_struct, multiheader_struct, read_buffer,
-                                          read_string, stat_struct)
-from kazoo.protocol.states import ZnodeStat
+                                          read_string, stat_struct, write_string)
+from kazoo.protocol.states import EVENT_TYPE_MAP, EventType, ZnodeStat
 
 from nodepool_k8s.exceptions import PermanentError
+
+log = logging.getLogger("nodepool_k8s.zk")
 
 # The kazoo versions this module was written and tested for: [low, high).
 SUPPORTED = ((2, 10), (2, 12))
 MULTI_READ = 22  # ZooKeeper's OpCode.multiRead (3.6+)
+ADD_WATCH = 106  # ZooKeeper's OpCode.addWatch (3.6+)
+PERSISTENT_RECURSIVE = 1  # AddWatchMode.PERSISTENT_RECURSIVE
 
 
 class KazooIncompatible(PermanentError):
@@ -132,6 +141,95 @@ def send_request(client: KazooClient, request: Any) -> Any:
     async_result = client.handler.async_result()
     client._call(request, async_result)
     return async_result
+
+
+# -- persistent recursive watches --------------------------------------------------------
+
+TreeListener = Callable[[str, str], None]
+"""`listener(event_type, path)`: an EventType value (CREATED, DELETED, CHANGED) and the
+znode's path without the chroot. Called on kazoo's connection thread, in the server's
+order: it must only hand the event on (put it on a queue) and must not raise."""
+
+
+class AddWatch(namedtuple("AddWatch", "path mode")):
+    """An addWatch request (`path` already chrooted); its answer has no body."""
+
+    type = ADD_WATCH
+
+    def serialize(self) -> bytearray:
+        b = bytearray()
+        b.extend(write_string(self.path))
+        b.extend(int_struct.pack(self.mode))
+        return b
+
+    @classmethod
+    def deserialize(cls, data: bytes, offset: int) -> bool:
+        return True
+
+
+class RecursiveWatches:
+    """Persistent recursive watches of one KazooClient, and the delivery of their events.
+
+    The server keeps such a watch for the connection until the connection ends; it is not
+    among the watches kazoo restores after a reconnect, so whoever adds one adds it again
+    (and re-reads what it watches) after every reconnect. Events are delivered on kazoo's
+    connection thread, in the server's order, before kazoo's one-shot watchers of the same
+    event run; a listener that raises is logged and the connection goes on.
+    """
+
+    def __init__(self, client: KazooClient) -> None:
+        self._client = client
+        self._lock = threading.Lock()
+        self._listeners: dict[str, tuple[TreeListener, ...]] = {}  # chrooted root -> ...
+        connection = client._connection
+        original = connection._read_watch_event
+
+        def read_watch_event(buffer: bytes, offset: int) -> Any:
+            result = original(buffer, offset)
+            if self._listeners and not client._stopped.is_set():
+                self._deliver(buffer, offset)
+            return result
+
+        connection._read_watch_event = read_watch_event
+
+    def add(self, path: str, listener: TreeListener) -> Any:
+        """Watch `path` and everything below it; kazoo's AsyncResult of the request (True,
+        or e.g. UnimplementedError from a server older than 3.6)."""
+        root = full_path(self._client.chroot or "", path)
+        with self._lock:
+            known = self._listeners.get(root, ())
+            if listener not in known:
+                self._listeners = {**self._listeners, root: known + (listener,)}
+        return send_request(self._client, AddWatch(root, PERSISTENT_RECURSIVE))
+
+    def forget(self, path: str, listener: TreeListener) -> None:
+        """Stop delivering to `listener` (the server-side watch lasts until the
+        connection ends; its events are then dropped here)."""
+        root = full_path(self._client.chroot or "", path)
+        with self._lock:
+            left = tuple(x for x in self._listeners.get(root, ()) if x != listener)
+            listeners = dict(self._listeners)
+            if left:
+                listeners[root] = left
+            else:
+                listeners.pop(root, None)
+            self._listeners = listeners
+
+    def _deliver(self, buffer: bytes, offset: int) -> None:
+        try:
+            watch, _ = Watch.deserialize(buffer, offset)
+            kind = EVENT_TYPE_MAP.get(watch.type)
+            path = watch.path
+            if kind not in (EventType.CREATED, EventType.DELETED, EventType.CHANGED):
+                return
+            chroot = chroot_prefix(self._client.chroot or "")
+            relative = (path[len(chroot):] or "/") if chroot else path
+            for root, listeners in self._listeners.items():
+                if path == root or path.startswith(root + "/"):
+                    for listener in listeners:
+                        listener(kind, relative)
+        except Exception:  # noqa: BLE001 - the connection thread must go on
+            log.exception("A persistent watch listener failed")
 
 
 # -- paths --------------------------------------------------------------------------------
@@ -249,6 +347,9 @@ def problems() -> list[str]:
         found.append("KazooClient._call is missing")
     client = KazooClient(hosts="127.0.0.1:1")
     try:
+        if not callable(getattr(getattr(client, "_connection", None), "_read_watch_event",
+                                None)):
+            found.append("KazooClient._connection._read_watch_event is missing")
         tx = TransactionRequest(client)
         if not isinstance(getattr(tx, "operations", None), list):
             found.append("TransactionRequest.operations is not a list")
@@ -272,6 +373,13 @@ def problems() -> list[str]:
         + struct.pack("!iBi", -1, 1, -1)
     if MultiRead.deserialize(reply, 0) != [["x"]]:
         found.append("the multiRead reply decoding differs")
+    if bytes(AddWatch("/a", PERSISTENT_RECURSIVE).serialize()) != \
+            struct.pack("!i", 2) + b"/a" + struct.pack("!i", 1):
+        found.append("the addWatch encoding differs")
+    event = struct.pack("!ii", 2, 3) + struct.pack("!i", 4) + b"/a/b"
+    if Watch.deserialize(event, 0)[0] != Watch(2, 3, "/a/b") \
+            or EVENT_TYPE_MAP.get(2) != EventType.DELETED:
+        found.append("watch events decode differently")
     found.extend(_select_problems())
     return found
 

@@ -1,9 +1,10 @@
 """Event-driven read caches of nodes (with lock contenders), requests and components.
 
 Owns: what the engine knows about ZooKeeper between reads. Nodes and requests are mirrored
-by `mirror.ChildMirror` (plain one-shot watches, one thread, tombstones against stale
-results); nodes are kept as slim `Node` records (the fields decisions need, strings
-interned) so ten thousand nodes cost a few MB. The small `/nodepool/components` tree uses
+by `mirror.ChildMirror` (a persistent recursive watch, or one-shot watches on a server
+older than 3.6; one thread, tombstones against stale results); nodes are kept as slim
+`Node` records (the fields decisions need, strings interned) so ten thousand nodes cost a
+few MB. The small `/nodepool/components` tree uses
 kazoo's TreeCache, with a guard against its stale-result "ghosts".
 
 Listeners are called on the cache's thread with `(kind, key)` (kind: changed, removed,
@@ -91,7 +92,7 @@ class NodeCache(MirroredCache[Node]):
         self._mirror: ChildMirror[Node] = ChildMirror(
             zk, paths.NODES, decode_summary, name="node-cache", accept=paths.is_node_id,
             with_locks=True, lock_expected=lambda n: n.state == model.INIT,
-            on_change=self._index)
+            on_change=self._index, persistent=True)
 
     def _index(self, node_id: str, old: Node | None, new: Node | None) -> None:
         before = old.allocated_to if old is not None else None
@@ -146,7 +147,7 @@ class RequestCache(MirroredCache[_CachedRequest]):
     def __init__(self, zk: ZkClient) -> None:
         self._mirror: ChildMirror[_CachedRequest] = ChildMirror(
             zk, paths.REQUESTS, self._decode, name="request-cache",
-            accept=paths.is_request_id)
+            accept=paths.is_request_id, persistent=True)
 
     @staticmethod
     def _decode(request_id: str, raw: bytes, stat: Any) -> _CachedRequest:

@@ -169,6 +169,9 @@ class ZkClient:
         self._stopping = threading.Event()
         self.writes = WriteCounter()
         self._batch = multiread.BatchReader()
+        self._tree_watches: _kazoo_ext.RecursiveWatches | None = None
+        # False: the caches use one-shot watches only (what a server older than 3.6 gets).
+        self.persistent_watches = True
 
     # -- lifecycle ------------------------------------------------------------------------
     def _make_kazoo(self, hosts: str) -> KazooClient:
@@ -214,6 +217,7 @@ class ZkClient:
                 stop.wait(1.0)
                 continue
             self._kazoo = client
+            self._tree_watches = _kazoo_ext.RecursiveWatches(client)
             try:
                 self._ensure_chroot()
                 if self.settings.auth is not None or self.settings.acl_enabled:
@@ -433,6 +437,32 @@ class ZkClient:
                 self._connected.wait(0.5)
             except kex.KazooException as exc:
                 raise translate(exc, path) from exc
+
+    def watch_tree(self, path: str, listener: _kazoo_ext.TreeListener,
+                   timeout: float = 30.0) -> bool:
+        """Add a persistent recursive watch on `path` (ZooKeeper 3.6+), whose events go to
+        `listener(event_type, path)` on kazoo's connection thread, in the server's order.
+        True once the server has it; False when they are switched off or the server does
+        not know them (older than 3.6). The server forgets it when the connection ends
+        (kazoo does not restore it): add it again after every reconnect. Raises kazoo's
+        exceptions (a lost connection) as the caches' own reads do."""
+        watches = self._tree_watches
+        if not self.persistent_watches or watches is None:
+            return False
+        result = watches.add(path, listener)
+        if not result.wait(timeout):
+            raise kex.ConnectionLoss(f"no answer to adding a watch on {path} in {timeout:g}s")
+        try:
+            result.get_nowait()
+        except (kex.UnimplementedError, kex.MarshallingError, kex.BadArgumentsError):
+            watches.forget(path, listener)
+            return False
+        return True
+
+    def unwatch_tree(self, path: str, listener: _kazoo_ext.TreeListener) -> None:
+        """Stop delivering `path`'s persistent watch events to `listener`."""
+        if self._tree_watches is not None:
+            self._tree_watches.forget(path, listener)
 
     def get(self, path: str) -> tuple[bytes, Stat] | None:
         try:

@@ -1,5 +1,6 @@
 """A lean, event-driven mirror of one znode's children (and, optionally, of each child's
-lock contenders), built on plain one-shot kazoo watches.
+lock contenders), built on one persistent recursive watch (ZooKeeper 3.6+) or, without
+one, on plain one-shot kazoo watches.
 
 Owns: keeping `items` (child name -> decoded record) and `contenders` (child name -> lock
 contender names under `<child>/lock`) in step with ZooKeeper, and telling listeners about
@@ -9,12 +10,23 @@ nodes), re-walks with two requests per znode (12 s at 10,000 nodes), and applies
 seen on kazoo's event thread while an older read result is still queued on its own thread,
 which resurrects deleted znodes ("ghosts").
 
+With a persistent recursive watch on the root (`persistent=True` and a server that has
+them), one event tells of each child created, changed or deleted and of each lock contender
+created or deleted: a child's data is read once per change and nothing is listed, where
+one-shot watches cost a listing of the root per child added or removed and a listing of a
+child's lock dir per lock change. The server forgets the watch when the connection ends,
+so every resync adds it again before it reads.
+
 How it stays correct: all state changes run on one thread, fed by watch callbacks and read
 completions. kazoo delivers those on two different threads, so their relative order is not
 the server's: a deleted child is remembered (a tombstone; names of sequential znodes never
 come back) and any later read result for it is ignored; data results older (by mzxid) than
 what is stored are ignored. kazoo drops every watch on a connection loss, so after each
-reconnect the mirror re-reads everything (one pipelined request per watched znode).
+reconnect the mirror re-reads everything (one pipelined request per watched znode). Lock
+contenders follow the persistent watch's events, which arrive in the server's order;
+a contender event that arrives while a listing of that child's lock dir is in flight
+waits and is applied after the listing (contender names are never reused, so applying
+every event after any listing taken since the watch was added gives the right set).
 
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
@@ -82,13 +94,14 @@ class ChildMirror(Generic[T]):
                  accept: Callable[[str], bool], with_locks: bool = False,
                  lock_expected: Callable[[T], bool] = lambda record: True,
                  on_change: Callable[[str, "T | None", "T | None"], None] | None = None,
-                 reused_names: bool = False) -> None:
+                 reused_names: bool = False, persistent: bool = False) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
         paused, resumed and paused again), so a deleted name must not be tombstoned; such
         a (small) mirror reads each child synchronously on its own thread instead, which
-        keeps every answer in order without tombstones."""
+        keeps every answer in order without tombstones.
+        `persistent`: use a persistent recursive watch when the server has them."""
         self.zk = zk
         self.root = root
         self.name = name
@@ -114,6 +127,12 @@ class ChildMirror(Generic[T]):
         self._backlog: collections.deque[str] = collections.deque()
         self._queued: set[str] = set()  # in the backlog or being read through it
         self._resyncing = False
+        self._want_tree = persistent and not reused_names
+        self._tree = False  # the persistent watch is in use
+        # child -> (listing number, contender events that arrived meanwhile)
+        self._lock_listings: dict[str, tuple[int, list[tuple[str, str]]]] = {}
+        self._listings = 0
+        self._unlisted: set[str] = set()  # children whose lock dir a resync lists
         self.events = 0
 
     # -- public ---------------------------------------------------------------------------
@@ -132,6 +151,8 @@ class ChildMirror(Generic[T]):
 
     def stop(self) -> None:
         self.zk.remove_listener(self._on_state)
+        if self._want_tree:
+            self.zk.unwatch_tree(self.root, self._tree_watch)
         self._tasks.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
@@ -215,13 +236,62 @@ class ChildMirror(Generic[T]):
         if key is not None:
             self._submit(self._fetch_lock, key)
 
+    def _tree_watch(self, kind: str, path: str) -> None:
+        """The persistent watch's listener (kazoo's connection thread)."""
+        self._submit(self._on_tree_event, kind, path)
+
+    def _on_tree_event(self, kind: str, path: str) -> None:
+        if not self._tree or not path.startswith(self.root + "/"):
+            return
+        parts = path[len(self.root) + 1:].split("/")
+        key = parts[0]
+        if not self._accept(key):
+            return
+        if len(parts) == 1:
+            if kind == EventType.DELETED:
+                self._remove(key)
+            elif kind == EventType.CHANGED:
+                self._fetch(key, False, False)
+            elif kind == EventType.CREATED and key not in self._queued \
+                    and not self._is_dead(key):
+                # Through the bounded backlog, as a listing's new children are.
+                self._queued.add(key)
+                self._backlog.append(key)
+                self._pump()
+            return
+        if not self._with_locks or len(parts) != 3 or parts[1] != "lock":
+            return
+        listing = self._lock_listings.get(key)
+        if listing is not None:
+            listing[1].append((kind, parts[2]))
+        else:
+            self._apply_contender(key, kind, parts[2])
+
+    def _apply_contender(self, key: str, kind: str, name: str) -> None:
+        if self._is_dead(key) or not locks.contenders([name]):
+            return
+        with self._lock:
+            held = self.contenders.get(key, NO_CONTENDERS)
+        if kind == EventType.CREATED:
+            self._set_contenders(key, held | {name})
+        elif kind == EventType.DELETED:
+            self._set_contenders(key, held - {name})
+
     # -- reads ----------------------------------------------------------------------------
     def _resync(self) -> None:
         """Re-read everything and re-arm every watch (kazoo drops them on disconnect)."""
         if not self.zk.connected:
             return
         try:
-            children = self.zk.kazoo.get_children(self.root, watch=self._root_watch)
+            if self._want_tree:
+                # Before the listing, so no change after it goes unseen.
+                self._tree = self.zk.watch_tree(self.root, self._tree_watch)
+                if not self._tree:
+                    self._want_tree = False
+                    log.info("%s: ZooKeeper has no persistent watches (3.6+); using "
+                             "one-shot watches", self.name)
+            children = self.zk.kazoo.get_children(
+                self.root, watch=None if self._tree else self._root_watch)
         except kex.NoNodeError:
             self.zk.ensure_path(self.root)
             self._submit(self._resync)
@@ -243,6 +313,7 @@ class ChildMirror(Generic[T]):
         self._pending = 0
         self._backlog = collections.deque(sorted(present))
         self._queued = set(present)
+        self._unlisted = set(present) if self._tree else set()
         self._pump()
         if self._pending == 0:
             self._finish_sync()
@@ -252,7 +323,11 @@ class ChildMirror(Generic[T]):
         whole znode, and ten thousand of them in flight at once would set the process's
         memory high-water mark."""
         while self._backlog and self._pending < MAX_IN_FLIGHT:
-            self._fetch(self._backlog.popleft(), counted=True)
+            key = self._backlog.popleft()
+            # A persistent watch reports a new child's contenders; a resync lists them.
+            with_lock = not self._tree or key in self._unlisted
+            self._unlisted.discard(key)
+            self._fetch(key, counted=True, with_lock=with_lock)
 
     def _finish_sync(self) -> None:
         self._resyncing = False
@@ -285,7 +360,8 @@ class ChildMirror(Generic[T]):
             return
         if counted:
             self._pending += 1
-        result = self.zk.kazoo.get_async(self._path(key), watch=self._data_watch)
+        result = self.zk.kazoo.get_async(self._path(key),
+                                         watch=None if self._tree else self._data_watch)
         if self._reused_names:
             # Answered before this thread does anything else: no older answer can arrive
             # after a newer event (what the tombstones guard against otherwise).
@@ -298,6 +374,15 @@ class ChildMirror(Generic[T]):
 
     def _fetch_lock(self, key: str) -> None:
         if self._is_dead(key):
+            return
+        if self._tree:
+            # Events of this lock dir from now on wait for the listing (see the module doc);
+            # a newer listing supersedes an older one still in flight.
+            self._listings += 1
+            number = self._listings
+            self._lock_listings[key] = (number, [])
+            listing = self.zk.kazoo.get_children_async(self._lock_path(key))
+            listing.rawlink(lambda r: self._submit(self._on_lock_listing, key, number, r))
             return
         result = self.zk.kazoo.get_children_async(self._lock_path(key),
                                                   watch=self._lock_watch)
@@ -374,7 +459,28 @@ class ChildMirror(Generic[T]):
         except kex.KazooException as exc:
             log.debug("%s: reading the lock of %s failed (%s)", self.name, key, exc)
             return
-        held = frozenset(locks.contenders(list(children))) or NO_CONTENDERS
+        self._set_contenders(key, frozenset(locks.contenders(list(children))))
+
+    def _on_lock_listing(self, key: str, number: int, result: Any) -> None:
+        """A persistent-watch mirror's listing of a lock dir, then the contender events
+        that arrived while it was in flight."""
+        listing = self._lock_listings.get(key)
+        if listing is None or listing[0] != number:
+            return  # superseded by a newer listing, or the child is gone
+        del self._lock_listings[key]
+        try:
+            children: list[str] | None = result.get_nowait()
+        except kex.NoNodeError:
+            children = []
+        except kex.KazooException as exc:
+            log.debug("%s: reading the lock of %s failed (%s)", self.name, key, exc)
+            children = None  # the resync after the reconnect lists it again
+        if children is not None and not self._is_dead(key):
+            self._set_contenders(key, frozenset(locks.contenders(list(children))))
+        for kind, name in listing[1]:
+            self._apply_contender(key, kind, name)
+
+    def _set_contenders(self, key: str, held: frozenset[str]) -> None:
         with self._lock:
             if self.contenders.get(key, NO_CONTENDERS) == held:
                 return
@@ -400,6 +506,7 @@ class ChildMirror(Generic[T]):
         now = time.monotonic()
         if not self._reused_names:
             self._dead[key] = now
+        self._lock_listings.pop(key, None)
         if len(self._dead) > MAX_TOMBSTONES // 2:
             for dead in [k for k, t in self._dead.items() if now - t > TOMBSTONE_TTL]:
                 del self._dead[dead]

@@ -45,6 +45,7 @@ def test_lock_dir_created_before_the_exists_watch(
         return real_exists(path, watch=watch)
 
     monkeypatch.setattr(zkc.kazoo, "exists_async", exists_async)
+    zkc.persistent_watches = False  # the race is one of one-shot watches
     cache = NodeCache(zkc)
     cache.start()
     try:

@@ -1,0 +1,193 @@
+"""The caches on a persistent recursive watch (ZooKeeper 3.6+; the test server is 3.8).
+
+Aspects: lock changes and new children are followed from the watch's events alone (no
+listing of a lock dir or of the root after the initial sync: that is what the watch
+saves); contender events that arrive while a lock-dir listing is in flight are applied
+after it (else an older listing would bring back a released lock); the watch is added
+again after a dropped connection and after a session expiry (the server forgets it with
+the connection, and kazoo does not restore it); without persistent watches the caches
+fall back to one-shot watches and still follow everything.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from typing import Any
+
+import pytest
+from kazoo.client import KazooClient
+
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.cache import NodeCache, RequestCache
+from nodepool_k8s.zk.client import ZkClient
+from tests.helpers import ZkConnection, wait_for
+from tests.sessions import expire_session
+
+NODE = "0000000011"
+
+
+def node_json(state: str) -> bytes:
+    return json.dumps({"state": state, "type": ["small"], "provider": "p"}).encode()
+
+
+def request_json() -> bytes:
+    return json.dumps({"state": "requested", "node_types": ["small"],
+                       "requestor": "zuul"}).encode()
+
+
+class Listings:
+    """Counts the caches' listings (children reads) while passing them on unchanged."""
+
+    def __init__(self, zkc: ZkClient, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.paths: list[str] = []
+        self._lock = threading.Lock()
+        real_async, real_sync = zkc.kazoo.get_children_async, zkc.kazoo.get_children
+
+        def get_children_async(path: str, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.paths.append(path)
+            return real_async(path, *args, **kwargs)
+
+        def get_children(path: str, *args: Any, **kwargs: Any) -> Any:
+            with self._lock:
+                self.paths.append(path)
+            return real_sync(path, *args, **kwargs)
+
+        monkeypatch.setattr(zkc.kazoo, "get_children_async", get_children_async)
+        monkeypatch.setattr(zkc.kazoo, "get_children", get_children)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.paths)
+
+
+def lock_once(kazoo_client: KazooClient, cache: NodeCache, node_id: str) -> None:
+    contender = kazoo_client.create(f"{paths.node_lock_path(node_id)}/c__lock__", b"",
+                                    ephemeral=True, sequence=True, makepath=True)
+    wait_for(lambda: cache.is_locked(node_id), 10, message="the lock to be seen")
+    kazoo_client.delete(contender)
+    wait_for(lambda: not cache.is_locked(node_id), 10, message="the unlock to be seen")
+
+
+def test_changes_are_followed_from_events_without_listings(
+        zkc: ZkClient, kazoo_client: KazooClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    kazoo_client.ensure_path(paths.NODES)
+    kazoo_client.create(paths.node_path(NODE), node_json("ready"))
+    listings = Listings(zkc, monkeypatch)
+    cache = NodeCache(zkc)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        after_sync = listings.count()
+        for _ in range(3):
+            lock_once(kazoo_client, cache, NODE)
+        other = "0000000012"
+        kazoo_client.create(paths.node_path(other), node_json("building"))
+        wait_for(lambda: cache.get(other) is not None, 10, message="the new node")
+        lock_once(kazoo_client, cache, other)
+        kazoo_client.set(paths.node_path(other), node_json("ready"))
+        wait_for(lambda: (n := cache.get(other)) is not None and n.state == "ready", 10,
+                 message="the data change")
+        kazoo_client.delete(paths.node_path(other), recursive=True)
+        wait_for(lambda: cache.get(other) is None, 10, message="the deletion")
+        assert listings.count() == after_sync, listings.paths[after_sync:]
+    finally:
+        cache.stop()
+
+
+def test_contender_events_during_a_listing_are_applied_after_it(
+        zkc: ZkClient, kazoo_client: KazooClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    lock_dir = paths.node_lock_path(NODE)
+    kazoo_client.ensure_path(paths.NODES)
+    kazoo_client.create(paths.node_path(NODE), node_json("ready"))
+    first = kazoo_client.create(f"{lock_dir}/a__lock__", b"", sequence=True, makepath=True)
+    cache = NodeCache(zkc)
+    queued = cache._mirror._tasks
+    real = zkc.kazoo.get_children_async
+    later: list[str] = []
+
+    def get_children_async(path: str, *args: Any, **kwargs: Any) -> Any:
+        result = real(path, *args, **kwargs)
+        if path == lock_dir and not later:
+            # The listing (with `first`) is answered; before the cache sees the answer,
+            # the holder releases and another client locks. Their events reach the
+            # cache's queue first: the answer is queued only once this returns.
+            assert result.wait(10)
+            kazoo_client.delete(first)
+            later.append(kazoo_client.create(f"{lock_dir}/b__lock__", b"", sequence=True))
+            wait_for(lambda: queued.qsize() >= 2, 10, message="the two contender events")
+        return result
+
+    monkeypatch.setattr(zkc.kazoo, "get_children_async", get_children_async)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        second = later[0].rsplit("/", 1)[1]
+        wait_for(lambda: cache._mirror.contenders.get(NODE) == frozenset({second}), 10,
+                 message="only the second contender")
+        kazoo_client.delete(later[0])
+        wait_for(lambda: not cache.is_locked(NODE), 10, message="the unlock")
+    finally:
+        cache.stop()
+
+
+def drop_connection(zkc: ZkClient) -> None:
+    """Cut the TCP connection under kazoo (the session lives on: kazoo reconnects)."""
+    sock = zkc.kazoo._connection._socket
+    assert sock is not None
+    sock.shutdown(socket.SHUT_RDWR)
+
+
+@pytest.mark.parametrize("fault", ["dropped connection", "expired session"])
+def test_the_watch_is_added_again_after_a_reconnect(
+        zk: ZkConnection, zkc: ZkClient, kazoo_client: KazooClient, fault: str) -> None:
+    kazoo_client.ensure_path(paths.NODES)
+    kazoo_client.ensure_path(paths.REQUESTS)
+    kazoo_client.create(paths.node_path(NODE), node_json("ready"))
+    nodes, requests = NodeCache(zkc), RequestCache(zkc)
+    nodes.start()
+    requests.start()
+    try:
+        assert nodes.wait_synced(10) and requests.wait_synced(10)
+        epoch = zkc.epoch
+        if fault == "dropped connection":
+            drop_connection(zkc)
+        else:
+            expire_session(zk, zkc)
+            wait_for(lambda: zkc.epoch == epoch + 1, 20, message="the session loss")
+        wait_for(lambda: zkc.connected, 20, message="the reconnect")
+        wait_for(lambda: nodes.wait_synced(0) and requests.wait_synced(0), 20,
+                 message="the resync")
+        # Only the watches added again can tell of these.
+        lock_once(kazoo_client, nodes, NODE)
+        kazoo_client.create(paths.node_path("0000000013"), node_json("building"))
+        wait_for(lambda: nodes.get("0000000013") is not None, 10, message="a new node")
+        request = kazoo_client.create(f"{paths.REQUESTS}/100-", request_json(),
+                                      sequence=True).rsplit("/", 1)[1]
+        wait_for(lambda: any(r.id == request for r in requests.requests()), 10,
+                 message="a new request")
+    finally:
+        nodes.stop()
+        requests.stop()
+
+
+def test_one_shot_watches_when_persistent_ones_are_off(
+        zkc: ZkClient, kazoo_client: KazooClient) -> None:
+    zkc.persistent_watches = False  # what a server older than 3.6 leads to
+    kazoo_client.ensure_path(paths.NODES)
+    kazoo_client.create(paths.node_path(NODE), node_json("ready"))
+    kazoo_client.ensure_path(paths.node_lock_path(NODE))  # locked once before, as a real one
+    cache = NodeCache(zkc)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        assert not cache._mirror._tree
+        lock_once(kazoo_client, cache, NODE)
+        kazoo_client.create(paths.node_path("0000000014"), node_json("ready"))
+        wait_for(lambda: cache.get("0000000014") is not None, 10, message="a new node")
+        kazoo_client.delete(paths.node_path(NODE), recursive=True)
+        wait_for(lambda: cache.get(NODE) is None, 10, message="the deletion")
+    finally:
+        cache.stop()
