@@ -80,6 +80,40 @@ def test_retry_after_is_honoured(sim: Simulator, make_k8s_provider: ProviderFact
     assert time.monotonic() - started >= 1.0  # the simulator sends Retry-After: 1
 
 
+def test_one_request_per_attempt_when_refused_with_retry_after(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # urllib3 under the official client used to repeat a GET or DELETE answered 429 (or
+    # 503) with Retry-After three times by itself, sleeping the server's Retry-After uncapped
+    # (3600 s held a deletion or a watch's re-list for three hours) before our own policy
+    # even saw it: every refusal of a throttling API server became four requests.
+    provider = make_k8s_provider(sim, NS, api_retries=1)
+    result = _launch(provider, "k8s-namespace")
+    sim.set_faults(retry_after=0)  # urllib3 would still have repeated, without sleeping
+    sim.fail_next("get", "namespaces", count=2, code=429)
+    sim.fail_next("delete", "namespaces", count=2, code=429)
+    sim.reset_counters()
+    with pytest.raises(TemporaryError):
+        provider.ownership_problem("main-0000000099", "0000000099")
+    with pytest.raises(TemporaryError):
+        provider.delete(result.external_id, node_id="0000000000")
+    # 1 + api-retries each, no more.
+    assert sim.counters["get namespaces"] == 2
+    assert sim.counters["delete namespaces"] == 2
+
+
+def test_one_request_per_attempt_when_a_read_times_out(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # A GET whose answer never came in time was sent four times per attempt (urllib3's
+    # own read retries): with the defaults, 24 requests and 12 minutes for one read.
+    provider = make_k8s_provider(sim, NS, api_timeout=0.3, api_retries=1)
+    result = _launch(provider, "k8s-namespace")
+    sim.stall_next("get", "namespaces", count=8, seconds=1.0)
+    sim.reset_counters()
+    with pytest.raises(TemporaryError):  # another node's id: not answered from the watch
+        provider.ownership_problem(result.external_id, "0000000099")
+    assert sim.counters["get namespaces"] == 2
+
+
 def test_timed_out_creates_are_retried_and_their_409_accepted(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     # The simulator applies each create, then answers too late: the retry meets a 409 for
