@@ -114,6 +114,61 @@ def test_one_request_per_attempt_when_a_read_times_out(
     assert sim.counters["get namespaces"] == 2
 
 
+# -- legal HTTP, odd content -----------------------------------------------------------------
+
+def _with_status(status: Any) -> Any:
+    return lambda body: {**body, "status": status}
+
+
+@pytest.mark.parametrize("rewrite", [
+    _with_status("issued"),  # status as a string: was an AttributeError (a traceback)
+    _with_status(["token"]),
+    _with_status({"token": "t" * (1 << 20), "expirationTimestamp": "2030-01-01T00:00:00Z"}),
+], ids=["status-string", "status-list", "token-1MiB"])
+def test_an_unusable_token_request_answer_is_a_bad_token(
+        sim: Simulator, make_k8s_provider: ProviderFactory, rewrite: Any) -> None:
+    # A 1 MiB token was handed out: it travels in the node's ZooKeeper record, which then
+    # exceeds what our own readers accept (256 KiB) or what ZooKeeper stores (1 MiB).
+    provider = make_k8s_provider(sim, NS)
+    sim.rewrite_next("create", "serviceaccounts/token", rewrite)
+    with pytest.raises(LaunchError) as info:
+        _launch(provider, "k8s-namespace")
+    assert info.value.reason == "BadToken"
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+@pytest.mark.parametrize("expires", ["soon", 12345, {"at": 1}, "0001-01-01T00:00:00Z"])
+def test_an_odd_token_expiry_is_only_unknown(sim: Simulator,
+                                             make_k8s_provider: ProviderFactory,
+                                             expires: Any) -> None:
+    provider = make_k8s_provider(sim, NS)
+    sim.rewrite_next("create", "serviceaccounts/token", lambda body: {
+        **body, "status": {**body["status"], "expirationTimestamp": expires}})
+    result = _launch(provider, "k8s-namespace")
+    assert result.connection_port["token"]
+    assert expires != "0001-01-01T00:00:00Z" or result.extra["token_expires"] < 0
+
+
+@pytest.mark.parametrize("answer", [[], ["main-0000000000"], '"ok"', 7, None],
+                         ids=["empty-list", "list", "string", "number", "null"])
+def test_an_answer_that_is_not_an_object_is_a_temporary_error(
+        sim: Simulator, make_k8s_provider: ProviderFactory, answer: Any) -> None:
+    # Read as an object without our labels, a list answering the GET of a ready node's
+    # namespace was a verdict ("not provably ours", remembered for good), and the same
+    # answer to its DELETE an AttributeError out of `delete`.
+    provider = make_k8s_provider(sim, NS, api_retries=1)
+    result = _launch(provider, "k8s-namespace")
+    sim.rewrite_next("get", "namespaces", lambda body: answer, count=2)
+    with pytest.raises(TemporaryError) as info:  # another node's id: not from the watch
+        provider.ownership_problem(result.external_id, "0000000099")
+    assert "bad response" in str(info.value)
+    assert provider.ownership_problem(result.external_id, "0000000099") is not None
+    assert provider.ownership_problem(result.external_id, "0000000000") is None
+    sim.rewrite_next("delete", "namespaces", lambda body: answer)
+    provider.delete(result.external_id, node_id="0000000000")  # the retry meets 404: gone
+    assert sim.get("namespaces", result.external_id) is None
+
+
 def test_timed_out_creates_are_retried_and_their_409_accepted(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     # The simulator applies each create, then answers too late: the retry meets a 409 for

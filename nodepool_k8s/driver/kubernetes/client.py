@@ -208,7 +208,13 @@ class KubeClient:
                     raise
                 finally:
                     response.release_conn()
-                return json.loads(data) if data else {}
+                body = json.loads(data) if data else {}
+                if not isinstance(body, dict):
+                    # Every API answer is an object; a list or a string (a proxy's, a
+                    # broken server's) must not be read as an object missing its fields.
+                    raise TemporaryError(f"{what}: bad response: a JSON "
+                                         f"{type(body).__name__}, not an object")
+                return body
             except Exception as exc:  # noqa: BLE001 - mapped right here
                 error = map_api_error(exc, what)
                 if error is not exc:

@@ -34,6 +34,12 @@ FATAL_WAITING_REASONS = frozenset({
 DEFAULT_UNSCHEDULABLE_GRACE = UNSCHEDULABLE_GRACE
 
 
+# A bound service-account token is a JWT of a kilobyte or two. It travels in the node's
+# ZooKeeper record, which its readers refuse beyond `records.MAX_RECORD_BYTES` (and
+# ZooKeeper itself beyond 1 MiB): a longer one would make the node unreadable to us.
+MAX_TOKEN_CHARS = 64 * 1024
+
+
 @dataclass(frozen=True)
 class Token:
     token: str  # plain bearer token (never logged)
@@ -51,10 +57,14 @@ def _epoch(value: Any) -> float | None:
 
 def token_from_request(answer: dict[str, Any]) -> Token:
     """The token of a TokenRequest answer (`status.token`, `status.expirationTimestamp`)."""
-    status = answer.get("status") or {}
+    status = answer.get("status")
+    status = status if isinstance(status, dict) else {}
     token = status.get("token")
     if not token or not isinstance(token, str):
         raise LaunchError("the TokenRequest answer carries no token", reason="BadToken")
+    if len(token) > MAX_TOKEN_CHARS:
+        raise LaunchError(f"the TokenRequest answer carries a token of {len(token)} "
+                          f"characters, more than {MAX_TOKEN_CHARS}", reason="BadToken")
     return Token(token=token, expires=_epoch(status.get("expirationTimestamp")))
 
 
