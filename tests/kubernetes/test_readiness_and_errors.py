@@ -161,6 +161,14 @@ def test_retryability() -> None:
     assert not errors.is_retryable(errors.map_api_error(_api(410), "x"))
 
 
+def test_a_huge_status_message_is_clipped_before_it_is_matched() -> None:
+    # A webhook's or a proxy's 403 of "serviceaccount" repeated to 1 MiB: matching the
+    # service-account pattern on it took minutes (quadratic), and every log line about
+    # the call carried the whole megabyte.
+    error = errors.map_api_error(_api(403, "serviceaccount" * 75000), "create pod x")
+    assert isinstance(error, errors.Forbidden) and len(str(error)) < 1200
+
+
 def test_retry_after_becomes_delay() -> None:
     error = errors.map_api_error(_api(429, headers={"Retry-After": "3"}), "x")
     assert isinstance(error, TemporaryError) and error.delay == 3.0
