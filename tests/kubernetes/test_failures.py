@@ -169,6 +169,54 @@ def test_an_answer_that_is_not_an_object_is_a_temporary_error(
     assert sim.get("namespaces", result.external_id) is None
 
 
+def _launch_in_thread(provider: Any, label: str, **kw: Any) -> list[Any]:
+    """Launch on a thread; the list gets its result or exception."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(_launch(provider, label, **kw))
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+    threading.Thread(target=run, daemon=True).start()
+    return outcome
+
+
+@pytest.mark.parametrize("status", [
+    {"containerStatuses": {"c": 1}}, "Pending",
+    {"conditions": [None], "containerStatuses": [{"state": "waiting"}]},
+], ids=["statuses-object", "status-string", "items-of-odd-shape"])
+def test_a_pod_status_of_odd_shape_is_waited_out(sim: Simulator,
+                                                 make_k8s_provider: ProviderFactory,
+                                                 status: Any) -> None:
+    # The watch delivers whatever the API serves: a status of the wrong shape made the
+    # launch raise AttributeError (a traceback, reason Unknown) instead of waiting for a
+    # readable version or, as here, the boot timeout.
+    provider = make_k8s_provider(sim, POD)
+    sim.set_faults(unschedulable=True)
+    outcome = _launch_in_thread(provider, "pod-fedora", boot_timeout=2)
+    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+             message="the pod to be created")
+    sim.patch("pods", "pod-fedora", {"status": status}, namespace="main-0000000000")
+    wait_for(lambda: outcome, message="the launch to end")
+    assert isinstance(outcome[0], LaunchError) and outcome[0].reason == "BootTimeout"
+
+
+def test_a_node_name_of_odd_shape_is_not_recorded(sim: Simulator,
+                                                  make_k8s_provider: ProviderFactory) -> None:
+    # host_id goes into the node's ZooKeeper record, whose readers want a string.
+    provider = make_k8s_provider(sim, POD)
+    sim.set_faults(unschedulable=True)
+    outcome = _launch_in_thread(provider, "pod-fedora")
+    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+             message="the pod to be created")
+    sim.patch("pods", "pod-fedora", {"spec": {"nodeName": {"name": "n1"}},
+                                     "status": {"phase": "Running"}},
+              namespace="main-0000000000")
+    wait_for(lambda: outcome, message="the launch to end")
+    assert outcome[0].host_id is None
+
+
 def test_timed_out_creates_are_retried_and_their_409_accepted(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     # The simulator applies each create, then answers too late: the retry meets a 409 for
