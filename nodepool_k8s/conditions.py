@@ -76,7 +76,8 @@ REASONS: dict[str, str] = {
     "NamespaceExists": "Namespace names kept colliding: remove the stale namespaces.",
     "NotFound": "An object vanished during the launch: check for other cleanup tools.",
     "Conflict": "An object was changed during the launch: check for other controllers.",
-    "BadToken": "The TokenRequest answer had no token: check the API server.",
+    "BadToken": "The TokenRequest answer had no usable token (none, or over 64 KiB): "
+                "check the API server.",
     "ApiError": "The API kept failing past api-retries (5xx, timeouts): check the API server "
                 "and the network; the launch is retried.",
     "NotOwned": "The resource is not provably this installation's: it was left alone; "

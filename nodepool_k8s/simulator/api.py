@@ -187,6 +187,12 @@ class Api:
             self._sleep(decision.stall)
             return self._watch(req, route)
         result = self._dispatch(verb, req, route, decision, identity)
+        if decision.rewrite is not None:
+            body = result.body
+            if not isinstance(body, (bytes, str)):
+                body = clone(body)
+            result = Response(result.status, decision.rewrite(body), dict(result.headers),
+                              result.content_type)
         self._sleep(decision.stall)  # applied, but the answer comes too late for the client
         return result
 

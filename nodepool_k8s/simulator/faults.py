@@ -17,7 +17,7 @@ import fnmatch
 import random
 import threading
 from dataclasses import dataclass
-from typing import Any, Iterable, cast
+from typing import Any, Callable, Iterable, cast
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,8 @@ class Faults:
     an int N > 0 does so for the next N pod creates only (then it counts down to 0).
     `retry_after`: the Retry-After header of injected 429s. Note that urllib3 (under the
     official client) transparently retries a 429 that carries Retry-After, sleeping that long,
-    up to 3 times; 0 keeps the retries but skips the sleeps.
+    up to 3 times (unless its Configuration sets `retries`, as nodepool_k8s's does); 0 keeps
+    the retries but skips the sleeps.
     """
 
     latency: float = 0.0
@@ -53,6 +54,7 @@ class Decision:
     retry_after: int = 1
     stall: float = 0.0
     quota_exceeded: bool = False
+    rewrite: Callable[[Any], Any] | None = None  # applied to the answer's decoded body
 
 
 @dataclass
@@ -62,6 +64,7 @@ class _Rule:
     remaining: int
     code: int
     stall: float = 0.0  # > 0: apply the request, then answer this many seconds late
+    rewrite: Callable[[Any], Any] | None = None  # apply the request, answer rewrite(body)
 
     def matches(self, verb: str, resource: str) -> bool:
         return (self.verb in ("*", verb) and self.resource in ("*", resource))
@@ -128,6 +131,15 @@ class FaultInjector:
         with self._lock:
             self._rules.append(_Rule(verb, resource, count, 0, stall=seconds))
 
+    def rewrite_next(self, verb: str, resource: str, rewrite: Callable[[Any], Any],
+                     count: int = 1) -> None:
+        """Apply the next `count` (verb, resource) requests, then answer with
+        `rewrite(body)` (a deep copy of the decoded JSON body) instead of the body: a
+        legal HTTP answer whose content is of an odd shape (a list, a huge field, ...)."""
+        verb = _VERB_ALIASES.get(verb, verb)
+        with self._lock:
+            self._rules.append(_Rule(verb, resource, count, 0, rewrite=rewrite))
+
     def pending_rules(self) -> int:
         with self._lock:
             return sum(rule.remaining for rule in self._rules)
@@ -147,7 +159,9 @@ class FaultInjector:
             for rule in self._rules:
                 if rule.remaining > 0 and rule.matches(verb, resource):
                     rule.remaining -= 1
-                    if rule.stall > 0:
+                    if rule.rewrite is not None:
+                        decision.rewrite = rule.rewrite
+                    elif rule.stall > 0:
                         decision.stall = rule.stall
                     else:
                         decision.error_code = rule.code

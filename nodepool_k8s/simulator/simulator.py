@@ -17,7 +17,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -214,6 +214,12 @@ class Simulator:
         """Apply the next `count` (verb, resource) calls but answer `seconds` late (a lost
         reply: the client times out although the write happened)."""
         self._faults.stall_next(verb, resource, count, seconds)
+
+    def rewrite_next(self, verb: str, resource: str, rewrite: Callable[[Any], Any],
+                     count: int = 1) -> None:
+        """Apply the next `count` (verb, resource) calls but answer with `rewrite(body)`
+        (its decoded JSON body, a copy): valid HTTP whose content has an odd shape."""
+        self._faults.rewrite_next(verb, resource, rewrite, count)
 
     def clear_faults(self) -> None:
         self._faults.clear()

@@ -80,6 +80,143 @@ def test_retry_after_is_honoured(sim: Simulator, make_k8s_provider: ProviderFact
     assert time.monotonic() - started >= 1.0  # the simulator sends Retry-After: 1
 
 
+def test_one_request_per_attempt_when_refused_with_retry_after(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # urllib3 under the official client used to repeat a GET or DELETE answered 429 (or
+    # 503) with Retry-After three times by itself, sleeping the server's Retry-After uncapped
+    # (3600 s held a deletion or a watch's re-list for three hours) before our own policy
+    # even saw it: every refusal of a throttling API server became four requests.
+    provider = make_k8s_provider(sim, NS, api_retries=1)
+    result = _launch(provider, "k8s-namespace")
+    sim.set_faults(retry_after=0)  # urllib3 would still have repeated, without sleeping
+    sim.fail_next("get", "namespaces", count=2, code=429)
+    sim.fail_next("delete", "namespaces", count=2, code=429)
+    sim.reset_counters()
+    with pytest.raises(TemporaryError):
+        provider.ownership_problem("main-0000000099", "0000000099")
+    with pytest.raises(TemporaryError):
+        provider.delete(result.external_id, node_id="0000000000")
+    # 1 + api-retries each, no more.
+    assert sim.counters["get namespaces"] == 2
+    assert sim.counters["delete namespaces"] == 2
+
+
+def test_one_request_per_attempt_when_a_read_times_out(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # A GET whose answer never came in time was sent four times per attempt (urllib3's
+    # own read retries): with the defaults, 24 requests and 12 minutes for one read.
+    provider = make_k8s_provider(sim, NS, api_timeout=0.3, api_retries=1)
+    result = _launch(provider, "k8s-namespace")
+    sim.stall_next("get", "namespaces", count=8, seconds=1.0)
+    sim.reset_counters()
+    with pytest.raises(TemporaryError):  # another node's id: not answered from the watch
+        provider.ownership_problem(result.external_id, "0000000099")
+    assert sim.counters["get namespaces"] == 2
+
+
+# -- legal HTTP, odd content -----------------------------------------------------------------
+
+def _with_status(status: Any) -> Any:
+    return lambda body: {**body, "status": status}
+
+
+@pytest.mark.parametrize("rewrite", [
+    _with_status("issued"),  # status as a string: was an AttributeError (a traceback)
+    _with_status(["token"]),
+    _with_status({"token": "t" * (1 << 20), "expirationTimestamp": "2030-01-01T00:00:00Z"}),
+], ids=["status-string", "status-list", "token-1MiB"])
+def test_an_unusable_token_request_answer_is_a_bad_token(
+        sim: Simulator, make_k8s_provider: ProviderFactory, rewrite: Any) -> None:
+    # A 1 MiB token was handed out: it travels in the node's ZooKeeper record, which then
+    # exceeds what our own readers accept (256 KiB) or what ZooKeeper stores (1 MiB).
+    provider = make_k8s_provider(sim, NS)
+    sim.rewrite_next("create", "serviceaccounts/token", rewrite)
+    with pytest.raises(LaunchError) as info:
+        _launch(provider, "k8s-namespace")
+    assert info.value.reason == "BadToken"
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+@pytest.mark.parametrize("expires", ["soon", 12345, {"at": 1}, "0001-01-01T00:00:00Z"])
+def test_an_odd_token_expiry_is_only_unknown(sim: Simulator,
+                                             make_k8s_provider: ProviderFactory,
+                                             expires: Any) -> None:
+    provider = make_k8s_provider(sim, NS)
+    sim.rewrite_next("create", "serviceaccounts/token", lambda body: {
+        **body, "status": {**body["status"], "expirationTimestamp": expires}})
+    result = _launch(provider, "k8s-namespace")
+    assert result.connection_port["token"]
+    assert expires != "0001-01-01T00:00:00Z" or result.extra["token_expires"] < 0
+
+
+@pytest.mark.parametrize("answer", [[], ["main-0000000000"], '"ok"', 7, None],
+                         ids=["empty-list", "list", "string", "number", "null"])
+def test_an_answer_that_is_not_an_object_is_a_temporary_error(
+        sim: Simulator, make_k8s_provider: ProviderFactory, answer: Any) -> None:
+    # Read as an object without our labels, a list answering the GET of a ready node's
+    # namespace was a verdict ("not provably ours", remembered for good), and the same
+    # answer to its DELETE an AttributeError out of `delete`.
+    provider = make_k8s_provider(sim, NS, api_retries=1)
+    result = _launch(provider, "k8s-namespace")
+    sim.rewrite_next("get", "namespaces", lambda body: answer, count=2)
+    with pytest.raises(TemporaryError) as info:  # another node's id: not from the watch
+        provider.ownership_problem(result.external_id, "0000000099")
+    assert "bad response" in str(info.value)
+    assert provider.ownership_problem(result.external_id, "0000000099") is not None
+    assert provider.ownership_problem(result.external_id, "0000000000") is None
+    sim.rewrite_next("delete", "namespaces", lambda body: answer)
+    provider.delete(result.external_id, node_id="0000000000")  # the retry meets 404: gone
+    assert sim.get("namespaces", result.external_id) is None
+
+
+def _launch_in_thread(provider: Any, label: str, **kw: Any) -> list[Any]:
+    """Launch on a thread; the list gets its result or exception."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(_launch(provider, label, **kw))
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+    threading.Thread(target=run, daemon=True).start()
+    return outcome
+
+
+@pytest.mark.parametrize("status", [
+    {"containerStatuses": {"c": 1}}, "Pending",
+    {"conditions": [None], "containerStatuses": [{"state": "waiting"}]},
+], ids=["statuses-object", "status-string", "items-of-odd-shape"])
+def test_a_pod_status_of_odd_shape_is_waited_out(sim: Simulator,
+                                                 make_k8s_provider: ProviderFactory,
+                                                 status: Any) -> None:
+    # The watch delivers whatever the API serves: a status of the wrong shape made the
+    # launch raise AttributeError (a traceback, reason Unknown) instead of waiting for a
+    # readable version or, as here, the boot timeout.
+    provider = make_k8s_provider(sim, POD)
+    sim.set_faults(unschedulable=True)
+    outcome = _launch_in_thread(provider, "pod-fedora", boot_timeout=2)
+    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+             message="the pod to be created")
+    sim.patch("pods", "pod-fedora", {"status": status}, namespace="main-0000000000")
+    wait_for(lambda: outcome, message="the launch to end")
+    assert isinstance(outcome[0], LaunchError) and outcome[0].reason == "BootTimeout"
+
+
+def test_a_node_name_of_odd_shape_is_not_recorded(sim: Simulator,
+                                                  make_k8s_provider: ProviderFactory) -> None:
+    # host_id goes into the node's ZooKeeper record, whose readers want a string.
+    provider = make_k8s_provider(sim, POD)
+    sim.set_faults(unschedulable=True)
+    outcome = _launch_in_thread(provider, "pod-fedora")
+    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+             message="the pod to be created")
+    sim.patch("pods", "pod-fedora", {"spec": {"nodeName": {"name": "n1"}},
+                                     "status": {"phase": "Running"}},
+              namespace="main-0000000000")
+    wait_for(lambda: outcome, message="the launch to end")
+    assert outcome[0].host_id is None
+
+
 def test_timed_out_creates_are_retried_and_their_409_accepted(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     # The simulator applies each create, then answers too late: the retry meets a 409 for

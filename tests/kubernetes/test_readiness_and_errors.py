@@ -106,6 +106,32 @@ def test_unschedulable_grace_restarts_when_scheduling_recovers() -> None:
     assert check(stuck) is None
 
 
+@pytest.mark.parametrize("status", [
+    "Running", ["Running"], {"phase": ["Running"]}, {"containerStatuses": {"name": "c"}},
+    {"containerStatuses": 5}, {"containerStatuses": ["c", None, 7]},
+    {"containerStatuses": [{"state": "waiting"}]},
+    {"initContainerStatuses": [{"state": {"waiting": "ErrImagePull"}}]},
+    {"containerStatuses": [{"state": {"waiting": {"reason": ["ErrImagePull"]}}}]},
+    {"containerStatuses": [{"state": {"waiting": {"reason": {"ErrImagePull": 1}}}}]},
+    {"conditions": "PodScheduled"}, {"conditions": 5}, {"conditions": [None, "x"]},
+], ids=lambda status: repr(status)[:40])
+def test_a_pod_status_of_odd_shape_keeps_waiting(status: object) -> None:
+    # Each of these raised AttributeError/TypeError out of the launch (a traceback and
+    # reason Unknown) instead of waiting for a readable version or the boot timeout.
+    check = PodCheck("ns/p", ManualClock())
+    assert check({"metadata": {"name": "p"}, "status": status}) is None
+    assert check({"metadata": {"name": "p"}, "status": {"phase": "Running"}})
+
+
+def test_pod_texts_in_errors_are_clipped() -> None:
+    check = PodCheck("ns/p", ManualClock())
+    pod = _pod(waiting="ErrImagePull")
+    pod["status"]["containerStatuses"][0]["state"]["waiting"]["message"] = "m" * (1 << 20)
+    with pytest.raises(LaunchError) as info:
+        check(pod)
+    assert info.value.reason == "ErrImagePull" and len(str(info.value)) < 1000
+
+
 def test_pod_vanishing_after_being_seen_fails() -> None:
     check = PodCheck("ns/p", ManualClock())
     check(_pod())
@@ -159,6 +185,14 @@ def test_retryability() -> None:
     assert not errors.is_retryable(errors.map_api_error(_api(403, "exceeded quota"), "x"))
     assert not errors.is_retryable(errors.map_api_error(_api(404), "x"))
     assert not errors.is_retryable(errors.map_api_error(_api(410), "x"))
+
+
+def test_a_huge_status_message_is_clipped_before_it_is_matched() -> None:
+    # A webhook's or a proxy's 403 of "serviceaccount" repeated to 1 MiB: matching the
+    # service-account pattern on it took minutes (quadratic), and every log line about
+    # the call carried the whole megabyte.
+    error = errors.map_api_error(_api(403, "serviceaccount" * 75000), "create pod x")
+    assert isinstance(error, errors.Forbidden) and len(str(error)) < 1200
 
 
 def test_retry_after_becomes_delay() -> None:

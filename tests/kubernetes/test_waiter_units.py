@@ -16,7 +16,7 @@ from typing import Any, Iterator
 import pytest
 
 from nodepool_k8s.cancel import CancelEvent
-from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.clock import SYSTEM_CLOCK, ManualClock
 from nodepool_k8s.driver.kubernetes import client as kclient
 from nodepool_k8s.driver.kubernetes.errors import Gone
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch, iter_events, wait_namespace_deleted
@@ -66,6 +66,35 @@ def test_error_events() -> None:
         watch._apply({"type": "ERROR", "object": {"code": 410, "message": "too old"}}, "1")
     with pytest.raises(TemporaryError):
         watch._apply({"type": "ERROR", "object": {"code": 500}}, "1")
+
+
+@pytest.mark.parametrize("event", [
+    {"type": "ADDED", "object": "pod"}, {"type": "MODIFIED", "object": ["pod"]},
+    {"type": "ADDED"}, {"type": "ERROR", "object": "boom"}, ["ADDED", {}], "ADDED", 7,
+], ids=repr)
+def test_an_event_without_an_object_ends_the_watch(event: Any) -> None:
+    # An ADDED "pod" was cached as a pod (the capacity tracker and every other reader of
+    # the cache then met a string), an ERROR "boom" or a list raised AttributeError.
+    watch = _watch()
+    with pytest.raises(TemporaryError):
+        watch._apply(event, "1")
+    assert watch.objects() == []
+
+
+def test_a_list_answer_of_odd_shape_caches_only_objects(make_k8s_provider: Any,
+                                                        sim: Any) -> None:
+    provider = make_k8s_provider(sim)
+    client = provider._client
+    odd = ["pod", 7, None, ["x"], {"metadata": {"name": "p", "namespace": "n"}}]
+    sim.rewrite_next("list", "pods", lambda body: {**body, "items": odd})
+    watch = ObjectWatch("pods", client, client.core.list_pod_for_all_namespaces,
+                        provider.selector, SYSTEM_CLOCK, watch_timeout=5)
+    watch.start()
+    try:
+        wait_for(lambda: watch.synced, message="the list")
+        assert watch.objects() == [{"metadata": {"name": "p", "namespace": "n"}}]
+    finally:
+        watch.stop()
 
 
 def test_bookmark_moves_version_only() -> None:

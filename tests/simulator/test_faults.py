@@ -197,3 +197,12 @@ def test_fault_settings_api(k8s_sim: Simulator) -> None:
         k8s_sim.set_faults(no_such_fault=True)
     k8s_sim.clear_faults()
     assert k8s_sim.faults == Faults()
+
+
+def test_rewrite_next_changes_the_answer_not_the_write(kube: Kube, k8s_sim: Simulator) -> None:
+    k8s_sim.rewrite_next("create", "namespaces", lambda body: ["not", "an", "object"])
+    response = kube.core.create_namespace({"metadata": {"name": "rw"}},
+                                          _preload_content=False)
+    assert json.loads(response.data) == ["not", "an", "object"]
+    assert k8s_sim.get("namespaces", "rw") is not None  # applied all the same
+    assert kube.core.read_namespace("rw").metadata.name == "rw"  # one-shot

@@ -111,6 +111,11 @@ def load_configuration(context: str | None, kubeconfig: str | None,
         log.warning("TLS verification is off for context %s (%s)", used, configuration.host)
         warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
     configuration.connection_pool_maxsize = pool_maxsize
+    # One request per attempt: `call` is the only place that retries, with the provider's
+    # api-retries/api-backoff and a capped Retry-After. urllib3's default (3 retries)
+    # repeated every GET and DELETE that timed out, and every 429/503 with Retry-After
+    # after sleeping that long uncapped, before `call` even saw it.
+    configuration.retries = urllib3.util.Retry(0)
     return configuration, used
 
 
@@ -203,7 +208,13 @@ class KubeClient:
                     raise
                 finally:
                     response.release_conn()
-                return json.loads(data) if data else {}
+                body = json.loads(data) if data else {}
+                if not isinstance(body, dict):
+                    # Every API answer is an object; a list or a string (a proxy's, a
+                    # broken server's) must not be read as an object missing its fields.
+                    raise TemporaryError(f"{what}: bad response: a JSON "
+                                         f"{type(body).__name__}, not an object")
+                return body
             except Exception as exc:  # noqa: BLE001 - mapped right here
                 error = map_api_error(exc, what)
                 if error is not exc:

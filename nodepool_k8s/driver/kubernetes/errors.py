@@ -28,6 +28,7 @@ from kubernetes.client.exceptions import ApiException
 
 from nodepool_k8s.exceptions import (NodepoolError, NotFound, PermanentError,
                                      QuotaExceeded, TemporaryError)
+from nodepool_k8s.records import clip
 
 
 class Conflict(PermanentError):
@@ -55,6 +56,12 @@ class Gone(TemporaryError):
 _MISSING_DEFAULT_SA = re.compile(r"service ?account.*not found|no API token found", re.I)
 
 
+# How much of a Status message is kept. Admission webhooks and proxies write these: a
+# megabyte one went into every log line about the call, and the service-account pattern
+# below takes quadratic time on it (a 1 MiB message held a launch for minutes).
+MESSAGE_LIMIT = 1000
+
+
 def status_message(exc: ApiException) -> str:
     """The `message` of the Status body when there is one, else the HTTP reason."""
     body: Any = exc.body
@@ -66,8 +73,8 @@ def status_message(exc: ApiException) -> str:
         except ValueError:
             return body[:500]
         if isinstance(parsed, dict) and parsed.get("message"):
-            return str(parsed["message"])
-    return str(exc.reason or "")
+            return clip(str(parsed["message"]), MESSAGE_LIMIT)
+    return clip(str(exc.reason or ""), MESSAGE_LIMIT)
 
 
 def retry_after(exc: ApiException) -> float | None:

@@ -112,6 +112,13 @@ def _parse_timestamp(value: Any) -> float | None:
         return None
 
 
+def _node_name(pod: dict[str, Any]) -> str | None:
+    """The pod's `spec.nodeName`, if it is a string (it goes into the node's record)."""
+    spec = pod.get("spec")
+    name = spec.get("nodeName") if isinstance(spec, dict) else None
+    return name if isinstance(name, str) and name else None
+
+
 def _plain_number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
@@ -313,7 +320,7 @@ class KubernetesProvider:
                 pod = pods.wait(namespace, name, check, deadline, cancel,
                                 what=f"pod {namespace}/{name} to run",
                                 recheck_in=check.recheck_in)
-                host = (pod.get("spec") or {}).get("nodeName") or "unknown"
+                host = _node_name(pod) or "unknown"
                 report(namespace, self._condition(
                     cond.INITIALIZED, cond.TRUE, "PodRunning",
                     f"pod {name} scheduled on {host}, image pulled, running"))
@@ -443,7 +450,7 @@ class KubernetesProvider:
         if pod is not None:
             pod_name = str(metadata(pod).get("name") or manifests.pod_name(label))
             port["pod"] = pod_name
-            host_id = (pod.get("spec") or {}).get("nodeName")
+            host_id = _node_name(pod)
         return LaunchResult(
             external_id=namespace,
             connection_type="kubectl" if pod is not None else "namespace",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from nodepool_k8s import records
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.config.schema import UNSCHEDULABLE_GRACE
 from nodepool_k8s.exceptions import LaunchError
@@ -32,6 +33,12 @@ FATAL_WAITING_REASONS = frozenset({
 # Unscheduled pods are often only waiting for the autoscaler; give them this long (the
 # provider passes its `unschedulable-grace`; this is the configuration's own default).
 DEFAULT_UNSCHEDULABLE_GRACE = UNSCHEDULABLE_GRACE
+
+
+# A bound service-account token is a JWT of a kilobyte or two. It travels in the node's
+# ZooKeeper record, which its readers refuse beyond `records.MAX_RECORD_BYTES` (and
+# ZooKeeper itself beyond 1 MiB): a longer one would make the node unreadable to us.
+MAX_TOKEN_CHARS = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -51,16 +58,39 @@ def _epoch(value: Any) -> float | None:
 
 def token_from_request(answer: dict[str, Any]) -> Token:
     """The token of a TokenRequest answer (`status.token`, `status.expirationTimestamp`)."""
-    status = answer.get("status") or {}
+    status = answer.get("status")
+    status = status if isinstance(status, dict) else {}
     token = status.get("token")
     if not token or not isinstance(token, str):
         raise LaunchError("the TokenRequest answer carries no token", reason="BadToken")
+    if len(token) > MAX_TOKEN_CHARS:
+        raise LaunchError(f"the TokenRequest answer carries a token of {len(token)} "
+                          f"characters, more than {MAX_TOKEN_CHARS}", reason="BadToken")
     return Token(token=token, expires=_epoch(status.get("expirationTimestamp")))
 
 
+# How much of a text the pod carries (a waiting message, a reason) goes into an error.
+TEXT_LIMIT = 500
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    """`value` if it is an object, else {}: a pod is data from outside, of any shape."""
+    return value if isinstance(value, dict) else {}
+
+
+def _objects(value: Any) -> list[dict[str, Any]]:
+    """The objects in `value` if it is a list (anything else in it skipped), else []."""
+    return [item for item in value if isinstance(item, dict)] \
+        if isinstance(value, list) else []
+
+
+def _text(value: Any) -> str:
+    return records.clip(str(value), TEXT_LIMIT) if value else ""
+
+
 def _container_statuses(status: dict[str, Any]) -> list[dict[str, Any]]:
-    return list(status.get("initContainerStatuses") or []) + list(
-        status.get("containerStatuses") or [])
+    return _objects(status.get("initContainerStatuses")) + _objects(
+        status.get("containerStatuses"))
 
 
 class PodCheck:
@@ -81,21 +111,22 @@ class PodCheck:
                                   reason="PodDeleted")
             return None
         self._seen = True
-        status = pod.get("status") or {}
+        status = _obj(pod.get("status"))
         phase = status.get("phase")
         if phase == "Running":
             return pod
         if phase in ("Failed", "Succeeded"):
-            detail = status.get("reason") or status.get("message") or ""
+            detail = _text(status.get("reason") or status.get("message"))
             raise LaunchError(f"pod {self.name} ended with phase {phase} {detail}".rstrip(),
                               reason="PodFailed")
         for container in _container_statuses(status):
-            waiting = (container.get("state") or {}).get("waiting") or {}
+            waiting = _obj(_obj(container.get("state")).get("waiting"))
             reason = waiting.get("reason")
-            if reason in FATAL_WAITING_REASONS:
-                message = waiting.get("message") or ""
-                raise LaunchError(f"pod {self.name} container {container.get('name')}: "
-                                  f"{reason} {message}".rstrip(), reason=str(reason))
+            if isinstance(reason, str) and reason in FATAL_WAITING_REASONS:
+                message = _text(waiting.get("message"))
+                raise LaunchError(f"pod {self.name} container "
+                                  f"{_text(container.get('name'))}: {reason} {message}"
+                                  .rstrip(), reason=reason)
         self._check_scheduling(status)
         return None
 
@@ -108,7 +139,7 @@ class PodCheck:
 
     def _check_scheduling(self, status: dict[str, Any]) -> None:
         unschedulable = None
-        for condition in status.get("conditions") or []:
+        for condition in _objects(status.get("conditions")):
             if (condition.get("type") == "PodScheduled" and condition.get("status") == "False"
                     and condition.get("reason") == "Unschedulable"):
                 unschedulable = condition
@@ -120,5 +151,5 @@ class PodCheck:
             self._unschedulable_since = now
         if now - self._unschedulable_since >= self._grace:
             raise LaunchError(f"pod {self.name} unschedulable for {self._grace:g}s: "
-                              f"{unschedulable.get('message', '')}".rstrip(),
+                              f"{_text(unschedulable.get('message'))}".rstrip(),
                               reason="Unschedulable")

@@ -39,6 +39,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, TypeVar
 
+from nodepool_k8s import records
 from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.driver.kubernetes.client import KubeClient
@@ -319,7 +320,10 @@ class ObjectWatch:
         body = self._client.call(f"list {self.kind}", self._list_fn,
                                  label_selector=self._selector,
                                  sleep=self._stopped.wait)
-        fresh = {object_key(item): item for item in body.get("items") or []}
+        items = body.get("items")
+        # Only objects: anything else would sit in the cache for its readers to trip on.
+        fresh = {object_key(item): item for item in items if isinstance(item, dict)} \
+            if isinstance(items, list) else {}
         with self._lock:
             changed = set(self._objects) | set(fresh)
             for key, old in self._objects.items():
@@ -331,7 +335,7 @@ class ObjectWatch:
                 self._wake(key)
         self._synced.set()
         self._changed(None, None)
-        return str((body.get("metadata") or {}).get("resourceVersion") or "")
+        return resource_version(body)
 
     def _watch(self, version: str) -> str:
         """Apply events from `version` until the server ends the watch; the last version."""
@@ -360,15 +364,19 @@ class ObjectWatch:
         return version
 
     def _apply(self, event: dict[str, Any], version: str) -> str:
-        kind = event.get("type")
-        obj = event.get("object") or {}
+        kind = event.get("type") if isinstance(event, dict) else None
+        obj = event.get("object") if isinstance(event, dict) else None
+        if not isinstance(obj, dict):
+            # Not an event about an object: the stream cannot be trusted; list again.
+            raise TemporaryError(f"watch {self.kind}: an event without an object "
+                                 f"(type {records.clip(repr(kind))})")
         if kind == "ERROR":
             code = obj.get("code")
             if code == 410:
                 raise Gone(f"watch {self.kind}: {obj.get('message', 'too old')}")
             raise TemporaryError(f"watch {self.kind}: error event {code}: "
                                  f"{obj.get('message', '')}")
-        new_version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+        new_version = resource_version(obj) or version
         self.events += 1
         if kind == "BOOKMARK":
             return new_version
