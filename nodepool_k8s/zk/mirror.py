@@ -133,6 +133,8 @@ class ChildMirror(Generic[T]):
         self._lock_listings: dict[str, tuple[int, list[tuple[str, str]]]] = {}
         self._listings = 0
         self._unlisted: set[str] = set()  # children whose lock dir a resync lists
+        self._reading: set[str] = set()  # a change's read is in flight
+        self._stale: set[str] = set()  # ... and another change came meanwhile
         self.events = 0
 
     # -- public ---------------------------------------------------------------------------
@@ -251,7 +253,7 @@ class ChildMirror(Generic[T]):
             if kind == EventType.DELETED:
                 self._remove(key)
             elif kind == EventType.CHANGED:
-                self._fetch(key, False, False)
+                self._read_change(key)
             elif kind == EventType.CREATED and key not in self._queued \
                     and not self._is_dead(key):
                 # Through the bounded backlog, as a listing's new children are.
@@ -266,6 +268,25 @@ class ChildMirror(Generic[T]):
             listing[1].append((kind, parts[2]))
         else:
             self._apply_contender(key, kind, parts[2])
+
+    def _read_change(self, key: str) -> None:
+        """Read a changed child; changes while that read is in flight are read once more
+        after it (one read for a burst of writes, as a one-shot watch coalesces them)."""
+        if self._is_dead(key):
+            return
+        if key in self._reading:
+            self._stale.add(key)
+            return
+        self._reading.add(key)
+        result = self.zk.kazoo.get_async(self._path(key))
+        result.rawlink(lambda r: self._submit(self._on_change_read, key, r))
+
+    def _on_change_read(self, key: str, result: Any) -> None:
+        self._reading.discard(key)
+        self._apply_data(key, result)
+        if key in self._stale:
+            self._stale.discard(key)
+            self._read_change(key)
 
     def _apply_contender(self, key: str, kind: str, name: str) -> None:
         if self._is_dead(key) or not locks.contenders([name]):
@@ -507,6 +528,8 @@ class ChildMirror(Generic[T]):
         if not self._reused_names:
             self._dead[key] = now
         self._lock_listings.pop(key, None)
+        self._reading.discard(key)
+        self._stale.discard(key)
         if len(self._dead) > MAX_TOMBSTONES // 2:
             for dead in [k for k, t in self._dead.items() if now - t > TOMBSTONE_TTL]:
                 del self._dead[dead]

@@ -191,3 +191,37 @@ def test_one_shot_watches_when_persistent_ones_are_off(
         wait_for(lambda: cache.get(NODE) is None, 10, message="the deletion")
     finally:
         cache.stop()
+
+
+def test_changes_during_a_read_are_read_once_more(
+        zkc: ZkClient, kazoo_client: KazooClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    kazoo_client.ensure_path(paths.NODES)
+    path = paths.node_path(NODE)
+    kazoo_client.create(path, node_json("building"))
+    cache = NodeCache(zkc)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        queued = cache._mirror._tasks
+        real = zkc.kazoo.get_async
+        reads: list[str] = []
+
+        def get_async(read_path: str, *args: Any, **kwargs: Any) -> Any:
+            result = real(read_path, *args, **kwargs)
+            if read_path == path:
+                reads.append(read_path)
+                if len(reads) == 1:
+                    # Five more writes while the first change's read is in flight.
+                    assert result.wait(10)
+                    for state in ("ready", "in-use", "used", "ready", "deleting"):
+                        kazoo_client.set(path, node_json(state))
+                    wait_for(lambda: queued.qsize() >= 5, 10, message="five change events")
+            return result
+
+        monkeypatch.setattr(zkc.kazoo, "get_async", get_async)
+        kazoo_client.set(path, node_json("init"))
+        wait_for(lambda: (n := cache.get(NODE)) is not None and n.state == "deleting", 10,
+                 message="the last state")
+        assert len(reads) == 2  # the first change, then once for the five
+    finally:
+        cache.stop()
