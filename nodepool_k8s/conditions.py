@@ -76,6 +76,8 @@ REASONS: dict[str, str] = {
     "NamespaceExists": "Namespace names kept colliding: remove the stale namespaces.",
     "NotFound": "An object vanished during the launch: check for other cleanup tools.",
     "Conflict": "An object was changed during the launch: check for other controllers.",
+    "BadCA": "The cluster CA bundle the launcher trusts is too large to put in node "
+             "records (over 128 KiB): trim the kubeconfig's certificate-authority-data.",
     "BadToken": "The TokenRequest answer had no usable token (none, or over 64 KiB): "
                 "check the API server.",
     "ApiError": "The API kept failing past api-retries (5xx, timeouts): check the API server "

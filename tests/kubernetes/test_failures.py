@@ -137,6 +137,20 @@ def test_an_unusable_token_request_answer_is_a_bad_token(
     wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
+def test_a_ca_bundle_too_large_for_node_records_fails_the_attempt_cleanly(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # Before, the node's result was built after the attempt's cleanup scope: an unreadable
+    # CA left the namespace to the leak sweeper, and any size went into the node record.
+    provider = make_k8s_provider(sim, NS)
+    client, _ = provider._connected()
+    with open(client.configuration.ssl_ca_cert, "ab") as f:
+        f.write(b"# padding outside the PEM blocks\n" * 5000)  # > 128 KiB, still valid
+    with pytest.raises(LaunchError) as info:
+        _launch(provider, "k8s-namespace")
+    assert info.value.reason == "BadCA" and not info.value.retryable
+    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
 @pytest.mark.parametrize("expires", ["soon", 12345, {"at": 1}, "0001-01-01T00:00:00Z"])
 def test_an_odd_token_expiry_is_only_unknown(sim: Simulator,
                                              make_k8s_provider: ProviderFactory,

@@ -31,12 +31,15 @@ from kubernetes.config.config_exception import ConfigException
 
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.kubernetes.errors import Conflict, is_retryable, map_api_error
-from nodepool_k8s.exceptions import NodepoolError, TemporaryError
+from nodepool_k8s.exceptions import LaunchError, NodepoolError, TemporaryError
 
 log = logging.getLogger(__name__)
 
 # A Retry-After longer than this is capped: the caller's own deadline matters more.
 MAX_RETRY_AFTER = 60.0
+# A cluster CA bundle travels (base64) in every node record; a few certificates are a few
+# KB. Beyond this the record would pass the size its readers accept.
+MAX_CA_BYTES = 128 * 1024
 DEFAULT_KUBECONFIG = "~/.kube/config"
 
 
@@ -181,9 +184,15 @@ class KubeClient:
             return None
         try:
             with open(path, "rb") as f:
-                return base64.b64encode(f.read()).decode("ascii")
+                pem = f.read(MAX_CA_BYTES + 1)
         except OSError as exc:
             raise TemporaryError(f"cannot read the cluster CA {path}: {exc}") from exc
+        if len(pem) > MAX_CA_BYTES:
+            # It goes into every node record, which readers refuse beyond 256 KiB.
+            raise LaunchError(f"the cluster CA bundle {path} is over {MAX_CA_BYTES} bytes, "
+                              "too large to hand to jobs in a node record", reason="BadCA",
+                              retryable=False)
+        return base64.b64encode(pem).decode("ascii")
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any,
              sleep: Sleeper | None = None, created_ok: bool = False,

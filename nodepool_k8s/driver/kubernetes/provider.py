@@ -327,6 +327,9 @@ class KubernetesProvider:
             else:
                 report(namespace, self._condition(cond.INITIALIZED, cond.TRUE, "NoWorkload",
                                                   "namespace label: no pod to start"))
+            # Inside the try: a result that cannot be built (the CA unreadable) is a failed
+            # attempt whose namespace is removed, not a namespace left to the leak sweeper.
+            result = self._result(client, namespace, label, token, pod)
         except BaseException as exc:
             failure = _as_launch_failure(exc, cancel)
             _log(spec).warning("Attempt %d in namespace %s failed: %s", spec.attempt,
@@ -344,7 +347,7 @@ class KubernetesProvider:
         _log(spec).info("Namespace %s ready", namespace)
         self._event(namespace, "Ready", f"node {node_id} is ready for Zuul", pod=pod_name,
                     node_id=node_id)
-        return self._result(client, namespace, label, token, pod)
+        return result
 
     def _create_namespace(self, client: KubeClient, spec: LaunchSpec,
                           labels: dict[str, str], sleep: Sleeper) -> str:
