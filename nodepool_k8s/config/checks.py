@@ -26,13 +26,14 @@ Raw = Mapping[str, Any]
 Path = tuple[Any, ...]
 
 MAX_POOL_NAME = 40  # "<pool>-<10-digit node id>" must fit a 63-character namespace name
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# Anchored with \Z, not $: $ also matches before a trailing newline ("pod\n").
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _LABEL_VALUE_RULE = ("at most 63 letters, digits, '-', '_' or '.', starting and ending with a"
                      " letter or digit")
-_CHROOT = re.compile(r"^(/[^/\s]+)+$")
+_CHROOT = re.compile(r"^(/[^/\s]+)+\Z")
 _FIELD_NAME = re.compile(r"^([^.\[]*)((?:\.[^.\[]+|\[[^\]]+\])*)$")
 _ACCESSOR = re.compile(r"\.([^.\[]+)|\[([^\]]+)\]")
 
@@ -50,7 +51,7 @@ POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
 POD_ONLY_KEYS = ("image", "image-pull", "cpu-limit", "memory-limit", "storage-limit", "gpu",
                  "gpu-resource", "env", "node-selector", "privileged", "scheduler-name",
                  "volumes", "volume-mounts", *S.SCHEDULING_KEYS)
-_INT64 = re.compile(r"^[+-]?[0-9]+$")
+_INT64 = re.compile(r"^[+-]?[0-9]+\Z")
 
 
 class _Report:

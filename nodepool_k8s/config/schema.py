@@ -17,6 +17,7 @@ mean" hint instead of voluptuous' bare "extra keys not allowed".
 from __future__ import annotations
 
 import difflib
+import json
 import re
 from typing import Any, Callable, Iterable, Mapping
 
@@ -58,7 +59,7 @@ TOKEN_LIFETIME = 86400  # seconds a node's service-account token (TokenRequest) 
 MIN_TOKEN_LIFETIME = 600  # the API server refuses shorter TokenRequests (422)
 # installation-id: a Kubernetes label value; absent = derived from the ZooKeeper hosts+chroot.
 INSTALLATION_ID_MAX = 63
-INSTALLATION_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+INSTALLATION_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
 IMAGE_PULL = "IfNotPresent"
 PYTHON_PATH = "auto"
 FAKE_LABEL_TYPE = "namespace"
@@ -111,7 +112,7 @@ TENANT_LIMIT_KEYS = {"max-servers": "instances", "max-cores": "cores", "max-ram"
 
 # -- error text ----------------------------------------------------------------------------------
 
-_SIMPLE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_SIMPLE_KEY = re.compile(r"^[A-Za-z0-9_-]+\Z")  # \Z: $ would let "key\n" through
 
 
 def _got(value: Any) -> str:
@@ -137,7 +138,9 @@ def format_path(path: Iterable[Any]) -> str:
         elif isinstance(part, str) and _SIMPLE_KEY.match(part):
             out += f".{part}" if out else part
         else:
-            out += f"[{_got(part)}]" if not isinstance(part, str) else f'["{part}"]'
+            # JSON-quoted so a key holding a newline cannot split the one-line message.
+            out += f"[{_got(part)}]" if not isinstance(part, str) else \
+                f"[{json.dumps(part, ensure_ascii=False)}]"
     return out
 
 

@@ -194,6 +194,10 @@ def test_conflict_on_stale_resource_version(kube: Kube) -> None:
     ({"metadata": {"name": "Bad_Name"}}, "metadata.name"),
     ({"metadata": {"name": "x" * 64}}, "metadata.name"),
     ({"metadata": {"name": "ok", "labels": {"k": "bad value!"}}}, "metadata.labels"),
+    # Go's regexp `$` ends the text; Python's would let a trailing newline through.
+    ({"metadata": {"name": "nl\n"}}, "metadata.name"),
+    ({"metadata": {"name": "ok", "labels": {"k": "v\n"}}}, "metadata.labels"),
+    ({"metadata": {"name": "ok", "labels": {"k\n": "v"}}}, "metadata.labels"),
 ])
 def test_invalid_namespace(kube: Kube, body: dict, field: str) -> None:
     with pytest.raises(ApiException) as info:
@@ -219,6 +223,8 @@ def test_invalid_pods(kube: Kube) -> None:
         ({"metadata": {"name": "x.y"},
           "spec": {"containers": [{"name": "c", "image": "i"}], "restartPolicy": "Sometimes"}},
          "spec.restartPolicy"),
+        ({"metadata": {"name": "e\n"}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+         "metadata.name"),
     ]
     for body, field in cases:
         with pytest.raises(ApiException) as info:
