@@ -555,7 +555,9 @@ def _is_label_value(value: Any) -> bool:
 def _is_qualified_name(key: Any) -> bool:
     if not isinstance(key, str):
         return False
-    prefix, _, name = key.rpartition("/")
-    if prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+    prefix, slash, name = key.rpartition("/")
+    # "/name" has an empty prefix, which the API server refuses ("prefix part must be
+    # non-empty"); only a key without any "/" goes without one.
+    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
         return False
     return len(name) <= 63 and bool(_NAME_PART.match(name))

@@ -54,3 +54,18 @@ def test_metadata_with_a_trailing_newline_is_refused(section: str, key: str,
     # A key with a newline is printed JSON-quoted: the problem stays on one line.
     place = f'{POD}.{section}["{key[:-1]}\\n"]' if "\n" in key else f"{POD}.{section}.{key}"
     assert_problem(data, place)
+
+
+@pytest.mark.parametrize("section", ["labels", "annotations", "node-selector"])
+def test_metadata_key_with_an_empty_prefix_is_refused(section: str) -> None:
+    data = base()
+    _pod_label(data, **{section: {"/team": "a"}})
+    assert_problem(data, f'{POD}.{section}["/team"]', "not a valid Kubernetes key")
+
+
+@pytest.mark.parametrize("key", ["tolerations", "node-requirements"])
+def test_scheduling_key_with_an_empty_prefix_is_refused(key: str) -> None:
+    data = base()
+    entry = {"key": "/gpu", "operator": "Exists"}
+    _pod_label(data, **{key: [entry]})
+    assert_problem(data, f"{POD}.{key}[0].key", "'/gpu' is not a valid")
