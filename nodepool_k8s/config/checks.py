@@ -51,6 +51,8 @@ POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
 POD_ONLY_KEYS = ("image", "image-pull", "cpu-limit", "memory-limit", "storage-limit", "gpu",
                  "gpu-resource", "env", "node-selector", "privileged", "scheduler-name",
                  "volumes", "volume-mounts", *S.SCHEDULING_KEYS)
+# Kubernetes' strict environment variable name (relaxed to any printable ASCII but '=' in 1.32).
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
 _INT64 = re.compile(r"^[+-]?[0-9]+\Z")
 
 
@@ -328,6 +330,7 @@ def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> Non
             report.error(path + ("image",), "required for type: pod labels without spec")
         _limits(label, pool, path, report)
         _volumes(label, path, report)
+        _pod_fields(label, path, report)
         for index, entry in enumerate(label.get("env", [])):
             if "value" in entry and "valueFrom" in entry:
                 report.error(path + ("env", index), "set value or valueFrom, not both")
@@ -476,11 +479,56 @@ def _limits(label: Raw, pool: Raw, path: Path, report: _Report) -> None:
 
 
 def _volumes(label: Raw, path: Path, report: _Report) -> None:
-    volumes = {volume["name"] for volume in label.get("volumes", [])}
+    """Volumes and mounts as the API server validates them (names, one source, unique)."""
+    volumes: dict[str, int] = {}
+    for index, volume in enumerate(label.get("volumes", [])):
+        where, name = path + ("volumes", index), volume["name"]
+        if not (len(name) <= 63 and _DNS_LABEL.match(name)):
+            report.error(where + ("name",), f"{name!r} must be a lowercase DNS-1123 label of at"
+                         " most 63 characters (letters, digits and '-', starting and ending"
+                         " with a letter or digit)")
+        elif name in volumes:
+            report.error(where + ("name",), f"duplicate volume name {name!r} (also at"
+                         f" {format_path(path + ('volumes', volumes[name]))})")
+        volumes.setdefault(name, index)
+        sources = [key for key in volume if key != "name"]
+        if len(sources) != 1:
+            report.error(where, "needs exactly one volume source (emptyDir, configMap, secret,"
+                         f" ...), got {len(sources)}" + (f": {', '.join(sources)}"
+                                                         if sources else ""))
+    paths: dict[str, int] = {}
     for index, mount in enumerate(label.get("volume-mounts", [])):
         if mount["name"] not in volumes:
             report.error(path + ("volume-mounts", index, "name"), f"no volume named"
                          f" {mount['name']!r} in this label's volumes")
+        if mount["mountPath"] in paths:
+            report.error(path + ("volume-mounts", index, "mountPath"), f"duplicate mountPath"
+                         f" {mount['mountPath']!r} (also at"
+                         f" {format_path(path + ('volume-mounts', paths[mount['mountPath']]))})")
+        paths.setdefault(mount["mountPath"], index)
+
+
+def _pod_fields(label: Raw, path: Path, report: _Report) -> None:
+    """Pod fields of a form A label the API server would refuse (every launch: 422)."""
+    image = label.get("image")
+    if isinstance(image, str) and image != image.strip():
+        report.error(path + ("image",), f"{image!r} must not have leading or trailing"
+                     " whitespace")
+    scheduler = label.get("scheduler-name")
+    if scheduler is not None and not (len(scheduler) <= 253
+                                      and _DNS_SUBDOMAIN.match(scheduler)):
+        report.error(path + ("scheduler-name",), f"{scheduler!r} must be a lowercase DNS-1123"
+                     " subdomain (letters, digits, '-' and '.', starting and ending with a"
+                     " letter or digit), like default-scheduler")
+    for index, entry in enumerate(label.get("env", [])):
+        name = entry["name"]
+        if "=" in name or not all(" " <= char <= "~" for char in name):
+            report.error(path + ("env", index, "name"), f"{name!r} is not a valid environment"
+                         " variable name (printable ASCII characters other than '=')")
+        elif not _ENV_NAME.match(name):
+            report.warn(path + ("env", index, "name"), f"{name!r}: Kubernetes before 1.32"
+                        " refuses environment variable names other than letters, digits,"
+                        " '-', '_' and '.' not starting with a digit")
 
 
 def _spec(spec: Raw, path: Path, report: _Report) -> None:

@@ -173,8 +173,33 @@ def _container_causes(path: str, container: Any, seen: set[str]) -> Causes:
         if name in seen:
             causes.append((f"{path}.name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))
         seen.add(str(name))
-    if not container.get("image"):
+    image = container.get("image")
+    if not image:
         causes.append((f"{path}.image", "FieldValueRequired", "Required value"))
+    elif isinstance(image, str) and image != image.strip():
+        causes.append((f"{path}.image", "FieldValueInvalid",
+                       f'Invalid value: "{image}": must not have leading or trailing whitespace'))
+    for i, env in enumerate(container.get("env") or []):
+        name = env.get("name") if isinstance(env, dict) else None
+        # RelaxedEnvironmentVariableValidation (on by default since 1.32): printable ASCII
+        # except '='.
+        if not isinstance(name, str) or not name:
+            causes.append((f"{path}.env[{i}].name", "FieldValueRequired", "Required value"))
+        elif "=" in name or not all(" " <= char <= "~" for char in name):
+            causes.append((f"{path}.env[{i}].name", "FieldValueInvalid",
+                           f'Invalid value: "{name}": a valid environment variable name must '
+                           "consist only of printable ASCII characters other than '='"))
+    mount_paths: set[str] = set()
+    for i, mount in enumerate(container.get("volumeMounts") or []):
+        mount_path = mount.get("mountPath") if isinstance(mount, dict) else None
+        if not mount_path:
+            causes.append((f"{path}.volumeMounts[{i}].mountPath", "FieldValueRequired",
+                           "Required value"))
+        elif mount_path in mount_paths:
+            causes.append((f"{path}.volumeMounts[{i}].mountPath", "FieldValueInvalid",
+                           f'Invalid value: "{mount_path}": must be unique'))
+        else:
+            mount_paths.add(str(mount_path))
     resources = container.get("resources") or {}
     parsed: dict[str, dict[str, Decimal]] = {}
     for section in ("requests", "limits"):
@@ -220,9 +245,53 @@ def _pod_causes(obj: dict[str, Any]) -> Causes:
         causes.append(("spec.restartPolicy", "FieldValueNotSupported",
                        f'Unsupported value: "{policy}": supported values: "Always", '
                        '"OnFailure", "Never"'))
+    scheduler = spec.get("schedulerName")
+    if isinstance(scheduler, str) and scheduler:
+        for problem in dns_subdomain_errors(scheduler):
+            causes.append(("spec.schedulerName", "FieldValueInvalid",
+                           f'Invalid value: "{scheduler}": {problem}'))
+    causes += _volumes_causes(spec.get("volumes") or [], containers,
+                              spec.get("initContainers") or [])
     selector = spec.get("nodeSelector")
     if selector is not None and not isinstance(selector, dict):
         causes.append(("spec.nodeSelector", "FieldValueInvalid", "Invalid value: must be a map"))
+    return causes
+
+
+def _volumes_causes(volumes: Any, containers: list[Any], init: list[Any]) -> Causes:
+    causes: Causes = []
+    names: set[str] = set()
+    for i, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        if not isinstance(volume, dict):
+            causes.append((f"spec.volumes[{i}]", "FieldValueInvalid",
+                           "Invalid value: must be an object"))
+            continue
+        name = volume.get("name")
+        if not name:
+            causes.append((f"spec.volumes[{i}].name", "FieldValueRequired", "Required value"))
+        else:
+            for problem in dns_label_errors(str(name)):
+                causes.append((f"spec.volumes[{i}].name", "FieldValueInvalid",
+                               f'Invalid value: "{name}": {problem}'))
+            if name in names:
+                causes.append((f"spec.volumes[{i}].name", "FieldValueDuplicate",
+                               f'Duplicate value: "{name}"'))
+            names.add(str(name))
+        sources = [key for key in volume if key != "name"]
+        if not sources:
+            causes.append((f"spec.volumes[{i}]", "FieldValueRequired",
+                           "Required value: must specify a volume type"))
+        elif len(sources) > 1:
+            causes.append((f"spec.volumes[{i}].{sources[1]}", "FieldValueForbidden",
+                           "Forbidden: may not specify more than 1 volume type"))
+    for section, items in (("containers", containers), ("initContainers", init)):
+        for i, container in enumerate(items):
+            mounts = container.get("volumeMounts") if isinstance(container, dict) else None
+            for j, mount in enumerate(mounts or []):
+                name = mount.get("name") if isinstance(mount, dict) else None
+                if name not in names:
+                    causes.append((f"spec.{section}[{i}].volumeMounts[{j}].name",
+                                   "FieldValueNotFound", f'Not found: "{name}"'))
     return causes
 
 

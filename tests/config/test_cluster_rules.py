@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.config.common import assert_problem, at, base, prefix
+from tests.config.common import assert_problem, at, base, prefix, warnings
 
 POD = prefix("podlabel")  # "providers[0].pools[0].labels[1]"
 POOL = prefix("pool")
@@ -69,3 +69,39 @@ def test_scheduling_key_with_an_empty_prefix_is_refused(key: str) -> None:
     entry = {"key": "/gpu", "operator": "Exists"}
     _pod_label(data, **{key: [entry]})
     assert_problem(data, f"{POD}.{key}[0].key", "'/gpu' is not a valid")
+
+
+# -- pod fields of a form A label --------------------------------------------------------------
+
+EMPTY = {"emptyDir": {}}
+
+
+@pytest.mark.parametrize("keys,place,fragment", [
+    ({"image": "busybox "}, "image", "must not have leading or trailing whitespace"),
+    ({"scheduler-name": "Fast Scheduler"}, "scheduler-name", "lowercase DNS-1123 subdomain"),
+    ({"env": [{"name": "A=B", "value": "x"}]}, "env[0].name", "not a valid environment"),
+    ({"env": [{"name": "CAF\u00c9", "value": "x"}]}, "env[0].name", "printable ASCII"),
+    ({"volumes": [{"name": "Cache_1", **EMPTY}]}, "volumes[0].name", "DNS-1123 label"),
+    ({"volumes": [{"name": "c" * 64, **EMPTY}]}, "volumes[0].name", "at most 63"),
+    ({"volumes": [{"name": "c", **EMPTY}, {"name": "c", **EMPTY}]}, "volumes[1].name",
+     "duplicate volume name 'c' (also at providers[0].pools[0].labels[1].volumes[0])"),
+    ({"volumes": [{"name": "c"}]}, "volumes[0]", "exactly one volume source"),
+    ({"volumes": [{"name": "c", **EMPTY, "configMap": {"name": "x"}}]}, "volumes[0]",
+     "got 2: emptyDir, configMap"),
+    ({"volumes": [{"name": "c", **EMPTY}], "volume-mounts": [
+        {"name": "c", "mountPath": "/c"}, {"name": "c", "mountPath": "/c"}]},
+     "volume-mounts[1].mountPath", "duplicate mountPath '/c'"),
+])
+def test_pod_fields_the_api_server_refuses(keys: dict[str, Any], place: str,
+                                           fragment: str) -> None:
+    data = base()
+    _pod_label(data, **keys)
+    assert_problem(data, f"{POD}.{place}", fragment)
+
+
+def test_env_name_refused_before_kubernetes_1_32_is_a_warning() -> None:
+    data = base()
+    _pod_label(data, env=[{"name": "1ST VAR", "value": "x"}])
+    assert warnings(data) == [f"test.yaml: {POD}.env[0].name: warning: '1ST VAR': Kubernetes"
+                              " before 1.32 refuses environment variable names other than"
+                              " letters, digits, '-', '_' and '.' not starting with a digit"]

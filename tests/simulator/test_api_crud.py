@@ -207,6 +207,9 @@ def test_invalid_namespace(kube: Kube, body: dict, field: str) -> None:
     assert status["details"]["causes"][0]["field"] == field
 
 
+TWICE = [{"name": "v", "mountPath": "/x"}, {"name": "v", "mountPath": "/x"}]
+
+
 def test_invalid_pods(kube: Kube) -> None:
     kube.core.create_namespace({"metadata": {"name": "v"}})
     cases = [
@@ -225,6 +228,30 @@ def test_invalid_pods(kube: Kube) -> None:
          "spec.restartPolicy"),
         ({"metadata": {"name": "e\n"}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
          "metadata.name"),
+        ({"metadata": {"name": "f"}, "spec": {"containers": [{"name": "c", "image": "i "}]}},
+         "spec.containers[0].image"),
+        ({"metadata": {"name": "g"}, "spec": {"schedulerName": "My Scheduler",
+                                              "containers": [{"name": "c", "image": "i"}]}},
+         "spec.schedulerName"),
+        ({"metadata": {"name": "h"}, "spec": {"containers": [
+            {"name": "c", "image": "i", "env": [{"name": "A=B", "value": "x"}]}]}},
+         "spec.containers[0].env[0].name"),
+        ({"metadata": {"name": "i"}, "spec": {"volumes": [{"name": "Bad_Name", "emptyDir": {}}],
+                                              "containers": [{"name": "c", "image": "i"}]}},
+         "spec.volumes[0].name"),
+        ({"metadata": {"name": "j"}, "spec": {
+            "volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}],
+            "containers": [{"name": "c", "image": "i"}]}}, "spec.volumes[1].name"),
+        ({"metadata": {"name": "k"}, "spec": {"volumes": [{"name": "v"}],
+                                              "containers": [{"name": "c", "image": "i"}]}},
+         "spec.volumes[0]"),
+        ({"metadata": {"name": "l"}, "spec": {"containers": [
+            {"name": "c", "image": "i", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}]}},
+         "spec.containers[0].volumeMounts[0].name"),
+        ({"metadata": {"name": "m"}, "spec": {"volumes": [{"name": "v", "emptyDir": {}}],
+                                              "containers": [{"name": "c", "image": "i",
+                                                              "volumeMounts": TWICE}]}},
+         "spec.containers[0].volumeMounts[1].mountPath"),
     ]
     for body, field in cases:
         with pytest.raises(ApiException) as info:
