@@ -51,6 +51,10 @@ POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
 POD_ONLY_KEYS = ("image", "image-pull", "cpu-limit", "memory-limit", "storage-limit", "gpu",
                  "gpu-resource", "env", "node-selector", "privileged", "scheduler-name",
                  "volumes", "volume-mounts", *S.SCHEDULING_KEYS)
+# What `annotations` may take of Kubernetes' limit on one object's annotations; the rest is
+# for nodepool_config_hash (20 + 16 bytes) on the namespace.
+ANNOTATION_ROOM = 64
+MAX_ANNOTATIONS = S.K8S_ANNOTATIONS_MAX - ANNOTATION_ROOM
 # Kubernetes' strict environment variable name (relaxed to any printable ASCII but '=' in 1.32).
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
 _INT64 = re.compile(r"^[+-]?[0-9]+\Z")
@@ -543,6 +547,12 @@ def _spec(spec: Raw, path: Path, report: _Report) -> None:
 
 def _metadata(label: Raw, path: Path, report: _Report) -> None:
     static = label.get("labels", {})
+    size = sum(len(str(k).encode()) + len(str(v).encode())
+               for k, v in label.get("annotations", {}).items())
+    if size > MAX_ANNOTATIONS:
+        report.error(path + ("annotations",), f"{size} bytes of keys and values; Kubernetes"
+                     f" allows {S.K8S_ANNOTATIONS_MAX} per object, {ANNOTATION_ROOM} of them"
+                     " kept for nodepool_k8s' own annotation")
     for section in ("labels", "dynamic-labels", "annotations", "node-selector"):
         for key, value in label.get(section, {}).items():
             where = path + (section, key)

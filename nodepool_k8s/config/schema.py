@@ -61,6 +61,7 @@ MIN_TOKEN_LIFETIME = 600  # the API server refuses shorter TokenRequests (422)
 INSTALLATION_ID_MAX = 63
 INSTALLATION_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
 IMAGE_PULL = "IfNotPresent"
+K8S_ANNOTATIONS_MAX = 256 * 1024  # bytes of keys and values the API server allows an object
 PYTHON_PATH = "auto"
 FAKE_LABEL_TYPE = "namespace"
 # Guarded namespaces (kubernetes labels; label -> pool default-label-* -> provider

@@ -35,6 +35,7 @@ _SUFFIX = {
     "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
     "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
 }
+TOTAL_ANNOTATION_SIZE = 256 * 1024  # bytes of all keys and values of one object
 SA_TOKEN_TYPE = "kubernetes.io/service-account-token"
 SA_NAME_ANNOTATION = "kubernetes.io/service-account.name"
 
@@ -126,6 +127,10 @@ def _metadata_causes(resource: ResourceType, meta: dict[str, Any]) -> Causes:
         causes.append(("metadata.annotations", "FieldValueInvalid",
                        "Invalid value: must be a map"))
         annotations = {}
+    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if size > TOTAL_ANNOTATION_SIZE:
+        causes.append(("metadata.annotations", "FieldValueTooLong",
+                       f"Too long: must have at most {TOTAL_ANNOTATION_SIZE} bytes"))
     for key, value in annotations.items():
         for problem in _label_key_errors(str(key)):
             causes.append(("metadata.annotations", "FieldValueInvalid",

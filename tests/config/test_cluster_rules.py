@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.config.common import assert_problem, at, base, prefix, warnings
+from tests.config.common import assert_problem, at, base, load, prefix, warnings
 
 POD = prefix("podlabel")  # "providers[0].pools[0].labels[1]"
 POOL = prefix("pool")
@@ -105,3 +105,14 @@ def test_env_name_refused_before_kubernetes_1_32_is_a_warning() -> None:
     assert warnings(data) == [f"test.yaml: {POD}.env[0].name: warning: '1ST VAR': Kubernetes"
                               " before 1.32 refuses environment variable names other than"
                               " letters, digits, '-', '_' and '.' not starting with a digit"]
+
+
+@pytest.mark.parametrize("place", ["podlabel", "nslabel"])
+def test_annotations_beyond_the_api_servers_256_kib_are_refused(place: str) -> None:
+    data = base()
+    # Bytes count, not characters (as in Kubernetes); 64 bytes stay for nodepool_k8s' own.
+    at(data, place)["annotations"] = {"a": "x" * 202_100, "b": "\u00e9" * 30_000}
+    assert_problem(data, f"{prefix(place)}.annotations",
+                   "262102 bytes of keys and values; Kubernetes allows 262144")
+    at(data, place)["annotations"] = {"a": "x" * (256 * 1024 - 64 - 1)}
+    assert load(data)

@@ -198,6 +198,8 @@ def test_conflict_on_stale_resource_version(kube: Kube) -> None:
     ({"metadata": {"name": "nl\n"}}, "metadata.name"),
     ({"metadata": {"name": "ok", "labels": {"k": "v\n"}}}, "metadata.labels"),
     ({"metadata": {"name": "ok", "labels": {"k\n": "v"}}}, "metadata.labels"),
+    ({"metadata": {"name": "ok", "annotations": {"k": "v" * 256 * 1024}}},
+     "metadata.annotations"),
 ])
 def test_invalid_namespace(kube: Kube, body: dict, field: str) -> None:
     with pytest.raises(ApiException) as info:
