@@ -344,9 +344,14 @@ def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> Non
     if ("gpu" in label) != ("gpu-resource" in label) and kind == "pod" and not form_b:
         missing = "gpu-resource" if "gpu" in label else "gpu"
         report.error(path + (missing,), "gpu and gpu-resource must be given together")
-    if "gpu-resource" in label and not _is_qualified_name(label["gpu-resource"]):
+    if "gpu-resource" in label and not _is_extended_resource(label["gpu-resource"]):
         report.error(path + ("gpu-resource",), f"{label['gpu-resource']!r} is not a valid"
-                     " resource name (e.g. nvidia.com/gpu)")
+                     " extended resource name (<domain>/<name>, e.g. nvidia.com/gpu; not"
+                     " in kubernetes.io)")
+    if "gpu" in label and not float(label["gpu"]).is_integer():
+        # Kubernetes counts extended resources in whole units ("must be an integer").
+        report.error(path + ("gpu",), f"{label['gpu']:g} must be a whole number: Kubernetes"
+                     " refuses fractions of an extended resource such as a GPU")
     for key in S.SCHEDULING_KEYS:
         _scheduling(key, label.get(key) or [], path + (key,), report)
     _metadata(label, path, report)
@@ -608,6 +613,12 @@ def template_problem(template: str) -> str | None:
 
 def _is_label_value(value: Any) -> bool:
     return isinstance(value, str) and len(value) <= 63 and bool(_LABEL_VALUE.match(value))
+
+
+def _is_extended_resource(name: str) -> bool:
+    """Kubernetes' IsExtendedResourceName: prefixed, not native, usable in a quota."""
+    return ("/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
+            and _is_qualified_name("requests." + name))
 
 
 def _is_qualified_name(key: Any) -> bool:

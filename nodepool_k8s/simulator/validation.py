@@ -164,6 +164,14 @@ def parse_quantity(value: Any) -> Decimal | None:
     return None
 
 
+_STANDARD_CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def _is_extended(name: str) -> bool:
+    """An extended resource (nvidia.com/gpu): prefixed, outside kubernetes.io."""
+    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
+
+
 def _container_causes(path: str, container: Any, seen: set[str]) -> Causes:
     causes: Causes = []
     if not isinstance(container, dict):
@@ -219,10 +227,25 @@ def _container_causes(path: str, container: Any, seen: set[str]) -> Causes:
                 causes.append((field, "FieldValueInvalid",
                                f'Invalid value: "{quantity}": must be greater than or equal '
                                "to 0"))
+            elif _is_extended(str(res_name)) and number != number.to_integral_value():
+                causes.append((field, "FieldValueInvalid",
+                               f'Invalid value: "{quantity}": must be an integer'))
             else:
                 parsed.setdefault(section, {})[res_name] = number
+            if "/" not in str(res_name) and not (res_name in _STANDARD_CONTAINER_RESOURCES
+                                                 or str(res_name).startswith("hugepages-")):
+                causes.append((field, "FieldValueInvalid",
+                               f'Invalid value: "{res_name}": must be a standard resource for'
+                               " containers"))
     for res_name, request in parsed.get("requests", {}).items():
         limit = parsed.get("limits", {}).get(res_name)
+        if _is_extended(str(res_name)) and limit != request:
+            # Not overcommittable: the limit must be set, and equal to the request.
+            given = (resources.get("limits") or {}).get(res_name)
+            causes.append((f"{path}.resources.requests[{res_name}]", "FieldValueInvalid",
+                           f'Invalid value: "{resources["requests"][res_name]}": must be equal'
+                           f" to {res_name} limit of {given}"))
+            continue
         if limit is not None and request > limit:
             quantity = resources["requests"][res_name]
             causes.append((f"{path}.resources.requests", "FieldValueInvalid",

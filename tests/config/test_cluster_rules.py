@@ -116,3 +116,19 @@ def test_annotations_beyond_the_api_servers_256_kib_are_refused(place: str) -> N
                    "262102 bytes of keys and values; Kubernetes allows 262144")
     at(data, place)["annotations"] = {"a": "x" * (256 * 1024 - 64 - 1)}
     assert load(data)
+
+
+@pytest.mark.parametrize("gpu,resource,place,fragment", [
+    (0.5, "nvidia.com/gpu", "gpu", "0.5 must be a whole number"),
+    (1, "gpu", "gpu-resource", "not a valid extended resource name"),
+    (1, "cpu", "gpu-resource", "not a valid extended resource name"),
+    (1, "kubernetes.io/gpu", "gpu-resource", "not in kubernetes.io"),
+    (1, "requests.example.com/gpu", "gpu-resource", "not a valid extended resource"),
+])
+def test_gpu_must_be_whole_units_of_an_extended_resource(gpu: float, resource: str,
+                                                         place: str, fragment: str) -> None:
+    data = base()
+    _pod_label(data, gpu=gpu, **{"gpu-resource": resource})
+    assert_problem(data, f"{POD}.{place}", fragment)
+    _pod_label(data, gpu=2.0, **{"gpu-resource": "nvidia.com/gpu"})
+    assert load(data)

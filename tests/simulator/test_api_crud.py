@@ -209,6 +209,11 @@ def test_invalid_namespace(kube: Kube, body: dict, field: str) -> None:
     assert status["details"]["causes"][0]["field"] == field
 
 
+def _with_resources(name: str, resources: dict) -> dict:
+    return {"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]}}
+
+
 TWICE = [{"name": "v", "mountPath": "/x"}, {"name": "v", "mountPath": "/x"}]
 
 
@@ -250,6 +255,13 @@ def test_invalid_pods(kube: Kube) -> None:
         ({"metadata": {"name": "l"}, "spec": {"containers": [
             {"name": "c", "image": "i", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}]}},
          "spec.containers[0].volumeMounts[0].name"),
+        (_with_resources("n", {"requests": {"example.com/gpu": "0.5"},
+                               "limits": {"example.com/gpu": "0.5"}}),
+         "spec.containers[0].resources.requests[example.com/gpu]"),
+        (_with_resources("o", {"requests": {"example.com/gpu": "1"}}),
+         "spec.containers[0].resources.requests[example.com/gpu]"),
+        (_with_resources("p", {"limits": {"gpu": "1"}}),
+         "spec.containers[0].resources.limits[gpu]"),
         ({"metadata": {"name": "m"}, "spec": {"volumes": [{"name": "v", "emptyDir": {}}],
                                               "containers": [{"name": "c", "image": "i",
                                                               "volumeMounts": TWICE}]}},
