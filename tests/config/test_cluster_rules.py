@@ -132,3 +132,44 @@ def test_gpu_must_be_whole_units_of_an_extended_resource(gpu: float, resource: s
     assert_problem(data, f"{POD}.{place}", fragment)
     _pod_label(data, gpu=2.0, **{"gpu-resource": "nvidia.com/gpu"})
     assert load(data)
+
+
+# -- numbers -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("place,key", [
+    ("podlabel", "cpu"), ("podlabel", "cpu-limit"), ("pool", "default-label-cpu"),
+    ("podlabel", "gpu"), ("podlabel", "boot-timeout"), ("provider", "api-timeout"),
+    ("provider", "leak-grace"), ("top", "zookeeper-timeout"), ("top", "max-hold-age"),
+])
+@pytest.mark.parametrize("value", [float("inf"), float("-inf")])
+def test_infinity_is_refused(place: str, key: str, value: float) -> None:
+    # YAML `.inf`: the quantity "Infinity", or waits raising OverflowError on every use.
+    data = base()
+    if key == "gpu":
+        _pod_label(data, **{"gpu-resource": "nvidia.com/gpu"})
+    at(data, place)[key] = value
+    where = f"{prefix(place)}.{key}" if prefix(place) else key
+    assert_problem(data, where, f"must be a finite number, got {value}")
+
+
+@pytest.mark.parametrize("place,key", [
+    ("podlabel", "boot-timeout"), ("provider", "api-timeout"), ("provider", "delete-timeout"),
+    ("provider", "unschedulable-grace"), ("pool", "breaker-backoff"), ("top", "max-hold-age"),
+])
+def test_durations_that_overflow_a_wait_are_refused(place: str, key: str) -> None:
+    data = base()
+    at(data, place)[key] = 1e300
+    where = f"{prefix(place)}.{key}" if prefix(place) else key
+    assert_problem(data, where, "must be at most 1e+09")
+    data = base()
+    at(data, "provider")["api-backoff"] = [0.1, 1e300]
+    assert_problem(data, "providers[0].api-backoff[1]", "must be at most 1e+09")
+
+
+def test_token_lifetime_above_2_32_seconds_is_refused() -> None:
+    data = base()
+    at(data, "provider")["token-lifetime"] = 2 ** 32 + 1
+    assert_problem(data, "providers[0].token-lifetime", "must be at most 4294967296 seconds")
+    at(data, "provider")["token-lifetime"] = 2 ** 32
+    assert load(data)
