@@ -3,15 +3,28 @@
 Aspects: names, label keys and values, and the other pod fields a label sets are checked at
 validation with the API server's rules (an error naming the key path), instead of every
 launch failing with 422 Invalid; including the Python-only pitfalls (a trailing newline that
-`$` lets through).
+`$` lets through); numbers are finite and durations fit a wait. Property: a mutated valid
+config either is refused with one line per problem, or every object built from it (for the
+smallest and largest node id, a retry and the random suffix) passes the simulator's
+validation (Kubernetes' rules) and, for the label's own pod, Pod Security, LimitRange and
+the namespace's quota.
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
+from nodepool_k8s.config.model import Config
+from nodepool_k8s.driver.kubernetes import guards, manifests
+from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.simulator import admission, validation
+from nodepool_k8s.simulator.resources import by_plural
+from tests.kubernetes.factories import make_spec
 from tests.config.common import assert_problem, at, base, load, prefix, warnings
 
 POD = prefix("podlabel")  # "providers[0].pools[0].labels[1]"
@@ -173,3 +186,117 @@ def test_token_lifetime_above_2_32_seconds_is_refused() -> None:
     assert_problem(data, "providers[0].token-lifetime", "must be at most 4294967296 seconds")
     at(data, "provider")["token-lifetime"] = 2 ** 32
     assert load(data)
+
+
+# -- property: validated means the API server accepts what is built -----------------------------
+
+_CHARS = st.sampled_from("abz09-._/ A\n\u00e9=:")
+_TEXT = st.one_of(st.text(_CHARS, max_size=12),
+                  st.builds(lambda c, n: c * n, st.sampled_from("a-.1"),
+                            st.integers(55, 260)))
+_NUMBER = st.one_of(st.integers(-2, 2 ** 40), st.booleans(), st.just("2"),
+                    st.floats(allow_nan=True, allow_infinity=True, width=64))
+_SMALL_DICT = st.dictionaries(_TEXT, _TEXT, max_size=2)
+_POD_KEYS: dict[str, Any] = {
+    "name": _TEXT, "image": _TEXT, "scheduler-name": _TEXT, "gpu-resource": _TEXT,
+    "image-pull": st.sampled_from(["Always", "Never", "always"]),
+    **{key: _NUMBER for key in ("cpu", "memory", "storage", "cpu-limit", "memory-limit",
+                                "storage-limit", "gpu")},
+    "labels": _SMALL_DICT, "annotations": _SMALL_DICT, "node-selector": _SMALL_DICT,
+    "dynamic-labels": st.dictionaries(_TEXT, st.sampled_from(
+        ["{request.tenant_name}", "{request.id}x", "{request.labels}"]), max_size=2),
+    "env": st.lists(st.fixed_dictionaries({"name": _TEXT, "value": _TEXT}), max_size=2),
+    "volumes": st.lists(st.fixed_dictionaries({"name": _TEXT, "emptyDir": st.just({})}),
+                        max_size=2),
+    "tolerations": st.lists(st.fixed_dictionaries(
+        {"key": _TEXT, "operator": st.sampled_from(["Equal", "Exists"])},
+        optional={"value": _TEXT, "effect": st.sampled_from(["NoSchedule", "NoExecute"]),
+                  "tolerationSeconds": _NUMBER}), max_size=2),
+    "node-requirements": st.lists(st.fixed_dictionaries(
+        {"key": _TEXT, "operator": st.sampled_from(["In", "Gt", "Exists"]),
+         "values": st.lists(st.one_of(_TEXT, st.integers()), max_size=2)}), max_size=2),
+    **{key: st.booleans() for key in ("resource-quota", "allow-external-services",
+                                      "network-policy", "privileged")},
+    "pod-security": st.sampled_from(["privileged", "baseline", "restricted"]),
+}
+_POOL_KEYS: dict[str, Any] = {
+    "name": _TEXT, "default-label-cpu": _NUMBER, "default-label-memory": _NUMBER,
+    "default-label-cpu-limit": _NUMBER, "allow-privileged": st.booleans(),
+    "allow-host-path": st.booleans(), "default-label-pod-security": st.sampled_from(
+        ["privileged", "baseline", "restricted"]),
+}
+_NS_KEYS: dict[str, Any] = {"name": _TEXT, "labels": _SMALL_DICT, "annotations": _SMALL_DICT,
+                            "cpu": _NUMBER, "memory": _NUMBER}
+
+
+def _changes(keys: dict[str, Any]) -> Any:
+    return st.dictionaries(st.sampled_from(sorted(keys)), st.nothing(), max_size=0) | \
+        st.lists(st.sampled_from(sorted(keys)), min_size=1, max_size=4, unique=True).flatmap(
+            lambda chosen: st.fixed_dictionaries({k: keys[k] for k in chosen}))
+
+
+def _accepted(rt: str, body: dict[str, Any]) -> dict[str, Any]:
+    """What the simulator (Kubernetes' own rules) makes of `body`; raises ApiError if refused."""
+    resource = by_plural(rt)
+    body = copy.deepcopy(body)
+    validation.apply_defaults(resource, body)
+    validation.validate(resource, body)
+    return body
+
+
+def _assert_cluster_accepts(config: Config) -> None:
+    provider = config.providers["k8s"]
+    pool = next(iter(provider.pools.values()))
+    for label in pool.labels.values():
+        for node_id, attempt in (("0000000000", 1), ("9999999999", 12)):
+            spec = make_spec(provider, label.name, node_id=node_id, attempt=attempt)
+            labels = manifests.object_labels(spec)
+            for suffix in ("", "r" + "f" * 6):
+                name = manifests.namespace_name(pool.name, node_id, attempt, suffix)
+                assert manifests.parse_namespace_name(name) == (pool.name, node_id, attempt)
+                namespace = _accepted("namespaces", manifests.namespace_body(
+                    name, {**labels, **guards.namespace_labels(label)},
+                    {**(label.annotations if label.type == "namespace" else {}),
+                     manifests.CONFIG_HASH_ANNOTATION: "0" * 16}))
+            bodies = {
+                "resourcequotas": guards.resource_quota_body(name, label, labels),
+                "limitranges": guards.limit_range_body(name, label, labels),
+                "networkpolicies": guards.network_policy_body(name, label, labels),
+                "serviceaccounts": manifests.service_account_body(name, labels),
+                "roles": manifests.role_body(name, label, labels),
+                "rolebindings": manifests.role_binding_body(name, label, labels),
+            }
+            for rt, body in bodies.items():
+                if body is not None:
+                    _accepted(rt, body)
+            if label.type != "pod":
+                continue
+            pod = _accepted("pods", manifests.pod_body(name, label, labels))
+            # Admission as the API server runs it for our own pod: Pod Security of its
+            # namespace, the LimitRange's defaults, then the namespace's own quota.
+            admission.check_pod_security(pod, namespace)
+            limit_range = bodies["limitranges"]
+            admission.apply_limit_ranges(pod, [limit_range] if limit_range else [])
+            quota = bodies["resourcequotas"]
+            admission.check_quota("pods", pod, [quota] if quota else [], [])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pod=_changes(_POD_KEYS), pool=_changes(_POOL_KEYS), ns=_changes(_NS_KEYS))
+def test_what_validates_is_what_the_api_server_accepts(
+        pod: dict[str, Any], pool: dict[str, Any], ns: dict[str, Any]) -> None:
+    data = base()
+    data["providers"][0]["pools"][0]["labels"].pop(2)  # the verbatim spec: sent as written
+    for place, changes in (("podlabel", pod), ("pool", pool), ("nslabel", ns)):
+        at(data, place).update(changes)
+        if place != "pool" and isinstance(changes.get("name"), str):
+            data["labels"].append({"name": changes["name"]})
+    try:
+        config = load(data)
+    except ConfigError as exc:
+        # Refused: one clear line per problem, never a traceback.
+        assert exc.problems
+        for line in exc.problems:
+            assert isinstance(line, str) and "\n" not in line and ": " in line, line
+        return
+    _assert_cluster_accepts(config)
