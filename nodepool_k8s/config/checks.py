@@ -545,9 +545,26 @@ def _spec(spec: Raw, path: Path, report: _Report) -> None:
     if not isinstance(containers, list) or not containers:
         report.error(path + ("containers",), "a pod spec needs a non-empty containers list")
         return
-    for index, container in enumerate(containers):
-        if not isinstance(container, dict) or not container.get("name"):
-            report.error(path + ("containers", index), "each container needs a name")
+    names: set[str] = set()
+    for section in ("containers", "initContainers"):
+        items = spec.get(section) if section == "initContainers" else containers
+        for index, container in enumerate(items if isinstance(items, list) else []):
+            where = path + (section, index)
+            if not isinstance(container, dict) or not container.get("name"):
+                report.error(where, "each container needs a name")
+                continue
+            # The spec is sent as written: what the API server checks of every pod fails
+            # every launch, so it is checked here.
+            name, image = container["name"], container.get("image")
+            if not (isinstance(name, str) and len(name) <= 63 and _DNS_LABEL.match(name)):
+                report.error(where + ("name",), f"{name!r} must be a lowercase DNS-1123 label"
+                             " of at most 63 characters")
+            elif name in names:
+                report.error(where + ("name",), f"duplicate container name {name!r}")
+            names.add(str(name))
+            if not isinstance(image, str) or not image.strip() or image != image.strip():
+                report.error(where + ("image",), "each container needs an image (a string"
+                             " without leading or trailing whitespace)")
 
 
 def _metadata(label: Raw, path: Path, report: _Report) -> None:

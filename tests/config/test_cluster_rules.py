@@ -300,3 +300,19 @@ def test_what_validates_is_what_the_api_server_accepts(
             assert isinstance(line, str) and "\n" not in line and ": " in line, line
         return
     _assert_cluster_accepts(config)
+
+
+@pytest.mark.parametrize("spec,place,fragment", [
+    ({"containers": [{"name": "c"}]}, "containers[0].image", "needs an image"),
+    ({"containers": [{"name": "c", "image": " i"}]}, "containers[0].image", "whitespace"),
+    ({"containers": [{"name": "Main", "image": "i"}]}, "containers[0].name", "DNS-1123 label"),
+    ({"containers": [{"name": "c", "image": "i"}], "initContainers": [
+        {"name": "c", "image": "i"}]}, "initContainers[0].name", "duplicate container name"),
+    ({"containers": [{"name": "c", "image": "i"}], "initContainers": [{"name": "c2"}]},
+     "initContainers[0].image", "needs an image"),
+])
+def test_verbatim_spec_containers_the_api_server_refuses(spec: dict[str, Any], place: str,
+                                                         fragment: str) -> None:
+    data = base()
+    at(data, "speclabel")["spec"] = spec
+    assert_problem(data, f"{prefix('speclabel')}.spec.{place}", fragment)
