@@ -26,13 +26,14 @@ Raw = Mapping[str, Any]
 Path = tuple[Any, ...]
 
 MAX_POOL_NAME = 40  # "<pool>-<10-digit node id>" must fit a 63-character namespace name
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+# Anchored with \Z, not $: $ also matches before a trailing newline ("pod\n").
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?\Z")
+_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?\Z")
 _LABEL_VALUE_RULE = ("at most 63 letters, digits, '-', '_' or '.', starting and ending with a"
                      " letter or digit")
-_CHROOT = re.compile(r"^(/[^/\s]+)+$")
+_CHROOT = re.compile(r"^(/[^/\s]+)+\Z")
 _FIELD_NAME = re.compile(r"^([^.\[]*)((?:\.[^.\[]+|\[[^\]]+\])*)$")
 _ACCESSOR = re.compile(r"\.([^.\[]+)|\[([^\]]+)\]")
 
@@ -50,7 +51,13 @@ POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
 POD_ONLY_KEYS = ("image", "image-pull", "cpu-limit", "memory-limit", "storage-limit", "gpu",
                  "gpu-resource", "env", "node-selector", "privileged", "scheduler-name",
                  "volumes", "volume-mounts", *S.SCHEDULING_KEYS)
-_INT64 = re.compile(r"^[+-]?[0-9]+$")
+# What `annotations` may take of Kubernetes' limit on one object's annotations; the rest is
+# for nodepool_config_hash (20 + 16 bytes) on the namespace.
+ANNOTATION_ROOM = 64
+MAX_ANNOTATIONS = S.K8S_ANNOTATIONS_MAX - ANNOTATION_ROOM
+# Kubernetes' strict environment variable name (relaxed to any printable ASCII but '=' in 1.32).
+_ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*\Z")
+_INT64 = re.compile(r"^[+-]?[0-9]+\Z")
 
 
 class _Report:
@@ -327,6 +334,7 @@ def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> Non
             report.error(path + ("image",), "required for type: pod labels without spec")
         _limits(label, pool, path, report)
         _volumes(label, path, report)
+        _pod_fields(label, path, report)
         for index, entry in enumerate(label.get("env", [])):
             if "value" in entry and "valueFrom" in entry:
                 report.error(path + ("env", index), "set value or valueFrom, not both")
@@ -336,9 +344,14 @@ def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> Non
     if ("gpu" in label) != ("gpu-resource" in label) and kind == "pod" and not form_b:
         missing = "gpu-resource" if "gpu" in label else "gpu"
         report.error(path + (missing,), "gpu and gpu-resource must be given together")
-    if "gpu-resource" in label and not _is_qualified_name(label["gpu-resource"]):
+    if "gpu-resource" in label and not _is_extended_resource(label["gpu-resource"]):
         report.error(path + ("gpu-resource",), f"{label['gpu-resource']!r} is not a valid"
-                     " resource name (e.g. nvidia.com/gpu)")
+                     " extended resource name (<domain>/<name>, e.g. nvidia.com/gpu; not"
+                     " in kubernetes.io)")
+    if "gpu" in label and not float(label["gpu"]).is_integer():
+        # Kubernetes counts extended resources in whole units ("must be an integer").
+        report.error(path + ("gpu",), f"{label['gpu']:g} must be a whole number: Kubernetes"
+                     " refuses fractions of an extended resource such as a GPU")
     for key in S.SCHEDULING_KEYS:
         _scheduling(key, label.get(key) or [], path + (key,), report)
     _metadata(label, path, report)
@@ -475,11 +488,56 @@ def _limits(label: Raw, pool: Raw, path: Path, report: _Report) -> None:
 
 
 def _volumes(label: Raw, path: Path, report: _Report) -> None:
-    volumes = {volume["name"] for volume in label.get("volumes", [])}
+    """Volumes and mounts as the API server validates them (names, one source, unique)."""
+    volumes: dict[str, int] = {}
+    for index, volume in enumerate(label.get("volumes", [])):
+        where, name = path + ("volumes", index), volume["name"]
+        if not (len(name) <= 63 and _DNS_LABEL.match(name)):
+            report.error(where + ("name",), f"{name!r} must be a lowercase DNS-1123 label of at"
+                         " most 63 characters (letters, digits and '-', starting and ending"
+                         " with a letter or digit)")
+        elif name in volumes:
+            report.error(where + ("name",), f"duplicate volume name {name!r} (also at"
+                         f" {format_path(path + ('volumes', volumes[name]))})")
+        volumes.setdefault(name, index)
+        sources = [key for key in volume if key != "name"]
+        if len(sources) != 1:
+            report.error(where, "needs exactly one volume source (emptyDir, configMap, secret,"
+                         f" ...), got {len(sources)}" + (f": {', '.join(sources)}"
+                                                         if sources else ""))
+    paths: dict[str, int] = {}
     for index, mount in enumerate(label.get("volume-mounts", [])):
         if mount["name"] not in volumes:
             report.error(path + ("volume-mounts", index, "name"), f"no volume named"
                          f" {mount['name']!r} in this label's volumes")
+        if mount["mountPath"] in paths:
+            report.error(path + ("volume-mounts", index, "mountPath"), f"duplicate mountPath"
+                         f" {mount['mountPath']!r} (also at"
+                         f" {format_path(path + ('volume-mounts', paths[mount['mountPath']]))})")
+        paths.setdefault(mount["mountPath"], index)
+
+
+def _pod_fields(label: Raw, path: Path, report: _Report) -> None:
+    """Pod fields of a form A label the API server would refuse (every launch: 422)."""
+    image = label.get("image")
+    if isinstance(image, str) and image != image.strip():
+        report.error(path + ("image",), f"{image!r} must not have leading or trailing"
+                     " whitespace")
+    scheduler = label.get("scheduler-name")
+    if scheduler is not None and not (len(scheduler) <= 253
+                                      and _DNS_SUBDOMAIN.match(scheduler)):
+        report.error(path + ("scheduler-name",), f"{scheduler!r} must be a lowercase DNS-1123"
+                     " subdomain (letters, digits, '-' and '.', starting and ending with a"
+                     " letter or digit), like default-scheduler")
+    for index, entry in enumerate(label.get("env", [])):
+        name = entry["name"]
+        if "=" in name or not all(" " <= char <= "~" for char in name):
+            report.error(path + ("env", index, "name"), f"{name!r} is not a valid environment"
+                         " variable name (printable ASCII characters other than '=')")
+        elif not _ENV_NAME.match(name):
+            report.warn(path + ("env", index, "name"), f"{name!r}: Kubernetes before 1.32"
+                        " refuses environment variable names other than letters, digits,"
+                        " '-', '_' and '.' not starting with a digit")
 
 
 def _spec(spec: Raw, path: Path, report: _Report) -> None:
@@ -487,13 +545,36 @@ def _spec(spec: Raw, path: Path, report: _Report) -> None:
     if not isinstance(containers, list) or not containers:
         report.error(path + ("containers",), "a pod spec needs a non-empty containers list")
         return
-    for index, container in enumerate(containers):
-        if not isinstance(container, dict) or not container.get("name"):
-            report.error(path + ("containers", index), "each container needs a name")
+    names: set[str] = set()
+    for section in ("containers", "initContainers"):
+        items = spec.get(section) if section == "initContainers" else containers
+        for index, container in enumerate(items if isinstance(items, list) else []):
+            where = path + (section, index)
+            if not isinstance(container, dict) or not container.get("name"):
+                report.error(where, "each container needs a name")
+                continue
+            # The spec is sent as written: what the API server checks of every pod fails
+            # every launch, so it is checked here.
+            name, image = container["name"], container.get("image")
+            if not (isinstance(name, str) and len(name) <= 63 and _DNS_LABEL.match(name)):
+                report.error(where + ("name",), f"{name!r} must be a lowercase DNS-1123 label"
+                             " of at most 63 characters")
+            elif name in names:
+                report.error(where + ("name",), f"duplicate container name {name!r}")
+            names.add(str(name))
+            if not isinstance(image, str) or not image.strip() or image != image.strip():
+                report.error(where + ("image",), "each container needs an image (a string"
+                             " without leading or trailing whitespace)")
 
 
 def _metadata(label: Raw, path: Path, report: _Report) -> None:
     static = label.get("labels", {})
+    size = sum(len(str(k).encode()) + len(str(v).encode())
+               for k, v in label.get("annotations", {}).items())
+    if size > MAX_ANNOTATIONS:
+        report.error(path + ("annotations",), f"{size} bytes of keys and values; Kubernetes"
+                     f" allows {S.K8S_ANNOTATIONS_MAX} per object, {ANNOTATION_ROOM} of them"
+                     " kept for nodepool_k8s' own annotation")
     for section in ("labels", "dynamic-labels", "annotations", "node-selector"):
         for key, value in label.get(section, {}).items():
             where = path + (section, key)
@@ -551,10 +632,18 @@ def _is_label_value(value: Any) -> bool:
     return isinstance(value, str) and len(value) <= 63 and bool(_LABEL_VALUE.match(value))
 
 
+def _is_extended_resource(name: str) -> bool:
+    """Kubernetes' IsExtendedResourceName: prefixed, not native, usable in a quota."""
+    return ("/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
+            and _is_qualified_name("requests." + name))
+
+
 def _is_qualified_name(key: Any) -> bool:
     if not isinstance(key, str):
         return False
-    prefix, _, name = key.rpartition("/")
-    if prefix and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
+    prefix, slash, name = key.rpartition("/")
+    # "/name" has an empty prefix, which the API server refuses ("prefix part must be
+    # non-empty"); only a key without any "/" goes without one.
+    if slash and not (len(prefix) <= 253 and _DNS_SUBDOMAIN.match(prefix)):
         return False
     return len(name) <= 63 and bool(_NAME_PART.match(name))

@@ -17,6 +17,8 @@ mean" hint instead of voluptuous' bare "extra keys not allowed".
 from __future__ import annotations
 
 import difflib
+import json
+import math
 import re
 from typing import Any, Callable, Iterable, Mapping
 
@@ -56,10 +58,12 @@ UNSCHEDULABLE_GRACE = 30.0  # seconds a pod may stay Unschedulable before the at
 DELETE_TIMEOUT = 300.0  # seconds a deletion waits for the namespace to vanish
 TOKEN_LIFETIME = 86400  # seconds a node's service-account token (TokenRequest) stays valid
 MIN_TOKEN_LIFETIME = 600  # the API server refuses shorter TokenRequests (422)
+MAX_TOKEN_LIFETIME = 2 ** 32  # ... and longer ones
 # installation-id: a Kubernetes label value; absent = derived from the ZooKeeper hosts+chroot.
 INSTALLATION_ID_MAX = 63
-INSTALLATION_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?$")
+INSTALLATION_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
 IMAGE_PULL = "IfNotPresent"
+K8S_ANNOTATIONS_MAX = 256 * 1024  # bytes of keys and values the API server allows an object
 PYTHON_PATH = "auto"
 FAKE_LABEL_TYPE = "namespace"
 # Guarded namespaces (kubernetes labels; label -> pool default-label-* -> provider
@@ -111,7 +115,7 @@ TENANT_LIMIT_KEYS = {"max-servers": "instances", "max-cores": "cores", "max-ram"
 
 # -- error text ----------------------------------------------------------------------------------
 
-_SIMPLE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+_SIMPLE_KEY = re.compile(r"^[A-Za-z0-9_-]+\Z")  # \Z: $ would let "key\n" through
 
 
 def _got(value: Any) -> str:
@@ -137,7 +141,9 @@ def format_path(path: Iterable[Any]) -> str:
         elif isinstance(part, str) and _SIMPLE_KEY.match(part):
             out += f".{part}" if out else part
         else:
-            out += f"[{_got(part)}]" if not isinstance(part, str) else f'["{part}"]'
+            # JSON-quoted so a key holding a newline cannot split the one-line message.
+            out += f"[{_got(part)}]" if not isinstance(part, str) else \
+                f"[{json.dumps(part, ensure_ascii=False)}]"
     return out
 
 
@@ -183,6 +189,10 @@ def number(minimum: float | None = None, positive: bool = False,
             raise _type_error("number", value)
         if value != value:  # NaN compares unequal to itself
             raise Invalid("must be a number, got NaN")
+        if value in (math.inf, -math.inf):
+            # `.inf` would reach Kubernetes as the quantity "Infinity", or a wait/timeout
+            # that raises OverflowError on every use.
+            raise Invalid(f"must be a finite number, got {value}")
         if positive and value <= 0:
             raise Invalid(f"must be greater than 0, got {value}")
         if minimum is not None and value < minimum:
@@ -324,8 +334,11 @@ def open_mapping(required: Mapping[str, Validator]) -> Validator:
 _any_mapping = dict_of(string(), anything)
 _str_map = dict_of(string(), string(allow_empty=True))
 _int_map = dict_of(string(), integer(minimum=0))
-_seconds = number(minimum=0)
-_timeout = number(positive=True)
+# Durations are handed to waits, sleeps and socket timeouts, which raise OverflowError
+# for anything near 2**63 ns; about 31 years is plenty.
+MAX_SECONDS = 10 ** 9
+_seconds = number(minimum=0, maximum=MAX_SECONDS)
+_timeout = number(positive=True, maximum=MAX_SECONDS)
 _cpu = number(minimum=0)
 _mib = integer(minimum=0)
 
@@ -335,6 +348,9 @@ def _token_lifetime(value: Any) -> int:
     if seconds < MIN_TOKEN_LIFETIME:
         raise Invalid(f"must be at least {MIN_TOKEN_LIFETIME} seconds (the Kubernetes API"
                       f" refuses shorter TokenRequests), got {seconds}")
+    if seconds > MAX_TOKEN_LIFETIME:
+        raise Invalid(f"must be at most {MAX_TOKEN_LIFETIME} seconds (2^32, the longest"
+                      f" TokenRequest the Kubernetes API accepts), got {seconds}")
     return seconds
 
 
@@ -403,8 +419,8 @@ _LABEL_COMMON: dict[Any, Validator] = {
 }
 _BREAKER: dict[Any, Validator] = {
     Optional("breaker-threshold"): integer(minimum=0),
-    Optional("breaker-backoff"): number(positive=True),
-    Optional("breaker-backoff-max"): number(positive=True),
+    Optional("breaker-backoff"): _timeout,
+    Optional("breaker-backoff-max"): _timeout,
 }
 # Kubernetes provider: read real capacity from the cluster (off by default).
 _CAPACITY = mapping({

@@ -631,6 +631,11 @@ class Api:
                 ("spec.expirationSeconds", "FieldValueInvalid",
                  f"Invalid value: {seconds}: may not specify a duration less than 10 minutes")],
                 "authentication.k8s.io")
+        if seconds > 2 ** 32:
+            raise errors.invalid("TokenRequest", str(route.name), [
+                ("spec.expirationSeconds", "FieldValueTooLong",
+                 f"Invalid value: {seconds}: may not specify a duration larger than 2^32"
+                 " seconds")], "authentication.k8s.io")
         token, expires = self.authority.issue_request_token(
             str(route.namespace), str(route.name), sa["metadata"]["uid"], list(audiences),
             seconds)

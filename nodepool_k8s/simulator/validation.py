@@ -22,10 +22,11 @@ from nodepool_k8s.simulator.resources import ResourceType
 
 Causes = list[tuple[str, str, str]]
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+# \Z, not $: Go's $ ends the text, Python's also matches before a trailing newline.
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]\Z")
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+\Z")
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")
 _SUFFIX = {
     "": Decimal(1), "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"),
@@ -34,6 +35,7 @@ _SUFFIX = {
     "Ki": Decimal(2) ** 10, "Mi": Decimal(2) ** 20, "Gi": Decimal(2) ** 30,
     "Ti": Decimal(2) ** 40, "Pi": Decimal(2) ** 50, "Ei": Decimal(2) ** 60,
 }
+TOTAL_ANNOTATION_SIZE = 256 * 1024  # bytes of all keys and values of one object
 SA_TOKEN_TYPE = "kubernetes.io/service-account-token"
 SA_NAME_ANNOTATION = "kubernetes.io/service-account.name"
 
@@ -125,6 +127,10 @@ def _metadata_causes(resource: ResourceType, meta: dict[str, Any]) -> Causes:
         causes.append(("metadata.annotations", "FieldValueInvalid",
                        "Invalid value: must be a map"))
         annotations = {}
+    size = sum(len(str(k).encode()) + len(str(v).encode()) for k, v in annotations.items())
+    if size > TOTAL_ANNOTATION_SIZE:
+        causes.append(("metadata.annotations", "FieldValueTooLong",
+                       f"Too long: must have at most {TOTAL_ANNOTATION_SIZE} bytes"))
     for key, value in annotations.items():
         for problem in _label_key_errors(str(key)):
             causes.append(("metadata.annotations", "FieldValueInvalid",
@@ -158,6 +164,14 @@ def parse_quantity(value: Any) -> Decimal | None:
     return None
 
 
+_STANDARD_CONTAINER_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def _is_extended(name: str) -> bool:
+    """An extended resource (nvidia.com/gpu): prefixed, outside kubernetes.io."""
+    return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
+
+
 def _container_causes(path: str, container: Any, seen: set[str]) -> Causes:
     causes: Causes = []
     if not isinstance(container, dict):
@@ -172,8 +186,33 @@ def _container_causes(path: str, container: Any, seen: set[str]) -> Causes:
         if name in seen:
             causes.append((f"{path}.name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))
         seen.add(str(name))
-    if not container.get("image"):
+    image = container.get("image")
+    if not image:
         causes.append((f"{path}.image", "FieldValueRequired", "Required value"))
+    elif isinstance(image, str) and image != image.strip():
+        causes.append((f"{path}.image", "FieldValueInvalid",
+                       f'Invalid value: "{image}": must not have leading or trailing whitespace'))
+    for i, env in enumerate(container.get("env") or []):
+        name = env.get("name") if isinstance(env, dict) else None
+        # RelaxedEnvironmentVariableValidation (on by default since 1.32): printable ASCII
+        # except '='.
+        if not isinstance(name, str) or not name:
+            causes.append((f"{path}.env[{i}].name", "FieldValueRequired", "Required value"))
+        elif "=" in name or not all(" " <= char <= "~" for char in name):
+            causes.append((f"{path}.env[{i}].name", "FieldValueInvalid",
+                           f'Invalid value: "{name}": a valid environment variable name must '
+                           "consist only of printable ASCII characters other than '='"))
+    mount_paths: set[str] = set()
+    for i, mount in enumerate(container.get("volumeMounts") or []):
+        mount_path = mount.get("mountPath") if isinstance(mount, dict) else None
+        if not mount_path:
+            causes.append((f"{path}.volumeMounts[{i}].mountPath", "FieldValueRequired",
+                           "Required value"))
+        elif mount_path in mount_paths:
+            causes.append((f"{path}.volumeMounts[{i}].mountPath", "FieldValueInvalid",
+                           f'Invalid value: "{mount_path}": must be unique'))
+        else:
+            mount_paths.add(str(mount_path))
     resources = container.get("resources") or {}
     parsed: dict[str, dict[str, Decimal]] = {}
     for section in ("requests", "limits"):
@@ -188,10 +227,25 @@ def _container_causes(path: str, container: Any, seen: set[str]) -> Causes:
                 causes.append((field, "FieldValueInvalid",
                                f'Invalid value: "{quantity}": must be greater than or equal '
                                "to 0"))
+            elif _is_extended(str(res_name)) and number != number.to_integral_value():
+                causes.append((field, "FieldValueInvalid",
+                               f'Invalid value: "{quantity}": must be an integer'))
             else:
                 parsed.setdefault(section, {})[res_name] = number
+            if "/" not in str(res_name) and not (res_name in _STANDARD_CONTAINER_RESOURCES
+                                                 or str(res_name).startswith("hugepages-")):
+                causes.append((field, "FieldValueInvalid",
+                               f'Invalid value: "{res_name}": must be a standard resource for'
+                               " containers"))
     for res_name, request in parsed.get("requests", {}).items():
         limit = parsed.get("limits", {}).get(res_name)
+        if _is_extended(str(res_name)) and limit != request:
+            # Not overcommittable: the limit must be set, and equal to the request.
+            given = (resources.get("limits") or {}).get(res_name)
+            causes.append((f"{path}.resources.requests[{res_name}]", "FieldValueInvalid",
+                           f'Invalid value: "{resources["requests"][res_name]}": must be equal'
+                           f" to {res_name} limit of {given}"))
+            continue
         if limit is not None and request > limit:
             quantity = resources["requests"][res_name]
             causes.append((f"{path}.resources.requests", "FieldValueInvalid",
@@ -219,9 +273,53 @@ def _pod_causes(obj: dict[str, Any]) -> Causes:
         causes.append(("spec.restartPolicy", "FieldValueNotSupported",
                        f'Unsupported value: "{policy}": supported values: "Always", '
                        '"OnFailure", "Never"'))
+    scheduler = spec.get("schedulerName")
+    if isinstance(scheduler, str) and scheduler:
+        for problem in dns_subdomain_errors(scheduler):
+            causes.append(("spec.schedulerName", "FieldValueInvalid",
+                           f'Invalid value: "{scheduler}": {problem}'))
+    causes += _volumes_causes(spec.get("volumes") or [], containers,
+                              spec.get("initContainers") or [])
     selector = spec.get("nodeSelector")
     if selector is not None and not isinstance(selector, dict):
         causes.append(("spec.nodeSelector", "FieldValueInvalid", "Invalid value: must be a map"))
+    return causes
+
+
+def _volumes_causes(volumes: Any, containers: list[Any], init: list[Any]) -> Causes:
+    causes: Causes = []
+    names: set[str] = set()
+    for i, volume in enumerate(volumes if isinstance(volumes, list) else []):
+        if not isinstance(volume, dict):
+            causes.append((f"spec.volumes[{i}]", "FieldValueInvalid",
+                           "Invalid value: must be an object"))
+            continue
+        name = volume.get("name")
+        if not name:
+            causes.append((f"spec.volumes[{i}].name", "FieldValueRequired", "Required value"))
+        else:
+            for problem in dns_label_errors(str(name)):
+                causes.append((f"spec.volumes[{i}].name", "FieldValueInvalid",
+                               f'Invalid value: "{name}": {problem}'))
+            if name in names:
+                causes.append((f"spec.volumes[{i}].name", "FieldValueDuplicate",
+                               f'Duplicate value: "{name}"'))
+            names.add(str(name))
+        sources = [key for key in volume if key != "name"]
+        if not sources:
+            causes.append((f"spec.volumes[{i}]", "FieldValueRequired",
+                           "Required value: must specify a volume type"))
+        elif len(sources) > 1:
+            causes.append((f"spec.volumes[{i}].{sources[1]}", "FieldValueForbidden",
+                           "Forbidden: may not specify more than 1 volume type"))
+    for section, items in (("containers", containers), ("initContainers", init)):
+        for i, container in enumerate(items):
+            mounts = container.get("volumeMounts") if isinstance(container, dict) else None
+            for j, mount in enumerate(mounts or []):
+                name = mount.get("name") if isinstance(mount, dict) else None
+                if name not in names:
+                    causes.append((f"spec.{section}[{i}].volumeMounts[{j}].name",
+                                   "FieldValueNotFound", f'Not found: "{name}"'))
     return causes
 
 

@@ -23,7 +23,7 @@ log = logging.getLogger("nodepool_k8s.zk.identity")
 
 INSTALLATION_ID_PATH = f"{paths.OWN_ROOT}/installation-id"
 # A Kubernetes label value (the id is one), at most 63 characters.
-_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
 
 
 def _decode(data: bytes) -> str | None:

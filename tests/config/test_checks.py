@@ -191,7 +191,7 @@ def test_gpu_and_gpu_resource_go_together(given: str, missing: str) -> None:
 def test_gpu_resource_must_be_a_resource_name() -> None:
     data = base()
     at(data, "podlabel").update({"gpu": 1, "gpu-resource": "nvidia gpu"})
-    assert_problem(data, f"{POD}.gpu-resource", "not a valid resource name")
+    assert_problem(data, f"{POD}.gpu-resource", "not a valid extended resource name")
 
 
 # -- limits versus requests ----------------------------------------------------------------------

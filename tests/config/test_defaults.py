@@ -232,7 +232,7 @@ def test_kubernetes_label_values_are_copied_through() -> None:
     env = [{"name": "A", "value": "1"}]
     at(data, "podlabel").update({
         "image-pull": "Always", "python-path": "/usr/bin/python3", "shell-type": "sh",
-        "gpu": 0.5, "gpu-resource": "nvidia.com/gpu", "env": env,
+        "gpu": 2, "gpu-resource": "nvidia.com/gpu", "env": env,
         "node-selector": {"disk": "ssd"}, "privileged": True, "scheduler-name": "s",
         "volumes": [{"name": "v", "emptyDir": {}}],
         "volume-mounts": [{"name": "v", "mountPath": "/v"}], "labels": {"a": "b"},
@@ -241,7 +241,7 @@ def test_kubernetes_label_values_are_copied_through() -> None:
     pod = _pod(data)
     assert (pod.image_pull, pod.shell_type) == ("Always", "sh")
     assert pod.python_path == "/usr/bin/python3"
-    assert (pod.gpu, pod.gpu_resource) == (0.5, "nvidia.com/gpu")
+    assert (pod.gpu, pod.gpu_resource) == (2, "nvidia.com/gpu")
     assert pod.env == ({"name": "A", "value": "1"},)
     assert pod.node_selector == {"disk": "ssd"}
     assert (pod.privileged, pod.scheduler_name) == (True, "s")
@@ -249,7 +249,7 @@ def test_kubernetes_label_values_are_copied_through() -> None:
     assert pod.volume_mounts == ({"name": "v", "mountPath": "/v"},)
     assert (pod.labels, pod.dynamic_labels, pod.annotations) == (
         {"a": "b"}, {"t": "{request.tenant_name}"}, {"c": "d"})
-    assert pod.quota()["nvidia.com/gpu"] == 0.5
+    assert pod.quota()["nvidia.com/gpu"] == 2
 
 
 def test_config_is_frozen() -> None:

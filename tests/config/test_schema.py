@@ -89,7 +89,7 @@ CASES: list[tuple[str, str, Any, Any, str, dict[str, Any]]] = [
     ("podlabel", "cpu-limit", 4, "x", "expected number", {}),
     ("podlabel", "memory-limit", 1024, "x", "expected int", {}),
     ("podlabel", "storage-limit", 1000, "x", "expected int", {}),
-    ("podlabel", "gpu", 0.5, "one", "expected number", {"gpu-resource": "nvidia.com/gpu"}),
+    ("podlabel", "gpu", 2.0, "one", "expected number", {"gpu-resource": "nvidia.com/gpu"}),
     ("podlabel", "gpu", 1, 0, "must be greater than 0", {"gpu-resource": "nvidia.com/gpu"}),
     ("podlabel", "gpu-resource", "nvidia.com/gpu", 1, "expected str", {"gpu": 1}),
     ("podlabel", "env", [{"name": "A", "value": "b"}], {"A": "b"}, "expected list", {}),

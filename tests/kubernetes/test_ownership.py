@@ -5,8 +5,8 @@ installation's namespace (same provider name) or another node's namespace, and r
 NotOwned; a DELETE whose uid precondition no longer matches is refused by the API (409) and
 deletes nothing; a failed create whose namespace turns out not to be ours is left alone; the
 sweep lists only this installation's namespaces. Tokens: TokenRequest with the configured
-lifetime (no Secret anywhere), expirationSeconds 599 is a 422, a token works for its Role
-with RBAC enforced and is refused (401) once expired.
+lifetime (no Secret anywhere), expirationSeconds 599 or 2^32 + 1 is a 422, a token works for
+its Role with RBAC enforced and is refused (401) once expired.
 """
 
 from __future__ import annotations
@@ -238,9 +238,8 @@ def test_tokens_come_from_token_request(make_sim: Any, make_k8s_provider: Provid
     assert _status(lambda: api.list_namespaced_pod(ns)) == 401
 
 
-def test_token_request_below_ten_minutes_is_invalid(sim: Simulator,
-                                                    make_k8s_provider: ProviderFactory,
-                                                    tmp_path: Any) -> None:
+def test_token_request_outside_ten_minutes_to_2_32_seconds_is_invalid(
+        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any) -> None:
     provider = make_k8s_provider(sim, NS)
     ns = _launch(provider).external_id
     admin = _admin(sim, tmp_path)
@@ -248,6 +247,10 @@ def test_token_request_below_ten_minutes_is_invalid(sim: Simulator,
         spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=599))
     assert _status(lambda: admin.create_namespaced_service_account_token(
         "zuul-worker", ns, body)) == 422
+    long = k8s.AuthenticationV1TokenRequest(
+        spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=2 ** 32 + 1))
+    assert _status(lambda: admin.create_namespaced_service_account_token(
+        "zuul-worker", ns, long)) == 422
     ok = k8s.AuthenticationV1TokenRequest(
         spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=600))
     answer = admin.create_namespaced_service_account_token("zuul-worker", ns, ok)

@@ -17,13 +17,15 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 
 from nodepool_k8s.conditions import INITIALIZED, LAUNCHED, REGISTERED, TRUE, Condition
 from nodepool_k8s.driver.base import RequestInfo
-from nodepool_k8s.driver.kubernetes import manifests
+from nodepool_k8s.driver.kubernetes import guards, manifests
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.simulator import Simulator
+from tests.e2e.util import node_api
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import ProviderFactory
 from tests.kubernetes.factories import make_label, make_provider, make_spec
@@ -121,6 +123,30 @@ def test_namespace_objects(sim: Simulator, make_k8s_provider: ProviderFactory) -
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "zuul-worker",
                                     "namespace": "main-0000000005"}]
     assert sim.list("pods", "main-0000000005") == []
+
+
+def test_without_resource_quota_external_services_stay_refused(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # `resource-quota: false` lifts the compute limits only; NodePort/LoadBalancer services
+    # stay refused until `allow-external-services` says otherwise (doc/security.md).
+    label = make_label("ns-free", "namespace", cpu=1, memory=512, resource_quota=False)
+    provider = make_k8s_provider(sim, label)
+    result = _launch(provider, "ns-free")
+    namespace = result.external_id
+    quota = sim.get("resourcequotas", guards.QUOTA_NAME, namespace)
+    assert quota is not None
+    assert quota["spec"]["hard"] == {"services.loadbalancers": "0", "services.nodeports": "0"}
+    assert sim.get("limitranges", guards.LIMIT_RANGE_NAME, namespace) is None
+    core = node_api(dict(result.connection_port))
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_service(namespace, {
+            "metadata": {"name": "np"}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}})
+    assert refused.value.status == 403 and "services.nodeports" in str(refused.value.body)
+    # With both keys the namespace gets no quota at all.
+    both = make_label("ns-open", "namespace", cpu=1, resource_quota=False,
+                      allow_external_services=True)
+    result = _launch(make_k8s_provider(sim, both), "ns-open", node_id="0000000001")
+    assert sim.list("resourcequotas", result.external_id) == []
 
 
 def test_pod_launch_result_and_spec(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:

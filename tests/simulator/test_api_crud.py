@@ -194,6 +194,12 @@ def test_conflict_on_stale_resource_version(kube: Kube) -> None:
     ({"metadata": {"name": "Bad_Name"}}, "metadata.name"),
     ({"metadata": {"name": "x" * 64}}, "metadata.name"),
     ({"metadata": {"name": "ok", "labels": {"k": "bad value!"}}}, "metadata.labels"),
+    # Go's regexp `$` ends the text; Python's would let a trailing newline through.
+    ({"metadata": {"name": "nl\n"}}, "metadata.name"),
+    ({"metadata": {"name": "ok", "labels": {"k": "v\n"}}}, "metadata.labels"),
+    ({"metadata": {"name": "ok", "labels": {"k\n": "v"}}}, "metadata.labels"),
+    ({"metadata": {"name": "ok", "annotations": {"k": "v" * 256 * 1024}}},
+     "metadata.annotations"),
 ])
 def test_invalid_namespace(kube: Kube, body: dict, field: str) -> None:
     with pytest.raises(ApiException) as info:
@@ -201,6 +207,14 @@ def test_invalid_namespace(kube: Kube, body: dict, field: str) -> None:
     status = status_of(info.value)
     assert info.value.status == 422 and status["reason"] == "Invalid"
     assert status["details"]["causes"][0]["field"] == field
+
+
+def _with_resources(name: str, resources: dict) -> dict:
+    return {"metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "i", "resources": resources}]}}
+
+
+TWICE = [{"name": "v", "mountPath": "/x"}, {"name": "v", "mountPath": "/x"}]
 
 
 def test_invalid_pods(kube: Kube) -> None:
@@ -219,6 +233,39 @@ def test_invalid_pods(kube: Kube) -> None:
         ({"metadata": {"name": "x.y"},
           "spec": {"containers": [{"name": "c", "image": "i"}], "restartPolicy": "Sometimes"}},
          "spec.restartPolicy"),
+        ({"metadata": {"name": "e\n"}, "spec": {"containers": [{"name": "c", "image": "i"}]}},
+         "metadata.name"),
+        ({"metadata": {"name": "f"}, "spec": {"containers": [{"name": "c", "image": "i "}]}},
+         "spec.containers[0].image"),
+        ({"metadata": {"name": "g"}, "spec": {"schedulerName": "My Scheduler",
+                                              "containers": [{"name": "c", "image": "i"}]}},
+         "spec.schedulerName"),
+        ({"metadata": {"name": "h"}, "spec": {"containers": [
+            {"name": "c", "image": "i", "env": [{"name": "A=B", "value": "x"}]}]}},
+         "spec.containers[0].env[0].name"),
+        ({"metadata": {"name": "i"}, "spec": {"volumes": [{"name": "Bad_Name", "emptyDir": {}}],
+                                              "containers": [{"name": "c", "image": "i"}]}},
+         "spec.volumes[0].name"),
+        ({"metadata": {"name": "j"}, "spec": {
+            "volumes": [{"name": "v", "emptyDir": {}}, {"name": "v", "emptyDir": {}}],
+            "containers": [{"name": "c", "image": "i"}]}}, "spec.volumes[1].name"),
+        ({"metadata": {"name": "k"}, "spec": {"volumes": [{"name": "v"}],
+                                              "containers": [{"name": "c", "image": "i"}]}},
+         "spec.volumes[0]"),
+        ({"metadata": {"name": "l"}, "spec": {"containers": [
+            {"name": "c", "image": "i", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}]}},
+         "spec.containers[0].volumeMounts[0].name"),
+        (_with_resources("n", {"requests": {"example.com/gpu": "0.5"},
+                               "limits": {"example.com/gpu": "0.5"}}),
+         "spec.containers[0].resources.requests[example.com/gpu]"),
+        (_with_resources("o", {"requests": {"example.com/gpu": "1"}}),
+         "spec.containers[0].resources.requests[example.com/gpu]"),
+        (_with_resources("p", {"limits": {"gpu": "1"}}),
+         "spec.containers[0].resources.limits[gpu]"),
+        ({"metadata": {"name": "m"}, "spec": {"volumes": [{"name": "v", "emptyDir": {}}],
+                                              "containers": [{"name": "c", "image": "i",
+                                                              "volumeMounts": TWICE}]}},
+         "spec.containers[0].volumeMounts[1].mountPath"),
     ]
     for body, field in cases:
         with pytest.raises(ApiException) as info:

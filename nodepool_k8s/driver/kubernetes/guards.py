@@ -65,8 +65,20 @@ _NAMES = {"cpu": "cpu", "memory": "memory", "storage": "ephemeral-storage"}
 
 
 def quota_hard(label: PoolLabel) -> dict[str, str]:
-    """The ResourceQuota's `hard`: requests.* and limits.* from the label, GPUs, and no
-    LoadBalancer/NodePort services unless `allow-external-services`."""
+    """The ResourceQuota's `hard`: requests.* and limits.* from the label, GPUs (unless
+    `resource-quota: false`), and no LoadBalancer/NodePort services unless
+    `allow-external-services`."""
+    hard: dict[str, str] = {}
+    if label.resource_quota:
+        hard.update(_compute_hard(label))
+    if not label.allow_external_services:
+        # Its own guard: `resource-quota: false` lifts the compute limits, not this.
+        hard["services.loadbalancers"] = "0"
+        hard["services.nodeports"] = "0"
+    return hard
+
+
+def _compute_hard(label: PoolLabel) -> dict[str, str]:
     requests, limits = _amounts(label)
     hard: dict[str, str] = {}
     for key, value in requests.items():
@@ -76,16 +88,11 @@ def quota_hard(label: PoolLabel) -> dict[str, str]:
     if label.gpu is not None and label.gpu_resource:
         # Extended resources are quota'd by request only (requests == limits for them).
         hard[f"requests.{label.gpu_resource}"] = manifests.quantity(label.gpu)
-    if not label.allow_external_services:
-        hard["services.loadbalancers"] = "0"
-        hard["services.nodeports"] = "0"
     return hard
 
 
 def resource_quota_body(namespace: str, label: PoolLabel,
                         labels: Mapping[str, str]) -> dict[str, Any] | None:
-    if not label.resource_quota:
-        return None
     hard = quota_hard(label)
     if not hard:
         return None

@@ -72,12 +72,13 @@ POD_RULES: list[dict[str, Any]] = [
 
 _DNS_LABEL_MAX = 63
 _LABEL_VALUE_MAX = 63
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# \Z, not $: $ also matches before a trailing newline, which the API server refuses.
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*\Z")
 
 
 # -- naming ------------------------------------------------------------------------------------
 
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?\Z")
 
 
 def is_namespace_name(name: str) -> bool:
