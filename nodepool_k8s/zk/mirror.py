@@ -19,7 +19,8 @@ reconnect the mirror re-reads everything (one pipelined request per watched znod
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
 the child `malformed` with the reason, reported once per version with its path through
-`records.REPORTS`; empty children are remembered as `empty` (for cleanup). Neither is in
+`records.REPORTS`; so is a child whose ACL does not let us read it (another client's);
+empty children are remembered as `empty` (for cleanup). Neither is in
 `items`, so nothing acts on them. Session and connection events (no path) reaching a watch
 are ignored here: the state listener resyncs after a reconnect.
 """
@@ -38,7 +39,7 @@ from kazoo import exceptions as kex
 from kazoo.protocol.states import EventType
 
 from nodepool_k8s import records
-from nodepool_k8s.zk import errors, locks
+from nodepool_k8s.zk import errors, locks, multiread
 from nodepool_k8s.zk.client import ConnectionState, ZkClient
 
 log = logging.getLogger("nodepool_k8s.zk.mirror")
@@ -323,6 +324,9 @@ class ChildMirror(Generic[T]):
         except kex.NoNodeError:
             self._remove(key)
             return
+        except kex.NoAuthError:
+            self._unreadable(key)
+            return
         except kex.KazooException as exc:
             log.debug("%s: reading %s failed (%s)", self.name, key, exc)
             return
@@ -352,6 +356,20 @@ class ChildMirror(Generic[T]):
                     self.malformed[key] = reason or "unusable"
             if self._on_change is not None:
                 self._on_change(key, old, record)
+        self._notify(CacheEvent.CHANGED, key)
+
+    def _unreadable(self, key: str) -> None:
+        """A child we may not read: as unusable as a malformed one (reported once, with
+        its path; the next resync reads it again, as no watch is set on it)."""
+        multiread.report_unreadable(self.name.replace("-cache", ""), self._path(key))
+        with self._lock:
+            if self.malformed.get(key) == multiread.UNREADABLE:
+                return
+            old = self.items.pop(key, None)
+            self.empty.discard(key)
+            self.malformed[key] = multiread.UNREADABLE
+            if self._on_change is not None:
+                self._on_change(key, old, None)
         self._notify(CacheEvent.CHANGED, key)
 
     def _on_lock(self, key: str, result: Any) -> None:
