@@ -89,6 +89,9 @@ class CleanupWorker(Worker):
         self._lost_due = True
         self._lock_dir_seen: dict[str, float] = {}
         self._orphans_seen: set[str] = set()
+        # Lost requests ZooKeeper would not let us lock or reset (another client's ACL), by
+        # the version refused: skipped until they change.
+        self._refused: dict[str, int] = {}
         self.orphans_released = 0
 
     # -- cache listeners (quick, on the cache thread) -------------------------------------
@@ -279,21 +282,37 @@ class CleanupWorker(Worker):
 
     def _lost_requests(self) -> None:
         engine = self.engine
-        for request in engine.request_cache.requests():
-            if request.state != model.PENDING or engine.stopping.is_set():
+        requests = engine.request_cache.requests()
+        if self._refused:
+            ids = {r.id for r in requests}
+            self._refused = {k: v for k, v in self._refused.items() if k in ids}
+        for request in requests:
+            if request.state != model.PENDING or engine.stopping.is_set() \
+                    or self._refused.get(request.id) == request.version:
                 continue
-            if engine.requests.lock_contenders(request.id):
-                continue  # somebody is working on it
-            got = engine.requests.lock_and_read(request.id)
-            if got is None:
-                continue
-            lock, fresh = got
             try:
-                if fresh.state == model.PENDING:
-                    self._reset(fresh, lock)
-            finally:
-                if not lock.released:
-                    lock.release()
+                self._reset_if_lost(request)
+            except errors.ZkAuthError as exc:
+                # One such request failed the step on every pass (a traceback each time),
+                # and the lost requests after it were never reset.
+                self._refused[request.id] = request.version
+                self.log.warning("Skipping request %s until it changes: %s",
+                                 paths.request_path(request.id), exc)
+
+    def _reset_if_lost(self, request: model.NodeRequest) -> None:
+        engine = self.engine
+        if engine.requests.lock_contenders(request.id):
+            return  # somebody is working on it
+        got = engine.requests.lock_and_read(request.id)
+        if got is None:
+            return
+        lock, fresh = got
+        try:
+            if fresh.state == model.PENDING:
+                self._reset(fresh, lock)
+        finally:
+            if not lock.released:
+                lock.release()
 
     def _reset(self, request: model.NodeRequest, lock: HeldLock) -> None:
         engine = self.engine

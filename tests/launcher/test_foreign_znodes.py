@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -13,6 +15,7 @@ from kazoo.security import ACL, Id, Permissions, make_digest_acl
 
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
+from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 
 # A znode only some other identity may use at all, and one anybody may only read.
@@ -41,3 +44,70 @@ def test_unreadable_node_does_not_stop_node_creation(
     assert kazoo_client.exists(foreign) is not None
     assert len(messages(caplog, f"{foreign}: not readable")) == 1
     assert not messages(caplog, "pass failed")
+
+
+def foreign_request(node_types: list[str]) -> bytes:
+    return json.dumps({"state": "requested", "node_types": node_types, "requestor": "other",
+                       "reuse": False, "relative_priority": 0, "declined_by": [],
+                       "tenant_name": None}).encode()
+
+
+def test_requests_we_may_not_lock_or_write_are_skipped(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Requests ahead of every other one that ZooKeeper does not let us write (read-only
+    for us), or lock (their request-lock dir, made beforehand, is read-only): each failed
+    every pass of the pool worker, and no request behind it was ever served."""
+    caplog.set_level(logging.INFO)
+    kazoo_client.ensure_path(paths.REQUESTS)
+    kazoo_client.ensure_path(paths.REQUEST_LOCKS)
+    unwritable = kazoo_client.create(paths.request_create_prefix("000"),
+                                     foreign_request(["small"]), acl=READ_ONLY,
+                                     sequence=True)
+    unlockable = kazoo_client.create(paths.request_create_prefix("000"),
+                                     foreign_request(["small"]), sequence=True)
+    kazoo_client.create(paths.request_lock_path(paths.basename(unlockable)), b"",
+                        acl=READ_ONLY)
+    launchers()
+    for _ in range(3):
+        zuul.run_build(["small"], timeout=20)
+    for path in (unwritable, unlockable):
+        assert json.loads(kazoo_client.get(path)[0])["state"] == "requested"
+        assert len(messages(caplog, f"Skipping request {path} until it changes")) == 1
+    assert not messages(caplog, "pass failed")
+
+
+def test_request_made_read_only_while_launching_is_given_up(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The requestor takes our write access to its request while its node launches: the
+    final write failed every pass of the pool worker from then on (no other request of
+    the pool was served), and the cleanup's reset of the now unlocked `pending` request
+    failed every full pass with a traceback. The request is given up instead, its node
+    kept for reuse, and both say so once."""
+    caplog.set_level(logging.INFO)
+    launcher = launchers()
+    gate = threading.Event()
+
+    def hold(spec: Any) -> None:
+        if spec.request.id == victim:
+            gate.wait(30)
+    victim = ""
+    launcher.providers["fake"].on_launch = hold  # type: ignore[attr-defined]
+    victim = zuul.submit(["small"])
+    zuul.wait(victim, 20, states=("pending",))
+    wait_for(lambda: launcher.providers["fake"].launching, 20,  # type: ignore[attr-defined]
+             message="the launch")
+    path = paths.request_path(victim)
+    kazoo_client.set_acls(path, READ_ONLY)
+    gate.set()
+    wait_for(lambda: messages(caplog, "Giving the request up"), 20,
+             message="the request given up")
+    launcher.cleanup.request_full_pass()
+    for _ in range(2):
+        zuul.run_build(["small"], timeout=20)
+    wait_for(lambda: messages(caplog, f"Skipping request {path} until it changes"), 20,
+             message="the cleanup skipping it")
+    assert json.loads(kazoo_client.get(path)[0])["state"] == "pending"
+    assert len(messages(caplog, "Giving the request up")) == 1
+    assert not messages(caplog, "pass failed") and not messages(caplog, "step lost")
