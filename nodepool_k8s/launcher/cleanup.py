@@ -92,6 +92,9 @@ class CleanupWorker(Worker):
         # Lost requests ZooKeeper would not let us lock or reset (another client's ACL), by
         # the version refused: skipped until they change.
         self._refused: dict[str, int] = {}
+        # Empty node znodes we may not remove (a child another client's ACL keeps): said
+        # once, tried again on full passes only.
+        self._empty_refused: set[str] = set()
         self.orphans_released = 0
 
     # -- cache listeners (quick, on the cache thread) -------------------------------------
@@ -132,7 +135,7 @@ class CleanupWorker(Worker):
         dirty.update(self.deleter.due_retries())
         ids = self.engine.node_cache.ids() if full else list(dirty)
         self._step("nodes", lambda: self._nodes(ids, now, full))
-        self._step("empty nodes", lambda: self._empty_nodes(now))
+        self._step("empty nodes", lambda: self._empty_nodes(now, full))
         if full or self._lost_due:
             self._lost_due = False
             self._step("lost requests", self._lost_requests)
@@ -268,8 +271,12 @@ class CleanupWorker(Worker):
             if not lock.released:
                 lock.release()
 
-    def _empty_nodes(self, now: float) -> None:
-        for node_id in self.engine.node_cache.empty_ids():
+    def _empty_nodes(self, now: float, full: bool) -> None:
+        empty = self.engine.node_cache.empty_ids()
+        self._empty_refused &= set(empty)
+        for node_id in empty:
+            if node_id in self._empty_refused and not full:
+                continue
             found = self.engine.zk.get(paths.node_path(node_id))
             if found is None or found[0]:
                 continue
@@ -277,7 +284,15 @@ class CleanupWorker(Worker):
                 self._next_recheck = min(self._next_recheck,
                                          found[1].mtime + self.engine.settings.empty_node_age)
                 continue
-            self.engine.nodes.delete_unlocked(node_id)
+            try:
+                self.engine.nodes.delete_unlocked(node_id)
+            except errors.ZkAuthError as exc:
+                # Raising failed this step on every pass (each node event makes one), with
+                # a traceback each time, and left the empty nodes after it alone.
+                if node_id not in self._empty_refused:
+                    self._empty_refused.add(node_id)
+                    self.log.warning("Leaving node znode %s without data: %s", node_id, exc)
+                continue
             self.log.info("Removed node znode %s without data", node_id)
 
     def _lost_requests(self) -> None:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
-from kazoo.security import ACL, Id, Permissions, make_digest_acl
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
 
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
@@ -21,6 +21,8 @@ from tests.launchers import LauncherFactory
 # A znode only some other identity may use at all, and one anybody may only read.
 OTHERS_ONLY = [make_digest_acl("someone", "else", all=True)]
 READ_ONLY = [ACL(Permissions.READ, Id("world", "anyone"))]
+# Read-only for everybody but its owner (who may change it back).
+OWNED_READ_ONLY = READ_ONLY + [make_digest_acl("owner", "secret", all=True)]
 OUR_READY_NODE = {"state": "ready", "provider": "fake", "pool": "main", "type": ["small"]}
 
 
@@ -111,3 +113,41 @@ def test_request_made_read_only_while_launching_is_given_up(
     assert json.loads(kazoo_client.get(path)[0])["state"] == "pending"
     assert len(messages(caplog, "Giving the request up")) == 1
     assert not messages(caplog, "pass failed") and not messages(caplog, "step lost")
+
+
+def test_nodes_we_may_not_remove_are_reported_once(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A used node of ours that is read-only for us, and a node znode without data whose
+    child we may not remove: each deletion attempt logged a traceback ("Unexpected error
+    while deleting", at every retry), and the empty-node step failed with a traceback on
+    every cleanup pass (one per node event). Both are said once now and left in place,
+    and removed once their ACL lets us."""
+    caplog.set_level(logging.INFO)
+    caplog.set_level(logging.DEBUG, logger="nodepool_k8s.NodeDeleter")
+    kazoo_client.ensure_path(paths.NODES)
+    kazoo_client.add_auth("digest", "owner:secret")
+    used = kazoo_client.create(paths.NODE_CREATE_PREFIX, json.dumps(
+        {**OUR_READY_NODE, "state": "used"}).encode(), acl=OWNED_READ_ONLY, sequence=True)
+    empty = kazoo_client.create(paths.NODE_CREATE_PREFIX, b"", sequence=True)
+    kazoo_client.create(f"{empty}/child", b"")
+    kazoo_client.set_acls(empty, OWNED_READ_ONLY)
+    launcher = launchers()
+    for _ in range(2):
+        zuul.run_build(["small"], timeout=20)
+    used_id, empty_id = paths.basename(used), paths.basename(empty)
+    wait_for(lambda: len(messages(caplog, f"[node: {used_id}] Cannot delete")) >= 3, 20,
+             message="retried deletions")
+    passes = launcher.cleanup.passes
+    wait_for(lambda: launcher.cleanup.passes >= passes + 3, 20, message="cleanup passes")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len([m for m in warnings if f"[node: {used_id}] Cannot delete" in m]) == 1
+    assert len(messages(caplog, f"Leaving node znode {empty_id} without data")) == 1
+    assert not messages(caplog, "Unexpected error") and not messages(caplog, "step empty")
+    assert kazoo_client.exists(used) is not None and kazoo_client.exists(empty) is not None
+    # Its owner opens them up: the next attempts remove both.
+    for path in (used, empty):
+        kazoo_client.set_acls(path, OPEN_ACL_UNSAFE)
+    launcher.cleanup.request_full_pass()
+    wait_for(lambda: kazoo_client.exists(used) is None and kazoo_client.exists(empty) is None,
+             30, message="both removed")
