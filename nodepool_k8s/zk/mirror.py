@@ -105,6 +105,10 @@ class ChildMirror(Generic[T]):
         self.malformed: dict[str, str] = {}
         self._mzxid: dict[str, int] = {}
         self._dead: dict[str, float] = {}
+        # When the root was created (its czxid): a root deleted and created again (by hand,
+        # a cleanup script) starts its sequential names over, and a child older than it is
+        # a stale answer.
+        self._root_czxid: int | None = None
         self._lock = threading.RLock()
         self._tasks: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]] | None] = \
             queue.Queue()
@@ -222,7 +226,8 @@ class ChildMirror(Generic[T]):
         if not self.zk.connected:
             return
         try:
-            children = self.zk.kazoo.get_children(self.root, watch=self._root_watch)
+            children, stat = self.zk.kazoo.get_children(self.root, watch=self._root_watch,
+                                                        include_data=True)
         except kex.NoNodeError:
             self.zk.ensure_path(self.root)
             self._submit(self._resync)
@@ -240,6 +245,8 @@ class ChildMirror(Generic[T]):
                 [k for k in self.malformed if k not in present]
         for key in gone:
             self._remove(key)
+        if self._root_recreated(stat):
+            self._dead.clear()  # the names of the new root's children may be old ones
         self._resyncing = True
         self._pending = 0
         self._backlog = collections.deque(sorted(present))
@@ -260,11 +267,25 @@ class ChildMirror(Generic[T]):
         self._synced.set()
         self._notify(CacheEvent.SYNCED, "")
 
+    def _root_recreated(self, stat: Any) -> bool:
+        """Whether the root is another znode than the one listed before (and remember it)."""
+        old, self._root_czxid = self._root_czxid, stat.czxid
+        return old is not None and old != stat.czxid
+
     def _refresh_root(self) -> None:
         try:
-            children = self.zk.kazoo.get_children(self.root, watch=self._root_watch)
+            children, stat = self.zk.kazoo.get_children(self.root, watch=self._root_watch,
+                                                        include_data=True)
+        except kex.NoNodeError:
+            # The root itself was deleted, and our watch with it: without a resync (which
+            # creates it again and watches it) nothing was seen until the next reconnect.
+            self._resync()
+            return
         except kex.KazooException as exc:
             log.debug("%s: root listing failed (%s); resync follows reconnect", self.name, exc)
+            return
+        if self._root_czxid is not None and stat.czxid != self._root_czxid:
+            self._resync()  # deleted and created again since we looked
             return
         present = {c for c in children if self._accept(c)}
         with self._lock:
@@ -332,6 +353,8 @@ class ChildMirror(Generic[T]):
             return
         if stat.mzxid < self._mzxid.get(key, -1):
             return  # an older answer overtaken by a newer one
+        if self._root_czxid is not None and stat.czxid < self._root_czxid:
+            return  # a child of a root that has since been deleted
         self.events += 1
         record: T | None = None
         reason: str | None = None

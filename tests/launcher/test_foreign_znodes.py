@@ -151,3 +151,21 @@ def test_nodes_we_may_not_remove_are_reported_once(
     launcher.cleanup.request_full_pass()
     wait_for(lambda: kazoo_client.exists(used) is None and kazoo_client.exists(empty) is None,
              30, message="both removed")
+
+
+def test_serving_goes_on_after_the_protocol_dirs_are_deleted(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient) -> None:
+    """Somebody deletes `/nodepool/requests`, `/nodepool/nodes` and the request-lock dir
+    (all empty, between builds). The caches' watches went with the dirs: no request was
+    seen again until a reconnect. And the recreated dirs start their sequence numbers over,
+    so the next request and node had the names of deleted ones, which the caches ignored
+    as deleted for a minute."""
+    launchers()
+    first, nodes = zuul.run_build(["small"], timeout=20)
+    wait_for(lambda: not kazoo_client.get_children(paths.NODES), 20, message="nodes removed")
+    for path in (paths.REQUESTS, paths.NODES, paths.REQUEST_LOCKS):
+        kazoo_client.delete(path, recursive=True)
+    second, again = zuul.run_build(["small"], timeout=20)
+    assert (second, again) == (first, nodes)  # the same names, as the sequences started over
+    wait_for(lambda: not kazoo_client.get_children(paths.NODES), 20,
+             message="the used node of the second build removed")
