@@ -123,6 +123,11 @@ class NodeCache(MirroredCache[Node]):
         with self._mirror._lock:
             return bool(self._mirror.contenders.get(node_id))
 
+    def unusable(self, node_id: str) -> bool:
+        """Whether the node's znode holds no usable record (malformed or unreadable)."""
+        with self._mirror._lock:
+            return node_id in self._mirror.malformed
+
     def empty_ids(self) -> list[str]:
         with self._mirror._lock:
             return list(self._mirror.empty)

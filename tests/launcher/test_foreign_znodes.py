@@ -13,6 +13,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
 
+from nodepool_k8s import records
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
@@ -169,3 +170,23 @@ def test_serving_goes_on_after_the_protocol_dirs_are_deleted(
     assert (second, again) == (first, nodes)  # the same names, as the sequences started over
     wait_for(lambda: not kazoo_client.get_children(paths.NODES), 20,
              message="the used node of the second build removed")
+
+
+def test_junk_nodes_are_not_read_at_every_quota_decision(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient,
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Node znodes the cache found malformed were read again by every quota decision
+    (they are not in the cache, like a node created a moment ago): ten thousand of them
+    cost each decision a second of reading, and past the memory of reported records
+    (here made small) every decision logged each of them again."""
+    monkeypatch.setattr(records.REPORTS, "limit", 5)
+    kazoo_client.ensure_path(paths.NODES)
+    junk = [kazoo_client.create(paths.NODE_CREATE_PREFIX, b'{"state": 5}', sequence=True)
+            for _ in range(8)]
+    launcher = launchers()
+    wait_for(lambda: len(launcher.node_cache.malformed()) == len(junk), 20,
+             message="the junk seen by the cache")
+    for _ in range(3):
+        zuul.run_build(["small"], timeout=20)
+    for path in junk:
+        assert len(messages(caplog, f"Skipping malformed node {path}:")) == 1, path
