@@ -190,3 +190,21 @@ def test_junk_nodes_are_not_read_at_every_quota_decision(
         zuul.run_build(["small"], timeout=20)
     for path in junk:
         assert len(messages(caplog, f"Skipping malformed node {path}:")) == 1, path
+
+
+def test_a_persistent_pool_registration_is_not_yielded_to(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A pool registration that is no ephemeral znode (left by a tool, or written by hand)
+    names no live launcher; with a better priority for our label, every pool yielded to it
+    forever, silently, and no request was served."""
+    caplog.set_level(logging.INFO)
+    path = kazoo_client.create(f"{paths.POOL_COMPONENTS}/oldtool-", json.dumps({
+        "hostname": "gone", "kind": "pool", "id": "gone-PoolWorker.x-main-1", "name": "main",
+        "provider_name": "x", "supported_labels": ["small"], "priority": 1, "paused": False,
+        "state": "running"}).encode(), sequence=True, makepath=True)
+    launchers()
+    for _ in range(2):
+        zuul.run_build(["small"], timeout=20)
+    assert len(messages(caplog, f"Ignoring pool registration {path}:")) == 1
+    assert kazoo_client.exists(path) is not None
