@@ -89,6 +89,12 @@ class CleanupWorker(Worker):
         self._lost_due = True
         self._lock_dir_seen: dict[str, float] = {}
         self._orphans_seen: set[str] = set()
+        # Lost requests ZooKeeper would not let us lock or reset (another client's ACL), by
+        # the version refused: skipped until they change.
+        self._refused: dict[str, int] = {}
+        # Empty node znodes we may not remove (a child another client's ACL keeps): said
+        # once, tried again on full passes only.
+        self._empty_refused: set[str] = set()
         self.orphans_released = 0
 
     # -- cache listeners (quick, on the cache thread) -------------------------------------
@@ -129,7 +135,7 @@ class CleanupWorker(Worker):
         dirty.update(self.deleter.due_retries())
         ids = self.engine.node_cache.ids() if full else list(dirty)
         self._step("nodes", lambda: self._nodes(ids, now, full))
-        self._step("empty nodes", lambda: self._empty_nodes(now))
+        self._step("empty nodes", lambda: self._empty_nodes(now, full))
         if full or self._lost_due:
             self._lost_due = False
             self._step("lost requests", self._lost_requests)
@@ -265,8 +271,12 @@ class CleanupWorker(Worker):
             if not lock.released:
                 lock.release()
 
-    def _empty_nodes(self, now: float) -> None:
-        for node_id in self.engine.node_cache.empty_ids():
+    def _empty_nodes(self, now: float, full: bool) -> None:
+        empty = self.engine.node_cache.empty_ids()
+        self._empty_refused &= set(empty)
+        for node_id in empty:
+            if node_id in self._empty_refused and not full:
+                continue
             found = self.engine.zk.get(paths.node_path(node_id))
             if found is None or found[0]:
                 continue
@@ -274,26 +284,50 @@ class CleanupWorker(Worker):
                 self._next_recheck = min(self._next_recheck,
                                          found[1].mtime + self.engine.settings.empty_node_age)
                 continue
-            self.engine.nodes.delete_unlocked(node_id)
+            try:
+                self.engine.nodes.delete_unlocked(node_id)
+            except errors.ZkAuthError as exc:
+                # Raising failed this step on every pass (each node event makes one), with
+                # a traceback each time, and left the empty nodes after it alone.
+                if node_id not in self._empty_refused:
+                    self._empty_refused.add(node_id)
+                    self.log.warning("Leaving node znode %s without data: %s", node_id, exc)
+                continue
             self.log.info("Removed node znode %s without data", node_id)
 
     def _lost_requests(self) -> None:
         engine = self.engine
-        for request in engine.request_cache.requests():
-            if request.state != model.PENDING or engine.stopping.is_set():
+        requests = engine.request_cache.requests()
+        if self._refused:
+            ids = {r.id for r in requests}
+            self._refused = {k: v for k, v in self._refused.items() if k in ids}
+        for request in requests:
+            if request.state != model.PENDING or engine.stopping.is_set() \
+                    or self._refused.get(request.id) == request.version:
                 continue
-            if engine.requests.lock_contenders(request.id):
-                continue  # somebody is working on it
-            got = engine.requests.lock_and_read(request.id)
-            if got is None:
-                continue
-            lock, fresh = got
             try:
-                if fresh.state == model.PENDING:
-                    self._reset(fresh, lock)
-            finally:
-                if not lock.released:
-                    lock.release()
+                self._reset_if_lost(request)
+            except errors.ZkAuthError as exc:
+                # One such request failed the step on every pass (a traceback each time),
+                # and the lost requests after it were never reset.
+                self._refused[request.id] = request.version
+                self.log.warning("Skipping request %s until it changes: %s",
+                                 paths.request_path(request.id), exc)
+
+    def _reset_if_lost(self, request: model.NodeRequest) -> None:
+        engine = self.engine
+        if engine.requests.lock_contenders(request.id):
+            return  # somebody is working on it
+        got = engine.requests.lock_and_read(request.id)
+        if got is None:
+            return
+        lock, fresh = got
+        try:
+            if fresh.state == model.PENDING:
+                self._reset(fresh, lock)
+        finally:
+            if not lock.released:
+                lock.release()
 
     def _reset(self, request: model.NodeRequest, lock: HeldLock) -> None:
         engine = self.engine

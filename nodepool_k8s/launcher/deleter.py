@@ -38,7 +38,7 @@ from nodepool_k8s.clock import Clock
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.settings import EngineSettings, next_backoff
 from nodepool_k8s.model import Node
-from nodepool_k8s.zk.errors import ZkConnectionError
+from nodepool_k8s.zk.errors import ZkAuthError, ZkConnectionError
 from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock
@@ -171,6 +171,9 @@ class NodeDeleter:
         self.refused = 0
         # Called after a deletion completed or failed (the cleanup worker re-evaluates).
         self.on_done = on_done
+        # Nodes ZooKeeper would not let us lock, write or remove (another client's ACL):
+        # said once; their retries (with backoff) are quiet.
+        self._refused: set[str] = set()
 
     # -- scheduling -----------------------------------------------------------------------
     def _claim(self, key: RetryKey) -> bool:
@@ -217,6 +220,7 @@ class NodeDeleter:
         with self._lock:
             if node_id not in self._in_flight:
                 self._retry.pop(node_id, None)
+                self._refused.discard(node_id)
 
     def prune(self, live_node_ids: Iterable[str]) -> None:
         """Drop node retries of nodes that no longer exist."""
@@ -225,6 +229,7 @@ class NodeDeleter:
             for key in [k for k in self._retry if isinstance(k, str)
                         and k not in live and k not in self._in_flight]:
                 del self._retry[key]
+            self._refused &= live
 
     def prune_leaks(self, provider_name: str, listed: Iterable[str]) -> None:
         """Drop leak retries of a provider's resources that are no longer listed."""
@@ -265,6 +270,13 @@ class NodeDeleter:
         except (ZkSessionLost, ZkConnectionError) as exc:
             if not self.engine.stopping.is_set():
                 log.warning("[node: %s] Deletion interrupted: %s", node_id, exc)
+            failed = True
+        except ZkAuthError as exc:
+            with self._lock:
+                first = node_id not in self._refused
+                self._refused.add(node_id)
+            log.log(logging.WARNING if first else logging.DEBUG,
+                    "[node: %s] Cannot delete the node: %s; will retry", node_id, exc)
             failed = True
         except Exception:
             log.exception("[node: %s] Unexpected error while deleting", node_id)

@@ -439,6 +439,14 @@ class RequestHandler:
             txn.commit(self.engine.zk)
         except errors.TxnFailed as exc:
             return self._final_failed(exc, locks)
+        except errors.ZkAuthError as exc:
+            if not with_request or exc.path != paths.request_path(self.request.id):
+                raise
+            # The requestor's ACL no longer lets us write its request: as good as gone.
+            # Raising instead failed every pass of the pool worker, and no other request
+            # of the pool was served any more.
+            self.log.warning("Giving the request up: %s", exc)
+            return GONE
         except errors.ZkConnectionError:
             # Ambiguous: the reply was lost. If the request carries exactly what we wrote,
             # the whole transaction was applied (it is atomic): nothing to do again.

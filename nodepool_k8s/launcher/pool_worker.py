@@ -37,7 +37,7 @@ from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.launch import LaunchPool
 from nodepool_k8s.launcher.worker import Worker
 from nodepool_k8s.model import NodeRequest, Resources
-from nodepool_k8s.zk import errors
+from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.pool_status import StatusWriter
 from nodepool_k8s.zk.registry import Registration, pool_worker_id
@@ -86,6 +86,9 @@ class PoolWorker(Worker):
         self._contended = False
         # Requests whose lock dir exists (someone locked them before): never batched.
         self.lock_dir_seen: set[str] = set()
+        # Requests ZooKeeper would not let us lock or write (another client's ACL), by the
+        # version refused: skipped until they change.
+        self.refused: dict[str, int] = {}
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -207,13 +210,16 @@ class PoolWorker(Worker):
         tenant_usage: list[quota.UsageRecord] | None = None
         batch = _Batch(self, provider, provider_cfg, pool_cfg)
         requests = self.engine.request_cache.requests()
-        if self.lock_dir_seen:
-            self.lock_dir_seen &= {r.id for r in requests}
+        if self.lock_dir_seen or self.refused:
+            ids = {r.id for r in requests}
+            self.lock_dir_seen &= ids
+            self.refused = {k: v for k, v in self.refused.items() if k in ids}
         for request in plan.order(requests, pool_cfg.labels):
             if self.engine.stopping.is_set():
                 break
             if request.id in self.handlers or request.state != model.REQUESTED \
-                    or self.id in request.declined_by or self._creator_starting(request):
+                    or self.id in request.declined_by or self._creator_starting(request) \
+                    or self.refused.get(request.id) == request.version:
                 continue
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
@@ -240,8 +246,12 @@ class PoolWorker(Worker):
                     continue  # accepted together with the next ones (`_Batch.flush`)
             # Anything else is taken on its own, after the batch before it (order kept).
             paused = batch.flush(paused)
-            handler = self._take(request, decision, provider, me, pool_cfg, provider_cfg,
-                                 registered, cloud, paused, refusal)
+            try:
+                handler = self._take(request, decision, provider, me, pool_cfg,
+                                     provider_cfg, registered, cloud, paused, refusal)
+            except errors.ZkAuthError as exc:
+                self.refuse(request, exc)
+                continue
             if handler is not None:
                 if probe:
                     self._probes.add(handler.request.id)
@@ -304,6 +314,14 @@ class PoolWorker(Worker):
                 "Declined (%s); request is now %s", decline_reason, fresh.state)
             return None
         return self._new_handler(provider, fresh, lock)
+
+    def refuse(self, request: NodeRequest, exc: errors.ZkAuthError) -> None:
+        """ZooKeeper refused to let us lock or write `request`: skip it until it changes
+        (one such request failed every pass, and no request behind it was served)."""
+        if self.refused.get(request.id) != request.version:
+            self.refused[request.id] = request.version
+            self.log.warning("Skipping request %s until it changes: %s",
+                             paths.request_path(request.id), exc)
 
     def _new_handler(self, provider: Provider, request: NodeRequest,
                      lock: HeldLock) -> RequestHandler:
@@ -552,6 +570,9 @@ class _Batch:
                     handler = worker._new_handler(self.provider, fresh, lock)
             except (errors.NoNodeError, errors.VersionConflict):
                 continue  # it changed meanwhile; the cache event brings us back
+            except errors.ZkAuthError as exc:
+                worker.refuse(fresh, exc)
+                continue
             except Exception as exc:
                 failure = failure or exc
                 continue

@@ -124,6 +124,11 @@ class NodeCache(MirroredCache[Node]):
         with self._mirror._lock:
             return bool(self._mirror.contenders.get(node_id))
 
+    def unusable(self, node_id: str) -> bool:
+        """Whether the node's znode holds no usable record (malformed or unreadable)."""
+        with self._mirror._lock:
+            return node_id in self._mirror.malformed
+
     def empty_ids(self) -> list[str]:
         with self._mirror._lock:
             return list(self._mirror.empty)
@@ -232,6 +237,7 @@ class ComponentCache:
         self._listeners: list[Listener] = []
         self._tree: TreeCache | None = None
         self._synced = threading.Event()
+        self._ignored: set[str] = set()  # persistent pool registrations, reported once
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -295,9 +301,15 @@ class ComponentCache:
         owner = getattr(data.stat, "ephemeralOwner", 0) if data.stat is not None else 0
         component = None if removed else decode_component(parts[0], parts[1], data.data,
                                                           owner)
+        if component is not None and component.kind == "pool" and component.id \
+                and not component.owner and data.path not in self._ignored:
+            self._ignored.add(data.path)
+            log.warning("Ignoring pool registration %s: it is not ephemeral, so no live "
+                        "launcher stands behind it", data.path)
         with self._lock:
             if component is None:
                 self._components.pop(key, None)
+                self._ignored.discard(data.path)
             else:
                 self._components[key] = component
         self._notify(CacheEvent.REMOVED if removed else CacheEvent.CHANGED, "/".join(parts))
@@ -307,7 +319,10 @@ class ComponentCache:
             return [c for (k, _), c in self._components.items() if kind is None or k == kind]
 
     def pools(self) -> list[Component]:
-        return [c for c in self.components("pool") if c.id]
+        """Registered pools. Launchers register them as ephemeral znodes; a persistent one
+        (left by a tool, or written by hand) outlives any launcher and would be yielded to,
+        or waited for to decline, forever."""
+        return [c for c in self.components("pool") if c.id and c.owner]
 
     def launchers(self) -> list[Component]:
         return self.components("launcher")

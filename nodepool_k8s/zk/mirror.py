@@ -31,7 +31,8 @@ every event after any listing taken since the watch was added gives the right se
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
 the child `malformed` with the reason, reported once per version with its path through
-`records.REPORTS`; empty children are remembered as `empty` (for cleanup). Neither is in
+`records.REPORTS`; so is a child whose ACL does not let us read it (another client's);
+empty children are remembered as `empty` (for cleanup). Neither is in
 `items`, so nothing acts on them. Session and connection events (no path) reaching a watch
 are ignored here: the state listener resyncs after a reconnect.
 """
@@ -50,7 +51,7 @@ from kazoo import exceptions as kex
 from kazoo.protocol.states import EventType
 
 from nodepool_k8s import records
-from nodepool_k8s.zk import errors, locks
+from nodepool_k8s.zk import errors, locks, multiread
 from nodepool_k8s.zk.client import ConnectionState, ZkClient
 
 log = logging.getLogger("nodepool_k8s.zk.mirror")
@@ -117,6 +118,10 @@ class ChildMirror(Generic[T]):
         self.malformed: dict[str, str] = {}
         self._mzxid: dict[str, int] = {}
         self._dead: dict[str, float] = {}
+        # When the root was created (its czxid): a root deleted and created again (by hand,
+        # a cleanup script) starts its sequential names over, and a child older than it is
+        # a stale answer.
+        self._root_czxid: int | None = None
         self._lock = threading.RLock()
         self._tasks: queue.Queue[tuple[Callable[..., None], tuple[Any, ...]] | None] = \
             queue.Queue()
@@ -243,7 +248,16 @@ class ChildMirror(Generic[T]):
         self._submit(self._on_tree_event, kind, path)
 
     def _on_tree_event(self, kind: str, path: str) -> None:
-        if not self._tree or not path.startswith(self.root + "/"):
+        if not self._tree:
+            return
+        if path == self.root:
+            if kind in (EventType.CREATED, EventType.DELETED):
+                # Deleted: the resync creates it again (the launcher's creates need it).
+                # Created again: its sequential names start over, which the resync's
+                # listing notices (a new czxid), forgetting the old names.
+                self._resync()
+            return
+        if not path.startswith(self.root + "/"):
             return
         parts = path[len(self.root) + 1:].split("/")
         key = parts[0]
@@ -311,8 +325,8 @@ class ChildMirror(Generic[T]):
                     self._want_tree = False
                     log.info("%s: ZooKeeper has no persistent watches (3.6+); using "
                              "one-shot watches", self.name)
-            children = self.zk.kazoo.get_children(
-                self.root, watch=None if self._tree else self._root_watch)
+            children, stat = self.zk.kazoo.get_children(
+                self.root, watch=None if self._tree else self._root_watch, include_data=True)
         except kex.NoNodeError:
             self.zk.ensure_path(self.root)
             self._submit(self._resync)
@@ -330,6 +344,8 @@ class ChildMirror(Generic[T]):
                 [k for k in self.malformed if k not in present]
         for key in gone:
             self._remove(key)
+        if self._root_recreated(stat):
+            self._dead.clear()  # the names of the new root's children may be old ones
         self._resyncing = True
         self._pending = 0
         self._backlog = collections.deque(sorted(present))
@@ -355,11 +371,25 @@ class ChildMirror(Generic[T]):
         self._synced.set()
         self._notify(CacheEvent.SYNCED, "")
 
+    def _root_recreated(self, stat: Any) -> bool:
+        """Whether the root is another znode than the one listed before (and remember it)."""
+        old, self._root_czxid = self._root_czxid, stat.czxid
+        return old is not None and old != stat.czxid
+
     def _refresh_root(self) -> None:
         try:
-            children = self.zk.kazoo.get_children(self.root, watch=self._root_watch)
+            children, stat = self.zk.kazoo.get_children(self.root, watch=self._root_watch,
+                                                        include_data=True)
+        except kex.NoNodeError:
+            # The root itself was deleted, and our watch with it: without a resync (which
+            # creates it again and watches it) nothing was seen until the next reconnect.
+            self._resync()
+            return
         except kex.KazooException as exc:
             log.debug("%s: root listing failed (%s); resync follows reconnect", self.name, exc)
+            return
+        if self._root_czxid is not None and stat.czxid != self._root_czxid:
+            self._resync()  # deleted and created again since we looked
             return
         present = {c for c in children if self._accept(c)}
         with self._lock:
@@ -429,11 +459,16 @@ class ChildMirror(Generic[T]):
         except kex.NoNodeError:
             self._remove(key)
             return
+        except kex.NoAuthError:
+            self._unreadable(key)
+            return
         except kex.KazooException as exc:
             log.debug("%s: reading %s failed (%s)", self.name, key, exc)
             return
         if stat.mzxid < self._mzxid.get(key, -1):
             return  # an older answer overtaken by a newer one
+        if self._root_czxid is not None and stat.czxid < self._root_czxid:
+            return  # a child of a root that has since been deleted
         self.events += 1
         record: T | None = None
         reason: str | None = None
@@ -458,6 +493,20 @@ class ChildMirror(Generic[T]):
                     self.malformed[key] = reason or "unusable"
             if self._on_change is not None:
                 self._on_change(key, old, record)
+        self._notify(CacheEvent.CHANGED, key)
+
+    def _unreadable(self, key: str) -> None:
+        """A child we may not read: as unusable as a malformed one (reported once, with
+        its path; the next resync reads it again, as no watch is set on it)."""
+        multiread.report_unreadable(self.name.replace("-cache", ""), self._path(key))
+        with self._lock:
+            if self.malformed.get(key) == multiread.UNREADABLE:
+                return
+            old = self.items.pop(key, None)
+            self.empty.discard(key)
+            self.malformed[key] = multiread.UNREADABLE
+            if self._on_change is not None:
+                self._on_change(key, old, None)
         self._notify(CacheEvent.CHANGED, key)
 
     def _on_lock(self, key: str, result: Any) -> None:

@@ -8,7 +8,9 @@ of the connection thread (about 0.1 ms each on a small machine), so 20,000 pipel
 take seconds; batched, ten thousand nodes with their lock dirs list in a fraction of that.
 
 Unlike a write multi, a multiRead is not all-or-nothing: each operation has its own result,
-and a missing znode yields `None` for that entry only. A server without multiRead (older
+and a missing znode yields `None` for that entry only. So does a znode whose ACL does not
+let us read it (another client's): it is reported once with its path (`UNREADABLE`), and
+one such znode cannot fail every batch it is part of. A server without multiRead (older
 than 3.6) answers with an error; `read_many` then falls back to pipelined single reads.
 """
 
@@ -20,6 +22,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from kazoo import exceptions as kex
 
+from nodepool_k8s import records
 from nodepool_k8s.zk import _kazoo_ext
 
 log = logging.getLogger("nodepool_k8s.zk.multiread")
@@ -32,6 +35,12 @@ BATCH = 500
 WINDOW = 4
 
 ReadResult = Any  # (bytes, ZnodeStat) for GET, list[str] for CHILDREN, None when missing
+UNREADABLE = "not readable: its ACL grants us no READ (NoAuthError)"
+
+
+def report_unreadable(what: str, path: str) -> None:
+    """Log a znode we may not read, once (it is skipped like a missing one)."""
+    records.REPORTS.report(what, path, -1, UNREADABLE)
 
 
 class MultiReadUnsupported(Exception):
@@ -58,17 +67,20 @@ def _send(client: Any, ops: Sequence[tuple[str, str]]) -> Any:
 
 
 def _batch(client: Any, ops: Sequence[tuple[str, str]]) -> list[ReadResult]:
-    return _collect(_send(client, ops))
+    return _collect(_send(client, ops), ops)
 
 
-def _collect(async_result: Any) -> list[ReadResult]:
+def _collect(async_result: Any, ops: Sequence[tuple[str, str]]) -> list[ReadResult]:
     try:
         results = async_result.get()
     except (kex.UnimplementedError, kex.MarshallingError, kex.BadArgumentsError) as exc:
         raise MultiReadUnsupported(str(exc)) from exc
     out: list[ReadResult] = []
-    for result in results:
+    for (_, path), result in zip(ops, results):
         if isinstance(result, kex.NoNodeError):
+            out.append(None)
+        elif isinstance(result, kex.NoAuthError):
+            report_unreadable("znode", path)
             out.append(None)
         elif isinstance(result, Exception):
             raise result
@@ -81,10 +93,13 @@ def _pipelined(client: Any, ops: Sequence[tuple[str, str]]) -> list[ReadResult]:
     pending = [client.get_async(path) if kind == GET else client.get_children_async(path)
                for kind, path in ops]
     out: list[ReadResult] = []
-    for result in pending:
+    for (_, path), result in zip(ops, pending):
         try:
             value = result.get()
         except kex.NoNodeError:
+            value = None
+        except kex.NoAuthError:
+            report_unreadable("znode", path)
             value = None
         out.append(list(value) if isinstance(value, list) else value)
     return out
@@ -123,7 +138,7 @@ class BatchReader:
                 sent += 1
             start, result = in_flight.popleft()
             try:
-                part = _collect(result)
+                part = _collect(result, ops[start:start + batch])
                 self.supported = True
             except MultiReadUnsupported as exc:
                 log.info("ZooKeeper has no multiRead (%s); using pipelined reads", exc)

@@ -90,6 +90,10 @@ def commit_guarded(zk: ZkClient, attempts: int,
 class NodeLookup(Protocol):
     def get(self, node_id: str) -> quota.NodeUsage | None: ...
 
+    def unusable(self, node_id: str) -> bool:
+        """Known to hold no usable record (malformed, unreadable): not counted."""
+        ...
+
 
 Fallback = Callable[[quota.NodeUsage], Resources | None]
 # Which nodes a decision needs (e.g. "of this provider, or of this tenant"); None: all.
@@ -231,7 +235,11 @@ class QuotaGuard:
                 if node is None:
                     node = created.get(node_id)
                     if node is None:
-                        missing.append(node_id)
+                        # A record the cache found unusable would not count either: read
+                        # at every decision, ten thousand junk znodes cost seconds each
+                        # and, past the report memory, a warning each every time.
+                        if not cache.unusable(node_id):
+                            missing.append(node_id)
                         continue
                 if keep is None or keep(node):
                     records.append(usage_record(node, fallback))

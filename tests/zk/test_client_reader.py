@@ -16,6 +16,7 @@ import uuid
 import pytest
 from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock
+from kazoo.security import make_digest_acl
 
 from nodepool_k8s.config.model import ZkTls
 from nodepool_k8s.testing.zookeeper import free_port
@@ -82,6 +83,26 @@ def test_reader_views(zkc: ZkClient, kazoo_client: KazooClient) -> None:
     assert [c.id for c in reader.pool_components()] == ["pid"]
     single = reader.node("0000000001")
     assert single is not None and single.locked
+
+
+@pytest.mark.parametrize("multiread", [True, False], ids=["multiread", "pipelined"])
+def test_unreadable_znodes_are_skipped_and_reported_once(
+        zkc: ZkClient, kazoo_client: KazooClient, caplog: pytest.LogCaptureFixture,
+        multiread: bool) -> None:
+    """A znode whose ACL denies us READ (another client's) failed the whole batched read
+    it was part of; it reads as missing now, logged once with its path."""
+    kazoo_client.ensure_path(paths.NODES)
+    body = json.dumps({"state": "ready", "type": ["small"], "provider": "p"}).encode()
+    kazoo_client.create(paths.node_path("0000000000"), body)
+    hidden = kazoo_client.create(paths.node_path("0000000001"), body,
+                                 acl=[make_digest_acl("someone", "else", all=True)])
+    if not multiread:
+        zkc._batch.supported = False
+    for _ in range(2):
+        assert [r.node.id for r in ZkReader(zkc).nodes()] == ["0000000000"]
+        found = dict(zkc.get_many([paths.node_path("0000000000"), hidden]))
+        assert found[hidden] is None and found[paths.node_path("0000000000")] is not None
+    assert caplog.text.count(f"{hidden}: not readable") == 1
 
 
 def test_reader_lists_ten_thousand_nodes(zkc: ZkClient, kazoo_client: KazooClient) -> None:

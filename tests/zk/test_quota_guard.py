@@ -28,6 +28,9 @@ class NoCache:
     def get(self, node_id: str) -> quota.NodeUsage | None:
         return None
 
+    def unusable(self, node_id: str) -> bool:
+        return False
+
 
 def create_nodes(zkc: ZkClient, guard: QuotaGuard, count: int, *,
                  use_known: bool) -> tuple[list[str], int]:
