@@ -32,6 +32,9 @@ Validator = Callable[[Any], Any]
 
 ZK_PORT = 2181  # NB: Nodepool's code said 2281 while its docs said 2181; we follow the docs.
 ZK_TIMEOUT = 10.0
+# kazoo sends the session timeout in ms as a 32-bit integer (at most 24.8 days: more fails
+# every connection attempt); the server clamps it to its maxSessionTimeout anyway.
+MAX_ZK_TIMEOUT = 86400.0
 WEBAPP_PORT = 8005
 WEBAPP_LISTEN_ADDRESS = "127.0.0.1"
 WEBAPP_THREADS = 8
@@ -624,7 +627,7 @@ MAIN = mapping({
     Optional("zookeeper-tls"): _ZK_TLS,
     Optional("zookeeper-auth"): _ZK_AUTH,
     Optional("zookeeper-acl"): _ZK_ACL,
-    Optional("zookeeper-timeout"): _timeout,
+    Optional("zookeeper-timeout"): number(positive=True, maximum=MAX_ZK_TIMEOUT),
     Optional("labels"): list_of(_LABEL, allow_none=True),
     Optional("providers"): list_of(provider, allow_none=True),
     Optional("max-hold-age"): _seconds,

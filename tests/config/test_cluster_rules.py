@@ -180,6 +180,16 @@ def test_durations_that_overflow_a_wait_are_refused(place: str, key: str) -> Non
     assert_problem(data, "providers[0].api-backoff[1]", "must be at most 1e+09")
 
 
+def test_a_session_timeout_kazoo_cannot_send_is_refused() -> None:
+    # kazoo packs it in ms into 32 bits: 3e6 s raised struct.error at every connection
+    # attempt, retried for ever.
+    data = base()
+    data["zookeeper-timeout"] = 3e6
+    assert_problem(data, "zookeeper-timeout", "must be at most 86400")
+    data["zookeeper-timeout"] = 86400
+    assert load(data)
+
+
 def test_token_lifetime_above_2_32_seconds_is_refused() -> None:
     data = base()
     at(data, "provider")["token-lifetime"] = 2 ** 32 + 1
