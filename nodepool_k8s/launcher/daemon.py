@@ -46,6 +46,7 @@ from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
 from nodepool_k8s.zk import events as zk_events
+from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.identity import resolve_installation_id
 from nodepool_k8s.zk.pool_status import JsonDirCache
 from nodepool_k8s.zk.reader import ZkReader
@@ -309,11 +310,26 @@ class Launcher:
         self.min_ready.wake()
 
     def _on_component_event(self, kind: CacheEvent, key: str) -> None:
+        if kind is CacheEvent.REMOVED and self.engine.registry.owns(key) \
+                and not self.engine.stopping.is_set():
+            # Another client deleted one of our live registrations: without it, Zuul and
+            # the other launchers believe our pool is gone (and may fail requests only it
+            # serves) until the session ends. Not on the cache's thread: it writes.
+            threads.start("reregister", lambda: self._restore_registration(key),
+                          on_crash=threads.Crash.END, report=self.engine.stats.thread_crashed)
         with self._components_changed:
             self._components_changed.notify_all()
         self.cleanup.on_component_event(kind, key)
         for worker in list(self.pool_workers.values()):
             worker.wake()
+
+    def _restore_registration(self, key: str) -> None:
+        log.warning("Component %s/%s of this launcher was deleted by another client; "
+                    "registering it again", paths.COMPONENTS, key)
+        try:
+            self.engine.registry.reregister_all()
+        except NodepoolError as exc:
+            log.warning("Could not re-register components yet: %s", exc)
 
     def _on_breaker_event(self, kind: CacheEvent, key: str) -> None:
         for worker in list(self.pool_workers.values()):

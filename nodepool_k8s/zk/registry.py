@@ -8,7 +8,8 @@ pool entries to decide "every pool declined", provider preference and priority; 
 `id` and `supported_labels`.
 
 Failure modes: writes raise `ZkConnectionError`/`ZkSessionLost` while ZooKeeper is away;
-`reregister_all` (called on reconnect after LOST) restores every registration.
+`reregister_all` (called on reconnect after LOST, and when another client deleted one of
+ours, see `owns`) restores every registration whose znode is gone.
 """
 
 from __future__ import annotations
@@ -116,6 +117,13 @@ class ComponentRegistry:
                 self.zk.delete(path)
             except (errors.NoNodeError, errors.ZkConnectionError, errors.ZkSessionLost):
                 pass
+
+    def owns(self, key: str) -> bool:
+        """Whether `key` (`<kind>/<name>`, as the component cache names a component) is
+        the znode of one of our live registrations."""
+        path = f"{paths.COMPONENTS}/{key}"
+        with self._lock:
+            return any(reg.active and reg.path == path for reg in self._registrations)
 
     def forget_paths(self) -> None:
         """Session lost: our ephemerals are gone; remember that before re-registering."""

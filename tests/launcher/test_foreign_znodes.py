@@ -208,3 +208,23 @@ def test_a_persistent_pool_registration_is_not_yielded_to(
         zuul.run_build(["small"], timeout=20)
     assert len(messages(caplog, f"Ignoring pool registration {path}:")) == 1
     assert kazoo_client.exists(path) is not None
+
+
+def test_our_registrations_deleted_by_another_client_come_back(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient) -> None:
+    """Another client deleted the launcher's ephemeral pool and launcher registrations:
+    they were created again only after the next change of their data (or the session), so
+    Zuul and the other launchers saw no pool for the label meanwhile."""
+    launcher = launchers()
+    ours = {kind: kazoo_client.get_children(f"{paths.COMPONENTS}/{kind}")
+            for kind in ("pool", "launcher")}
+    assert all(len(names) == 1 for names in ours.values()), ours
+    for kind, names in ours.items():
+        kazoo_client.delete(f"{paths.COMPONENTS}/{kind}/{names[0]}")
+    for kind, names in ours.items():
+        wait_for(lambda: (now := kazoo_client.get_children(f"{paths.COMPONENTS}/{kind}"))
+                 and now != names, 20, message=f"our {kind} registration again")
+    pool = kazoo_client.get_children(f"{paths.COMPONENTS}/pool")[0]
+    data = json.loads(kazoo_client.get(f"{paths.COMPONENTS}/pool/{pool}")[0])
+    assert "small" in data["supported_labels"] and launcher.pool_workers
+    zuul.run_build(["small"], timeout=20)
