@@ -100,6 +100,7 @@ class Params:
     nodepool_burst: str | None = None  # the side-by-side tool's JSON (Nodepool targets)
     scale_nodes: int = 10000
     scale_requests: int = 10
+    scale_loop_requests: int = 200  # closed loop among the scale nodes (0 skips it)
     launchers: list[int] = field(default_factory=lambda: [1, 2, 4])
     launcher_requests: int = 200
     launcher_concurrency: int = 16
@@ -116,7 +117,8 @@ class Params:
         return cls(requests=20, realistic_requests=6, serial=5, concurrency=4,
                    realistic=SimDelays(schedule=0.05, start=0.2, token=0.05,
                                        namespace_delete=0.1),
-                   burst=[10, 30], scale_nodes=1000, scale_requests=3, launchers=[1, 2],
+                   burst=[10, 30], scale_nodes=1000, scale_requests=3, scale_loop_requests=20,
+                   launchers=[1, 2],
                    launcher_requests=20, launcher_concurrency=6, quota=4, timeout=90.0,
                    quick=True)
 
@@ -713,7 +715,7 @@ class Bench:
         from nodepool_k8s.testing.loadtools import NodeWatcher, fill_nodes
         n = self.p.scale_nodes
         log(f"scale: {n} extra nodes")
-        self.stack.start_simulator(ZERO_DELAYS, error_rate=self.p.error_rate)
+        sim = self.stack.start_simulator(ZERO_DELAYS, error_rate=self.p.error_rate)
         chroot, procs, sessions = self.launch(1, self.p.max_servers)
         launcher = procs[0]
         clients = self.clients(chroot)
@@ -756,6 +758,15 @@ class Bench:
         load.run(plan, 1)
         self.profiler.stop(spies)
         latencies = [s.fulfilled - s.submitted for s in plan if s.fulfilled is not None]
+        if self.p.scale_loop_requests > 0:
+            # What a large installation costs per node: every launch and deletion among
+            # the scale nodes (caches of 10,000 nodes, quota sums over them).
+            watcher = NodeWatcher(zuul.client)
+            self.measured("zero/namespace/at-scale", "zero", "namespace",
+                          [(["namespace"], 1)], self.p.scale_loop_requests,
+                          self.p.concurrency, Meter(self.stack, sim, procs, sessions), load,
+                          watcher)
+            watcher.stop()
         stats = launcher.stats()
         # A launcher starting now syncs all of it before it serves.
         started = time.monotonic()
@@ -1189,6 +1200,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "adds its figures to the burst ratio targets")
     p.add_argument("--scale-nodes", type=int,
                    help=f"extra nodes for the scale run, 0 skips it (default {d.scale_nodes})")
+    p.add_argument("--scale-loop-requests", type=int,
+                   help="namespace builds in a closed loop among the scale run's nodes, 0 "
+                        f"skips it (default {d.scale_loop_requests})")
     p.add_argument("--timeout", type=float,
                    help=f"give up (and stop everything) after this many seconds (default "
                         f"{d.timeout:g}, --quick {Params.quick_params().timeout:g})")
@@ -1212,7 +1226,8 @@ def params_from(args: argparse.Namespace) -> Params:
     p = Params.quick_params() if args.quick else Params()
     for name in ("requests", "realistic_requests", "serial", "concurrency", "sessions",
                  "error_rate", "max_concurrency", "launcher_requests", "launcher_concurrency",
-                 "quota", "scale_nodes", "timeout", "soak_rounds", "soak_requests"):
+                 "quota", "scale_nodes", "scale_loop_requests", "timeout", "soak_rounds",
+                 "soak_requests"):
         value = getattr(args, name)
         if value is not None:
             setattr(p, name, value)

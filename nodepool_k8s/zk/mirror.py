@@ -291,6 +291,8 @@ class ChildMirror(Generic[T]):
         if key in self._reading:
             self._stale.add(key)
             return
+        if key in self._queued:
+            return  # waiting in the backlog: its read is sent later, and sees this change
         self._reading.add(key)
         result = self.zk.kazoo.get_async(self._path(key))
         result.rawlink(lambda r: self._submit(self._on_change_read, key, r))
@@ -411,6 +413,8 @@ class ChildMirror(Generic[T]):
             return
         if counted:
             self._pending += 1
+        if self._tree:
+            self._reading.add(key)  # changes meanwhile: read once more (`_read_change`)
         result = self.zk.kazoo.get_async(self._path(key),
                                          watch=None if self._tree else self._data_watch)
         if self._reused_names:
@@ -450,6 +454,11 @@ class ChildMirror(Generic[T]):
                 self._pump()
                 if self._pending <= 0 and self._resyncing and not self._backlog:
                     self._finish_sync()
+            if self._tree:
+                self._reading.discard(key)
+                if key in self._stale:
+                    self._stale.discard(key)
+                    self._read_change(key)
 
     def _apply_data(self, key: str, result: Any) -> None:
         if self._is_dead(key):

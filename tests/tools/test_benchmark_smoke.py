@@ -36,7 +36,7 @@ def test_quick_json(tmp_path: Path) -> None:
     assert results["machine"]["nproc"] >= 1 and results["machine"]["python"]
     names = {run["name"] for run in results["runs"]}
     assert {"zero/namespace/serial", "zero/namespace", "zero/pod/serial", "zero/pod",
-            "realistic/namespace", "realistic/pod"} <= names
+            "realistic/namespace", "realistic/pod", "zero/namespace/at-scale"} <= names
     bursts = [run for run in results["runs"] if "burst" in run]
     assert [run["name"] for run in bursts] == ["zero/namespace/burst-10",
                                                "zero/namespace/burst-30"]
