@@ -172,20 +172,22 @@ def _is_extended(name: str) -> bool:
     return "/" in name and "kubernetes.io/" not in name and not name.startswith("requests.")
 
 
+def _unique_name_causes(path: str, name: Any, seen: set[str]) -> Causes:
+    """`<path>.name`: required, a DNS label, not in `seen` (then added to it)."""
+    if not name:
+        return [(f"{path}.name", "FieldValueRequired", "Required value")]
+    causes: Causes = [(f"{path}.name", "FieldValueInvalid", f'Invalid value: "{name}": {problem}')
+                      for problem in dns_label_errors(str(name))]
+    if name in seen:
+        causes.append((f"{path}.name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))
+    seen.add(str(name))
+    return causes
+
+
 def _container_causes(path: str, container: Any, seen: set[str]) -> Causes:
-    causes: Causes = []
     if not isinstance(container, dict):
         return [(path, "FieldValueInvalid", "Invalid value: must be an object")]
-    name = container.get("name")
-    if not name:
-        causes.append((f"{path}.name", "FieldValueRequired", "Required value"))
-    else:
-        for problem in dns_label_errors(str(name)):
-            causes.append((f"{path}.name", "FieldValueInvalid",
-                           f'Invalid value: "{name}": {problem}'))
-        if name in seen:
-            causes.append((f"{path}.name", "FieldValueDuplicate", f'Duplicate value: "{name}"'))
-        seen.add(str(name))
+    causes = _unique_name_causes(path, container.get("name"), seen)
     image = container.get("image")
     if not image:
         causes.append((f"{path}.image", "FieldValueRequired", "Required value"))
@@ -294,17 +296,7 @@ def _volumes_causes(volumes: Any, containers: list[Any], init: list[Any]) -> Cau
             causes.append((f"spec.volumes[{i}]", "FieldValueInvalid",
                            "Invalid value: must be an object"))
             continue
-        name = volume.get("name")
-        if not name:
-            causes.append((f"spec.volumes[{i}].name", "FieldValueRequired", "Required value"))
-        else:
-            for problem in dns_label_errors(str(name)):
-                causes.append((f"spec.volumes[{i}].name", "FieldValueInvalid",
-                               f'Invalid value: "{name}": {problem}'))
-            if name in names:
-                causes.append((f"spec.volumes[{i}].name", "FieldValueDuplicate",
-                               f'Duplicate value: "{name}"'))
-            names.add(str(name))
+        causes += _unique_name_causes(f"spec.volumes[{i}]", volume.get("name"), names)
         sources = [key for key in volume if key != "name"]
         if not sources:
             causes.append((f"spec.volumes[{i}]", "FieldValueRequired",
