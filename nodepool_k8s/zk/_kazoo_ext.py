@@ -145,6 +145,9 @@ def send_request(client: KazooClient, request: Any) -> Any:
 
 # -- persistent recursive watches --------------------------------------------------------
 
+# The events a persistent recursive watch delivers (no child events: the tree has them).
+_TREE_EVENTS = {code: EVENT_TYPE_MAP[code] for code in (1, 2, 3)}
+
 TreeListener = Callable[[str, str], None]
 """`listener(event_type, path)`: an EventType value (CREATED, DELETED, CHANGED) and the
 znode's path without the chroot. Called on kazoo's connection thread, in the server's
@@ -179,16 +182,28 @@ class RecursiveWatches:
 
     def __init__(self, client: KazooClient) -> None:
         self._client = client
+        self._chroot = chroot_prefix(client.chroot or "")
         self._lock = threading.Lock()
         self._listeners: dict[str, tuple[TreeListener, ...]] = {}  # chrooted root -> ...
         connection = client._connection
         original = connection._read_watch_event
+        data_watchers, child_watchers = client._data_watchers, client._child_watchers
 
         def read_watch_event(buffer: bytes, offset: int) -> Any:
-            result = original(buffer, offset)
-            if self._listeners and not client._stopped.is_set():
-                self._deliver(buffer, offset)
-            return result
+            listeners = self._listeners
+            if not listeners or client._stopped.is_set():
+                return original(buffer, offset)
+            try:
+                watch, _ = Watch.deserialize(buffer, offset)
+            except Exception:  # noqa: BLE001 - kazoo's own handling says what is wrong
+                return original(buffer, offset)
+            # Most events here are the persistent watch's alone: kazoo's handling (which
+            # only hands the event to one-shot watchers of its path) is skipped for them.
+            if watch.path in data_watchers or watch.path in child_watchers \
+                    or watch.type not in _TREE_EVENTS:
+                original(buffer, offset)
+            self._deliver(watch.type, watch.path, listeners)
+            return None
 
         connection._read_watch_event = read_watch_event
 
@@ -215,18 +230,17 @@ class RecursiveWatches:
                 listeners.pop(root, None)
             self._listeners = listeners
 
-    def _deliver(self, buffer: bytes, offset: int) -> None:
+    def _deliver(self, event_type: int, path: str,
+                 listeners: dict[str, tuple[TreeListener, ...]]) -> None:
+        kind = _TREE_EVENTS.get(event_type)
+        if kind is None:
+            return
+        chroot = self._chroot
+        relative = (path[len(chroot):] or "/") if chroot else path
         try:
-            watch, _ = Watch.deserialize(buffer, offset)
-            kind = EVENT_TYPE_MAP.get(watch.type)
-            path = watch.path
-            if kind not in (EventType.CREATED, EventType.DELETED, EventType.CHANGED):
-                return
-            chroot = chroot_prefix(self._client.chroot or "")
-            relative = (path[len(chroot):] or "/") if chroot else path
-            for root, listeners in self._listeners.items():
-                if path == root or path.startswith(root + "/"):
-                    for listener in listeners:
+            for root, found in listeners.items():
+                if path.startswith(root) and (len(path) == len(root) or path[len(root)] == "/"):
+                    for listener in found:
                         listener(kind, relative)
         except Exception:  # noqa: BLE001 - the connection thread must go on
             log.exception("A persistent watch listener failed")

@@ -27,6 +27,10 @@ contenders follow the persistent watch's events, which arrive in the server's or
 a contender event that arrives while a listing of that child's lock dir is in flight
 waits and is applied after the listing (contender names are never reused, so applying
 every event after any listing taken since the watch was added gives the right set).
+A persistent watch reports every write, where a one-shot watch missed those made before
+it was set again; each write adds one to the znode's version, so an answer whose version
+counts every change event seen since the child's creation is current, and a change event
+it already answered costs no read.
 
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
@@ -140,6 +144,10 @@ class ChildMirror(Generic[T]):
         self._unlisted: set[str] = set()  # children whose lock dir a resync lists
         self._reading: set[str] = set()  # a change's read is in flight
         self._stale: set[str] = set()  # ... and another change came meanwhile
+        # Children whose creation the watch reported: how many data changes since, which
+        # is the version (every write adds one) their data must have to be current.
+        self._changes: dict[str, int] = {}
+        self._versions: dict[str, int] = {}  # the version of the data held
         self.events = 0
 
     # -- public ---------------------------------------------------------------------------
@@ -244,8 +252,12 @@ class ChildMirror(Generic[T]):
             self._submit(self._fetch_lock, key)
 
     def _tree_watch(self, kind: str, path: str) -> None:
-        """The persistent watch's listener (kazoo's connection thread)."""
-        self._submit(self._on_tree_event, kind, path)
+        """The persistent watch's listener (kazoo's connection thread): queues what
+        `_on_tree_event` acts on, and drops the rest here (a lock dir's own creation and
+        deletion, contenders' data, anything deeper) at the cost of one count."""
+        depth = path.count("/", len(self.root))
+        if depth <= 1 or (depth == 3 and self._with_locks and kind != EventType.CHANGED):
+            self._submit(self._on_tree_event, kind, path)
 
     def _on_tree_event(self, kind: str, path: str) -> None:
         if not self._tree:
@@ -267,9 +279,12 @@ class ChildMirror(Generic[T]):
             if kind == EventType.DELETED:
                 self._remove(key)
             elif kind == EventType.CHANGED:
+                if key in self._changes:
+                    self._changes[key] += 1
                 self._read_change(key)
             elif kind == EventType.CREATED and key not in self._queued \
                     and not self._is_dead(key):
+                self._changes[key] = 0
                 # Through the bounded backlog, as a listing's new children are.
                 self._queued.add(key)
                 self._backlog.append(key)
@@ -283,11 +298,17 @@ class ChildMirror(Generic[T]):
         else:
             self._apply_contender(key, kind, parts[2])
 
+    def _current(self, key: str) -> bool:
+        """Whether the data held for `key` has every change the watch reported."""
+        wanted = self._changes.get(key)
+        return wanted is not None and self._versions.get(key, -1) >= wanted
+
     def _read_change(self, key: str) -> None:
         """Read a changed child; changes while that read is in flight are read once more
-        after it (one read for a burst of writes, as a one-shot watch coalesces them)."""
-        if self._is_dead(key):
-            return
+        after it, unless its answer already has them (one read for a burst of writes, as
+        a one-shot watch coalesces them)."""
+        if self._is_dead(key) or self._current(key):
+            return  # gone, or an answer that overtook this event has the change already
         if key in self._reading:
             self._stale.add(key)
             return
@@ -302,7 +323,7 @@ class ChildMirror(Generic[T]):
         self._apply_data(key, result)
         if key in self._stale:
             self._stale.discard(key)
-            self._read_change(key)
+            self._read_change(key)  # nothing, if this answer has the changes already
 
     def _apply_contender(self, key: str, kind: str, name: str) -> None:
         if self._is_dead(key) or not locks.contenders([name]):
@@ -490,6 +511,7 @@ class ChildMirror(Generic[T]):
                                        stat.version, reason)
         with self._lock:
             self._mzxid[key] = stat.mzxid
+            self._versions[key] = stat.version
             old = self.items.pop(key, None)
             self.malformed.pop(key, None)
             if not data:
@@ -605,5 +627,7 @@ class ChildMirror(Generic[T]):
                 records.REPORTS.forget(self._path(key))
             self.contenders.pop(key, None)
             self._mzxid.pop(key, None)
+            self._versions.pop(key, None)
+        self._changes.pop(key, None)
         if existed:
             self._notify(CacheEvent.REMOVED, key)

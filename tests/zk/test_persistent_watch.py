@@ -225,3 +225,41 @@ def test_changes_during_a_read_are_read_once_more(
         assert len(reads) == 2  # the first change, then once for the five
     finally:
         cache.stop()
+
+
+def test_an_answer_that_has_the_changes_is_not_read_again(
+        zkc: ZkClient, kazoo_client: KazooClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every write adds one to a znode's version and sends one event: an answer whose
+    version counts all the change events seen is current, however they interleave."""
+    kazoo_client.ensure_path(paths.NODES)
+    cache = NodeCache(zkc)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        queued = cache._mirror._tasks
+        real = zkc.kazoo.get_async
+        reads: list[str] = []
+        path = f"{paths.NODES}/0000000000"  # the first sequential child of a new dir
+
+        def get_async(read_path: str, *args: Any, **kwargs: Any) -> Any:
+            if read_path == path:
+                reads.append(read_path)
+                if len(reads) == 1:
+                    # Three writes land before the first read: its answer has them all.
+                    for state in ("ready", "in-use", "used"):
+                        kazoo_client.set(read_path, node_json(state))
+                    wait_for(lambda: queued.qsize() >= 3, 10, message="three change events")
+            return real(read_path, *args, **kwargs)
+
+        monkeypatch.setattr(zkc.kazoo, "get_async", get_async)
+        assert kazoo_client.create(f"{paths.NODES}/", node_json("building"),
+                                   sequence=True) == path
+        node_id = path.rsplit("/", 1)[1]
+        wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == "used", 10,
+                 message="the last state")
+        kazoo_client.set(path, node_json("deleting"))  # and a later change is read
+        wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == "deleting", 10,
+                 message="the change after")
+        assert len(reads) == 2, reads
+    finally:
+        cache.stop()
