@@ -353,7 +353,17 @@ class CleanupWorker(Worker):
             request.state, request.state_time = model.REQUESTED, self.clock.time()
             request.nodes = []
             engine.requests.add_store(txn, request, lock, release=True)
-            txn.commit(engine.zk)
+            try:
+                txn.commit(engine.zk)
+            except errors.TxnFailed as exc:
+                if exc.path != paths.request_path(request.id) \
+                        or not isinstance(exc.cause, errors.NoNodeError):
+                    raise
+                # Zuul deleted it meanwhile (a cancel needs no lock): nothing to reset. Its
+                # nodes are de-allocated or removed by the node cleanup like any others.
+                logconfig.annotate(self.log, request.event_id, request.id).info(
+                    "Lost request was deleted before its reset")
+                return
             lock.mark_released()
             for node_lock in node_locks:
                 node_lock.mark_released()

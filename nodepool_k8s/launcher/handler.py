@@ -96,6 +96,25 @@ class RequestHandler:
             return self._advance(may_allocate)
 
     def _advance(self, may_allocate: bool) -> bool:
+        try:
+            return self._advance_once(may_allocate)
+        except errors.LockLost as exc:
+            self._give_up(exc)
+            return False
+
+    def _give_up(self, exc: errors.LockLost) -> None:
+        """A lock the next write needs is no longer ours (e.g. released after an ambiguous
+        commit): the write can never succeed. Raising instead failed every pass of the
+        pool worker at this handler, so the pool served nothing more. Every lock still
+        ours is released: the request, if still `pending`, is reset by the lost-request
+        cleanup and served again; our unlocked nodes are cleaned up."""
+        for slot in self.slots:
+            if slot.lock is not None:
+                slot.lock.release()
+        self.lock.release()
+        self.abandon(f"a lock is no longer ours ({exc})")
+
+    def _advance_once(self, may_allocate: bool) -> bool:
         if self.done:
             return False
         if not self.lock.valid:

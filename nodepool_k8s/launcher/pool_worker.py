@@ -122,7 +122,7 @@ class PoolWorker(Worker):
         engine = self.engine
         if engine.zk.epoch != self._epoch:
             self._epoch = engine.zk.epoch
-            self.drop_handlers("the ZooKeeper session expired")
+            self._drop_expired_handlers()
         if not engine.acting:
             return None
         provider_cfg = engine.provider_config(self.ref.provider)
@@ -459,10 +459,25 @@ class PoolWorker(Worker):
         for handler in self._take_all_handlers():
             handler.abandon(why)
 
+    def _drop_expired_handlers(self) -> None:
+        """Abandon the handlers whose request lock died with an earlier session. A pass
+        that was under way when the session ended may have locked requests in the new
+        one: those handlers are kept and served (abandoned, their live locks would keep
+        the requests `pending` until the orphaned-lock check)."""
+        with self._handlers_lock:
+            expired = [h for h in self.handlers.values() if not h.lock.valid]
+            for handler in expired:
+                del self.handlers[handler.request.id]
+        for handler in expired:
+            handler.abandon("the ZooKeeper session expired")
+
     def cancel_launches(self) -> None:
-        """Session lost: tell running launches to give up (thread-safe)."""
+        """Session lost: tell the launches of the lost session to give up (thread-safe).
+        A handler that locked its request in the new session keeps its launches: cancelled,
+        they would count as failed and decline the request."""
         for handler in self._handler_snapshot():
-            handler.cancel.set()
+            if not handler.lock.valid:
+                handler.cancel.set()
 
     def shutdown_handlers(self, timeout: float) -> None:
         """Called after the thread stopped: return requests, release locks."""

@@ -162,6 +162,8 @@ class ZkClient:
         self._kazoo: KazooClient | None = None
         self._connected = threading.Event()
         self._epoch = 0
+        # The session's id, kept while the connection is down (see `session_id`).
+        self._session_id: int | None = None
         self._state_lock = threading.Lock()
         self._listeners: list[StateListener] = []
         self._events: queue.Queue[tuple[ConnectionState, int] | None] = queue.Queue()
@@ -228,6 +230,7 @@ class ZkClient:
                 client.close()
                 raise
             client.add_listener(self._on_kazoo_state)
+            self._remember_session(client)
             self._connected.set()
             self._dispatcher = threading.Thread(target=self._dispatch, daemon=True,
                                                 name="zk-state-dispatcher")
@@ -343,6 +346,7 @@ class ZkClient:
         self._stopping.set()
         client, self._kazoo = self._kazoo, None
         self._connected.clear()
+        self._session_id = None
         if client is not None:
             try:
                 client.remove_listener(self._on_kazoo_state)
@@ -371,11 +375,16 @@ class ZkClient:
 
     @property
     def session_id(self) -> int | None:
-        client = self._kazoo
-        if client is None:
-            return None
+        """The current session's id, also while the connection is down and the session
+        may well live on (kazoo's `client_id` is None then: compared with the owner of
+        our own ephemeral znodes, they looked like someone else's); None once the
+        session is lost, until the next one is established."""
+        return self._session_id
+
+    def _remember_session(self, client: KazooClient) -> None:
         cid = client.client_id
-        return cid[0] if cid else None
+        if cid:
+            self._session_id = cid[0]
 
     def wait_connected(self, timeout: float | None = None) -> bool:
         return self._connected.wait(timeout)
@@ -392,6 +401,9 @@ class ZkClient:
     def _on_kazoo_state(self, state: str) -> None:
         # Runs on kazoo's connection thread: record and hand over, never block here.
         if state == KazooState.CONNECTED:
+            client = self._kazoo
+            if client is not None:
+                self._remember_session(client)
             self._connected.set()
             self._events.put((ConnectionState.CONNECTED, self._epoch))
         elif state == KazooState.SUSPENDED:
@@ -403,6 +415,7 @@ class ZkClient:
             if client is not None and client.client_state == KeeperState.AUTH_FAILED:
                 log.error("ZooKeeper rejected this session's credentials on reconnect; %s",
                           errors.ZkAuthError.HINT)
+            self._session_id = None
             self._epoch += 1
             if not self._stopping.is_set():
                 log.warning("ZooKeeper session lost (epoch now %d)", self._epoch)

@@ -46,6 +46,8 @@ class Registration:
     data: dict[str, Any]
     path: str | None = None
     version: int = -1
+    # The session epoch `path` was created in (see `forget_paths`).
+    epoch: int = -1
     active: bool = True
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -82,7 +84,8 @@ class ComponentRegistry:
         created = self.zk.create(paths.component_prefix(reg.kind, self.hostname),
                                  encode(reg.data), ephemeral=True, sequence=True,
                                  makepath=True)
-        reg.path, reg.version = created, 0
+        # Read after the create: one sent after a session loss runs in the new session.
+        reg.path, reg.version, reg.epoch = created, 0, self.zk.epoch
         log.debug("Registered %s component at %s", reg.kind, created)
 
     def update(self, reg: Registration, **changes: Any) -> None:
@@ -126,12 +129,17 @@ class ComponentRegistry:
             return any(reg.active and reg.path == path for reg in self._registrations)
 
     def forget_paths(self) -> None:
-        """Session lost: our ephemerals are gone; remember that before re-registering."""
+        """Session lost: our ephemerals are gone; remember that before re-registering.
+
+        The loss reaches us after the connection moved on to the new session, where an
+        `update` may already have re-created a registration: that znode is kept
+        (forgotten, `reregister_all` would create a second one beside it)."""
         with self._lock:
             regs = list(self._registrations)
         for reg in regs:
             with reg.lock:
-                reg.path = None
+                if reg.epoch != self.zk.epoch:
+                    reg.path = None
 
     def reregister_all(self) -> None:
         """Create a fresh znode for every registration whose znode is gone."""

@@ -2,10 +2,10 @@
 
 Aspects: max-ready-age; holds (hold_expiration, max-hold-age, none); reuse of ready nodes;
 cancellation before and during a launch (nodes kept ready, unallocated, and reused); lost
-pending requests reset; launch retries and final failure; malformed and empty znodes;
-deletion that fails temporarily is retried and never forgotten; leaked resources are
-deleted only after two sightings a grace period apart; orphaned request-lock dirs; a
-session expiry in the middle of a launch.
+pending requests reset (also one Zuul deletes during the reset); launch retries and final
+failure; malformed and empty znodes; deletion that fails temporarily is retried and never
+forgotten; leaked resources are deleted only after two sightings a grace period apart;
+orphaned request-lock dirs; a session expiry in the middle of a launch.
 """
 
 from __future__ import annotations
@@ -351,3 +351,28 @@ def test_session_expiry_mid_launch(zk: ZkConnection, launchers: LauncherFactory,
     node = zuul.get_node(nodes[0])
     assert node is not None and node["state"] == model.READY
     assert len(launcher.component_cache.pools()) == 1
+
+
+def test_lost_request_deleted_during_its_reset(zk: ZkConnection, launchers: LauncherFactory,
+                                               zuul: ZuulClient,
+                                               kazoo_client: KazooClient) -> None:
+    """Zuul may delete a request at any moment (no lock needed), also while the cleanup is
+    resetting it as lost: that is not a failure of the cleanup step (an ERROR with a
+    traceback), the request is simply gone."""
+    launcher = launchers(body())
+    # This test plays the cleanup pass itself, at the moment it chooses.
+    launcher.cleanup.stop()
+    launcher.cleanup.join(10)
+    # Pending, unlocked: a launcher died after accepting it.
+    body_ = json.loads(zuul.request_body(["small"]))
+    body_.update(state="pending", declined_by=[], nodes=[], reuse=True)
+    request_id = paths.basename(kazoo_client.create(
+        f"{paths.REQUESTS}/200-", json.dumps(body_).encode(), sequence=True, makepath=True))
+    got = launcher.engine.requests.lock_and_read(request_id)
+    assert got is not None
+    lock, fresh = got
+    zuul.cancel(request_id)  # between the cleanup's read and its write
+    launcher.cleanup._reset(fresh, lock)
+    lock.release()  # as its caller does
+    assert zuul.get_request(request_id) is None
+    assert kazoo_client.get_children(paths.request_lock_path(request_id)) == []

@@ -5,7 +5,8 @@ node one version ahead of what the launcher believes; the request is still fulfi
 final write adopts the newer version of the node it holds locked) instead of failing every
 pass forever with "bad version" and leaving the node `building` under our own lock; a
 launch completion wakes its pool worker only once the outcome is visible (woken earlier,
-the worker saw the launch still running and slept until some unrelated event).
+the worker saw the launch still running and slept until some unrelated event); a node
+lock lost before the final write does not wedge the pool.
 """
 
 from __future__ import annotations
@@ -102,3 +103,36 @@ def test_no_node_is_created_for_a_request_whose_lock_vanished(
     assert body is not None and body["state"] == "fulfilled"
     # Exactly one node was created for it: none while its lock was gone.
     assert body["nodes"] == [f"{first_node + 1:010d}"]
+
+
+def test_node_lock_lost_before_the_final_write_does_not_wedge_the_pool(
+        launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    """A node lock the final write needs that is no longer ours (here: released while
+    its launch runs, as after an ambiguous commit) made every pass of the pool worker
+    fail at that handler ("lock on node ... is no longer ours; retrying") and the pool
+    served nothing more. The handler gives up instead: the request is reset as lost and
+    served again, and the next request is served too."""
+    launcher = launchers()
+    fake = launcher.providers["fake"]
+    launching = threading.Event()
+    go_on = threading.Event()
+
+    def hold(spec: LaunchSpec) -> None:
+        if not go_on.is_set():
+            launching.set()
+            go_on.wait(15)
+
+    fake.on_launch = hold  # type: ignore[attr-defined]
+    request_id = zuul.submit(["small"])
+    assert launching.wait(15)
+    worker = next(iter(launcher.pool_workers.values()))
+    handler = worker.handlers[request_id]
+    job = handler.slots[0].job
+    assert job is not None and job.lock is not None
+    job.lock.release()
+    go_on.set()
+    body = zuul.wait(request_id, timeout=30)
+    assert body is not None and body["state"] == "fulfilled"
+    other = zuul.submit(["small"])
+    body = zuul.wait(other, timeout=30)
+    assert body is not None and body["state"] == "fulfilled"

@@ -4,7 +4,8 @@ Aspects: tolerant reads (bad JSON, empty data, unknown state, wrong types, missi
 lossless writes (requestor_data with integers beyond 2**63, unknown keys, Zuul's `id`),
 10-digit sequential node ids, lock-then-building in one transaction, guarded writes that
 refuse without the lock, the one-transaction delete and its slow path, min-ready request
-keys and the rule that only our own min-ready requests may be deleted, orphan lock dirs.
+keys and the rule that only our own min-ready requests may be deleted (also while the
+connection is down: the session lives on), orphan lock dirs.
 """
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.requests import RequestStore, min_ready_request
+from nodepool_k8s.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.testing.zuul_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
 from nodepool_k8s.zk.txn import Txn
-from tests.helpers import ZkConnection
+from tests.helpers import ZkConnection, wait_for
+from tests.zk.conftest import client_for
 
 
 def new_node(store: NodeStore, **fields: object) -> Node:
@@ -244,6 +247,34 @@ def test_min_ready_requests(zk: ZkConnection, zkc: ZkClient,
     store.delete_own_min_ready(txn, *found)
     txn.commit(zkc)
     assert kazoo_client.exists(paths.request_path(request_id)) is None
+
+
+def test_own_min_ready_request_is_ours_while_disconnected() -> None:
+    """A connection drop does not end the session (nor its ephemeral min-ready requests):
+    the min-ready worker, caught by a drop between reading its fulfilled request and
+    deleting it, must not take it for another launcher's (a NotOurs error: an ERROR with
+    a traceback for every drop at that moment)."""
+    server = ZooKeeperServer().start()  # stopped below, in the middle of the test
+    zkc = client_for(ZkConnection(host="127.0.0.1", port=server.port, chroot="/own"),
+                     timeout=30.0)
+    try:
+        zkc.ensure_path(paths.REQUESTS)
+        txn = Txn()
+        idx = RequestStore.add_create(txn, min_ready_request("small", 1.0), "900",
+                                      ephemeral=True)
+        request_id = paths.basename(txn.commit(zkc)[idx])
+        store = RequestStore(zkc)
+        found = store.get_with_stat(request_id)
+        assert found is not None
+        session = zkc.session_id
+        assert session is not None and found[1].ephemeral_owner == session
+        server.stop()
+        wait_for(lambda: not zkc.connected, 30, message="the connection dropped")
+        assert zkc.session_id == session
+        store.delete_own_min_ready(Txn(), *found)  # queued: not NotOurs
+    finally:
+        zkc.stop()
+        server.stop()
 
 
 def test_orphan_lock_dirs(zkc: ZkClient, kazoo_client: KazooClient) -> None:
