@@ -1,4 +1,5 @@
-"""Randomised faults during a burst of builds: SIGKILL, session expiry, SIGTERM.
+"""Randomised faults during a burst of builds: SIGKILL, session expiry, dropped ZooKeeper
+connections (lost replies), SIGTERM.
 
 Each test runs a few seeded iterations. A seed fixes the burst (20-40 Zuul-like builds of
 one or two nodes, about one in seven cancelled at a random moment), the pod start delay
@@ -33,14 +34,16 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.stats import RecordingBackend, Stats
 from nodepool_k8s.testing.zuul_client import ZuulClient, ZuulError
 from nodepool_k8s.zk import paths
 from tests.e2e.util import leftovers
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.util import NodeCounter, Processes
-from tests.launchers import TEST_SETTINGS, LauncherFactory
-from tests.sessions import expire_session
+from tests.launchers import TEST_SETTINGS, LauncherFactory, make_config
+from tests.sessions import CuttingProxy, expire_session
 
 pytestmark = pytest.mark.slow
 
@@ -267,6 +270,38 @@ def test_session_expiry_during_a_burst(seed: int, launchers: LauncherFactory,
         check(seed, burst, counter, kazoo_client, k8s_sim, lambda: "")
     finally:
         burst.stop()
+    bad = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+    assert not bad, f"seed {seed}: {bad[:5]}"
+
+
+@pytest.mark.parametrize("seed", seeds("1,2,3"))
+def test_connection_drops_during_a_burst(seed: int, zk: ZkConnection, k8s_sim: Simulator,
+                                         kazoo_client: KazooClient, counter: NodeCounter,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    """One launcher whose connections to ZooKeeper are cut (1-15 times) while its session
+    lives on: every write in flight at a cut may or may not have been applied."""
+    rng = random.Random(seed)
+    k8s_sim.config.start_delay = rng.choice([0.0, 0.1, 0.5])
+    proxy = CuttingProxy(zk.port)
+    via = ZkConnection(host=zk.host, port=proxy.port, chroot=zk.chroot)
+    launcher = Launcher(make_config(via, CONFIG), settings=SETTINGS,
+                        stats=Stats(RecordingBackend()))
+    burst: Burst | None = None
+    try:
+        assert launcher.start()
+        burst = Burst(zk, rng).start()
+
+        def cut() -> None:
+            wait_for(lambda: launcher.zk.connected, 30, message="reconnected")
+            proxy.cut()
+
+        at_random_moments(rng, counter, burst, 15, cut)
+        check(seed, burst, counter, kazoo_client, k8s_sim, lambda: "")
+    finally:
+        if burst is not None:
+            burst.stop()
+        launcher.stop()
+        proxy.stop()
     bad = [r.getMessage() for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
     assert not bad, f"seed {seed}: {bad[:5]}"
 
