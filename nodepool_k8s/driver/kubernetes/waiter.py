@@ -66,6 +66,9 @@ MIN_HEALTHY_WATCH = 5.0
 READ_BYTES = 65536
 # How often a waiter whose cancel event cannot wake it (a plain threading.Event) looks at it.
 PLAIN_EVENT_TICK = 0.1
+# A watch failing the same way again (RBAC cut, say) is logged at WARNING once, then at most
+# this often; every round is at DEBUG. A new error text, or a recovery, is logged at once.
+REPEAT_LOG_INTERVAL = 600.0
 
 
 def restart_delay(failures: int) -> float:
@@ -286,6 +289,7 @@ class ObjectWatch:
         # Consecutive list+watch rounds without progress. Only a watch that delivered
         # events resets it (a successful list alone does not: see the module docstring).
         failures = 0
+        reported: tuple[str, float] | None = None  # the failure last told at WARNING, when
         while not self._stopped.is_set():
             try:
                 version = self._relist()
@@ -294,6 +298,10 @@ class ObjectWatch:
                     version = self._watch(version)
                     if self.events > before \
                             and self._clock.monotonic() - started >= MIN_HEALTHY_WATCH:
+                        if reported is not None:
+                            log.info("%s watch works again after %d failed round(s)",
+                                     self.kind, failures)
+                            reported = None
                         failures = 0
                     else:  # ended (almost) at once: do not hammer the server
                         delay = restart_delay(failures)
@@ -312,8 +320,13 @@ class ObjectWatch:
                     break
                 delay = restart_delay(failures)
                 failures += 1
-                log.warning("%s watch failed (#%d), restarting in %.1fs: %s", self.kind,
-                            failures, delay, exc)
+                text, now = str(exc), self._clock.monotonic()
+                level = logging.DEBUG
+                if reported is None or reported[0] != text \
+                        or now - reported[1] >= REPEAT_LOG_INTERVAL:
+                    level, reported = logging.WARNING, (text, now)
+                log.log(level, "%s watch failed (#%d), restarting in %.1fs: %s", self.kind,
+                        failures, delay, exc)
                 self._stopped.wait(delay)
 
     def _relist(self) -> str:
