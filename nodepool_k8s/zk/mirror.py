@@ -340,6 +340,9 @@ class ChildMirror(Generic[T]):
         """Re-read everything and re-arm every watch (kazoo drops them on disconnect)."""
         if not self.zk.connected:
             return
+        # Counts of change events are only good while the watch was there throughout:
+        # changes made while it was gone (a reconnect) would be missing from them.
+        self._changes.clear()
         try:
             if self._want_tree:
                 # Before the listing, so no change after it goes unseen.

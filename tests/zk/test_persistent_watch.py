@@ -263,3 +263,38 @@ def test_an_answer_that_has_the_changes_is_not_read_again(
         assert len(reads) == 2, reads
     finally:
         cache.stop()
+
+
+def test_changes_missed_while_the_watch_was_gone_do_not_hide_later_ones(
+        zk: ZkConnection, zkc: ZkClient, kazoo_client: KazooClient) -> None:
+    """Counts of change events since a child's creation stand for its version only while
+    the watch was there throughout: two writes while it was gone (a session expiry) left
+    the count two behind, and the next writes looked answered already (a request reset
+    to `requested` stayed `pending` in the cache, and no launcher took it again)."""
+    kazoo_client.ensure_path(paths.NODES)
+    cache = NodeCache(zkc)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        path = kazoo_client.create(f"{paths.NODES}/", node_json("building"), sequence=True)
+        node_id = path.rsplit("/", 1)[1]
+
+        def state() -> str | None:
+            node = cache.get(node_id)
+            return node.state if node is not None else None
+
+        kazoo_client.set(path, node_json("ready"))
+        wait_for(lambda: state() == "ready", 10, message="ready")
+        held = threading.Event()
+        cache._mirror._submit(held.wait, 30)  # the cache's thread waits: no resync yet
+        epoch = zkc.epoch
+        expire_session(zk, zkc)
+        wait_for(lambda: zkc.epoch == epoch + 1 and zkc.connected, 20, message="a new session")
+        kazoo_client.set(path, node_json("in-use"))  # unseen: no watch on the new session
+        kazoo_client.set(path, node_json("used"))
+        held.set()
+        wait_for(lambda: state() == "used", 10, message="the resync's read")
+        kazoo_client.set(path, node_json("deleting"))
+        wait_for(lambda: state() == "deleting", 10, message="the change after the resync")
+    finally:
+        cache.stop()
