@@ -22,6 +22,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s.driver.fake import FakeProvider
+from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.model import Resources
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
@@ -53,6 +54,22 @@ class GatedProvider(FakeProvider):
             self.entered.set()
             self.gate.wait(30)
         return super().cloud_limits(label)
+
+
+def hold_loss_event(launcher: Launcher) -> tuple[threading.Event, threading.Event]:
+    """Hold back the delivery of a session loss to the launcher's listeners (listeners run
+    in the order they were added: this one, added before the launcher starts, runs ahead of
+    the launcher's): the first event is set once the loss arrived, the second lets it on."""
+    lost_held = threading.Event()
+    deliver = threading.Event()
+
+    def hold_loss(state: ConnectionState, epoch: int) -> None:
+        if state is ConnectionState.LOST:
+            lost_held.set()
+            deliver.wait(30)
+
+    launcher.zk.add_listener(hold_loss)
+    return lost_held, deliver
 
 
 def test_request_locked_in_the_new_session_mid_pass_is_served(
@@ -100,17 +117,7 @@ def test_launch_started_in_the_new_session_is_not_cancelled_by_the_late_loss_eve
 
     launcher = launchers(small_pool(5).replace("launch-delay: 0.01", "launch-delay: 1.0"),
                          settings=SETTINGS, provider_factory=factory, start=False)
-    # Listeners run in the order they were added: this one, ahead of the launcher's,
-    # holds back the delivery of the loss.
-    lost_held = threading.Event()
-    deliver = threading.Event()
-
-    def hold_loss(state: ConnectionState, epoch: int) -> None:
-        if state is ConnectionState.LOST:
-            lost_held.set()
-            deliver.wait(30)
-
-    launcher.zk.add_listener(hold_loss)
+    lost_held, deliver = hold_loss_event(launcher)
     assert launcher.start()
     provider = providers[0]
     # The pass to hold is one that walks the request (in the cache already).
@@ -138,15 +145,7 @@ def test_registration_rewritten_before_the_late_loss_event_is_not_duplicated(
     the old priority, labels and paused flag would stay for the whole session)."""
     caplog.set_level(logging.INFO, logger="nodepool_k8s.zk.registry")
     launcher = launchers(small_pool(5), settings=SETTINGS, start=False)
-    lost_held = threading.Event()
-    deliver = threading.Event()
-
-    def hold_loss(state: ConnectionState, epoch: int) -> None:
-        if state is ConnectionState.LOST:
-            lost_held.set()
-            deliver.wait(30)
-
-    launcher.zk.add_listener(hold_loss)
+    lost_held, deliver = hold_loss_event(launcher)
     assert launcher.start()
     epoch = launcher.zk.epoch
     expire_session(zk, launcher.zk)
