@@ -30,7 +30,7 @@ from nodepool_k8s.config.model import Config
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.deleter import NodeDeleter
 from nodepool_k8s.launcher.leaks import LeakDeps, LeakSweeper
-from nodepool_k8s.launcher.worker import PASS_COALESCE, Worker
+from nodepool_k8s.launcher.worker import PASS_COALESCE, RefusedRequests, Worker
 from nodepool_k8s.model import Node
 from nodepool_k8s.stats import Stats
 from nodepool_k8s.zk import errors, locks, paths
@@ -89,9 +89,7 @@ class CleanupWorker(Worker):
         self._lost_due = True
         self._lock_dir_seen: dict[str, float] = {}
         self._orphans_seen: set[str] = set()
-        # Lost requests ZooKeeper would not let us lock or reset (another client's ACL), by
-        # the version refused: skipped until they change.
-        self._refused: dict[str, int] = {}
+        self._refused = RefusedRequests(self.log)
         # Empty node znodes we may not remove (a child another client's ACL keeps): said
         # once, tried again on full passes only.
         self._empty_refused: set[str] = set()
@@ -299,20 +297,15 @@ class CleanupWorker(Worker):
         engine = self.engine
         requests = engine.request_cache.requests()
         if self._refused:
-            ids = {r.id for r in requests}
-            self._refused = {k: v for k, v in self._refused.items() if k in ids}
+            self._refused.keep_only({r.id for r in requests})
         for request in requests:
             if request.state != model.PENDING or engine.stopping.is_set() \
-                    or self._refused.get(request.id) == request.version:
+                    or self._refused.skip(request):
                 continue
             try:
                 self._reset_if_lost(request)
             except errors.ZkAuthError as exc:
-                # One such request failed the step on every pass (a traceback each time),
-                # and the lost requests after it were never reset.
-                self._refused[request.id] = request.version
-                self.log.warning("Skipping request %s until it changes: %s",
-                                 paths.request_path(request.id), exc)
+                self._refused.refuse(request, exc)
 
     def _reset_if_lost(self, request: model.NodeRequest) -> None:
         engine = self.engine

@@ -35,9 +35,9 @@ from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.allocation import SlotState, check_quota, create_batch
 from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.launch import LaunchPool
-from nodepool_k8s.launcher.worker import Worker
+from nodepool_k8s.launcher.worker import RefusedRequests, Worker
 from nodepool_k8s.model import NodeRequest, Resources
-from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import errors
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.pool_status import StatusWriter
 from nodepool_k8s.zk.registry import Registration, pool_worker_id
@@ -86,9 +86,7 @@ class PoolWorker(Worker):
         self._contended = False
         # Requests whose lock dir exists (someone locked them before): never batched.
         self.lock_dir_seen: set[str] = set()
-        # Requests ZooKeeper would not let us lock or write (another client's ACL), by the
-        # version refused: skipped until they change.
-        self.refused: dict[str, int] = {}
+        self.refused = RefusedRequests(self.log)
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -213,13 +211,13 @@ class PoolWorker(Worker):
         if self.lock_dir_seen or self.refused:
             ids = {r.id for r in requests}
             self.lock_dir_seen &= ids
-            self.refused = {k: v for k, v in self.refused.items() if k in ids}
+            self.refused.keep_only(ids)
         for request in plan.order(requests, pool_cfg.labels):
             if self.engine.stopping.is_set():
                 break
             if request.id in self.handlers or request.state != model.REQUESTED \
                     or self.id in request.declined_by or self._creator_starting(request) \
-                    or self.refused.get(request.id) == request.version:
+                    or self.refused.skip(request):
                 continue
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
@@ -250,7 +248,7 @@ class PoolWorker(Worker):
                 handler = self._take(request, decision, provider, me, pool_cfg,
                                      provider_cfg, registered, cloud, paused, refusal)
             except errors.ZkAuthError as exc:
-                self.refuse(request, exc)
+                self.refused.refuse(request, exc)
                 continue
             if handler is not None:
                 if probe:
@@ -314,14 +312,6 @@ class PoolWorker(Worker):
                 "Declined (%s); request is now %s", decline_reason, fresh.state)
             return None
         return self._new_handler(provider, fresh, lock)
-
-    def refuse(self, request: NodeRequest, exc: errors.ZkAuthError) -> None:
-        """ZooKeeper refused to let us lock or write `request`: skip it until it changes
-        (one such request failed every pass, and no request behind it was served)."""
-        if self.refused.get(request.id) != request.version:
-            self.refused[request.id] = request.version
-            self.log.warning("Skipping request %s until it changes: %s",
-                             paths.request_path(request.id), exc)
 
     def _new_handler(self, provider: Provider, request: NodeRequest,
                      lock: HeldLock) -> RequestHandler:
@@ -586,7 +576,7 @@ class _Batch:
             except (errors.NoNodeError, errors.VersionConflict):
                 continue  # it changed meanwhile; the cache event brings us back
             except errors.ZkAuthError as exc:
-                worker.refuse(fresh, exc)
+                worker.refused.refuse(fresh, exc)
                 continue
             except Exception as exc:
                 failure = failure or exc

@@ -22,6 +22,8 @@ from typing import Callable
 from nodepool_k8s import threads
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.exceptions import TemporaryError
+from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.zk import paths
 
 # Upper bound of one wait, so a worker re-evaluates even if a deadline computation was off.
 MAX_WAIT = 60.0
@@ -124,3 +126,31 @@ class Worker:
                 timeout = min(MAX_WAIT, max(0.005, deadline - self.clock.time()))
             self._wake.wait(timeout)
         self.log.debug("%s stopped", self.name)
+
+
+class RefusedRequests:
+    """Requests ZooKeeper would not let us lock or write (another client's ACL), by the
+    version refused: skipped until they change, and reported once per version. One such
+    request used to fail every pass of the step that met it, with a traceback each time,
+    and nothing after it in that pass was done."""
+
+    def __init__(self, log: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
+        self._log = log
+        self._versions: dict[str, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._versions)
+
+    def skip(self, request: NodeRequest) -> bool:
+        return self._versions.get(request.id) == request.version
+
+    def refuse(self, request: NodeRequest, exc: Exception) -> None:
+        if self._versions.get(request.id) != request.version:
+            self._versions[request.id] = request.version
+            self._log.warning("Skipping request %s until it changes: %s",
+                              paths.request_path(request.id), exc)
+
+    def keep_only(self, live: set[str]) -> None:
+        """Forget requests that are gone."""
+        if self._versions:
+            self._versions = {k: v for k, v in self._versions.items() if k in live}

@@ -364,6 +364,9 @@ def problems() -> list[str]:
         if not callable(getattr(getattr(client, "_connection", None), "_read_watch_event",
                                 None)):
             found.append("KazooClient._connection._read_watch_event is missing")
+        for name in ("_data_watchers", "_child_watchers", "_stopped"):
+            if not hasattr(client, name):
+                found.append(f"KazooClient.{name} is missing")
         tx = TransactionRequest(client)
         if not isinstance(getattr(tx, "operations", None), list):
             found.append("TransactionRequest.operations is not a list")

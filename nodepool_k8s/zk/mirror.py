@@ -314,16 +314,7 @@ class ChildMirror(Generic[T]):
             return
         if key in self._queued:
             return  # waiting in the backlog: its read is sent later, and sees this change
-        self._reading.add(key)
-        result = self.zk.kazoo.get_async(self._path(key))
-        result.rawlink(lambda r: self._submit(self._on_change_read, key, r))
-
-    def _on_change_read(self, key: str, result: Any) -> None:
-        self._reading.discard(key)
-        self._apply_data(key, result)
-        if key in self._stale:
-            self._stale.discard(key)
-            self._read_change(key)  # nothing, if this answer has the changes already
+        self._fetch(key, with_lock=False)
 
     def _apply_contender(self, key: str, kind: str, name: str) -> None:
         if self._is_dead(key) or not locks.contenders([name]):
@@ -482,7 +473,7 @@ class ChildMirror(Generic[T]):
                 self._reading.discard(key)
                 if key in self._stale:
                     self._stale.discard(key)
-                    self._read_change(key)
+                    self._read_change(key)  # nothing, if this answer has the changes
 
     def _apply_data(self, key: str, result: Any) -> None:
         if self._is_dead(key):
