@@ -41,7 +41,7 @@ from kazoo.protocol.states import KazooState, KeeperState, ZnodeStat
 from kazoo.retry import KazooRetry
 
 from nodepool_k8s.config.model import Config, ZkAcl, ZkAuth, ZkTls
-from nodepool_k8s.zk import _kazoo_ext, access, errors, multiread, paths
+from nodepool_k8s.zk import _kazoo_ext, access, echo, errors, multiread, paths
 
 log = logging.getLogger("nodepool_k8s.zk.client")
 
@@ -170,6 +170,7 @@ class ZkClient:
         self._dispatcher: threading.Thread | None = None
         self._stopping = threading.Event()
         self.writes = WriteCounter()
+        self.echoes = echo.WriteEchoes()
         self._batch = multiread.BatchReader()
         self._tree_watches: _kazoo_ext.RecursiveWatches | None = None
         # False: the caches use one-shot watches only (what a server older than 3.6 gets).
@@ -563,7 +564,14 @@ class ZkClient:
         return created
 
     def set(self, path: str, data: bytes, version: int = -1) -> Stat:
-        return Stat.of(self._write(lambda: self.kazoo.set(path, data, version=version), path))
+        expected = self.echoes.expect([(0, path, data)])
+        try:
+            stat = self._write(lambda: self.kazoo.set(path, data, version=version), path)
+        except BaseException:
+            self.echoes.settle(expected, None)
+            raise
+        self.echoes.settle(expected, [stat])
+        return Stat.of(stat)
 
     def delete(self, path: str, version: int = -1, recursive: bool = False) -> None:
         self._write(lambda: self.kazoo.delete(path, version=version, recursive=recursive),

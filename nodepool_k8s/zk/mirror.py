@@ -30,7 +30,9 @@ every event after any listing taken since the watch was added gives the right se
 A persistent watch reports every write, where a one-shot watch missed those made before
 it was set again; each write adds one to the znode's version, so an answer whose version
 counts every change event seen since the child's creation is current, and a change event
-it already answered costs no read.
+it already answered costs no read. This client's own data writes count as such answers
+(zk/echo.py): a change event that arrives while one of ours to that child is unanswered
+waits for the answer, and is read only if the answer does not account for it.
 
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
@@ -94,6 +96,16 @@ class _Unanswered:
         raise kex.ConnectionLoss("no answer in time")
 
 
+class _Written:
+    """The answer to one of our own writes, as `_apply_data` sees a read's."""
+
+    def __init__(self, data: bytes, stat: Any) -> None:
+        self._answer = (data, stat)
+
+    def get_nowait(self) -> tuple[bytes, Any]:
+        return self._answer
+
+
 class ChildMirror(Generic[T]):
     def __init__(self, zk: ZkClient, root: str, decode: Decoder[T], *, name: str,
                  accept: Callable[[str], bool], with_locks: bool = False,
@@ -148,7 +160,12 @@ class ChildMirror(Generic[T]):
         # is the version (every write adds one) their data must have to be current.
         self._changes: dict[str, int] = {}
         self._versions: dict[str, int] = {}  # the version of the data held
-        self.events = 0
+        # Own writes of a child sent and not yet answered (see zk/echo.py), and the children
+        # whose change events came meanwhile: their read waits for those answers.
+        self._expected: dict[str, int] = {}
+        self._deferred: set[str] = set()
+        self.events = 0  # answers applied (reads and own writes)
+        self.reads = 0  # data reads sent
 
     # -- public ---------------------------------------------------------------------------
     def add_listener(self, listener: Listener) -> None:
@@ -162,10 +179,13 @@ class ChildMirror(Generic[T]):
         self._thread = threading.Thread(target=self._run, name=f"{self.name}", daemon=True)
         self._thread.start()
         self.zk.add_listener(self._on_state)
+        if self._want_tree:
+            self.zk.echoes.add(self.root, self)
         self._submit(self._resync)
 
     def stop(self) -> None:
         self.zk.remove_listener(self._on_state)
+        self.zk.echoes.remove(self.root, self)
         if self._want_tree:
             self.zk.unwatch_tree(self.root, self._tree_watch)
         self._tasks.put(None)
@@ -183,6 +203,16 @@ class ChildMirror(Generic[T]):
     def evict(self, key: str) -> None:
         """Forget a child ZooKeeper no longer has (found by a reconciliation)."""
         self._submit(self._remove, key)
+
+    # -- own writes (zk/echo.py; the writer's or kazoo's thread: enqueue only) -------------
+    def expect_write(self, key: str) -> bool:
+        if not self._want_tree or not self._accept(key):
+            return False  # one-shot watches: the read after a change also re-arms them
+        self._submit(self._on_expect, key)
+        return True
+
+    def settle_write(self, key: str, data: bytes, stat: Any) -> None:
+        self._submit(self._on_settle, key, data, stat)
 
     # -- plumbing -------------------------------------------------------------------------
     def _submit(self, fn: Callable[..., None], *args: Any) -> None:
@@ -298,6 +328,19 @@ class ChildMirror(Generic[T]):
         else:
             self._apply_contender(key, kind, parts[2])
 
+    def _on_expect(self, key: str) -> None:
+        self._expected[key] = self._expected.get(key, 0) + 1
+
+    def _on_settle(self, key: str, data: bytes, stat: Any) -> None:
+        left = self._expected.pop(key, 0) - 1
+        if left > 0:
+            self._expected[key] = left
+        if stat is not None and self._tree:
+            self._apply_data(key, _Written(data, stat))
+        if left <= 0 and key in self._deferred:
+            self._deferred.discard(key)
+            self._read_change(key)  # nothing, if the answers account for every change
+
     def _current(self, key: str) -> bool:
         """Whether the data held for `key` has every change the watch reported."""
         wanted = self._changes.get(key)
@@ -309,6 +352,9 @@ class ChildMirror(Generic[T]):
         a one-shot watch coalesces them)."""
         if self._is_dead(key) or self._current(key):
             return  # gone, or an answer that overtook this event has the change already
+        if key in self._expected:
+            self._deferred.add(key)  # probably our own write, whose answer has the data
+            return
         if key in self._reading:
             self._stale.add(key)
             return
@@ -334,6 +380,10 @@ class ChildMirror(Generic[T]):
         # Counts of change events are only good while the watch was there throughout:
         # changes made while it was gone (a reconnect) would be missing from them.
         self._changes.clear()
+        # Everything is read again below; answers to writes still outstanding (failed by
+        # the disconnect) must not hold back a read.
+        self._expected.clear()
+        self._deferred.clear()
         try:
             if self._want_tree:
                 # Before the listing, so no change after it goes unseen.
@@ -428,6 +478,7 @@ class ChildMirror(Generic[T]):
             return
         if counted:
             self._pending += 1
+        self.reads += 1
         if self._tree:
             self._reading.add(key)  # changes meanwhile: read once more (`_read_change`)
         result = self.zk.kazoo.get_async(self._path(key),
@@ -604,6 +655,7 @@ class ChildMirror(Generic[T]):
         self._lock_listings.pop(key, None)
         self._reading.discard(key)
         self._stale.discard(key)
+        self._deferred.discard(key)
         if len(self._dead) > MAX_TOMBSTONES // 2:
             for dead in [k for k, t in self._dead.items() if now - t > TOMBSTONE_TTL]:
                 del self._dead[dead]

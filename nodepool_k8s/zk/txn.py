@@ -24,7 +24,7 @@ from kazoo import exceptions as kex
 from kazoo.protocol.states import ZnodeStat
 from kazoo.security import OPEN_ACL_UNSAFE
 
-from nodepool_k8s.zk import _kazoo_ext, errors
+from nodepool_k8s.zk import _kazoo_ext, echo, errors
 from nodepool_k8s.zk.client import Stat, ZkClient, translate
 
 
@@ -91,10 +91,18 @@ class Txn:
             else:
                 tx.check(op.path, op.version)
         zk.writes.add(len(self.ops))
+        expected = zk.echoes.expect(
+            [(i, op.path, op.data) for i, op in enumerate(self.ops) if op.kind == "set"])
         try:
             sent = tx.commit_async()
-        except kex.KazooException as exc:
-            raise translate(exc, self.ops[0].path) from exc
+        except BaseException as exc:
+            zk.echoes.settle(expected, None)
+            if isinstance(exc, kex.KazooException):
+                raise translate(exc, self.ops[0].path) from exc
+            raise
+        if expected:
+            # On kazoo's thread once answered, whether or not anyone collects the result.
+            sent.rawlink(lambda answer: echo.WriteEchoes.settle_from(expected, answer))
         return PendingTxn(self.ops, sent)
 
     @staticmethod

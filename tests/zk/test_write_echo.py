@@ -1,0 +1,153 @@
+"""Own writes echoed into the caches (zk/echo.py): the answer to a write of ours is the new
+data, so the persistent watch's event for it costs no read.
+
+Aspects: own writes (transactions and single writes) are seen without a read, another
+client's writes still are read; a change by someone else that lands while our write is
+unanswered is read after the answer (whatever order the answer and the events reach the
+cache in); a failed write holds nothing back; with one-shot watches every change is read
+as before.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.cache import NodeCache
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.txn import Txn
+from tests.helpers import wait_for
+
+
+def node_json(state: str) -> bytes:
+    return json.dumps({"state": state, "type": ["small"], "provider": "p"}).encode()
+
+
+def write(zkc: ZkClient, path: str, state: str, version: int = -1) -> None:
+    """As the launcher writes a node: a transaction checking its lock (here: the znode)."""
+    txn = Txn()
+    txn.check(path)
+    txn.set(path, node_json(state), version)
+    txn.commit(zkc)
+
+
+class Node:
+    def __init__(self, kazoo_client: KazooClient, cache: NodeCache) -> None:
+        kazoo_client.ensure_path(paths.NODES)
+        self.path = kazoo_client.create(f"{paths.NODES}/", node_json("building"),
+                                        sequence=True)
+        self.id = self.path.rsplit("/", 1)[1]
+        self.cache = cache
+        self.wait("building")
+
+    def state(self) -> str | None:
+        node = self.cache.get(self.id)
+        return node.state if node is not None else None
+
+    def wait(self, state: str) -> None:
+        wait_for(lambda: self.state() == state, 10, message=f"the cache to show {state}")
+
+
+@pytest.fixture
+def cache(zkc: ZkClient) -> Iterator[NodeCache]:
+    cache = NodeCache(zkc)
+    cache.start()
+    assert cache.wait_synced(10)
+    yield cache
+    cache.stop()
+
+
+@pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "one-shot"])
+def test_own_writes_are_seen_without_a_read(zkc: ZkClient, kazoo_client: KazooClient,
+                                            persistent: bool) -> None:
+    zkc.persistent_watches = persistent
+    cache = NodeCache(zkc)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        assert cache._mirror._tree is persistent
+        node = Node(kazoo_client, cache)
+        before = cache._mirror.reads
+        for state in ("ready", "in-use", "used"):
+            write(zkc, node.path, state)
+            node.wait(state)
+        zkc.set(node.path, node_json("deleting"))  # a single write
+        node.wait("deleting")
+        # Another client's write is read; once it is seen, every event before it was too.
+        kazoo_client.set(node.path, node_json("hold"))
+        node.wait("hold")
+        reads = cache._mirror.reads - before
+        if persistent:
+            assert reads == 1
+        else:
+            assert reads >= 5  # each change re-arms the one-shot watch with a read
+    finally:
+        cache.stop()
+
+
+@pytest.mark.parametrize("answer", ["ours", "failed"])
+def test_a_change_by_someone_else_while_ours_is_unanswered_is_read(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache, answer: str) -> None:
+    """The other client's write comes after ours (version 2 after 1): our answer must not
+    pass for the latest data. The cache's thread is held so that our write's expectation,
+    both events and our answer are all queued before it looks at any of them."""
+    node = Node(kazoo_client, cache)
+    mirror = cache._mirror
+    held = threading.Event()
+    mirror._submit(held.wait, 30)
+    try:
+        if answer == "ours":
+            write(zkc, node.path, "ready")  # answered: version 1
+        else:
+            # As the echo does for a write whose outcome is unknown (a lost connection).
+            assert mirror.expect_write(node.id)
+        kazoo_client.set(node.path, node_json("in-use"))
+        # The expectation, two change events (one, if ours was never sent) and the
+        # settling of our write.
+        wait_for(lambda: mirror._tasks.qsize() >= (4 if answer == "ours" else 2), 10,
+                 message="the queued events")
+        if answer == "failed":
+            mirror.settle_write(node.id, node_json("ready"), None)
+    finally:
+        held.set()
+    node.wait("in-use")
+    kazoo_client.set(node.path, node_json("used"))  # and it goes on following the node
+    node.wait("used")
+    assert mirror._expected == {} and mirror._deferred == set()
+
+
+def test_a_write_that_is_refused_holds_nothing_back(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+    node = Node(kazoo_client, cache)
+    with pytest.raises(errors.TxnFailed):
+        write(zkc, node.path, "ready", version=99)
+    with pytest.raises(errors.VersionConflict):
+        zkc.set(node.path, node_json("ready"), 99)
+    kazoo_client.set(node.path, node_json("in-use"))
+    node.wait("in-use")
+    assert cache._mirror._expected == {} and cache._mirror._deferred == set()
+    write(zkc, node.path, "used")  # and our own writes go on being seen
+    node.wait("used")
+
+
+def test_ours_answered_after_someone_elses_later_write_is_not_taken(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+    """Our answer (version 1) reaching the cache after the other client's write (version
+    2) was read must not bring the older data back."""
+    node = Node(kazoo_client, cache)
+    mirror = cache._mirror
+    assert mirror.expect_write(node.id)  # our write, sent
+    stat = kazoo_client.set(node.path, node_json("ready"))  # ... and applied: version 1
+    kazoo_client.set(node.path, node_json("in-use"))  # someone else's, version 2
+    wait_for(lambda: node.id in mirror._deferred, 10, message="the deferred read")
+    mirror.settle_write(node.id, node_json("ready"), stat)  # our answer, late
+    node.wait("in-use")
+    held = threading.Event()
+    mirror._submit(held.set)
+    assert held.wait(10)
+    assert node.state() == "in-use"
