@@ -40,13 +40,16 @@ def _stamp(when: float) -> str:
 
 
 def event_body(namespace: str, reason: str, message: str, event_type: str, when: float,
-               pod: str | None = None, node_id: str | None = None) -> dict[str, Any]:
-    """A core/v1 Event about namespace `namespace` (or its pod `pod`)."""
+               pod: str | None = None, node_id: str | None = None,
+               host: str | None = None) -> dict[str, Any]:
+    """A core/v1 Event about namespace `namespace` (or its pod `pod`), sent from `host`
+    (default: this machine's hostname, looked up now)."""
     involved: dict[str, Any] = (
         {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace} if pod
         else {"apiVersion": "v1", "kind": "Namespace", "name": namespace})
     stamp = _stamp(when)
     labels = {"nodepool-node-id": node_id} if node_id else {}
+    host = host or socket.gethostname()
     return {
         "apiVersion": "v1", "kind": "Event",
         "metadata": {"name": f"{namespace}.{secrets.token_hex(8)}", "namespace": namespace,
@@ -55,9 +58,9 @@ def event_body(namespace: str, reason: str, message: str, event_type: str, when:
         "reason": reason,
         "message": message[:MESSAGE_LIMIT],
         "type": event_type,
-        "source": {"component": COMPONENT, "host": socket.gethostname()},
+        "source": {"component": COMPONENT, "host": host},
         "reportingComponent": COMPONENT,
-        "reportingInstance": socket.gethostname(),
+        "reportingInstance": host,
         "firstTimestamp": stamp,
         "lastTimestamp": stamp,
         "count": 1,
@@ -81,6 +84,9 @@ class EventRecorder:
         self.dropped = 0
         self.failed = 0
         self._thread = threading.Thread(target=self._run, name="k8s-events", daemon=True)
+        # Looked up once, like the launcher's registration does: two system calls per event
+        # otherwise, in the launch and deleter threads.
+        self._host = socket.gethostname()
 
     def start(self) -> None:
         self._thread.start()
@@ -115,7 +121,7 @@ class EventRecorder:
                 self.dropped += 1
             return
         body = event_body(namespace, reason, message, WARNING if warning else NORMAL,
-                          self._clock.time(), pod, node_id)
+                          self._clock.time(), pod, node_id, self._host)
         if now:
             self._send(body)
             return
