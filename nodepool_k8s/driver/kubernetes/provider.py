@@ -352,7 +352,9 @@ class KubernetesProvider:
     def _create_namespace(self, client: KubeClient, spec: LaunchSpec,
                           labels: dict[str, str], sleep: Sleeper) -> str:
         """Create a namespace with a name no earlier attempt used; returns the name."""
-        for suffix in ("", "r" + secrets.token_hex(3)):
+        for retry in (False, True):
+            # The random suffix only for the second try (the first name was taken).
+            suffix = "r" + secrets.token_hex(3) if retry else ""
             name = manifests.namespace_name(spec.pool.name, spec.node_id, spec.attempt, suffix)
             try:
                 body = manifests.namespace_body(
