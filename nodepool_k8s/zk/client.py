@@ -162,6 +162,7 @@ class ZkClient:
         self._kazoo: KazooClient | None = None
         self._connected = threading.Event()
         self._epoch = 0
+        self._connections = 0
         # The session's id, kept while the connection is down (see `session_id`).
         self._session_id: int | None = None
         self._state_lock = threading.Lock()
@@ -375,6 +376,12 @@ class ZkClient:
         return self._epoch
 
     @property
+    def connections(self) -> int:
+        """How many times a connection was made: each one after the first dropped every
+        watch the server held for this client (counted before the listeners hear of it)."""
+        return self._connections
+
+    @property
     def session_id(self) -> int | None:
         """The current session's id, also while the connection is down and the session
         may well live on (kazoo's `client_id` is None then: compared with the owner of
@@ -405,6 +412,7 @@ class ZkClient:
             client = self._kazoo
             if client is not None:
                 self._remember_session(client)
+            self._connections += 1
             self._connected.set()
             self._events.put((ConnectionState.CONNECTED, self._epoch))
         elif state == KazooState.SUSPENDED:

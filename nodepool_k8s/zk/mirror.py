@@ -160,6 +160,7 @@ class ChildMirror(Generic[T]):
         # is the version (every write adds one) their data must have to be current.
         self._changes: dict[str, int] = {}
         self._versions: dict[str, int] = {}  # the version of the data held
+        self._counted_since = -1  # the connection (`ZkClient.connections`) they count on
         # Own writes of a child sent and not yet answered (see zk/echo.py), and the children
         # whose change events came meanwhile: their read waits for those answers.
         self._expected: dict[str, int] = {}
@@ -312,13 +313,15 @@ class ChildMirror(Generic[T]):
                 if key in self._changes:
                     self._changes[key] += 1
                 self._read_change(key)
-            elif kind == EventType.CREATED and key not in self._queued \
-                    and not self._is_dead(key):
+            elif kind == EventType.CREATED and not self._is_dead(key):
+                # The watch saw the creation, so it sees every change after it (also of a
+                # child a resync's listing found first).
                 self._changes[key] = 0
-                # Through the bounded backlog, as a listing's new children are.
-                self._queued.add(key)
-                self._backlog.append(key)
-                self._pump()
+                if key not in self._queued:
+                    # Through the bounded backlog, as a listing's new children are.
+                    self._queued.add(key)
+                    self._backlog.append(key)
+                    self._pump()
             return
         if not self._with_locks or len(parts) != 3 or parts[1] != "lock":
             return
@@ -378,8 +381,11 @@ class ChildMirror(Generic[T]):
         if not self.zk.connected:
             return
         # Counts of change events are only good while the watch was there throughout:
-        # changes made while it was gone (a reconnect) would be missing from them.
-        self._changes.clear()
+        # changes made while it was gone (a reconnect) would be missing from them. A resync
+        # on the same connection (the root deleted, a second one at start) keeps them.
+        if self.zk.connections != self._counted_since:
+            self._counted_since = self.zk.connections
+            self._changes.clear()
         # Everything is read again below; answers to writes still outstanding (failed by
         # the disconnect) must not hold back a read.
         self._expected.clear()

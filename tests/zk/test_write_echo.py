@@ -151,3 +151,47 @@ def test_ours_answered_after_someone_elses_later_write_is_not_taken(
     mirror._submit(held.set)
     assert held.wait(10)
     assert node.state() == "in-use"
+
+
+def test_a_child_a_resync_listed_first_is_counted_from_its_creation(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+    """A resync on the same connection (here: queued just before the child is created)
+    lists the child before its creation event is handled; the watch saw the creation, so
+    the changes after it are counted and our own writes still cost no read."""
+    mirror = cache._mirror
+    held = threading.Event()
+    mirror._submit(held.wait, 30)
+    mirror._submit(mirror._resync)
+    path = kazoo_client.create(f"{paths.NODES}/", node_json("building"), sequence=True)
+    node_id = path.rsplit("/", 1)[1]
+    wait_for(lambda: mirror._tasks.qsize() >= 2, 10, message="the resync and the event")
+    held.set()
+    wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == "building", 10,
+             message="the new node")
+    before = mirror.reads
+    for state in ("ready", "in-use"):
+        write(zkc, path, state)
+        wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == state, 10,
+                 message=state)
+    kazoo_client.set(path, node_json("used"))  # someone else's: read
+    wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == "used", 10,
+             message="used")
+    assert mirror.reads - before == 1
+
+
+def test_a_resync_on_the_same_connection_keeps_the_counts(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+    """The counts stand for versions while the watch was there throughout: a resync that
+    is not after a reconnect (the root deleted, a second one at start) keeps them."""
+    node = Node(kazoo_client, cache)
+    mirror = cache._mirror
+    done = threading.Event()
+    mirror._submit(mirror._resync)
+    mirror._submit(done.set)
+    assert done.wait(10) and cache.wait_synced(10)
+    before = mirror.reads
+    write(zkc, node.path, "ready")
+    node.wait("ready")
+    kazoo_client.set(node.path, node_json("in-use"))
+    node.wait("in-use")
+    assert mirror.reads - before == 1
