@@ -8,7 +8,10 @@ It lives inside the launcher, so no client may be able to hurt it. The HTTP serv
 cheroot (the server CherryPy runs on, as Nodepool's and Zuul's web apps do): a fixed pool of
 `threads` workers; a connection gets a worker only once it has sent something (silent and
 idle keep-alive connections wait in one selector); idle and half-sent connections closed
-after `timeout` seconds; request line and headers capped at `max-header-size` bytes.
+after `timeout` seconds; request line and headers capped at `max-header-size` bytes. A
+request's line, headers and body must arrive within `timeout` seconds in all, and its answer
+be sent within `send_timeout` seconds (`_cheroot_ext.DeadlineConnection`), so a client that
+trickles its request or reads the answer slowly holds a worker for a bounded time.
 Only known endpoints and parameters are answered (others: 404 / 400), so the memo is keyed
 by normalised parameters; it forgets answers after a second and is bounded in entries and
 characters (`MEMO_ENTRIES`, `MEMO_CHARS`). No CORS header unless the operator
@@ -20,7 +23,9 @@ Endpoints: `/` (the status page, `status_page`), `/node-list` (`node_id`, `field
 (200 "OK" once the launcher has started, else 503), `/metrics`.
 Malformed znodes are listed as rows in state `malformed`.
 
-Failure: a source that raises a temporary error answers 503 with its (our own) message;
+Failure: an installed cheroot whose internals differ from what `_cheroot_ext` relies on
+raises `CherootIncompatible` when the web app is created (the launcher does not start).
+A source that raises a temporary error answers 503 with its (our own) message;
 anything else 500 "Internal error" (logged with the traceback). The server keeps serving.
 """
 
@@ -37,7 +42,7 @@ from urllib.parse import parse_qsl
 
 from cheroot import wsgi
 
-from nodepool_k8s import pool_view, prometheus, status, status_detail, status_page
+from nodepool_k8s import _cheroot_ext, pool_view, prometheus, status, status_detail, status_page
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import NodeRequest
@@ -60,7 +65,8 @@ class WebSettings:
     """How the server protects itself; see `webapp:` in doc/configuration.md."""
 
     threads: int = 8
-    timeout: int = 10  # seconds: idle, half-sent and slow connections are closed
+    timeout: int = 10  # seconds: idle connections; a whole request (line, headers, body)
+    send_timeout: int = 60  # seconds to send one answer
     max_header_size: int = 16384
     allow_origin: str | None = None
 
@@ -89,7 +95,14 @@ Params = tuple[tuple[str, Any], ...]
 
 class _QuietServer(wsgi.Server):
     """cheroot reports client-side trouble (resets, timeouts, garbage) through error_log;
-    those are the client's problem, not ours: debug level, no traceback."""
+    those are the client's problem, not ours: debug level, no traceback.
+
+    Connections are `DeadlineConnection`s: each request within `receive_timeout` (the
+    head) and `send_timeout` (the answer)."""
+
+    ConnectionClass = _cheroot_ext.DeadlineConnection
+    receive_timeout: float = 10
+    send_timeout: float = 60
 
     def error_log(self, msg: str = "", level: int = 20, traceback: bool = False) -> None:
         if level >= logging.ERROR:
@@ -125,6 +138,7 @@ class WebApp:
     def __init__(self, source: StatusSource, port: int = 8005,
                  listen_address: str = "127.0.0.1", clock: Clock = SYSTEM_CLOCK,
                  settings: WebSettings = WebSettings()) -> None:
+        _cheroot_ext.check()  # CherootIncompatible (permanent) before serving without limits
         self.source = source
         self.clock = clock
         self.settings = settings
@@ -136,6 +150,8 @@ class WebApp:
                                     numthreads=settings.threads, max=settings.threads,
                                     timeout=settings.timeout, server_name="nodepool-k8s")
         self._server.max_request_header_size = settings.max_header_size
+        self._server.receive_timeout = settings.timeout
+        self._server.send_timeout = settings.send_timeout
         self._server.max_request_body_size = 1024  # GET only: no body worth reading
         self._thread: threading.Thread | None = None
 

@@ -82,6 +82,7 @@ class WebappConfig:
     listen_address: str = "127.0.0.1"
     threads: int = 8
     timeout: int = 10  # seconds
+    send_timeout: int = 60  # seconds
     max_header_size: int = 16384
     allow_origin: str | None = None
 

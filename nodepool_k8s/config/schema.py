@@ -39,6 +39,7 @@ WEBAPP_PORT = 8005
 WEBAPP_LISTEN_ADDRESS = "127.0.0.1"
 WEBAPP_THREADS = 8
 WEBAPP_TIMEOUT = 10
+WEBAPP_SEND_TIMEOUT = 60
 WEBAPP_MAX_HEADER_SIZE = 16384
 MIN_READY = 0
 MAX_READY_AGE = 0.0  # 0 = ready nodes never expire
@@ -399,6 +400,7 @@ _WEBAPP = mapping({
     Optional("listen_address"): string(),
     Optional("threads"): integer(1, 256),
     Optional("timeout"): integer(1, 3600),
+    Optional("send-timeout"): integer(1, 3600),
     Optional("max-header-size"): integer(1024, 1024 * 1024),
     Optional("allow-origin"): string(),
 })

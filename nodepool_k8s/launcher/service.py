@@ -190,6 +190,7 @@ class LauncherService:
     def _start_webapp(self, web: WebappConfig) -> bool:
         try:
             settings = WebSettings(threads=web.threads, timeout=web.timeout,
+                                   send_timeout=web.send_timeout,
                                    max_header_size=web.max_header_size,
                                    allow_origin=web.allow_origin)
             self.webapp = WebApp(self.status, web.port, web.listen_address,

@@ -29,7 +29,8 @@ def test_top_level_defaults() -> None:
     assert config.labels == {} and config.providers == {}
     assert config.max_hold_age == math.inf
     assert config.webapp == WebappConfig(port=8005, listen_address="127.0.0.1", threads=8,
-                                         timeout=10, max_header_size=16384,
+                                         timeout=10, send_timeout=60,
+                                         max_header_size=16384,
                                          allow_origin=None)
     assert config.tenant_resource_limits == {}
     assert config.zk_hosts() == "zk:2181"

@@ -32,6 +32,7 @@ CASES: list[tuple[str, str, Any, Any, str, dict[str, Any]]] = [
     ("label", "max-ready-age", 60, "1h", "expected number", {}),
     ("webapp", "port", 9000, "http", "expected int", {}),
     ("webapp", "listen_address", "127.0.0.1", 1, "expected str", {}),
+    ("webapp", "send-timeout", 120, 0, "must be at least 1", {}),
     ("tenant", "tenant-name", "t2", None, "expected str, got None", {}),
     ("tenant", "max-servers", 5, -1, "must be at least 0", {}),
     ("tenant", "max-cores", 5, "x", "expected int", {}),

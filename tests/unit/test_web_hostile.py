@@ -3,7 +3,9 @@
 Aspects: unknown endpoints and parameters are refused (404/400) and never cached, so a
 flood of distinct query strings keeps the memo bounded; idle and half-sent connections do
 not take more threads than the pool and are closed after the timeout, while `/ready`
-keeps answering; a client that disconnects mid-request is not an error in the log; no
+keeps answering; a request head trickled byte by byte, or an answer read too slowly, holds
+its worker for a bounded time (`timeout`, `send_timeout`); a client that disconnects
+mid-request is not an error in the log; no
 CORS header unless configured; malformed records are listed as such; non-GET is 405.
 """
 
@@ -21,9 +23,10 @@ import pytest
 
 from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.records import MalformedRecord
-from nodepool_k8s import webapp
+from nodepool_k8s import _cheroot_ext, status, webapp
+from nodepool_k8s._cheroot_ext import CherootIncompatible
 from nodepool_k8s.webapp import MEMO_ENTRIES, WebApp, WebSettings
-from tests.unit.test_status_web import NOW, Source
+from tests.unit.test_status_web import NOW, Source, k8s_node
 
 THREADS = 3
 
@@ -213,3 +216,93 @@ def test_malformed_records_are_listed(app: tuple[Source, WebApp]) -> None:
     assert rows["0000000005"]["malformed"] == "state must be ..."
     _, _, body = get(web, "/request-list")
     assert "100-0000000007" in body and "malformed" in body
+
+
+def test_a_trickled_request_head_is_cut_off() -> None:
+    """Each byte just inside the per-read timeout used to keep the worker until the head
+    reached max-header-size (16 KiB × 10 s with the defaults: 45 hours); with one worker
+    /ready went unanswered all that time. Now the whole head has `timeout` seconds: 408,
+    closed, and the worker serves others."""
+    web = WebApp(Source(), port=0, settings=WebSettings(threads=1, timeout=1)).start()
+    sock = socket.create_connection(("127.0.0.1", web.port), timeout=30)
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.2):  # five bytes a second: never a second's silence
+            try:
+                sock.sendall(b"a")
+            except OSError:
+                return
+
+    sock.sendall(b"GET /ready HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
+    try:
+        reply = read_until_closed(sock)
+        assert reply is not None, "the server never closed the trickling connection"
+        assert reply.startswith(b"HTTP/1.1 408")
+        assert get(web, "/ready")[0] == 200
+    finally:
+        stop.set()
+        trickler.join(30)
+        sock.close()
+        web.stop()
+
+
+def test_a_slow_reader_is_cut_off_after_send_timeout() -> None:
+    """A client that read a large answer just fast enough to keep each send under the
+    per-send timeout held its worker until the answer was in the kernel's buffer (an
+    11 MB node list at 256 KB/s: 26 s with the defaults). Now the whole answer has
+    `send_timeout` seconds."""
+    src = Source()
+    src.nodes = [status.NodeView(k8s_node(f"{index:010d}"), locked=False)
+                 for index in range(16)]
+    for view in src.nodes:
+        view.node.set(comment="c" * 1_000_000)  # JSON answers are whole: 16 MB
+    web = WebApp(src, port=0, clock=ManualClock(NOW),
+                 settings=WebSettings(threads=1, timeout=5, send_timeout=1)).start()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)  # no autotuning
+    sock.settimeout(30)
+    sock.connect(("127.0.0.1", web.port))
+    try:
+        sock.sendall(b"GET /node-list HTTP/1.1\r\nHost: x\r\nAccept: application/json\r\n\r\n")
+        received = 0
+        # About 1 MB/s: each send waits well under the 5 s per-send timeout, the whole
+        # 16 MB would take 16 s.
+        while received < 16_000_000:
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            received += len(chunk)
+            threading.Event().wait(0.05)  # pacing: this is the slow reader
+        assert received < 16_000_000, "the slow reader got the whole answer"
+        assert get(web, "/ready")[0] == 200
+    finally:
+        sock.close()
+        web.stop()
+
+
+def read_until_closed(sock: socket.socket) -> bytes | None:
+    """Everything the server sends until it closes; None if it is silent for 30 s."""
+    sock.settimeout(30)
+    data = b""
+    try:
+        while chunk := sock.recv(4096):
+            data += chunk
+    except ConnectionResetError:
+        pass
+    except socket.timeout:
+        return None
+    return data
+
+
+def test_an_incompatible_cheroot_stops_the_web_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deadlines rely on cheroot internals: a cheroot they were not written for fails
+    loudly when the web app is created, naming the version, instead of serving without them."""
+    assert _cheroot_ext.problems() == []  # the installed one passes the self-test
+    monkeypatch.setattr(_cheroot_ext, "SUPPORTED", ((1,), (2,)))
+    monkeypatch.setattr(_cheroot_ext, "_result", [])
+    with pytest.raises(CherootIncompatible,
+                       match=f"cheroot {_cheroot_ext.installed_version()} is not supported"):
+        WebApp(Source(), port=0)
