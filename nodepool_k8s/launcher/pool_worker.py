@@ -357,7 +357,8 @@ class PoolWorker(Worker):
             launching=sum(1 for h in self.handlers.values() for s in h.slots
                           if s.future is not None),
             queued=len(paused), pending=len(self.handlers),
-            suspended=self.breaker.suspended(pool_cfg, now), now=now)
+            suspended=self.breaker.suspended(pool_cfg, now), now=now,
+            unhandable=engine.unhandable)
         data["conditions"] = self._status.conditions(fresh, now)
         write, at = self._status.due(data, now)
         if write:
