@@ -24,7 +24,9 @@ record somebody else wrote, naming kube-system, a namespace that does not exist,
 nothing) is no spare, or one such record would keep min-ready from building a real node
 for ever. It is reported once and left alone (not deleted: not ours); proven spares are
 remembered, so the check costs a look at the provider's namespace watch once per spare.
-When the provider cannot tell now (API unreachable), the node counts, as before.
+When the provider cannot tell now (API unreachable), the node counts, as before. Nor is a
+node whose lock holds a contender that is not ephemeral a spare (`engine.stuck_nodes`,
+found by the cleanup): nobody can ever lock it to hand it out.
 """
 
 from __future__ import annotations
@@ -103,6 +105,7 @@ class MinReadyWorker(Worker):
     def _countable(self, nodes: list[Node]) -> list[Node]:
         """`nodes` less the would-be spares of our providers that cannot be handed out."""
         providers = self.engine.providers
+        stuck = self.engine.stuck_nodes
         out: list[Node] = []
         proven: set[tuple[str, str]] = set()
         unhandable: set[str] = set()
@@ -110,6 +113,9 @@ class MinReadyWorker(Worker):
             provider = providers.get(node.provider or "")
             if provider is None or not plan.counts_as_spare(node, node.label or ""):
                 out.append(node)
+                continue
+            if node.id in stuck:  # locked for ever (the cleanup reported it)
+                unhandable.add(node.id)
                 continue
             key = (node.id, node.external_id or "")
             if key not in self._proven:
