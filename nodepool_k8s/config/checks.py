@@ -37,9 +37,11 @@ _CHROOT = re.compile(r"^(/[^/\s]+)+\Z")
 _FIELD_NAME = re.compile(r"^([^.\[]*)((?:\.[^.\[]+|\[[^\]]+\])*)$")
 _ACCESSOR = re.compile(r"\.([^.\[]+)|\[([^\]]+)\]")
 
-# Labels the driver sets on every namespace and pod; a label config must not override them.
-RESERVED_LABELS = ("nodepool_node_id", "nodepool_provider_name", "nodepool_pool_name",
-                   "nodepool_node_label")
+# Labels the driver sets on every namespace and pod (its ownership labels,
+# `driver.kubernetes.manifests.ownership_labels`); a label config must not set them: they
+# would be overridden anyway, and a configuration that seems to set them is misleading.
+RESERVED_LABELS = ("nodepool_node_id", "nodepool_provider_name", "nodepool_installation_id",
+                   "nodepool_pool_name", "nodepool_node_label")
 REQUEST_FIELDS = ("id", "labels", "requestor", "requestor_data", "relative_priority",
                   "event_id", "created_time", "tenant_name")
 # What a verbatim-spec (form B) label may carry besides the spec.

@@ -9,7 +9,9 @@ label has `fail: true` or an error was injected with `fail_next`. Every call is 
 `delete` refuses (NotOwned) a resource it does not hold that another provider of the shared
 cloud holds, or one whose node id differs from the node being deleted, and any name in
 `foreign` (tests add e.g. `kube-system` there), as the Kubernetes driver's ownership check
-does; a name nobody holds is simply gone (success).
+does; a name nobody holds is simply gone (success). `ownership_problem` (hand-out,
+min-ready spares) refuses the same, and a name nobody here holds unless it is a name made
+for that node (another in-process launcher's FakeCloud may hold it).
 
 State is per instance unless a `FakeCloud` is shared (two in-process launchers can then see
 the same resources, e.g. for leak tests). Nothing here persists across processes.
@@ -17,6 +19,7 @@ the same resources, e.g. for leak tests). Nothing here persists across processes
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
@@ -208,7 +211,14 @@ class FakeProvider:
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:
         with self.cloud.lock:
             resource = self.cloud.resources.get(external_id)
-            if external_id in self.cloud.foreign or resource is None:
+            if external_id in self.cloud.foreign:
+                return f"{external_id} is not one of our resources"
+            if resource is None:
+                # Another in-process launcher's own FakeCloud may hold it: a name made for
+                # that node (`<pool>-<node id>[-<attempt>]`) passes, as its namespace would
+                # on a cluster both launchers share; any other name is refused.
+                if re.fullmatch(rf"[a-z0-9-]+-{re.escape(node_id)}(-\d+)?", external_id):
+                    return None
                 return f"{external_id} is not one of our resources"
             if resource.provider != self.name:
                 return f"{external_id} belongs to provider {resource.provider}"

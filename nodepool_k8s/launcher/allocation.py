@@ -165,19 +165,12 @@ class Allocator:
         return node
 
     def _provably_ours(self, node: Node) -> bool:
-        """Whether the resource a ready record names is that node's, of this installation:
-        anybody who can write a record could otherwise hand a job somebody else's namespace
-        (a refusal is logged once per record version; the record is left alone)."""
+        """Whether the ready record may be handed out (`handout_problem`)."""
         try:
-            problem = self.provider.ownership_problem(node.external_id or "", node.id) \
-                if node.external_id else "it names no resource"
+            return handout_problem(self.provider, node) is None
         except NodepoolError as exc:
             self._node_log(node).info("Not reusing the ready node now: %s", exc)
             return False
-        if problem is not None:
-            records.REPORTS.report("node", paths.node_path(node.id), node.version,
-                                   f"ready, but not handed out: {problem}")
-        return problem is None
 
     def reuse(self, needed: list[Slot]) -> None:
         """Take over ready, unallocated nodes of the pool for `needed` slots (locked,
@@ -221,6 +214,21 @@ class Allocator:
                 slot.node, slot.lock, slot.state, slot.reused = node, lock, SlotState.READY, True
                 self._node_log(node).info("Reusing ready node for %s", slot.label)
                 break
+
+
+def handout_problem(provider: Provider, node: Node) -> str | None:
+    """Why the ready record `node` of `provider` may not be handed to a request (None: it
+    may): the resource it names must provably be that node's, of this installation, or
+    anybody who can write a record could hand a job somebody else's namespace. A refusal
+    is logged once per record version (the record is left alone: not ours to delete).
+    The provider remembers refusals, so a forged record costs one look. Raises the
+    provider's NodepoolError (TemporaryError) when it cannot tell now."""
+    problem = provider.ownership_problem(node.external_id, node.id) \
+        if node.external_id else "it names no resource"
+    if problem is not None:
+        records.REPORTS.report("node", paths.node_path(node.id), node.version,
+                               f"ready, but not handed out: {problem}")
+    return problem
 
 
 def check_quota(need: model.Resources, records: list[quota.UsageRecord], provider: Provider,

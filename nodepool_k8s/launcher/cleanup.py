@@ -8,6 +8,8 @@ Owns, for nodes of this launcher's providers (decisions in `plan.node_cleanup`):
 - resetting lost requests: `pending` with nobody holding the lock goes back to `requested`
   with `nodes: []` and its nodes de-allocated (their launcher died);
 - removing node znodes without data and request-lock dirs older than 8 h with no request;
+- reporting lock contenders that are not ephemeral (no session will release them), once
+  each, and publishing what they lock (`engine.stuck_nodes`, `stuck_requests`);
 - the leak sweep (see leaks.py).
 
 Event-driven: node changes (data or lock contenders) mark that node dirty and wake the
@@ -74,6 +76,12 @@ class CleanupDeps(LeakDeps, Protocol):
     @property
     def requests(self) -> RequestStore: ...
 
+    # Written by the persistent-lock check, read by min-ready and the pool workers.
+    stuck_nodes: frozenset[str]
+    stuck_requests: frozenset[str]
+
+    def wake_all(self) -> None: ...
+
 
 class CleanupWorker(Worker):
     def __init__(self, engine: CleanupDeps, deleter: NodeDeleter) -> None:
@@ -89,6 +97,10 @@ class CleanupWorker(Worker):
         self._lost_due = True
         self._lock_dir_seen: dict[str, float] = {}
         self._orphans_seen: set[str] = set()
+        # Persistent lock contenders (`_persistent_locks`): what the last full pass saw.
+        self._held_before: set[str] = set()
+        self._waiting_before: set[str] = set()
+        self._judged: dict[str, bool] = {}  # contender path -> not ephemeral
         self._refused = RefusedRequests(self.log)
         # Empty node znodes we may not remove (a child another client's ACL keeps): said
         # once, tried again on full passes only.
@@ -140,6 +152,7 @@ class CleanupWorker(Worker):
         if full:
             self._step("request-lock dirs", lambda: self._lock_dirs(now))
             self._step("orphaned locks", self._orphaned_locks)
+            self._step("persistent locks", self._persistent_locks)
         self._step("leak sweep", lambda: self.leaks.sweep_due(now))
         due = min(self._next_full, self._next_recheck, self.deleter.next_retry(),
                   self.leaks.next_due())
@@ -226,6 +239,60 @@ class CleanupWorker(Worker):
                              "live work", path)
             self.wake()
         self._orphans_seen = found - self._orphans_seen
+
+    def _persistent_locks(self) -> None:
+        """Report lock contenders that are not ephemeral, once each, and tell the other
+        workers which nodes and requests they keep locked (`engine.stuck_*`).
+
+        Such a contender (left by a tool or a hand edit) is released by no session: what
+        it locks stays locked for ever, as with Nodepool, which said nothing. Only
+        contenders seen on two full passes in a row are looked at, with one batched stat
+        each, once in their life; a request's lock dir is listed (batched) from its second
+        full pass as `requested` or `pending` on. Lock events and lock attempts cost nothing
+        more.
+        """
+        engine = self.engine
+        owners: dict[str, tuple[str, str]] = {}  # contender path -> ("node"|"request", id)
+        for node_id, names in engine.node_cache.held().items():
+            lock_dir = paths.node_lock_path(node_id)
+            for name in names:
+                owners[f"{lock_dir}/{name}"] = ("node", node_id)
+        requests = {r.id: r for r in engine.request_cache.requests()
+                    if r.state in (model.REQUESTED, model.PENDING)}
+        waited = sorted(set(requests) & self._waiting_before)
+        dirs = {paths.request_lock_path(i): i for i in waited}
+        self._waiting_before = set(requests)
+        for lock_dir, listed in locks.contenders_of(engine.zk, list(dirs)).items():
+            for name in listed:
+                owners[f"{lock_dir}/{name}"] = ("request", dirs[lock_dir])
+        fresh = [p for p in owners if p in self._held_before and p not in self._judged]
+        persistent = set(locks.not_ephemeral(engine.zk, fresh))
+        for path in fresh:
+            self._judged[path] = path in persistent
+            if path not in persistent:
+                continue
+            kind, key = owners[path]
+            if kind == "node":
+                node = engine.node_cache.get(key)
+                self.log.warning(
+                    "Lock contender %s is not ephemeral: no ZooKeeper session will ever "
+                    "release it, so node %s (%s) stays locked; remove it with `nodepool "
+                    "delete --force %s` or a ZooKeeper client", path, key,
+                    node.state if node is not None else "?", key)
+            else:
+                self.log.warning(
+                    "Lock contender %s is not ephemeral: no ZooKeeper session will ever "
+                    "release it, so request %s (%s) stays locked and is not served; "
+                    "remove it with a ZooKeeper client", path, key, requests[key].state)
+        self._judged = {p: v for p, v in self._judged.items() if p in owners}
+        self._held_before = set(owners)
+        stuck = [owners[p] for p, persistent_one in self._judged.items() if persistent_one]
+        nodes = frozenset(key for kind, key in stuck if kind == "node")
+        held_requests = frozenset(key for kind, key in stuck if kind == "request")
+        changed = (nodes, held_requests) != (engine.stuck_nodes, engine.stuck_requests)
+        engine.stuck_nodes, engine.stuck_requests = nodes, held_requests
+        if changed:  # min-ready counts spares anew; a request freed by hand is served
+            engine.wake_all()
 
     def _reconcile(self) -> None:
         """Evict cache entries ZooKeeper no longer has (a safety net for missed events)."""

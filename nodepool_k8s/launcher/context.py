@@ -60,6 +60,14 @@ class Engine:
         self.breakers = JsonDirCache(zk, POOL_BREAKERS, "breaker-cache",
                                      decode_breakers)
         self.providers: dict[str, Provider] = {}
+        # Ids of ready records of our providers that cannot be handed out (not provably
+        # theirs, or locked for ever): no spares. Min-ready's view of its last count; the
+        # pool status uses it.
+        self.unhandable: frozenset[str] = frozenset()
+        # Node and request ids whose lock dir holds a contender that is not ephemeral (no
+        # session will ever release it): the cleanup's full passes find them.
+        self.stuck_nodes: frozenset[str] = frozenset()
+        self.stuck_requests: frozenset[str] = frozenset()
         self.stopping = threading.Event()
         # Called when capacity may have freed or new work may exist (the daemon's).
         self.wake_all: Callable[[], None] = wake_all

@@ -17,6 +17,16 @@ authoritative child listing and spare nodes (`plan.min_ready_shortfall`), then c
 missing requests in the same transaction that bumps the guard. Two launchers deciding at
 once conflict on the guard; the loser re-counts and sees the winner's requests. Nodepool
 let every launcher create its own (over-provisioning).
+
+Spares are nodes that can be handed out: a ready record of one of this launcher's
+providers whose resource is not provably that node's (`allocation.handout_problem`: a
+record somebody else wrote, naming kube-system, a namespace that does not exist, or
+nothing) is no spare, or one such record would keep min-ready from building a real node
+for ever. It is reported once and left alone (not deleted: not ours); proven spares are
+remembered, so the check costs a look at the provider's namespace watch once per spare.
+When the provider cannot tell now (API unreachable), the node counts, as before. Nor is a
+node whose lock holds a contender that is not ephemeral a spare (`engine.stuck_nodes`,
+found by the cleanup): nobody can ever lock it to hand it out.
 """
 
 from __future__ import annotations
@@ -25,11 +35,13 @@ import math
 from typing import Any
 
 from nodepool_k8s import model
+from nodepool_k8s.exceptions import NodepoolError
 from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.allocation import handout_problem
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.settings import next_backoff
 from nodepool_k8s.launcher.worker import PASS_COALESCE, Worker
-from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.locks import HeldLock
@@ -49,6 +61,8 @@ class MinReadyWorker(Worker):
         self.engine = engine
         self._backoff: dict[Target, tuple[float, float]] = {}  # target -> (until, delay)
         self.created = 0
+        # (node id, external id) of spares proven handable (their namespace is theirs).
+        self._proven: set[tuple[str, str]] = set()
 
     def run_once(self) -> float | None:
         if not self.engine.acting:
@@ -82,11 +96,42 @@ class MinReadyWorker(Worker):
 
     def _shortfall(self, wanted: dict[Target, int],
                    requests: list[NodeRequest]) -> dict[Target, int]:
-        nodes = self.engine.node_cache.nodes()
+        nodes = self._countable(self.engine.node_cache.nodes())
         short = {target: plan.min_ready_shortfall(target[0], count, nodes, requests,
                                                   pool=target[1])
                  for target, count in wanted.items()}
         return {target: n for target, n in short.items() if n > 0}
+
+    def _countable(self, nodes: list[Node]) -> list[Node]:
+        """`nodes` less the would-be spares of our providers that cannot be handed out."""
+        providers = self.engine.providers
+        stuck = self.engine.stuck_nodes
+        out: list[Node] = []
+        proven: set[tuple[str, str]] = set()
+        unhandable: set[str] = set()
+        for node in nodes:
+            provider = providers.get(node.provider or "")
+            if provider is None or not plan.counts_as_spare(node, node.label or ""):
+                out.append(node)
+                continue
+            if node.id in stuck:  # locked for ever (the cleanup reported it)
+                unhandable.add(node.id)
+                continue
+            key = (node.id, node.external_id or "")
+            if key not in self._proven:
+                try:
+                    if handout_problem(provider, node) is not None:
+                        unhandable.add(node.id)
+                        continue
+                except NodepoolError as exc:  # cannot tell now: count it, as before
+                    self.log.debug("[node: %s] Ownership not known now: %s", node.id, exc)
+                    out.append(node)
+                    continue
+            proven.add(key)
+            out.append(node)
+        self._proven = proven
+        self.engine.unhandable = frozenset(unhandable)
+        return out
 
     def _authoritative_requests(self) -> list[NodeRequest]:
         """Every existing min-ready request (cache data, plus a fetch of what it lacks)."""

@@ -7,7 +7,8 @@ changed, rate-limited:
 
 - `Validated`: Valid / Disabled / LabelExceedsLimits (a label that can never fit);
 - `AtTarget`: TargetMet / UnderTarget / OverTarget against the pool-level and global
-  `min-ready` of the pool's labels, Draining while a disabled pool still has nodes;
+  `min-ready` of the pool's labels (spares as min-ready counts them: not the ready records
+  it found cannot be handed out), Draining while a disabled pool still has nodes;
 - `Quota`: Under / AtLimit, naming the binding limit (pool, provider, cloud, tenant) and
   usage vs limit per resource;
 - `Capacity`: Sufficient / Constrained / NoneAvailable from the provider's view of the
@@ -209,14 +210,16 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
           config: Config, nodes: list[Any], records: list[quota.UsageRecord],
           cloud: Resources, capacity: dict[str, Any] | None, blocked: str | None,
           launching: int, queued: int, pending: int,
-          suspended: Mapping[str, Mapping[str, Any]], now: float) -> tuple[
+          suspended: Mapping[str, Mapping[str, Any]], now: float,
+          unhandable: frozenset[str] = frozenset()) -> tuple[
               dict[str, dict[str, Any]], dict[str, Any]]:
     """Fresh conditions (without transition times) and the rest of the status record."""
     counts = node_counts(nodes, provider.name, pool.name)
     rows = usage_rows(pool, provider, cloud,
                       quota.total(records, provider=provider.name, pool=pool.name),
                       quota.total(records, provider=provider.name))
-    target, targets = at_target(pool, config, nodes, sum(counts.values()))
+    countable = [n for n in nodes if n.id not in unhandable] if unhandable else nodes
+    target, targets = at_target(pool, config, countable, sum(counts.values()))
     cap = capacity or _cond(UNKNOWN, "Unknown", "capacity awareness is off")
     fresh = {
         "Validated": validated(pool, provider, cloud),

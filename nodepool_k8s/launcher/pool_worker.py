@@ -208,6 +208,9 @@ class PoolWorker(Worker):
         tenant_usage: list[quota.UsageRecord] | None = None
         batch = _Batch(self, provider, provider_cfg, pool_cfg)
         requests = self.engine.request_cache.requests()
+        # Locked for ever by a contender that is not ephemeral (the cleanup reported it):
+        # trying its lock again every CONTENDED_RETRY would only cost three writes each time.
+        stuck = self.engine.stuck_requests
         if self.lock_dir_seen or self.refused:
             ids = {r.id for r in requests}
             self.lock_dir_seen &= ids
@@ -217,7 +220,7 @@ class PoolWorker(Worker):
                 break
             if request.id in self.handlers or request.state != model.REQUESTED \
                     or self.id in request.declined_by or self._creator_starting(request) \
-                    or self.refused.skip(request):
+                    or self.refused.skip(request) or request.id in stuck:
                 continue
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
@@ -357,7 +360,8 @@ class PoolWorker(Worker):
             launching=sum(1 for h in self.handlers.values() for s in h.slots
                           if s.future is not None),
             queued=len(paused), pending=len(self.handlers),
-            suspended=self.breaker.suspended(pool_cfg, now), now=now)
+            suspended=self.breaker.suspended(pool_cfg, now), now=now,
+            unhandable=engine.unhandable)
         data["conditions"] = self._status.conditions(fresh, now)
         write, at = self._status.due(data, now)
         if write:

@@ -124,6 +124,11 @@ class NodeCache(MirroredCache[Node]):
         with self._mirror._lock:
             return bool(self._mirror.contenders.get(node_id))
 
+    def held(self) -> dict[str, frozenset[str]]:
+        """Node id -> its lock contenders' names, for every node that has any (a copy)."""
+        with self._mirror._lock:
+            return dict(self._mirror.contenders)
+
     def unusable(self, node_id: str) -> bool:
         """Whether the node's znode holds no usable record (malformed or unreadable)."""
         with self._mirror._lock:

@@ -1,6 +1,7 @@
 """Exclusive locks in the kazoo `Lock` recipe format, as Zuul and Nodepool take them.
 
-Owns: acquiring and releasing a lock dir's contender znode. The wire format is the recipe's:
+Owns: acquiring and releasing a lock dir's contender znode, and telling contenders no
+session will release (persistent ones, `not_ephemeral`). The wire format is the recipe's:
 an ephemeral sequential child `<uuid4hex>__lock__<seq10>` under the lock dir; the contender
 with the lowest sequence holds the lock; a waiter watches its predecessor only. Interoperates
 with `kazoo.recipe.lock.Lock` (used by Zuul) in both directions.
@@ -26,7 +27,7 @@ import uuid
 import weakref
 from dataclasses import dataclass, field
 
-from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import errors, multiread, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.txn import Txn
 
@@ -176,6 +177,27 @@ def orphaned_contenders(zk: ZkClient, lock_dirs: list[str]) -> list[str]:
             if stat is not None and stat.ephemeral_owner == session:
                 out.append(path)
     return out
+
+
+def contenders_of(zk: ZkClient, lock_dirs: list[str]) -> dict[str, list[str]]:
+    """The lock contenders (`contenders`) under each of `lock_dirs` that has any, read in
+    few round trips (a missing dir has none)."""
+    results = zk.read_many([(multiread.CHILDREN, d) for d in lock_dirs]) if lock_dirs else []
+    found = {d: contenders(children or []) for d, children in zip(lock_dirs, results)}
+    return {d: names for d, names in found.items() if names}
+
+
+def not_ephemeral(zk: ZkClient, contender_paths: list[str]) -> list[str]:
+    """Those of `contender_paths` that are persistent znodes, read in few round trips.
+
+    A lock contender is meant to be ephemeral (kazoo's recipe, Zuul's, Nodepool's and
+    ours), so that it goes when its session ends; a persistent one (left by a tool or a
+    hand edit) is released by no session, and what it locks stays locked for ever. A
+    contender gone meanwhile is not returned."""
+    results = zk.read_many([(multiread.GET, p) for p in contender_paths]) \
+        if contender_paths else []
+    return [path for path, found in zip(contender_paths, results)
+            if found is not None and not found[1].ephemeralOwner]
 
 
 def contenders(children: list[str]) -> list[str]:

@@ -8,11 +8,13 @@ from typing import Any
 
 import pytest
 
-from nodepool_k8s.config.checks import template_problem
+from nodepool_k8s.config.checks import RESERVED_LABELS, template_problem
 from nodepool_k8s.config.schema import format_path
+from nodepool_k8s.driver.kubernetes import manifests
 from tests.config.common import (
     PLACES, assert_problem, at, base, load, prefix, problems, warnings, where,
 )
+from tests.kubernetes.factories import make_label, make_provider, make_spec
 
 POD = prefix("podlabel")  # "providers[0].pools[0].labels[1]"
 NS = prefix("nslabel")
@@ -255,6 +257,8 @@ def test_volume_mounts_must_name_a_volume() -> None:
     ("labels", "bad key!", "v", "not a valid Kubernetes key"),
     ("labels", "nodepool_node_id", "x", "reserved"),
     ("dynamic-labels", "nodepool_pool_name", "{request.id}", "reserved"),
+    ("labels", "nodepool_installation_id", "x", "reserved"),
+    ("dynamic-labels", "nodepool_installation_id", "{request.tenant_name}", "reserved"),
     ("annotations", "Bad_Prefix/x", "anything at all!", "not a valid Kubernetes key"),
     ("node-selector", "kubernetes.io/os", "linux os", "not a valid label value"),
 ])
@@ -262,6 +266,13 @@ def test_metadata_keys_and_values(section: str, key: str, value: str, fragment: 
     data = base()
     at(data, "podlabel")[section] = {key: value}
     assert_problem(data, format_path(PLACES["podlabel"][0] + (section, key)), fragment)
+
+
+def test_every_ownership_label_is_reserved() -> None:
+    """A label config may set none of the labels the driver marks its objects with (the
+    driver's win anyway; `nodepool_installation_id` was once accepted without a word)."""
+    spec = make_spec(make_provider(make_label("ns", type="namespace")), "ns")
+    assert set(manifests.ownership_labels(spec)) == set(RESERVED_LABELS)
 
 
 def test_node_attributes_must_be_json() -> None:

@@ -191,3 +191,63 @@ def test_two_installations_never_sweep_each_other(
     finally:
         launchers_b.stop_all()
         zuul_b.close()
+
+
+MIN_READY_CONFIG = LEAK_CONFIG.replace("  - name: ns\n", "  - name: ns\n    min-ready: 1\n", 1)
+
+
+def test_forged_ready_records_are_no_min_ready_spares(
+        launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
+        kazoo_client: KazooClient, caplog: pytest.LogCaptureFixture) -> None:
+    """Ready records of our provider, pool and label that somebody else wrote (naming
+    kube-system, a namespace that does not exist, none at all) counted as min-ready spares:
+    min-ready never built a real one. They are no spares now; they stay as they are (not
+    ours to delete) and each is reported once, and one real spare is built and kept."""
+    caplog.set_level(logging.INFO)
+    forged = {}
+    for external_id in ("kube-system", "main-0000009999", None):
+        body = {"state": "ready", "provider": "k8s", "pool": "main", "type": ["ns"],
+                "external_id": external_id, "state_time": 0, "allocated_to": None,
+                "connection_type": "namespace",
+                "connection_port": {"namespace": external_id, "token": "forged",
+                                    "host": "https://evil.example"}}
+        path = kazoo_client.create(f"{paths.NODES}/", json.dumps(body).encode(),
+                                   sequence=True, makepath=True)
+        forged[paths.basename(path)] = external_id
+    launcher = launchers(MIN_READY_CONFIG)
+
+    def real_spares() -> list[str]:
+        found = []
+        for node_id in kazoo_client.get_children(paths.NODES):
+            node = zuul.get_node(node_id)
+            if node_id not in forged and node is not None and node["state"] == "ready" \
+                    and node["external_id"] == f"main-{node_id}":
+                found.append(node_id)
+        return found
+
+    def settled() -> bool:
+        return len(real_spares()) == 1 and not [
+            r for r in kazoo_client.get_children(paths.REQUESTS) if r.startswith("900-")]
+
+    wait_for(settled, 60, interval=0.05, message="one real min-ready spare")
+    for _ in range(3):  # and min-ready, looking again, builds no other
+        passes = launcher.min_ready.passes
+        launcher.min_ready.wake()
+        wait_for(lambda: launcher.min_ready.passes > passes, 30, message="a min-ready pass")
+    assert settled(), real_spares()
+    # The pool status counts spares as min-ready does (it counted the forged ones).
+    wait_for(lambda: [r["targets"].get("ns") for r in
+                      launcher.engine.pool_statuses.items().values()]
+             == [{"wanted": 1, "spare": 1, "pool_level": 0}], 30,
+             message="the pool status counting one spare")
+    for node_id in forged:
+        record = zuul.get_node(node_id)
+        assert record is not None and record["state"] == "ready" \
+            and record.get("allocated_to") is None, record
+        path = paths.node_path(node_id)
+        assert sum(f"malformed node {path}: ready, but not handed out" in r.getMessage()
+                   for r in caplog.records) == 1, node_id
+    assert k8s_sim.get("namespaces", "kube-system") is not None
+    # Zuul's request is served by the real spare.
+    _, node_id = fulfilled(zuul)
+    assert node_id not in forged

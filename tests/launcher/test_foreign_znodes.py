@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import uuid
 from typing import Any
 
 import pytest
@@ -14,10 +15,11 @@ from kazoo.client import KazooClient
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
 
 from nodepool_k8s import records
+from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
-from tests.launchers import LauncherFactory
+from tests.launchers import BASIC, LauncherFactory
 
 # A znode only some other identity may use at all, and one anybody may only read.
 OTHERS_ONLY = [make_digest_acl("someone", "else", all=True)]
@@ -228,3 +230,90 @@ def test_our_registrations_deleted_by_another_client_come_back(
     data = json.loads(kazoo_client.get(f"{paths.COMPONENTS}/pool/{pool}")[0])
     assert "small" in data["supported_labels"] and launcher.pool_workers
     zuul.run_build(["small"], timeout=20)
+
+
+STUCK_CONFIG = BASIC.replace("  - name: small\n", "  - name: small\n    min-ready: 1\n", 1)
+
+
+def persistent_contender(client: KazooClient, lock_dir: str) -> str:
+    """A lock contender named as kazoo's recipe names them, but not ephemeral."""
+    return client.create(f"{lock_dir}/{uuid.uuid4().hex}__lock__0000000000", b"",
+                         makepath=True)
+
+
+def full_pass(launcher: Launcher) -> None:
+    passes = launcher.cleanup.passes
+    launcher.cleanup.request_full_pass()
+    # A pass under way may have started before the request: the one after it is full.
+    wait_for(lambda: launcher.cleanup.passes >= passes + 2, 30, message="a full pass")
+
+
+def ready_spares(client: KazooClient) -> list[str]:
+    found = []
+    for node_id in client.get_children(paths.NODES):
+        try:
+            body = json.loads(client.get(paths.node_path(node_id))[0])
+        except Exception:
+            continue
+        if body.get("state") == "ready" and not body.get("allocated_to"):
+            found.append(node_id)
+    return found
+
+
+def test_persistent_lock_contenders_are_reported_once(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A lock contender that is not ephemeral (a tool's, a hand edit's) is released by no
+    session: its node or request stays locked for ever, as with Nodepool, and nothing said
+    why. The cleanup reports each once with its path; the pool worker no longer tries the
+    request's lock again and again (three writes every 0.2 s), and the ready node it locks
+    is no min-ready spare. An ephemeral lock held as long by a live session (Zuul's on a
+    node in use) is not reported."""
+    caplog.set_level(logging.INFO)
+    request = kazoo_client.create(paths.request_create_prefix("100"),
+                                  foreign_request(["small"]), sequence=True, makepath=True)
+    request_id = paths.basename(request)
+    request_lock = persistent_contender(kazoo_client, paths.request_lock_path(request_id))
+    launcher = launchers(STUCK_CONFIG)
+    spare = wait_for(lambda: ready_spares(kazoo_client), 30, message="a min-ready spare")[0]
+    node_lock = persistent_contender(kazoo_client, paths.node_lock_path(spare))
+    in_use = zuul.submit(["small"])
+    body = zuul.wait(in_use, 30)
+    assert body is not None and body["state"] == "fulfilled", body
+    nodeset = zuul.accept(in_use)
+    zuul.use(nodeset)
+    zuul_lock_dir = paths.node_lock_path(nodeset.nodes[0].id)
+
+    def reported(path: str) -> list[str]:
+        return [m for m in messages(caplog, f"Lock contender {path} is not ephemeral")]
+
+    def both_reported() -> bool:
+        full_pass(launcher)
+        return bool(reported(request_lock) and reported(node_lock))
+
+    wait_for(both_reported, 120, interval=0, message="both contenders reported")
+    for _ in range(2):
+        full_pass(launcher)
+    assert len(reported(request_lock)) == 1 and len(reported(node_lock)) == 1
+    assert f"request {request_id} (requested)" in reported(request_lock)[0]
+    assert f"nodepool delete --force {spare}" in reported(node_lock)[0]
+    assert not messages(caplog, f"{zuul_lock_dir}/")  # Zuul's lock: ephemeral, fine
+    assert len(messages(caplog, "is not ephemeral")) == 2
+    # The locked spare is not counted: min-ready builds another.
+    wait_for(lambda: len(ready_spares(kazoo_client)) == 2, 30, message="a second spare")
+    # The stuck request's lock is not tried any more (each try creates and deletes a
+    # contender: the lock dir's child version would move).
+    before = kazoo_client.exists(paths.request_lock_path(request_id)).cversion
+    worker = next(iter(launcher.pool_workers.values()))
+    for _ in range(5):
+        passes = worker.passes
+        worker.wake()
+        wait_for(lambda: worker.passes > passes, 30, message="a pool pass")
+    assert kazoo_client.exists(paths.request_lock_path(request_id)).cversion == before
+    assert json.loads(kazoo_client.get(request)[0])["state"] == "requested"
+    # Removed by hand: the request is served.
+    kazoo_client.delete(request_lock)
+    full_pass(launcher)
+    wait_for(lambda: json.loads(kazoo_client.get(request)[0])["state"] == "fulfilled", 30,
+             message="the request served once its lock is gone")
+    zuul.release(nodeset)
