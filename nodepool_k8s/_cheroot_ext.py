@@ -26,7 +26,9 @@ How: `DeadlineConnection` builds the connection's reader and writer itself, as c
 `makefile.MakeFile` does (`StreamReader`/`StreamWriter` over a `socket.SocketIO`), but with a
 `SocketIO` that sets the timeout first; its `communicate` (one request) starts and ends the
 deadlines. That relies on cheroot internals: `HTTPConnection(server, sock, makefile)`, the
-reader/writer classes and what their constructors set, and `HTTPServer.ConnectionClass`.
+reader/writer classes and what their constructors set, `HTTPServer.ConnectionClass`, and
+(for the web app's parking of silent connections) a prepared server's `_connections.put`,
+checked by `check_prepared`.
 The module was written for cheroot 11.1 within the range setup.cfg pins (`SUPPORTED`).
 `check()` runs once per process when a web app is created: it checks the installed version
 and runs a self-test on a socket pair (the reader and writer have the attributes cheroot's
@@ -228,6 +230,16 @@ def _socket_test() -> list[str]:
             conn.wfile.close()
         a.close()
         b.close()
+
+
+def check_prepared(srv: Any) -> None:
+    """After `HTTPServer.prepare`: the connection manager the web app parks silent
+    connections with (`_connections`, with `put`) is there; CherootIncompatible if not."""
+    manager = getattr(srv, "_connections", None)
+    if not callable(getattr(manager, "put", None)):
+        raise CherootIncompatible(
+            f"cheroot {installed_version()} is not supported by nodepool_k8s._cheroot_ext: "
+            "a prepared server has no connection manager (`_connections.put`)")
 
 
 def check() -> None:

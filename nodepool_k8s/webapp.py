@@ -118,8 +118,8 @@ class _QuietServer(wsgi.Server):
         10 s, say) held all workers, and /ready went unanswered for minutes. A silent new
         connection is parked with the idle keep-alive ones instead (one selector, no
         thread), handed over when it becomes readable and closed after `timeout`."""
-        manager = getattr(self, "_connections", None)
-        if manager is not None and not conn.rfile.has_data() and not _readable(conn.socket):
+        if not conn.rfile.has_data() and not _readable(conn.socket):
+            manager: Any = getattr(self, "_connections")  # see _cheroot_ext.check_prepared
             manager.put(conn)
             return
         super().process_conn(conn)
@@ -161,6 +161,7 @@ class WebApp:
 
     def start(self) -> "WebApp":
         self._server.prepare()  # binds now: errors (port in use) reach the caller
+        _cheroot_ext.check_prepared(self._server)
         self._thread = threading.Thread(target=self._server.serve, name="webapp", daemon=True)
         self._thread.start()
         log.info("Web app listening on %s port %s", self._server.bind_addr[0], self.port)

@@ -306,3 +306,15 @@ def test_an_incompatible_cheroot_stops_the_web_app(monkeypatch: pytest.MonkeyPat
     with pytest.raises(CherootIncompatible,
                        match=f"cheroot {_cheroot_ext.installed_version()} is not supported"):
         WebApp(Source(), port=0)
+
+
+def test_a_server_without_the_connection_manager_is_refused() -> None:
+    """Parking silent connections needs the prepared server's `_connections.put`: without
+    it the web app does not start (before, it silently gave every connection a worker)."""
+    web = WebApp(Source(), port=0).start()
+    try:
+        _cheroot_ext.check_prepared(web._server)  # the installed cheroot has it
+    finally:
+        web.stop()
+    with pytest.raises(CherootIncompatible, match="no connection manager"):
+        _cheroot_ext.check_prepared(object())
