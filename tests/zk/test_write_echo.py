@@ -11,6 +11,7 @@ as before.
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from typing import Iterator
 
@@ -195,3 +196,39 @@ def test_a_resync_on_the_same_connection_keeps_the_counts(
     kazoo_client.set(node.path, node_json("in-use"))
     node.wait("in-use")
     assert mirror.reads - before == 1
+
+
+def test_a_creation_seen_on_the_connection_before_a_resync_is_not_counted(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+    """A resync that runs after a reconnect but was queued before it (here: the root's
+    deletion and creation, seen on the old connection) leaves the old connection's events
+    queued behind it. A creation event among them must not start a count: the changes made
+    while no watch was there (two writes) are not in it, and the next change looked
+    answered already (the cache kept showing the second write)."""
+    mirror = cache._mirror
+    held = threading.Event()
+    mirror._submit(held.wait, 30)
+    try:
+        kazoo_client.delete(paths.NODES)  # a cleanup script, say: the root goes and comes
+        kazoo_client.create(paths.NODES)
+        path = kazoo_client.create(f"{paths.NODES}/", node_json("building"), sequence=True)
+        node_id = path.rsplit("/", 1)[1]
+        wait_for(lambda: mirror._tasks.qsize() >= 3, 10,
+                 message="the root's deletion and creation and the node's creation")
+        connections = zkc.connections
+        zkc.kazoo._connection._socket.shutdown(socket.SHUT_RDWR)  # the session lives on
+        wait_for(lambda: zkc.connections > connections and zkc.connected, 20,
+                 message="the reconnect")
+        # Unseen: the cache's thread has not added the watch on the new connection yet.
+        kazoo_client.set(path, node_json("ready"))
+        kazoo_client.set(path, node_json("in-use"))
+    finally:
+        held.set()
+
+    def state() -> str | None:
+        node = cache.get(node_id)
+        return node.state if node is not None else None
+
+    wait_for(lambda: state() == "in-use", 10, message="the resync's read")
+    kazoo_client.set(path, node_json("used"))  # version 3, and the third change event
+    wait_for(lambda: state() == "used", 10, message="the change after the reconnect")
