@@ -55,6 +55,13 @@ class Node:
         wait_for(lambda: self.state() == state, 10, message=f"the cache to show {state}")
 
 
+def drained(mirror: ChildMirror[Any]) -> None:
+    """Wait until the cache's thread has handled everything queued before now."""
+    done = threading.Event()
+    mirror._submit(done.set)
+    assert done.wait(10)
+
+
 @pytest.fixture
 def cache(zkc: ZkClient) -> Iterator[NodeCache]:
     cache = NodeCache(zkc)
@@ -207,6 +214,7 @@ def test_a_creation_seen_on_the_connection_before_a_resync_is_not_counted(
     while no watch was there (two writes) are not in it, and the next change looked
     answered already (the cache kept showing the second write)."""
     mirror = cache._mirror
+    drained(mirror)  # the start's own resyncs (the root created) are over
     held = threading.Event()
     mirror._submit(held.wait, 30)
     try:
@@ -233,13 +241,6 @@ def test_a_creation_seen_on_the_connection_before_a_resync_is_not_counted(
     wait_for(lambda: state() == "in-use", 10, message="the resync's read")
     kazoo_client.set(path, node_json("used"))  # version 3, and the third change event
     wait_for(lambda: state() == "used", 10, message="the change after the reconnect")
-
-
-def drained(mirror: ChildMirror[Any]) -> None:
-    """Wait until the cache's thread has handled everything queued before now."""
-    done = threading.Event()
-    mirror._submit(done.set)
-    assert done.wait(10)
 
 
 def test_one_transaction_writing_a_node_and_a_request_costs_no_read(
