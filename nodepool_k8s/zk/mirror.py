@@ -285,12 +285,14 @@ class ChildMirror(Generic[T]):
     def _tree_watch(self, kind: str, path: str) -> None:
         """The persistent watch's listener (kazoo's connection thread): queues what
         `_on_tree_event` acts on, and drops the rest here (a lock dir's own creation and
-        deletion, contenders' data, anything deeper) at the cost of one count."""
+        deletion, contenders' data, anything deeper) at the cost of one count. Each event
+        goes with the connection it came on: `ZkClient.connections` counts a new one on this
+        thread before any of its events is read."""
         depth = path.count("/", len(self.root))
         if depth <= 1 or (depth == 3 and self._with_locks and kind != EventType.CHANGED):
-            self._submit(self._on_tree_event, kind, path)
+            self._submit(self._on_tree_event, kind, path, self.zk.connections)
 
-    def _on_tree_event(self, kind: str, path: str) -> None:
+    def _on_tree_event(self, kind: str, path: str, connection: int) -> None:
         if not self._tree:
             return
         if path == self.root:
@@ -315,8 +317,11 @@ class ChildMirror(Generic[T]):
                 self._read_change(key)
             elif kind == EventType.CREATED and not self._is_dead(key):
                 # The watch saw the creation, so it sees every change after it (also of a
-                # child a resync's listing found first).
-                self._changes[key] = 0
+                # child a resync's listing found first); not if it saw it on a connection
+                # before the one counted on (a resync queued ahead of the old connection's
+                # events ran after the reconnect): that watch missed the changes since.
+                if connection == self._counted_since:
+                    self._changes[key] = 0
                 if key not in self._queued:
                     # Through the bounded backlog, as a listing's new children are.
                     self._queued.add(key)

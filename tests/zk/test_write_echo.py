@@ -11,15 +11,17 @@ as before.
 from __future__ import annotations
 
 import json
+import socket
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.zk import errors, paths
-from nodepool_k8s.zk.cache import NodeCache
+from nodepool_k8s.zk.cache import NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.mirror import ChildMirror
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import wait_for
 
@@ -51,6 +53,13 @@ class Node:
 
     def wait(self, state: str) -> None:
         wait_for(lambda: self.state() == state, 10, message=f"the cache to show {state}")
+
+
+def drained(mirror: ChildMirror[Any]) -> None:
+    """Wait until the cache's thread has handled everything queued before now."""
+    done = threading.Event()
+    mirror._submit(done.set)
+    assert done.wait(10)
 
 
 @pytest.fixture
@@ -195,3 +204,115 @@ def test_a_resync_on_the_same_connection_keeps_the_counts(
     kazoo_client.set(node.path, node_json("in-use"))
     node.wait("in-use")
     assert mirror.reads - before == 1
+
+
+def test_a_creation_seen_on_the_connection_before_a_resync_is_not_counted(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+    """A resync that runs after a reconnect but was queued before it (here: the root's
+    deletion and creation, seen on the old connection) leaves the old connection's events
+    queued behind it. A creation event among them must not start a count: the changes made
+    while no watch was there (two writes) are not in it, and the next change looked
+    answered already (the cache kept showing the second write)."""
+    mirror = cache._mirror
+    drained(mirror)  # the start's own resyncs (the root created) are over
+    held = threading.Event()
+    mirror._submit(held.wait, 30)
+    try:
+        kazoo_client.delete(paths.NODES)  # a cleanup script, say: the root goes and comes
+        kazoo_client.create(paths.NODES)
+        path = kazoo_client.create(f"{paths.NODES}/", node_json("building"), sequence=True)
+        node_id = path.rsplit("/", 1)[1]
+        wait_for(lambda: mirror._tasks.qsize() >= 3, 10,
+                 message="the root's deletion and creation and the node's creation")
+        connections = zkc.connections
+        zkc.kazoo._connection._socket.shutdown(socket.SHUT_RDWR)  # the session lives on
+        wait_for(lambda: zkc.connections > connections and zkc.connected, 20,
+                 message="the reconnect")
+        # Unseen: the cache's thread has not added the watch on the new connection yet.
+        kazoo_client.set(path, node_json("ready"))
+        kazoo_client.set(path, node_json("in-use"))
+    finally:
+        held.set()
+
+    def state() -> str | None:
+        node = cache.get(node_id)
+        return node.state if node is not None else None
+
+    wait_for(lambda: state() == "in-use", 10, message="the resync's read")
+    kazoo_client.set(path, node_json("used"))  # version 3, and the third change event
+    wait_for(lambda: state() == "used", 10, message="the change after the reconnect")
+
+
+def test_one_transaction_writing_a_node_and_a_request_costs_no_read(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+    """Sets to children of two caches in one transaction (as a fulfilment writes a node
+    and its request): each cache takes its own set's answer, and none is read."""
+    requests = RequestCache(zkc)
+    requests.start()
+    try:
+        assert requests.wait_synced(10)
+        node = Node(kazoo_client, cache)
+        kazoo_client.ensure_path(paths.REQUESTS)
+        body = {"state": "requested", "node_types": ["small"], "requestor": "zuul"}
+        request_path = kazoo_client.create(f"{paths.REQUESTS}/100-",
+                                           json.dumps(body).encode(), sequence=True)
+        request_id = request_path.rsplit("/", 1)[1]
+
+        def request_state() -> str | None:
+            request = requests.get(request_id)
+            return request.state if request is not None else None
+
+        wait_for(lambda: request_state() == "requested", 10, message="the request")
+        before = (cache._mirror.reads, requests._mirror.reads)
+        txn = Txn()
+        txn.check(node.path)
+        txn.set(node.path, node_json("ready"), 0)
+        txn.set(request_path, json.dumps({**body, "state": "pending"}).encode(), 0)
+        txn.commit(zkc)
+        node.wait("ready")
+        wait_for(lambda: request_state() == "pending", 10, message="the pending request")
+        drained(cache._mirror)
+        drained(requests._mirror)
+        assert (cache._mirror.reads, requests._mirror.reads) == before
+        for mirror in (cache._mirror, requests._mirror):
+            assert mirror._expected == {} and mirror._deferred == set()
+        kazoo_client.set(node.path, node_json("used"))  # someone else's: read
+        node.wait("used")
+        assert cache._mirror.reads == before[0] + 1
+    finally:
+        requests.stop()
+
+
+def test_change_events_that_come_after_our_answer_hide_nothing(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """ZooKeeper sends the notification of our own write before its answer, but nothing
+    may depend on it: here the node's change events (ours, then someone else's later
+    write) reach the cache only after our answer was applied."""
+    node = Node(kazoo_client, cache)
+    mirror = cache._mirror
+    submit = mirror._submit
+    held: list[tuple[Any, ...]] = []
+
+    def holding(fn: Any, *args: Any) -> None:
+        if fn == mirror._on_tree_event and args[1] == node.path:
+            held.append(args)
+        else:
+            submit(fn, *args)
+
+    monkeypatch.setattr(mirror, "_submit", holding)
+    before = mirror.reads
+    write(zkc, node.path, "ready")  # version 1: answered, its event held back
+    node.wait("ready")
+    kazoo_client.set(node.path, node_json("in-use"))  # version 2, someone else's
+    wait_for(lambda: len(held) == 2, 10, message="both change events")
+    monkeypatch.undo()
+    for args in held:
+        submit(mirror._on_tree_event, *args)
+    node.wait("in-use")
+    assert mirror.reads - before == 1  # the other client's change, once
+    write(zkc, node.path, "used")  # and ours go on costing nothing
+    node.wait("used")
+    drained(mirror)
+    assert mirror.reads - before == 1
+    assert mirror._expected == {} and mirror._deferred == set()
