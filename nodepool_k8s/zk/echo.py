@@ -9,7 +9,10 @@ got for free; the persistent watch's event for the same write then costs no read
 
 Why both calls: ZooKeeper sends a session the notification of its own write before the
 write's answer, so without the first call the cache would already have sent the read the
-answer makes unnecessary.
+answer makes unnecessary. (Only the saving depends on that order, not correctness: an
+answer that comes first is applied, and the event after it is counted as answered or read.)
+A transaction that sets one child twice is echoed once, with the last set's data, so the
+cache never shows the state in between, which no reader could see.
 
 Failure: `settle_write` is called for every `expect_write` that returned True, whatever
 happens to the write (kazoo fails every request still pending when the connection drops);
@@ -64,7 +67,10 @@ class WriteEchoes:
         expected: Expected = []
         if not self._observers:
             return expected
+        last = {path: index for index, path, _ in writes}
         for index, path, data in writes:
+            if last[path] != index:
+                continue  # set again later in the same transaction
             root, _, key = path.rpartition("/")
             for observer in self._observers.get(root, ()):
                 try:

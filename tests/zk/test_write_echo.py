@@ -316,3 +316,22 @@ def test_change_events_that_come_after_our_answer_hide_nothing(
     drained(mirror)
     assert mirror.reads - before == 1
     assert mirror._expected == {} and mirror._deferred == set()
+
+
+def test_a_child_set_twice_in_one_transaction_is_echoed_once(
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+    """Inside one transaction the first set's data never exists for any reader: only the
+    last set's answer is echoed (and the two change events cost no read)."""
+    node = Node(kazoo_client, cache)
+    seen: list[str | None] = []
+    cache.add_listener(lambda kind, key: seen.append(node.state()) if key == node.id else None)
+    before = cache._mirror.reads
+    txn = Txn()
+    txn.set(node.path, node_json("ready"))
+    txn.set(node.path, node_json("in-use"))
+    txn.commit(zkc)
+    node.wait("in-use")
+    kazoo_client.set(node.path, node_json("used"))  # read; every event before it was seen
+    node.wait("used")
+    assert "ready" not in seen, seen
+    assert cache._mirror.reads - before == 1
