@@ -116,16 +116,7 @@ def test_forged_ready_records_are_never_handed_out(
     caplog.set_level(logging.INFO)
     launcher = launchers(LEAK_CONFIG)
     _, real = fulfilled(zuul)
-    forged = {}
-    for external_id in ("kube-system", "main-0000009999", f"main-{real}"):
-        body = {"state": "ready", "provider": "k8s", "pool": "main", "type": ["ns"],
-                "external_id": external_id, "state_time": 0, "allocated_to": None,
-                "connection_type": "namespace",
-                "connection_port": {"namespace": external_id, "token": "forged",
-                                    "host": "https://evil.example"}}
-        path = kazoo_client.create(f"{paths.NODES}/", json.dumps(body).encode(),
-                                   sequence=True)
-        forged[paths.basename(path)] = external_id
+    forged = forge_ready_records(kazoo_client, ["kube-system", "main-0000009999", f"main-{real}"])
     wait_for(lambda: all(launcher.engine.node_cache.get(n) is not None for n in forged),
              message="the forged records in the cache")
     for _ in range(2):
@@ -135,6 +126,23 @@ def test_forged_ready_records_are_never_handed_out(
         assert node["connection_port"]["token"] != "forged"
         assert node["external_id"] == f"main-{node_id}"
     assert_forged_left_alone(zuul, forged, caplog, k8s_sim)
+
+
+def forge_ready_records(kazoo_client: KazooClient,
+                        external_ids: list[str | None]) -> dict[str, str | None]:
+    """Ready, unallocated records of provider k8s, pool main, label ns written by somebody
+    else, one per external id, each with a forged token and host; node id -> external id."""
+    forged: dict[str, str | None] = {}
+    for external_id in external_ids:
+        body = {"state": "ready", "provider": "k8s", "pool": "main", "type": ["ns"],
+                "external_id": external_id, "state_time": 0, "allocated_to": None,
+                "connection_type": "namespace",
+                "connection_port": {"namespace": external_id, "token": "forged",
+                                    "host": "https://evil.example"}}
+        path = kazoo_client.create(f"{paths.NODES}/", json.dumps(body).encode(),
+                                   sequence=True, makepath=True)
+        forged[paths.basename(path)] = external_id
+    return forged
 
 
 def assert_forged_left_alone(zuul: ZuulClient, forged: Iterable[str],
@@ -211,16 +219,7 @@ def test_forged_ready_records_are_no_min_ready_spares(
     min-ready never built a real one. They are no spares now; they stay as they are (not
     ours to delete) and each is reported once, and one real spare is built and kept."""
     caplog.set_level(logging.INFO)
-    forged = {}
-    for external_id in ("kube-system", "main-0000009999", None):
-        body = {"state": "ready", "provider": "k8s", "pool": "main", "type": ["ns"],
-                "external_id": external_id, "state_time": 0, "allocated_to": None,
-                "connection_type": "namespace",
-                "connection_port": {"namespace": external_id, "token": "forged",
-                                    "host": "https://evil.example"}}
-        path = kazoo_client.create(f"{paths.NODES}/", json.dumps(body).encode(),
-                                   sequence=True, makepath=True)
-        forged[paths.basename(path)] = external_id
+    forged = forge_ready_records(kazoo_client, ["kube-system", "main-0000009999", None])
     launcher = launchers(MIN_READY_CONFIG)
 
     def real_spares() -> list[str]:
