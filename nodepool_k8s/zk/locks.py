@@ -167,16 +167,9 @@ def orphaned_contenders(zk: ZkClient, lock_dirs: list[str]) -> list[str]:
     if session is None:
         return []
     live = live_contenders()
-    out: list[str] = []
-    for lock_dir in lock_dirs:
-        for name in zk.get_children(lock_dir) or []:
-            path = f"{lock_dir}/{name}"
-            if path in live or not _CONTENDER.search(name):
-                continue
-            stat = zk.exists(path)
-            if stat is not None and stat.ephemeral_owner == session:
-                out.append(path)
-    return out
+    candidates = [path for lock_dir, names in contenders_of(zk, lock_dirs).items()
+                  for name in names if (path := f"{lock_dir}/{name}") not in live]
+    return [path for path, owner in owners(zk, candidates).items() if owner == session]
 
 
 def contenders_of(zk: ZkClient, lock_dirs: list[str]) -> dict[str, list[str]]:
@@ -187,17 +180,23 @@ def contenders_of(zk: ZkClient, lock_dirs: list[str]) -> dict[str, list[str]]:
     return {d: names for d, names in found.items() if names}
 
 
+def owners(zk: ZkClient, contender_paths: list[str]) -> dict[str, int]:
+    """Each of `contender_paths` that still exists -> the session owning it (its
+    ephemeralOwner; 0 for a persistent znode), read in few round trips."""
+    results = zk.read_many([(multiread.GET, p) for p in contender_paths]) \
+        if contender_paths else []
+    return {path: found[1].ephemeralOwner
+            for path, found in zip(contender_paths, results) if found is not None}
+
+
 def not_ephemeral(zk: ZkClient, contender_paths: list[str]) -> list[str]:
-    """Those of `contender_paths` that are persistent znodes, read in few round trips.
+    """Those of `contender_paths` that are persistent znodes.
 
     A lock contender is meant to be ephemeral (kazoo's recipe, Zuul's, Nodepool's and
     ours), so that it goes when its session ends; a persistent one (left by a tool or a
     hand edit) is released by no session, and what it locks stays locked for ever. A
     contender gone meanwhile is not returned."""
-    results = zk.read_many([(multiread.GET, p) for p in contender_paths]) \
-        if contender_paths else []
-    return [path for path, found in zip(contender_paths, results)
-            if found is not None and not found[1].ephemeralOwner]
+    return [path for path, owner in owners(zk, contender_paths).items() if not owner]
 
 
 def contenders(children: list[str]) -> list[str]:
