@@ -47,6 +47,19 @@ class NotOwned(PermanentError):
     """
 
 
+class DeletionUnderway(NodepoolError):
+    """The cloud accepted a deletion that is still running (a namespace Terminating).
+
+    Raised by `Provider.delete` only when the caller passed `on_gone`: the provider calls it
+    once it sees the resource gone, and the caller asks again then (or after `recheck_in`
+    seconds at the latest, should that notice never come). Not a failure: nothing is
+    logged or retried with back-off for it."""
+
+    def __init__(self, message: str, recheck_in: float) -> None:
+        super().__init__(message)
+        self.recheck_in = recheck_in
+
+
 class QuotaExceeded(TemporaryError):
     """The cloud refused for lack of quota; capacity may free up later."""
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass
+from typing import Callable
 
 from nodepool_k8s import model, status
 from nodepool_k8s.cmd import common
@@ -179,7 +180,9 @@ class _Resource:
         self._provider: Provider | None = None
         self._started = False
 
-    def delete(self, external_id: str, node_id: str | None = None) -> None:
+    def delete(self, external_id: str, node_id: str | None = None,
+               on_gone: Callable[[], None] | None = None) -> None:
+        # `on_gone` is never passed here: the command waits until the resource is gone.
         if self._provider is None:
             self._provider = registry.make_provider(self._config)
         try:

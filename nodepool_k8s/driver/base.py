@@ -120,11 +120,17 @@ class Provider(Protocol):
         `reason` should be one of `conditions.REASONS`.
         """
 
-    def delete(self, external_id: str, node_id: str | None = None) -> None:
+    def delete(self, external_id: str, node_id: str | None = None,
+               on_gone: Callable[[], None] | None = None) -> None:
         """Delete the resource and wait until it is gone (missing = success).
 
         Only a resource carrying this installation's ownership labels (and node `node_id`'s,
         when given) is deleted; anything else raises `NotOwned` without being touched.
+
+        With `on_gone` the provider may, instead of waiting, raise `DeletionUnderway` once
+        the deletion is accepted and call `on_gone()` (once, from one of its own threads;
+        it must not block) when it sees the resource gone; the caller then calls `delete`
+        again to confirm. A provider that cannot tell may ignore `on_gone` and wait.
         """
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:

@@ -28,7 +28,7 @@ from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s import conditions as cond
 from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Progress
-from nodepool_k8s.exceptions import LaunchCancelled, LaunchError, NotOwned
+from nodepool_k8s.exceptions import DeletionUnderway, LaunchCancelled, LaunchError, NotOwned
 from nodepool_k8s.model import Resources
 
 FAKE_API = "https://fake-k8s.invalid:6443"
@@ -70,8 +70,30 @@ class FakeProvider:
         self.launching = 0
         # Optional hook run inside launch after the resource exists (tests use it to pause).
         self.on_launch: Callable[[LaunchSpec], None] | None = None
+        # `defer_deletions`: None = deletions finish at once; else external id -> the
+        # notices to send when `finish_deletions` lets them finish.
+        self._deferred: dict[str, list[Callable[[], None]]] | None = None
+        self._early_notice = False
 
     # -- test controls --------------------------------------------------------------------
+    def defer_deletions(self, early_notice: bool = False) -> None:
+        """Deletions asked for with `on_gone` are handed back as underway (a namespace
+        Terminating) until `finish_deletions`. With `early_notice` a deletion finishes and
+        sends its notice before it is handed back (a namespace that went at once)."""
+        with self._lock:
+            self._deferred, self._early_notice = {}, early_notice
+
+    def finish_deletions(self) -> None:
+        """Let every deferred deletion finish, send their notices, stop deferring."""
+        with self._lock:
+            deferred, self._deferred = self._deferred or {}, None
+        with self.cloud.lock:
+            for external_id in deferred:
+                self.cloud.resources.pop(external_id, None)
+        for notices in deferred.values():
+            for notice in notices:
+                notice()
+
     def fail_next(self, count: int = 1, exc: Exception | None = None,
                   op: str = "launch", node_id: str | None = None) -> None:
         """The next `count` calls of `op` (launch, delete, list) raise `exc` (only calls
@@ -190,7 +212,9 @@ class FakeProvider:
         with self.cloud.lock:
             self.cloud.resources.pop(external_id, None)
 
-    def delete(self, external_id: str, node_id: str | None = None) -> None:
+    def delete(self, external_id: str, node_id: str | None = None,
+               on_gone: Callable[[], None] | None = None) -> None:
+        """Finishes at once, unless a test deferred deletions (`defer_deletions`)."""
         self._record("delete", external_id)
         injected = self._injected("delete", node_id)
         if injected is not None:
@@ -206,7 +230,17 @@ class FakeProvider:
             if node_id is not None and resource.node_id not in (None, node_id):
                 raise NotOwned(f"{external_id} belongs to node {resource.node_id}, not"
                                f" {node_id}")
+            with self._lock:
+                deferred, early = self._deferred, self._early_notice
+                if on_gone is not None and deferred is not None and not early:
+                    resource.deleting = True
+                    deferred.setdefault(external_id, []).append(on_gone)
+                    raise DeletionUnderway(f"{external_id} is being deleted",
+                                           recheck_in=60.0)
             del self.cloud.resources[external_id]
+        if on_gone is not None and deferred is not None:
+            on_gone()  # early: the notice overtakes the hand-back
+            raise DeletionUnderway(f"{external_id} is being deleted", recheck_in=60.0)
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:
         with self.cloud.lock:

@@ -143,6 +143,7 @@ class CleanupWorker(Worker):
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
         dirty.update(self.deleter.due_retries())
+        self.deleter.resume_due()
         ids = self.engine.node_cache.ids() if full else list(dirty)
         self._step("nodes", lambda: self._nodes(ids, now, full))
         self._step("empty nodes", lambda: self._empty_nodes(now, full))

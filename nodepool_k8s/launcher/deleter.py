@@ -2,7 +2,7 @@
 
 Owns: the node deletion protocol and its retries. For a node: lock it (non-blocking),
 re-read, re-check that it should still go (`check`), write `deleting`, have the provider
-delete the resource (which returns once it is gone), then remove the znode with its lock in
+delete the resource and confirm it is gone, then remove the znode with its lock in
 one transaction (`deleted` is written first only when another contender waits). A node
 whose resource could not be confirmed gone keeps its znode and is retried later with
 backoff: nothing is forgotten. A node whose record names a resource that is not provably
@@ -12,6 +12,13 @@ znode removed; the cloud is not touched. Leaked resources (no node) go through `
 
 Idempotent: a node already being deleted by this process is not submitted twice; another
 launcher holding the lock simply makes this attempt a no-op.
+
+No thread waits for a resource to go: when the provider hands a deletion back as underway
+(`DeletionUnderway`: a namespace Terminating), the node is parked with its lock still held
+and the thread goes on to other work; the provider's notice that the resource is gone (or,
+should it never come, the deadline the provider named) finishes it on a deleter thread. So
+a gate reset that releases hundreds of nodes has every deletion in the cluster at once,
+however few deleter threads there are.
 
 Bounded: the retry table only holds work that is still wanted. A node's entry is dropped
 when the deletion succeeds or the node is gone (`forget`, `prune`, called by the cleanup
@@ -23,6 +30,7 @@ deadline that nothing will act on.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import threading
@@ -32,7 +40,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig, model, records
-from nodepool_k8s.exceptions import NotOwned, TemporaryError, ZkSessionLost
+from nodepool_k8s.exceptions import DeletionUnderway, NotOwned, TemporaryError, ZkSessionLost
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.driver.base import Provider
@@ -80,6 +88,25 @@ class Deletion:
     refused: str | None = None  # why the resource was not touched (`NotOwned`)
 
 
+class Outcome(enum.Enum):
+    """How one pass of the deleter over a node or leak ended."""
+
+    DONE = "done"  # nothing more to do (deleted, refused, gone, not ours to act on)
+    FAILED = "failed"  # retried later with back-off
+    PARKED = "parked"  # the resource is going; the node waits (locked) for the notice
+
+
+@dataclass
+class Parked:
+    """A node whose resource deletion is underway: its lock is held, no thread waits."""
+
+    node: Node
+    lock: HeldLock
+    provider: Provider
+    reason: str
+    due: float  # ask the provider again by then, even without its notice
+
+
 class NodeWrites(Protocol):
     """The node store's writes the deletion protocol makes (`zk.nodes.NodeStore`)."""
 
@@ -90,14 +117,16 @@ class NodeWrites(Protocol):
 
 class ResourceDeleter(Protocol):
     """Deletes a node's cloud resource (`driver.base.Provider.delete`): returns once it is
-    gone, raises `NotOwned` for a resource that is not provably ours (untouched)."""
+    gone, raises `NotOwned` for a resource that is not provably ours (untouched), and with
+    `on_gone` may raise `DeletionUnderway` instead of waiting."""
 
-    def delete(self, external_id: str, node_id: str | None = None) -> None: ...
+    def delete(self, external_id: str, node_id: str | None = None,
+               on_gone: Callable[[], None] | None = None) -> None: ...
 
 
 def delete_locked(nodes: NodeWrites, node: Node, lock: HeldLock,
                   resource: ResourceDeleter | None, *, now: Callable[[], float],
-                  reason: str) -> Deletion:
+                  reason: str, on_gone: Callable[[], None] | None = None) -> Deletion:
     """The node deletion protocol, for a node we hold locked (freshly read): the launcher's
     deleter and `nodepool delete --now` both run it.
 
@@ -106,7 +135,8 @@ def delete_locked(nodes: NodeWrites, node: Node, lock: HeldLock,
     `delete_refused` (and `Deleting` False/NotOwned) and leave the resource alone. Then remove
     the znode with its lock. Without `resource` only the znode is removed. Errors of the
     resource deletion (`TemporaryError`: not confirmed gone) propagate with the node left in
-    `deleting`; the caller decides about retries.
+    `deleting`; the caller decides about retries. With `on_gone`, `DeletionUnderway`
+    propagates the same way: the caller keeps the lock and calls again after the notice.
     """
     refused: str | None = None
     if resource is not None:
@@ -117,7 +147,7 @@ def delete_locked(nodes: NodeWrites, node: Node, lock: HeldLock,
             nodes.store(node, lock)
         if node.external_id:
             try:
-                resource.delete(node.external_id, node_id=node.id)
+                resource.delete(node.external_id, node_id=node.id, on_gone=on_gone)
             except NotOwned as exc:
                 refused = str(exc)
                 node.extra["delete_refused"] = refused
@@ -166,6 +196,10 @@ class NodeDeleter:
         self._lock = threading.Lock()
         self._in_flight: set[RetryKey] = set()
         self._retry: dict[RetryKey, Retry] = {}
+        # Nodes whose resource is going (locked, no thread waiting), by node id.
+        self._parked: dict[str, Parked] = {}
+        # The provider's notice came while the pass that parks the node was still running.
+        self._early_gone: set[str] = set()
         self.deleted = 0
         self.leaks_deleted = 0
         self.refused = 0
@@ -178,7 +212,7 @@ class NodeDeleter:
     # -- scheduling -----------------------------------------------------------------------
     def _claim(self, key: RetryKey) -> bool:
         with self._lock:
-            if key in self._in_flight:
+            if key in self._in_flight or key in self._parked:
                 return False
             retry = self._retry.get(key)
             if retry is not None and retry.due > self.engine.clock.time():
@@ -186,50 +220,87 @@ class NodeDeleter:
             self._in_flight.add(key)
             return True
 
-    def _release(self, key: RetryKey, failed: bool) -> None:
+    def _release(self, key: RetryKey, outcome: Outcome, parked: Parked | None = None) -> None:
         settings = self.engine.settings
+        resume = False
         with self._lock:
-            self._in_flight.discard(key)
-            if failed:
+            early = isinstance(key, str) and key in self._early_gone
+            if isinstance(key, str):
+                self._early_gone.discard(key)
+            if parked is not None and early and isinstance(key, str):
+                resume = True  # gone already: finish at once (it stays in flight)
+            else:
+                self._in_flight.discard(key)
+                if parked is not None and isinstance(key, str):
+                    self._parked[key] = parked
+            if outcome is Outcome.FAILED:
                 last = self._retry[key].delay if key in self._retry else 0.0
                 delay = next_backoff(last, settings.delete_retry, settings.delete_retry_max)
                 self._retry[key] = Retry(self.engine.clock.time() + delay, delay)
-            else:
+            elif outcome is Outcome.DONE:
                 self._retry.pop(key, None)
+        if resume and parked is not None and isinstance(key, str):
+            self._finish_later(key, parked)
         self.on_done()
 
     def busy(self, node_id: str) -> bool:
         with self._lock:
-            return node_id in self._in_flight
+            return node_id in self._in_flight or node_id in self._parked
 
     def next_retry(self) -> float:
-        """When a node deletion is next due for a retry (leak retries follow the sweep)."""
+        """When a node deletion is next due for a retry or a parked deletion for another
+        look (leak retries follow the sweep)."""
         with self._lock:
-            return min((r.due for k, r in self._retry.items()
-                        if isinstance(k, str) and k not in self._in_flight),
-                       default=math.inf)
+            return min(min((r.due for k, r in self._retry.items()
+                            if isinstance(k, str) and k not in self._in_flight),
+                           default=math.inf),
+                       min((p.due for p in self._parked.values()), default=math.inf))
 
     def due_retries(self) -> list[str]:
         now = self.engine.clock.time()
         with self._lock:
             return [k for k, r in self._retry.items()
-                    if isinstance(k, str) and r.due <= now and k not in self._in_flight]
+                    if isinstance(k, str) and r.due <= now and k not in self._in_flight
+                    and k not in self._parked]
+
+    def resume_due(self) -> None:
+        """Look again at parked deletions whose provider notice is overdue (the cleanup
+        pass calls this; `next_retry` wakes it in time)."""
+        now = self.engine.clock.time()
+        with self._lock:
+            due = [(k, p) for k, p in self._parked.items() if p.due <= now]
+            for node_id, _ in due:
+                del self._parked[node_id]
+                self._in_flight.add(node_id)
+        for node_id, parked in due:
+            self._finish_later(node_id, parked)
+
+    def parked(self) -> int:
+        """Deletions underway with no thread waiting (for tests and the status)."""
+        with self._lock:
+            return len(self._parked)
 
     def forget(self, node_id: str) -> None:
         """The node is gone (deleted by another launcher, or by hand): no retry."""
         with self._lock:
+            parked = self._parked.pop(node_id, None)
             if node_id not in self._in_flight:
                 self._retry.pop(node_id, None)
                 self._refused.discard(node_id)
+        if parked is not None:
+            parked.lock.release()
 
     def prune(self, live_node_ids: Iterable[str]) -> None:
-        """Drop node retries of nodes that no longer exist."""
+        """Drop node retries (and parked deletions) of nodes that no longer exist."""
         live = set(live_node_ids)
         with self._lock:
             for key in [k for k in self._retry if isinstance(k, str)
                         and k not in live and k not in self._in_flight]:
                 del self._retry[key]
             self._refused &= live
+            gone = [self._parked.pop(k) for k in list(self._parked) if k not in live]
+        for parked in gone:
+            parked.lock.release()
 
     def prune_leaks(self, provider_name: str, listed: Iterable[str]) -> None:
         """Drop leak retries of a provider's resources that are no longer listed."""
@@ -261,67 +332,129 @@ class NodeDeleter:
 
     def shutdown(self, wait: bool) -> None:
         self._executor.shutdown(wait=wait, cancel_futures=True)
+        with self._lock:
+            # Their nodes stay `deleting`; the locks go with the session the launcher is
+            # about to close (releasing each here could wait for a ZooKeeper that is down),
+            # and whoever runs next finishes them.
+            self._parked.clear()
+
+    # -- the provider's notice ------------------------------------------------------------
+    def _gone(self, node_id: str) -> None:
+        """The provider saw the resource of node `node_id` go. Runs on the provider's watch
+        thread under its lock: hand the rest to a deleter thread, nothing else."""
+        with self._lock:
+            parked = self._parked.pop(node_id, None)
+            if parked is None:
+                if node_id in self._in_flight:
+                    self._early_gone.add(node_id)  # `_release` finishes it
+                return
+            self._in_flight.add(node_id)
+        self._finish_later(node_id, parked)
+
+    def _finish_later(self, node_id: str, parked: Parked) -> None:
+        try:
+            self._executor.submit(self._finish, node_id, parked)
+        except RuntimeError:  # shut down meanwhile: the lock goes with the session
+            with self._lock:
+                self._in_flight.discard(node_id)
 
     # -- work -----------------------------------------------------------------------------
     def _delete_node(self, node_id: str, reason: str, check: Check | None) -> None:
-        failed = False
+        self._run(node_id, lambda: self._delete_node_locked(node_id, reason, check))
+
+    def _finish(self, node_id: str, parked: Parked) -> None:
+        def proceed() -> Outcome | Parked:
+            if not parked.lock.valid:
+                # The session that held the lock ended: start over like any node.
+                log.info("[node: %s] Lost the lock while %s was being deleted; will retry",
+                         node_id, records.clip(parked.node.external_id or ""))
+                parked.lock.release()
+                return Outcome.FAILED
+            return self._proceed(parked.node, parked.lock, parked.provider, parked.reason)
+        self._run(node_id, proceed)
+
+    def _run(self, node_id: str, fn: Callable[[], "Outcome | Parked"]) -> None:
+        outcome, parked = Outcome.FAILED, None
         try:
-            failed = not self._delete_node_locked(node_id, reason, check)
+            result = fn()
+            if isinstance(result, Parked):
+                outcome, parked = Outcome.PARKED, result
+            else:
+                outcome = result
         except (ZkSessionLost, ZkConnectionError) as exc:
             if not self.engine.stopping.is_set():
                 log.warning("[node: %s] Deletion interrupted: %s", node_id, exc)
-            failed = True
         except ZkAuthError as exc:
             with self._lock:
                 first = node_id not in self._refused
                 self._refused.add(node_id)
             log.log(logging.WARNING if first else logging.DEBUG,
                     "[node: %s] Cannot delete the node: %s; will retry", node_id, exc)
-            failed = True
         except Exception:
             log.exception("[node: %s] Unexpected error while deleting", node_id)
-            failed = True
         finally:
-            self._release(node_id, failed)
+            self._release(node_id, outcome, parked)
 
-    def _delete_node_locked(self, node_id: str, reason: str, check: Check | None) -> bool:
+    def _delete_node_locked(self, node_id: str, reason: str,
+                            check: Check | None) -> "Outcome | Parked":
         engine = self.engine
         if not engine.acting:
-            return True
+            return Outcome.DONE
         got = engine.nodes.lock_and_read(node_id)
         if got is None:
-            return True  # gone, or someone else holds it
+            return Outcome.DONE  # gone, or someone else holds it
         lock, node = got
-        nlog = logconfig.annotate(log, node_id=node_id)
+        handed_on = False
         try:
             if check is not None and not check(node):
-                return True
+                return Outcome.DONE
             if node.state == model.DELETED or node.provider is None:
-                return engine.nodes.delete(node, lock)
+                return Outcome.DONE if engine.nodes.delete(node, lock) else Outcome.FAILED
             provider = engine.providers.get(node.provider)
             if provider is None:
-                return True  # not one of ours (any more)
+                return Outcome.DONE  # not one of ours (any more)
+            handed_on = True
+            return self._proceed(node, lock, provider, reason)
+        finally:
+            if not handed_on and not lock.released:
+                lock.release()
+
+    def _proceed(self, node: Node, lock: HeldLock, provider: Provider,
+                 reason: str) -> "Outcome | Parked":
+        """Delete a locked node's resource and then the node; Parked (the lock kept) when
+        the provider hands the deletion back as underway."""
+        engine = self.engine
+        nlog = logconfig.annotate(log, node_id=node.id)
+        keep_lock = False
+        try:
             try:
                 done = delete_locked(engine.nodes, node, lock, provider,
-                                     now=engine.clock.time, reason=reason)
+                                     now=engine.clock.time, reason=reason,
+                                     on_gone=functools.partial(self._gone, node.id))
+            except DeletionUnderway as exc:
+                keep_lock = True
+                nlog.debug("Deletion of %s underway: %s", records.clip(node.external_id or ""),
+                           exc)
+                return Parked(node, lock, provider, reason,
+                              due=engine.clock.time() + max(exc.recheck_in, 0.0))
             except (ZkSessionLost, ZkConnectionError):
-                raise  # ZooKeeper, not the resource: interrupted (see _delete_node)
+                raise  # ZooKeeper, not the resource: interrupted (see _run)
             except TemporaryError as exc:
                 nlog.warning("Could not delete %s yet (%s); will retry",
                              records.clip(node.external_id or ""), exc)
                 lifecycle.note_delete_failed(engine.nodes, node, lock, str(exc),
                                              engine.clock.time())
-                return False
+                return Outcome.FAILED
             refused = done.refused is not None
             if refused:
                 # Never retried and never deleted: the record is dropped, the reason kept.
                 nlog.warning("Refusing to delete %s of provider %s (%s); removing the node"
                              " record only", records.clip(node.external_id or ""),
                              node.provider, done.refused)
-                engine.stats.delete_refused(node.provider)
+                engine.stats.delete_refused(provider.name)
             if done.removal is Removal.CONTENDED:
                 nlog.info("Node is contended; left in state deleted for the next pass")
-                return False
+                return Outcome.FAILED
             with self._lock:
                 self.deleted += 1
                 self.refused += int(refused)
@@ -333,9 +466,9 @@ class NodeDeleter:
                           records.clip(node.external_id or ""), reason)
             else:
                 nlog.info("Deleted node %s (%s)", node.external_id or "", reason)
-            return True
+            return Outcome.DONE
         finally:
-            if not lock.released:
+            if not keep_lock and not lock.released:
                 lock.release()
 
     def _delete_leak(self, key: LeakKey, provider_name: str, external_id: str) -> None:
@@ -360,4 +493,4 @@ class NodeDeleter:
                         external_id, provider_name, exc)
             failed = True
         finally:
-            self._release(key, failed)
+            self._release(key, Outcome.FAILED if failed else Outcome.DONE)

@@ -39,7 +39,8 @@ class EngineSettings:
     empty_node_age: float = 5.0
     # Launch threads per provider when the provider's max-concurrency is unlimited (<= 0).
     launch_workers: int = 32
-    # Threads deleting nodes and leaked resources (provider.delete blocks until gone).
+    # Threads deleting nodes and leaked resources. They send the deletions; none waits for a
+    # Terminating namespace (the deleter parks such nodes), so a few serve large bursts.
     delete_workers: int = 8
     # After a failed deletion (TemporaryError) retry after this many seconds, doubling up to
     # `delete_retry_max`.

@@ -12,6 +12,7 @@ Aspects:
   request stays `pending` and is fulfilled once the quota is there, never declined;
 - a namespace deletion that hangs keeps the node `deleting` (retried, not forgotten) until
   the namespace finally goes, then the node is removed;
+- a burst of releases has every namespace deleted at once, however few deleter threads;
 - after each of these nothing is left in the cluster and no node in ZooKeeper.
 """
 
@@ -384,6 +385,46 @@ def test_hanging_namespace_deletion(launchers: LauncherFactory, zuul: ZuulClient
 
     k8s_sim.set_faults(namespace_delete_hang=False)
     assert_clean(k8s_sim, kazoo_client)
+
+
+def test_a_release_burst_is_not_bound_by_deleter_threads(
+        launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
+        kazoo_client: KazooClient) -> None:
+    """A gate reset releases many nodes at once while the cluster takes its time to finalize
+    namespaces: every namespace is asked to go at once however few deleter threads there
+    are (no thread waits for a Terminating namespace; each node keeps its lock), and each
+    node goes as soon as its namespace is gone. Before, each deletion held a deleter thread
+    until its namespace was gone: two threads, two namespaces at a time."""
+    launcher = launchers(CONFIG, settings=TEST_SETTINGS.replace(delete_workers=2))
+    nodesets = []
+    for request_id in [zuul.submit(["ns"]) for _ in range(6)]:
+        body = zuul.wait(request_id, 30)
+        assert body is not None and body["state"] == "fulfilled", body
+        nodeset = zuul.accept(request_id)
+        zuul.use(nodeset)
+        nodesets.append(nodeset)
+    node_ids = [node.id for nodeset in nodesets for node in nodeset.nodes]
+    k8s_sim.set_faults(namespace_delete_hang=True)
+    for nodeset in nodesets:
+        zuul.release(nodeset)
+
+    def terminating() -> list[str]:
+        return [name for name in our_namespaces(k8s_sim)
+                if (k8s_sim.get("namespaces", name) or {}).get(
+                    "status", {}).get("phase") == "Terminating"]
+
+    wait_for(lambda: len(terminating()) == 6, 20, message="all six namespaces asked to go")
+    wait_for(lambda: launcher.deleter.parked() == 6, 10, message="six deletions parked")
+    for node_id in node_ids:
+        node = zuul.get_node(node_id)
+        assert node is not None and node["state"] == "deleting", node
+        assert kazoo_client.get_children(paths.node_lock_path(node_id)), \
+            "a parked node stays locked"
+    k8s_sim.set_faults(namespace_delete_hang=False)
+    assert_clean(k8s_sim, kazoo_client)
+    wait_for(lambda: launcher.deleter.deleted == 6, message="the deleter's count")
+    assert launcher.deleter.parked() == 0
+    assert not [k for k in incr_keys(launcher) if "error" in k or "leaked" in k]
 
 
 def test_retry_gets_a_fresh_namespace_while_the_old_one_terminates(

@@ -6,7 +6,9 @@ API errors on delete are raised, not swallowed; list_resources returns only this
 namespaces with node id, creation time and deleting flag; the shared watches survive a
 history compaction (410), broken watch requests and keep one stream per kind; deletions are
 confirmed through the shared namespace watch (one API call each), also after it re-lists, and
-a namespace without our labels through a watch on its name.
+a namespace without our labels through a watch on its name; with `on_gone` a Terminating
+namespace is handed back as underway at once, the notice comes when the watch sees it go, and
+its `delete-timeout` runs across the calls.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import pytest
 from kubernetes import client as k8s
 
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
-from nodepool_k8s.exceptions import NotOwned, TemporaryError
+from nodepool_k8s.exceptions import DeletionUnderway, NotOwned, TemporaryError
 from nodepool_k8s.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory
@@ -28,6 +30,7 @@ from tests.kubernetes.factories import make_label, make_spec
 
 NS = make_label("k8s-namespace", "namespace")
 POD = make_label("pod-fedora", image="docker.io/fedora:40")
+NODE_ID = "0000000000"  # make_spec's default
 
 
 def _launch(provider: KubernetesProvider, label: str = "k8s-namespace", **kw: Any) -> Any:
@@ -313,3 +316,63 @@ def test_stop_ends_watch_threads(sim: Simulator, make_k8s_provider: ProviderFact
     assert not [t for t in threading.enumerate() if t.name.startswith("k8s-watch-")
                 and t.is_alive()]
     wait_for(lambda: sim.open_watches == 0, message="the watches to close")
+
+
+# -- deletion handed back as underway (no thread waits) ------------------------------------
+
+def test_delete_with_on_gone_returns_at_once_and_tells_when_gone(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # With `on_gone` a Terminating namespace is not waited for: DeletionUnderway at once,
+    # the notice once the shared watch sees it go, and asking again costs no API call.
+    provider = make_k8s_provider(sim, NS)
+    result = _launch(provider)
+    name = result.external_id
+    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
+             message="the namespace watch to see the namespace")
+    sim.set_faults(namespace_delete_hang=True)
+    sim.reset_counters()
+    notices: list[str] = []
+    with pytest.raises(DeletionUnderway) as underway:
+        provider.delete(name, node_id=NODE_ID, on_gone=lambda: notices.append(name))
+    assert 0 < underway.value.recheck_in <= provider.delete_timeout
+    assert sim.get("namespaces", name)["status"]["phase"] == "Terminating"
+    assert notices == []
+    # Asked again while still Terminating: underway again, from the watch's copy.
+    wait_for(lambda: (provider._namespace_watch().get("", name) or {}).get(
+        "metadata", {}).get("deletionTimestamp"), message="the watch to see Terminating")
+    with pytest.raises(DeletionUnderway):
+        provider.delete(name, node_id=NODE_ID, on_gone=lambda: notices.append("again"))
+    sim.set_faults(namespace_delete_hang=False)
+    wait_for(lambda: sorted(notices) == sorted([name, "again"]), timeout=10,
+             message="each notice, once")
+    provider.delete(name, node_id=NODE_ID, on_gone=lambda: notices.append("third"))
+    assert sim.get("namespaces", name) is None
+    # One DELETE; no read: the proof, the Terminating copy and the confirmation were all
+    # the shared watch's.
+    assert _per_node(sim) == {"delete namespaces": 1}, sim.counters
+    assert sorted(notices) == sorted([name, "again"])
+
+
+def test_delete_with_on_gone_keeps_its_deadline(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # Asking again does not restart `delete-timeout`: past it, the deletion is reported
+    # as not done (TemporaryError), and a later retry gets a fresh deadline.
+    provider = make_k8s_provider(sim, NS,
+                                 settings=dataclasses.replace(FAST, delete_timeout=0.5))
+    result = _launch(provider)
+    name = result.external_id
+    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
+             message="the namespace watch to see the namespace")
+    sim.set_faults(namespace_delete_hang=True)
+    with pytest.raises(DeletionUnderway) as underway:
+        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+    wait_for(lambda: provider._clock.monotonic() > provider._deadlines.get(name, 0.0),
+             timeout=5, message="the deletion deadline to pass")
+    assert underway.value.recheck_in <= 0.5
+    with pytest.raises(TemporaryError, match="deletion timeout"):
+        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+    with pytest.raises(DeletionUnderway):  # a fresh deadline
+        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+    sim.set_faults(namespace_delete_hang=False)
+    wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
+    provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)

@@ -14,6 +14,7 @@ import json
 import threading
 import time
 
+import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s import model
@@ -23,7 +24,7 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launchers import LauncherFactory
+from tests.launchers import TEST_SETTINGS, LauncherFactory
 from tests.sessions import expire_session
 
 CONFIG = """
@@ -216,6 +217,42 @@ def test_failed_delete_is_retried(launchers: LauncherFactory, zuul: ZuulClient) 
     wait_for(lambda: zuul.get_node(node_id) is None, 20, message="deleted after retries")
     assert fake.call_names().count("delete") == 3  # type: ignore[attr-defined]
     assert fake.resource_ids() == set()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("early_notice", [False, True], ids=["notice-later", "notice-first"])
+def test_deletion_underway_parks_the_node_locked(launchers: LauncherFactory, zuul: ZuulClient,
+                                                 kazoo_client: KazooClient,
+                                                 early_notice: bool) -> None:
+    """A deletion the provider hands back as underway parks the node: locked, `deleting`, no
+    deleter thread busy with it, no retry or failure; the provider's notice finishes it. The
+    notice may also overtake the hand-back (the resource went at once): then the node is
+    finished as soon as the pass that parks it ends, not at the next deadline (60 s)."""
+    launcher = launchers(body(), settings=TEST_SETTINGS.replace(delete_workers=1))
+    fake = launcher.providers["fake"]
+    fake.defer_deletions(early_notice=early_notice)  # type: ignore[attr-defined]
+    _, [node_id] = zuul.run_build(["small"])
+    _, [other_id] = zuul.run_build(["small"])
+    deleter = launcher.deleter
+    if early_notice:
+        wait_for(lambda: zuul.get_node(node_id) is None and zuul.get_node(other_id) is None,
+                 20, message="both nodes deleted on the early notice")
+    else:
+        wait_for(lambda: deleter.parked() == 2, 20, message="both deletions parked")
+        for parked_id in (node_id, other_id):
+            node = zuul.get_node(parked_id)
+            assert node is not None and node["state"] == "deleting", node
+            assert "delete_failures" not in node
+            assert kazoo_client.get_children(paths.node_lock_path(parked_id))
+            assert deleter.busy(parked_id)
+        assert deleter.retry_entries() == 0
+        fake.finish_deletions()  # type: ignore[attr-defined]
+        wait_for(lambda: zuul.get_node(node_id) is None and zuul.get_node(other_id) is None,
+                 20, message="both nodes deleted after the notice")
+    assert deleter.parked() == 0 and deleter.retry_entries() == 0
+    assert deleter.deleted == 2
+    assert fake.resource_ids() == set()  # type: ignore[attr-defined]
+    # Each deletion asked the provider twice: once to start, once to confirm.
+    assert fake.call_names().count("delete") == 4  # type: ignore[attr-defined]
 
 
 def test_retry_of_a_vanished_node_is_forgotten(launchers: LauncherFactory, zuul: ZuulClient,

@@ -51,8 +51,9 @@ from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, metadata,
                                                    object_uid, resource_version,
                                                    wait_namespace_deleted, wait_namespace_gone)
-from nodepool_k8s.exceptions import (LaunchCancelled, LaunchError, NodepoolError, NotFound,
-                                     NotOwned, PermanentError, QuotaExceeded, TemporaryError)
+from nodepool_k8s.exceptions import (DeletionUnderway, LaunchCancelled, LaunchError,
+                                     NodepoolError, NotFound, NotOwned, PermanentError,
+                                     QuotaExceeded, TemporaryError)
 from nodepool_k8s.model import Resources
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ NAMESPACE_TOMBSTONES = 1024
 DELETE_ROUNDS = 3
 # (namespace, node) pairs remembered as not ours (`ownership_problem`).
 MAX_REFUSED = 1024
+# Terminating namespaces whose deletion deadline is remembered between `delete` calls.
+MAX_TRACKED_DELETIONS = 4096
 
 
 @dataclass(frozen=True)
@@ -152,6 +155,9 @@ class KubernetesProvider:
         # (namespace, node id) -> why it is not that node's: such a namespace never becomes
         # one (names are unique per node and attempt), so a forged record costs one look.
         self._refused: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # namespace -> monotonic deadline of a deletion handed back as underway: asking
+        # again does not restart its `delete-timeout`.
+        self._deadlines: OrderedDict[str, float] = OrderedDict()
 
     @property
     def unschedulable_grace(self) -> float:
@@ -483,7 +489,8 @@ class KubernetesProvider:
                         "sweeper): %s", namespace, exc)
 
     def _delete_owned(self, client: KubeClient, name: str, node_id: str | None,
-                      deadline: float, wait: bool = True, announce: bool = False) -> None:
+                      deadline: float, wait: bool = True, announce: bool = False,
+                      on_gone: Callable[[], None] | None = None) -> None:
         """Look at `name`, prove it ours, DELETE it with `preconditions.uid`, confirm it is
         gone.
 
@@ -495,8 +502,17 @@ class KubernetesProvider:
         success. Raises NotOwned (nothing was sent), TemporaryError, or another
         NodepoolError from the API. A 409 (the preconditions failed, or the namespace is
         already Terminating) is never a delete: it is looked at again from a GET.
+
+        With `on_gone`, a namespace that is Terminating and on the shared watch is not
+        waited for: DeletionUnderway is raised and the watch calls `on_gone` once it is
+        gone. Asked again, the watch answers without a GET: gone (a confirmed tombstone,
+        no copy) or still Terminating (its copy).
         """
         watched = self._watched_namespace(name, node_id)
+        if watched is None and on_gone is not None:
+            if self._gone_per_watch(name):
+                return
+            watched = self._watched_terminating(name, node_id)
         for _ in range(DELETE_ROUNDS):
             if watched is not None:
                 current, watched = watched, None
@@ -527,9 +543,48 @@ class KubernetesProvider:
                 except Conflict:
                     continue  # replaced or Terminating: judge what is there now
             if wait and not deletion_finished(response):
+                if on_gone is not None and self._owns(response):
+                    remaining = deadline - self._clock.monotonic()
+                    uid = object_uid(response)
+                    if remaining > 0 and uid and self._namespace_watch().notify_gone(
+                            "", name, uid, on_gone):
+                        raise DeletionUnderway(f"namespace {name} is terminating",
+                                               recheck_in=remaining)
                 self._wait_gone(client, name, response, deadline)
             return
         raise TemporaryError(f"namespace {name} kept changing while being deleted")
+
+    def _gone_per_watch(self, name: str) -> bool:
+        """The synced namespace watch holds no copy of `name` and saw our namespace of that
+        name deleted (a DELETED event while it still carried our labels)."""
+        with self._lock:
+            watch = self._namespaces
+        if watch is None or not watch.synced or watch.get("", name) is not None:
+            return False
+        tomb = watch.tombstone("", name)
+        return tomb is not None and tomb[1]
+
+    def _watched_terminating(self, name: str, node_id: str | None) -> dict[str, Any] | None:
+        """The namespace watch's copy of `name` when it is ours and already Terminating."""
+        with self._lock:
+            watch = self._namespaces
+        cached = watch.get("", name) if watch is not None and watch.synced else None
+        if cached is None or self._ownership_problem(cached, node_id) is not None \
+                or not object_uid(cached) or not metadata(cached).get("deletionTimestamp"):
+            return None
+        return cached
+
+    def _deletion_deadline(self, name: str) -> float:
+        """When the deletion of `name` times out: `delete-timeout` after it was first asked
+        for, across the calls of one deletion handed back as underway."""
+        with self._lock:
+            deadline = self._deadlines.get(name)
+            if deadline is None:
+                deadline = self._clock.monotonic() + self.delete_timeout
+                self._deadlines[name] = deadline
+                while len(self._deadlines) > MAX_TRACKED_DELETIONS:
+                    self._deadlines.popitem(last=False)
+            return deadline
 
     def _watched_namespace(self, name: str, node_id: str | None) -> dict[str, Any] | None:
         """The namespace watch's copy of `name`, if it is provably ours and not yet being
@@ -559,20 +614,32 @@ class KubernetesProvider:
 
     # -- delete and list ---------------------------------------------------------------------
 
-    def delete(self, external_id: str, node_id: str | None = None) -> None:
+    def delete(self, external_id: str, node_id: str | None = None,
+               on_gone: Callable[[], None] | None = None) -> None:
         if not manifests.is_namespace_name(external_id):
             # No API call: such a name was never created by us, and a huge one would only
             # earn a 414 (retried for ever) from the server or a proxy in front of it.
             raise NotOwned(f"{records.clip(external_id)!r} is not a namespace name")
         client, _ = self._connected()
-        deadline = self._clock.monotonic() + self.delete_timeout
+        deadline = self._deletion_deadline(external_id) if on_gone is not None \
+            else self._clock.monotonic() + self.delete_timeout
         try:
-            self._delete_owned(client, external_id, node_id, deadline, announce=True)
-        except NotOwned:
+            self._delete_owned(client, external_id, node_id, deadline, announce=True,
+                               on_gone=on_gone)
+        except DeletionUnderway:
+            raise  # the deadline stays: the next call continues this deletion
+        except BaseException as exc:
+            with self._lock:
+                # Ended (gone, refused, or timed out: a retry gets a fresh deadline).
+                self._deadlines.pop(external_id, None)
+            if isinstance(exc, PermanentError) and not isinstance(exc, NotOwned):
+                # Never swallowed (Nodepool logged and forgot): the core keeps the node
+                # and retries.
+                raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") \
+                    from exc
             raise
-        except PermanentError as exc:
-            # Never swallowed (Nodepool logged and forgot): the core keeps the node and retries.
-            raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") from exc
+        with self._lock:
+            self._deadlines.pop(external_id, None)
         log.info("Namespace %s deleted", external_id)
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:

@@ -7,6 +7,8 @@ block in `ObjectWatch.wait` until their object satisfies a check; they are woken
 for their own object only, so a launch costs no API calls while it waits. The namespace watch
 also keeps tombstones (uids of recently deleted namespaces), and `wait_namespace_deleted`
 confirms a deletion through it: no API call unless the watch cannot answer, then one read.
+`ObjectWatch.notify_gone` tells a caller when an object leaves the cache without any thread
+waiting for it (the deleter's many Terminating namespaces).
 `wait_namespace_gone` watches one namespace by name (field selector) until it is deleted: the
 fallback for a namespace without our labels, which the shared watch never sees.
 
@@ -37,7 +39,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Protocol, TypeVar
 
 from nodepool_k8s import records
 from nodepool_k8s.cancel import CancelEvent
@@ -53,6 +55,35 @@ T = TypeVar("T")
 Key = tuple[str, str]  # (namespace, name)
 Check = Callable[[dict[str, Any] | None], T | None]
 """Inspects the cached object (None if not seen): a result ends the wait, None keeps waiting."""
+
+
+class _Wakeable(Protocol):
+    def set(self) -> None: ...
+
+
+class _GoneNotice:
+    """A one-shot `notify_gone` listener, woken like a waiter (under the watch's lock)."""
+
+    def __init__(self, watch: "ObjectWatch", key: Key, uid: str,
+                 fn: Callable[[], None]) -> None:
+        self._watch, self._key, self._uid, self._fn = watch, key, uid, fn
+        self._fired = False
+
+    def set(self) -> None:
+        current = self._watch._objects.get(self._key)
+        if self._fired or (current is not None and object_uid(current) == self._uid):
+            return
+        self._fired = True
+        waiters = self._watch._waiters.get(self._key)
+        if waiters is not None:
+            waiters.discard(self)
+            if not waiters:
+                del self._watch._waiters[self._key]
+        try:
+            self._fn()
+        except Exception:  # noqa: BLE001 - a listener must not break the watch
+            log.exception("%s watch: gone listener failed", self._watch.kind)
+
 
 RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 # A watch event is one object (a pod is a few KB); a line this long is garbage or an attack.
@@ -153,7 +184,7 @@ class ObjectWatch:
         self._tick = tick
         self._lock = threading.Lock()
         self._objects: dict[Key, dict[str, Any]] = {}
-        self._waiters: dict[Key, set[threading.Event]] = {}
+        self._waiters: dict[Key, set[_Wakeable]] = {}
         # key -> (uid, confirmed): confirmed = a DELETED event of an object still labelled
         # ours; unconfirmed = left the selector, or missing from a re-list (gone or relabelled).
         self._tombstones: OrderedDict[Key, tuple[str, bool]] = OrderedDict()
@@ -272,6 +303,23 @@ class ObjectWatch:
                     waiters.discard(woken)
                     if not waiters:
                         del self._waiters[key]
+
+    def notify_gone(self, namespace: str, name: str, uid: str,
+                    fn: Callable[[], None]) -> bool:
+        """Call `fn()` once when the cached object of `uid` leaves the cache (a DELETED
+        event, a re-list without it, or another object of that name): no thread waits.
+
+        `fn` runs on the watch thread with the watch's lock held: it must only hand work
+        on (submit, set an event), never block or call back into this watch. False, with
+        nothing registered, when the watch cannot tell: not synced, or it holds no copy
+        of that uid (the caller then waits or asks the API itself)."""
+        key = (namespace, name)
+        with self._lock:
+            current = self._objects.get(key)
+            if not self._synced.is_set() or current is None or object_uid(current) != uid:
+                return False
+            self._waiters.setdefault(key, set()).add(_GoneNotice(self, key, uid, fn))
+            return True
 
     def _wake(self, key: Key) -> None:
         for event in list(self._waiters.get(key, ())):
