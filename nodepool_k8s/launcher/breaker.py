@@ -18,6 +18,13 @@ launcher died, is given up after one more back-off).
 
 The decisions (`admit`, `on_failure`, `on_success`) are pure functions of an entry, so
 they are unit-tested without ZooKeeper.
+
+Time: `since`, `until` and `probe_at` are wall time, written by whichever launcher's clock.
+A reader judges a back-off by the age of the stamp that started it (`since`, or `probe_at`
+while probing) through `clock.StampAges` (`PoolBreaker.judged_now`): a backward step of its
+own wall clock does not add the step to the suspension, a forward one does not end it
+early, and an entry written by a clock far ahead of ours suspends the label for one
+back-off from when we first see it, not until that clock's future.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from nodepool_k8s.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.model import PoolConfig, PoolLabel
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.pool_status import JsonDirCache, breaker_key, update_breaker
@@ -126,8 +134,9 @@ def on_success(entry: dict[str, Any], config: str) -> bool:
 
 
 def claim_probe(entry: dict[str, Any], config: str, pool_id: str, now: float,
-                limits: Thresholds) -> bool:
-    if admit(entry, config, now, limits) != PROBE:
+                limits: Thresholds, judged: float | None = None) -> bool:
+    """`judged`: the time the back-off is judged by (default `now`, the probe's stamp)."""
+    if admit(entry, config, now if judged is None else judged, limits) != PROBE:
         return False
     entry["state"], entry["probe"], entry["probe_at"] = PROBING, pool_id, now
     return True
@@ -137,8 +146,9 @@ class PoolBreaker:
     """The breaker of one pool, as one pool worker uses it (reads from the shared cache)."""
 
     def __init__(self, zk: ZkClient, cache: JsonDirCache, provider: str, pool: str,
-                 pool_id: str) -> None:
+                 pool_id: str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.zk = zk
+        self._ages = StampAges(clock)
         self.cache = cache
         self.provider = provider
         self.pool = pool
@@ -147,6 +157,25 @@ class PoolBreaker:
 
     def entries(self) -> dict[str, Any]:
         return self.cache.get(self.key) or {}
+
+    def judged_now(self, name: str, entry: dict[str, Any] | None, now: float) -> float:
+        """`now` (wall) as `entry`'s back-off is judged: its starting stamp plus that
+        stamp's step-proof age (see the module docstring); `now` itself for an entry
+        without a back-off running."""
+        state = (entry or {}).get("state")
+        field = "since" if state == OPEN else "probe_at" if state == PROBING else None
+        stamp = (entry or {}).get(field) if field else None
+        if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
+            return now
+        return float(stamp) + self._ages.age((name, field), float(stamp))
+
+    def probe_in(self, name: str, entry: dict[str, Any], now: float) -> float | None:
+        """Seconds until a suspended label's probe is due; None when not `open`."""
+        until = entry.get("until")
+        if entry.get("state") != OPEN or not isinstance(until, (int, float)) \
+                or isinstance(until, bool):
+            return None
+        return max(0.0, float(until) - self.judged_now(name, entry, now))
 
     def suspended(self, pool: PoolConfig, now: float) -> dict[str, dict[str, Any]]:
         """Labels currently not admitting launches, with their (current) entries."""
@@ -176,7 +205,8 @@ class PoolBreaker:
             if label is None:
                 continue
             config = digest(label)
-            verdict = admit(entries.get(name), config, now, limits)
+            verdict = admit(entries.get(name), config,
+                            self.judged_now(name, entries.get(name), now), limits)
             if verdict == ALLOW:
                 continue
             if verdict == PROBE and not accepting:
@@ -197,10 +227,13 @@ class PoolBreaker:
 
         def change(data: dict[str, Any]) -> bool:
             entry = data.setdefault(name, {})
-            won[0] = claim_probe(entry, config, self.pool_id, now, limits)
+            won[0] = claim_probe(entry, config, self.pool_id, now, limits,
+                                 judged=self.judged_now(name, entry, now))
             return won[0]
 
         update_breaker(self.zk, self.provider, self.pool, change)
+        if won[0]:
+            self._ages.age((name, "probe_at"), now)  # our own stamp: its age is 0 now
         return won[0]
 
     def record(self, label: PoolLabel, pool: PoolConfig, error: str | None,
@@ -230,6 +263,7 @@ class PoolBreaker:
 
         stored = update_breaker(self.zk, self.provider, self.pool, fail).get(label.name, {})
         if stored.get("state") == OPEN and stored.get("since") == now:
+            self._ages.age((label.name, "since"), now)  # our own stamp: its age is 0 now
             log.warning("Pool %s/%s: suspending label %s for %.0fs after %d failed launches"
                         " (%s)", self.provider, self.pool, label.name,
                         float(stored["until"]) - now, stored.get("failures", 0), reason)

@@ -17,6 +17,13 @@ worker; a request deletion dirties the nodes allocated to it; a component disapp
 (another launcher died) triggers the lost-request check. A full pass runs at
 `cleanup_interval`, and timed work (expiries, retries, sweeps) sets the next deadline. All
 steps are idempotent; each is isolated so one failing step does not stop the others.
+
+Time: the passes, retries and sweeps are scheduled on monotonic time. The ages that decide
+an expiry (a node's `state_time`, an empty node's or a request-lock dir's mtime, taken by
+other machines' clocks) are judged by `clock.StampAges`: wall time when this launcher first
+looks, monotonic time after, so a step of the wall clock neither deletes a node early (a
+forward step of a day does not expire every hold) nor stalls a deletion (a backward step
+of an hour does not keep a node past its `max-ready-age` for an hour).
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from typing import Callable, Protocol
 
 from nodepool_k8s import logconfig, model
 from nodepool_k8s.exceptions import TemporaryError
-from nodepool_k8s.clock import Clock
+from nodepool_k8s.clock import Clock, StampAges
 from nodepool_k8s.config.model import Config
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.deleter import NodeDeleter
@@ -92,10 +99,17 @@ class CleanupWorker(Worker):
         self.leaks = LeakSweeper(engine, deleter)
         self._dirty: set[str] = set()
         self._dirty_lock = threading.Lock()
+        # Monotonic times of the next full pass and of the next node (or empty znode) that
+        # may become due.
         self._next_full = -math.inf
         self._next_recheck = math.inf
         self._lost_due = True
-        self._lock_dir_seen: dict[str, float] = {}
+        # Ages of nodes in their state, of empty node znodes and of request-lock dirs.
+        self._node_ages = StampAges(engine.clock)
+        self._empty_ages = StampAges(engine.clock)
+        self._lock_dir_ages = StampAges(engine.clock)
+        # Request-lock dir -> monotonic time before which it cannot be old enough to go.
+        self._lock_dir_due: dict[str, float] = {}
         self._orphans_seen: set[str] = set()
         # Persistent lock contenders (`_persistent_locks`): what the last full pass saw.
         self._held_before: set[str] = set()
@@ -136,7 +150,7 @@ class CleanupWorker(Worker):
     def run_once(self) -> float | None:
         if not self.engine.acting:
             return None
-        now = self.clock.time()
+        now = self.clock.monotonic()
         full = now >= self._next_full or now >= self._next_recheck
         if full:
             self._next_full = now + self.engine.settings.cleanup_interval
@@ -160,7 +174,7 @@ class CleanupWorker(Worker):
         # Everything due was acted on in this pass; a deadline still in the past means
         # nothing will act on it, and re-running at once would only spin. Events (cache
         # changes, finished deletions) still wake the worker immediately.
-        return max(due, self.clock.time() + MIN_PASS_GAP)
+        return max(due, self.clock.monotonic() + MIN_PASS_GAP)
 
     def _step(self, name: str, fn: Callable[[], None]) -> None:
         """Run one cleanup task; a failure is logged and does not stop the others."""
@@ -171,15 +185,23 @@ class CleanupWorker(Worker):
         except Exception:
             self.log.exception("Cleanup step %s failed", name)
 
-    def _verdict(self, node: plan.NodeFacts, now: float, locked: bool) -> plan.NodeVerdict:
+    def _age(self, node: plan.NodeFacts) -> float:
+        """How long `node` has been in its state, step-proof (see the module docstring)."""
+        stamp = node.state_time
+        if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
+            return 0.0
+        return self._node_ages.age(node.id, float(stamp))
+
+    def _verdict(self, node: plan.NodeFacts, locked: bool) -> plan.NodeVerdict:
         allocated = node.allocated_to
         exists = not (node.state == model.READY and allocated
                       and allocated not in self.engine.request_cache)
-        return plan.node_cleanup(node, now=now, locked=locked, config=self.engine.config,
-                                 request_exists=exists,
+        return plan.node_cleanup(node, age=self._age(node), locked=locked,
+                                 config=self.engine.config, request_exists=exists,
                                  stale_init_age=self.engine.settings.stale_init_age)
 
     def _nodes(self, ids: list[str], now: float, full: bool) -> None:
+        """`now`: monotonic."""
         ours = set(self.engine.config.providers)
         cache = self.engine.node_cache
         next_check = math.inf
@@ -188,11 +210,12 @@ class CleanupWorker(Worker):
             node = cache.get(node_id)
             if node is None:
                 self.deleter.forget(node_id)  # gone: a pending retry has nothing to do
+                self._node_ages.forget(node_id)
                 continue
             if node.provider not in ours or self.deleter.busy(node_id):
                 continue
-            verdict = self._verdict(node, now, locked=False)
-            next_check = min(next_check, verdict.recheck_at)
+            verdict = self._verdict(node, locked=False)
+            next_check = min(next_check, now + verdict.recheck_in)
             # Between full passes trust the cache's lock view (its events tell us when a
             # node is unlocked); a full pass checks every candidate against ZooKeeper.
             if verdict.action is not plan.CleanupAction.NONE \
@@ -203,7 +226,7 @@ class CleanupWorker(Worker):
         for node_id, fresh, locked in self.engine.nodes.read_with_locks(candidates):
             if fresh is None:
                 continue
-            verdict = self._verdict(fresh, now, locked)
+            verdict = self._verdict(fresh, locked)
             if verdict.action is plan.CleanupAction.DELETE:
                 self.deleter.submit(node_id, verdict.reason, self._still_deletable)
             elif verdict.action is plan.CleanupAction.DEALLOCATE:
@@ -211,7 +234,9 @@ class CleanupWorker(Worker):
         if full:
             self._next_recheck = next_check
             self._reconcile()
-            self.deleter.prune(cache.ids())
+            live = set(cache.ids())
+            self.deleter.prune(live)
+            self._node_ages.keep(live)
         else:
             self._next_recheck = min(self._next_recheck, next_check)
 
@@ -309,7 +334,7 @@ class CleanupWorker(Worker):
 
     def _still_deletable(self, node: Node) -> bool:
         """Re-check under the lock (we hold it, so `locked` is False for this purpose)."""
-        verdict = plan.node_cleanup(node, now=self.clock.time(), locked=False,
+        verdict = plan.node_cleanup(node, age=self._age(node), locked=False,
                                     config=self.engine.config, request_exists=True,
                                     stale_init_age=self.engine.settings.stale_init_age)
         return verdict.action is plan.CleanupAction.DELETE
@@ -338,17 +363,21 @@ class CleanupWorker(Worker):
                 lock.release()
 
     def _empty_nodes(self, now: float, full: bool) -> None:
+        """`now`: monotonic. An empty znode's age is ZooKeeper's mtime judged by
+        `StampAges` (the server's clock, then ours)."""
         empty = self.engine.node_cache.empty_ids()
         self._empty_refused &= set(empty)
+        self._empty_ages.keep(set(empty))
+        limit = self.engine.settings.empty_node_age
         for node_id in empty:
             if node_id in self._empty_refused and not full:
                 continue
             found = self.engine.zk.get(paths.node_path(node_id))
             if found is None or found[0]:
                 continue
-            if now - found[1].mtime < self.engine.settings.empty_node_age:
-                self._next_recheck = min(self._next_recheck,
-                                         found[1].mtime + self.engine.settings.empty_node_age)
+            age = self._empty_ages.age(node_id, found[1].mtime)
+            if age < limit:
+                self._next_recheck = min(self._next_recheck, now + limit - age)
                 continue
             try:
                 self.engine.nodes.delete_unlocked(node_id)
@@ -436,24 +465,28 @@ class CleanupWorker(Worker):
                     node_lock.release()
 
     def _lock_dirs(self, now: float) -> None:
+        """`now`: monotonic. A dir's age is ZooKeeper's mtime judged by `StampAges`."""
         engine = self.engine
         max_age = engine.settings.lock_dir_max_age
         present = set(engine.requests.lock_dir_ids())
-        for request_id in list(self._lock_dir_seen):
-            if request_id not in present:
-                del self._lock_dir_seen[request_id]
+        for request_id in [r for r in self._lock_dir_due if r not in present]:
+            del self._lock_dir_due[request_id]
+        self._lock_dir_ages.keep(present)
         for request_id in present:
             if request_id in engine.request_cache:
                 continue
             # Stat each dir once; look again only when it may have become old enough.
-            seen = self._lock_dir_seen.get(request_id)
-            if seen is not None and now - seen < max_age:
+            if now < self._lock_dir_due.get(request_id, -math.inf):
                 continue
             stat = engine.zk.exists(paths.request_lock_path(request_id))
             if stat is None:
                 continue
-            self._lock_dir_seen[request_id] = stat.mtime
-            if now - stat.mtime >= max_age \
-                    and engine.requests.delete_orphan_lock_dir(request_id, now - max_age):
-                self._lock_dir_seen.pop(request_id, None)
+            age = self._lock_dir_ages.age(request_id, stat.mtime)
+            if age < max_age:
+                self._lock_dir_due[request_id] = now + max_age - age
+                continue
+            # Removed only if unchanged since it was judged old (its mtime).
+            if engine.requests.delete_orphan_lock_dir(request_id, stat.mtime):
+                self._lock_dir_due.pop(request_id, None)
+                self._lock_dir_ages.forget(request_id)
                 self.log.info("Removed orphaned request-lock dir %s", request_id)

@@ -25,6 +25,9 @@ when the deletion succeeds or the node is gone (`forget`, `prune`, called by the
 worker), a leak's when the resource is no longer listed (`prune_leaks`); `next_retry` only
 names future retries of work that is not running, so the cleanup worker never wakes for a
 deadline that nothing will act on.
+
+Retries and a parked deletion's next look are due on monotonic time: a backward step of
+the wall clock by an hour used to hold every failed deletion for that hour.
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ RetryKey = str | LeakKey
 
 @dataclass(frozen=True)
 class Retry:
-    due: float
+    due: float  # monotonic
     delay: float
 
 
@@ -104,7 +107,7 @@ class Parked:
     lock: HeldLock
     provider: Provider
     reason: str
-    due: float  # ask the provider again by then, even without its notice
+    due: float  # ask the provider again by then (monotonic), even without its notice
 
 
 class NodeWrites(Protocol):
@@ -215,7 +218,7 @@ class NodeDeleter:
             if key in self._in_flight or key in self._parked:
                 return False
             retry = self._retry.get(key)
-            if retry is not None and retry.due > self.engine.clock.time():
+            if retry is not None and retry.due > self.engine.clock.monotonic():
                 return False
             self._in_flight.add(key)
             return True
@@ -236,7 +239,7 @@ class NodeDeleter:
             if outcome is Outcome.FAILED:
                 last = self._retry[key].delay if key in self._retry else 0.0
                 delay = next_backoff(last, settings.delete_retry, settings.delete_retry_max)
-                self._retry[key] = Retry(self.engine.clock.time() + delay, delay)
+                self._retry[key] = Retry(self.engine.clock.monotonic() + delay, delay)
             elif outcome is Outcome.DONE:
                 self._retry.pop(key, None)
         if resume and parked is not None and isinstance(key, str):
@@ -248,8 +251,8 @@ class NodeDeleter:
             return node_id in self._in_flight or node_id in self._parked
 
     def next_retry(self) -> float:
-        """When a node deletion is next due for a retry or a parked deletion for another
-        look (leak retries follow the sweep)."""
+        """When (monotonic) a node deletion is next due for a retry or a parked deletion
+        for another look (leak retries follow the sweep)."""
         with self._lock:
             return min(min((r.due for k, r in self._retry.items()
                             if isinstance(k, str) and k not in self._in_flight),
@@ -257,7 +260,7 @@ class NodeDeleter:
                        min((p.due for p in self._parked.values()), default=math.inf))
 
     def due_retries(self) -> list[str]:
-        now = self.engine.clock.time()
+        now = self.engine.clock.monotonic()
         with self._lock:
             return [k for k, r in self._retry.items()
                     if isinstance(k, str) and r.due <= now and k not in self._in_flight
@@ -266,7 +269,7 @@ class NodeDeleter:
     def resume_due(self) -> None:
         """Look again at parked deletions whose provider notice is overdue (the cleanup
         pass calls this; `next_retry` wakes it in time)."""
-        now = self.engine.clock.time()
+        now = self.engine.clock.monotonic()
         with self._lock:
             due = [(k, p) for k, p in self._parked.items() if p.due <= now]
             for node_id, _ in due:
@@ -436,7 +439,7 @@ class NodeDeleter:
                 nlog.debug("Deletion of %s underway: %s", records.clip(node.external_id or ""),
                            exc)
                 return Parked(node, lock, provider, reason,
-                              due=engine.clock.time() + max(exc.recheck_in, 0.0))
+                              due=engine.clock.monotonic() + max(exc.recheck_in, 0.0))
             except (ZkSessionLost, ZkConnectionError):
                 raise  # ZooKeeper, not the resource: interrupted (see _run)
             except TemporaryError as exc:

@@ -73,7 +73,7 @@ class RequestHandler:
         self.slots = [Slot(i, label) for i, label in enumerate(request.node_types)]
         self.paused = False
         self.done = False
-        self.retry_at: float | None = None
+        self.retry_at: float | None = None  # monotonic
         # Which limit keeps a paused handler waiting ("pool", "provider", "tenant", ...).
         self.blocked_scope: str | None = None
         # Set by the pool worker (circuit breaker): why the request must not be launched
@@ -148,7 +148,7 @@ class RequestHandler:
             self._decline(reason)
             return False
         if not may_allocate or (self.retry_at is not None
-                                and self.engine.clock.time() < self.retry_at):
+                                and self.engine.clock.monotonic() < self.retry_at):
             self.paused = True
             return True
         self.retry_at = None
@@ -281,6 +281,7 @@ class RequestHandler:
 
     @property
     def next_deadline(self) -> float | None:
+        """When (monotonic) a paused handler tries again after the cloud's refusal."""
         return self.retry_at
 
     # -- internals ------------------------------------------------------------------------
@@ -329,7 +330,7 @@ class RequestHandler:
                                              outcome.error)
                 self._finish_node(slot, model.ABORTED)
                 slot.state, slot.node, slot.lock = SlotState.NEED, None, None
-                self.retry_at = self.engine.clock.time() + self.engine.settings.quota_retry
+                self.retry_at = self.engine.clock.monotonic() + self.engine.settings.quota_retry
             else:
                 if outcome.kind is launching.CANCELLED and not self.lock.valid:
                     return  # advance() abandons on the next check

@@ -8,6 +8,11 @@ creation time) is at least the provider's `leak-grace` ago, so a launch that has
 namespace but not yet recorded the external id is never swept (Nodepool deleted on a single
 sighting). Deletions go through the deleter; `nodepool.provider.<p>.leaked.nodes` counts them.
 
+Time: sweeps and sightings are on monotonic time; a resource's creation time (the cloud's
+clock) is judged by `clock.StampAges`, so a forward step of this launcher's wall clock does
+not make a resource created a second ago look older than `leak-grace`, and a backward step
+does not hold the sweep.
+
 Failure: a provider that cannot be listed (TemporaryError) is skipped until the next sweep.
 """
 
@@ -18,6 +23,7 @@ import math
 from typing import Mapping, Protocol, Sequence
 
 from nodepool_k8s import model
+from nodepool_k8s.clock import Clock, StampAges
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.base import CloudResource, Provider
@@ -34,6 +40,9 @@ IN_PROGRESS = frozenset({model.INIT, model.BUILDING})
 
 class LeakDeps(Protocol):
     """What the leak sweep uses of the launcher's shared state (`context.Engine` is one)."""
+
+    @property
+    def clock(self) -> Clock: ...
 
     @property
     def settings(self) -> EngineSettings: ...
@@ -56,13 +65,16 @@ class LeakSweeper:
         self.deleter = deleter
         # (provider, external id) -> (first sighting, number of sweeps it was seen leaked)
         self._seen: dict[tuple[str, str], tuple[float, int]] = {}
-        self._next: dict[str, float] = {}
+        # The age of a leaked resource by its creation time (the cloud's clock).
+        self._created = StampAges(engine.clock)
+        self._next: dict[str, float] = {}  # provider -> its next sweep (monotonic)
         self.leaks_found = 0
 
     def next_due(self) -> float:
         return min(self._next.values(), default=math.inf)
 
     def sweep_due(self, now: float) -> None:
+        """Sweep every provider whose sweep is due at `now` (monotonic)."""
         interval = self.engine.settings.leak_sweep_interval
         for name, provider in list(self.engine.providers.items()):
             if self._next.get(name, -math.inf) > now:
@@ -94,6 +106,7 @@ class LeakSweeper:
 
     def sweep(self, provider_name: str, resources: Sequence[CloudResource],
               now: float) -> None:
+        """One sweep of `resources`, listed at `now` (monotonic)."""
         provider_cfg = self.engine.provider_config(provider_name)
         grace = provider_cfg.leak_grace if provider_cfg else 60.0
         self.deleter.prune_leaks(provider_name, (r.external_id for r in resources))
@@ -106,14 +119,16 @@ class LeakSweeper:
             first, sightings = self._seen.get(key, (now, 0))
             sightings += 1
             self._seen[key] = (first, sightings)
+            created_long_ago = resource.created is not None \
+                and self._created.age(key, resource.created) >= grace
             if sightings == 1:
                 log.info("Resource %s of provider %s looks leaked (node %s); deleting it if "
                          "still leaked on a later sweep %.0fs from now", resource.external_id,
                          provider_name, resource.node_id, grace)
                 continue
-            created_long_ago = resource.created is not None and now - resource.created >= grace
             if now - first >= grace or created_long_ago:
                 if self.deleter.delete_leak(provider_name, resource.external_id):
                     self.leaks_found += 1
         for key in [k for k in self._seen if k[0] == provider_name and k not in current]:
             del self._seen[key]
+            self._created.forget(key)

@@ -59,7 +59,8 @@ class MinReadyWorker(Worker):
         super().__init__("MinReadyWorker", engine.clock, engine.stats.thread_crashed,
                          coalesce=PASS_COALESCE)
         self.engine = engine
-        self._backoff: dict[Target, tuple[float, float]] = {}  # target -> (until, delay)
+        # target -> (until, monotonic; delay)
+        self._backoff: dict[Target, tuple[float, float]] = {}
         self.created = 0
         # (node id, external id) of spares proven handable (their namespace is theirs).
         self._proven: set[tuple[str, str]] = set()
@@ -67,17 +68,19 @@ class MinReadyWorker(Worker):
     def run_once(self) -> float | None:
         if not self.engine.acting:
             return None
-        now = self.clock.time()
-        self._finish_own(now)
+        # The back-off is on monotonic time (a backward step of the wall clock held it for
+        # as long); the new requests' timestamps are wall time.
+        mono = self.clock.monotonic()
+        self._finish_own(mono)
         wanted = self._wanted()
         if not wanted:
             return None
         ready = {target: count for target, count in wanted.items()
-                 if self._backoff.get(target, (-math.inf, 0.0))[0] <= now}
+                 if self._backoff.get(target, (-math.inf, 0.0))[0] <= mono}
         if ready and self._shortfall(ready, self.engine.request_cache.requests()):
-            self._create(ready, now)
+            self._create(ready, self.clock.time())
         until = [u for target, (u, _) in self._backoff.items()
-                 if target in wanted and u > now]
+                 if target in wanted and u > mono]
         return min(until) if until else None
 
     def _wanted(self) -> dict[Target, int]:
@@ -178,6 +181,7 @@ class MinReadyWorker(Worker):
         commit_guarded(self.engine.zk, self.engine.settings.guard_attempts, attempt)
 
     def _finish_own(self, now: float) -> None:
+        """`now`: monotonic (a failed request starts its label's back-off)."""
         engine = self.engine
         session = engine.zk.session_id
         for request in engine.request_cache.requests():

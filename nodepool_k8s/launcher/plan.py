@@ -1,5 +1,6 @@
 """Pure decisions of the launcher: which request a pool takes, what cleanup does to a node,
-how many min-ready requests are missing. No I/O, no clocks (time is an argument).
+how many min-ready requests are missing. No I/O, no clocks (time, or an age, is an
+argument).
 
 Owns the rules of the Nodepool protocol's request handling (nodepool-protocol.md §2.3 and
 B1.3-B1.6) as functions of plain values, so they are unit-tested exhaustively and the
@@ -12,8 +13,8 @@ workers only act on their verdicts:
 - `decline_reason` lists why a pool can never serve a request (disabled, label not served,
   does not fit the pool or provider limits even when empty); `record_decline` applies a
   decline (`failed` only once every registered pool declined);
-- `node_cleanup` decides delete / deallocate / nothing for one node, with the time it
-  should be looked at again;
+- `node_cleanup` decides delete / deallocate / nothing for one node from its age, with
+  how long until it should be looked at again;
 - `min_ready_shortfall` counts how many spare nodes of a label are missing.
 """
 
@@ -171,8 +172,8 @@ ORPHAN_STATES = frozenset({model.USED, model.IN_USE, model.BUILDING, model.FAILE
 class NodeVerdict:
     action: CleanupAction
     reason: str = ""
-    # When nothing is due now: the epoch time at which this node may become due.
-    recheck_at: float = math.inf
+    # When nothing is due now: in how many seconds this node may become due.
+    recheck_in: float = math.inf
 
 
 NOTHING = NodeVerdict(CleanupAction.NONE)
@@ -188,20 +189,28 @@ def hold_limit(node: NodeFacts, max_hold_age: float) -> float:
     return limit
 
 
-def node_cleanup(node: NodeFacts, *, now: float, locked: bool, config: Config,
+def _after(limit: float, age: float, reason: str) -> NodeVerdict:
+    if age >= limit:
+        return NodeVerdict(CleanupAction.DELETE, reason)
+    return NodeVerdict(CleanupAction.NONE, recheck_in=limit - age)
+
+
+def node_cleanup(node: NodeFacts, *, age: float, locked: bool, config: Config,
                  request_exists: bool, stale_init_age: float) -> NodeVerdict:
-    """What cleanup should do to `node` of one of our providers (locked = has contenders)."""
+    """What cleanup should do to `node` of one of our providers (locked = has contenders).
+
+    `age`: seconds the node has been in its state (since its `state_time`, which another
+    machine's clock may have taken), as the caller judges them: the cleanup worker uses
+    `clock.StampAges`, so a step of this launcher's wall clock neither expires a node early
+    nor keeps it; 0 for a node without a state time.
+    """
     if locked:
         return NOTHING
-    since = node.state_time if isinstance(node.state_time, (int, float)) else now
     state = node.state
     if state in ORPHAN_STATES:
         return NodeVerdict(CleanupAction.DELETE, f"unlocked node in state {state}")
     if state == model.INIT:
-        due = since + stale_init_age
-        if now >= due:
-            return NodeVerdict(CleanupAction.DELETE, "stale init node")
-        return NodeVerdict(CleanupAction.NONE, recheck_at=due)
+        return _after(stale_init_age, age, "stale init node")
     if state == model.READY:
         if node.allocated_to:
             if not request_exists:
@@ -210,19 +219,13 @@ def node_cleanup(node: NodeFacts, *, now: float, locked: bool, config: Config,
             return NOTHING
         label = config.labels.get(node.label or "")
         if label is not None and label.max_ready_age > 0:
-            due = since + label.max_ready_age
-            if now >= due:
-                return NodeVerdict(CleanupAction.DELETE, "max-ready-age reached")
-            return NodeVerdict(CleanupAction.NONE, recheck_at=due)
+            return _after(label.max_ready_age, age, "max-ready-age reached")
         return NOTHING
     if state == model.HOLD:
         limit = hold_limit(node, config.max_hold_age)
         if math.isinf(limit):
             return NOTHING
-        due = since + limit
-        if now >= due:
-            return NodeVerdict(CleanupAction.DELETE, "hold expired")
-        return NodeVerdict(CleanupAction.NONE, recheck_at=due)
+        return _after(limit, age, "hold expired")
     return NOTHING
 
 

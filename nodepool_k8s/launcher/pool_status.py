@@ -177,7 +177,8 @@ class StatusBuilder:
         return out
 
     def due(self, data: dict[str, Any], now: float) -> tuple[bool, float | None]:
-        """(write now?, when to look again if something waits for the interval)."""
+        """(write now?, when to look again if something waits for the interval). `now`
+        and the answer are monotonic: the rate limit is this process's own."""
         significant = ([(c["type"], c["status"], c["reason"]) for c in data["conditions"]],
                        sorted(data["suspended"]))
         if self._published is None or significant != self._significant:
@@ -188,6 +189,7 @@ class StatusBuilder:
         return (True, None) if now >= at else (False, at)
 
     def published(self, data: dict[str, Any], now: float) -> None:
+        """`now`: monotonic, as for `due`."""
         self._published, self._published_at = data, now
         self._significant = (
             [(c["type"], c["status"], c["reason"]) for c in data["conditions"]],

@@ -14,8 +14,11 @@ and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.
    for the re-read; otherwise: lock without blocking, re-read, decide again, write.
 
 Passes are triggered by cache events, launch completions and deadlines; there is no sleep
-per request and no fixed tick. Failure: a pass that raises is logged and retried; a lost
-session abandons every handler without writing (see handler.py).
+per request and no fixed tick. Deadlines and rate limits (the retry after losing a lock
+race or after the cloud's quota refusal, the drift check, reclaiming, the status's
+interval) are monotonic time; a maintenance window's next change is a wall-clock moment,
+turned into a deadline afresh on every pass. Failure: a pass that raises is logged and
+retried; a lost session abandons every handler without writing (see handler.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import threading
 from typing import Callable
 
 from nodepool_k8s import logconfig, model, quota, stats
+from nodepool_k8s.clock import wall_deadline
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher import drift, fleet, lifecycle, maintenance, plan, pool_status
@@ -71,14 +75,15 @@ class PoolWorker(Worker):
         self._handlers_lock = threading.Lock()
         self.registration: Registration | None = None
         self._epoch = engine.zk.epoch
-        self._last_reclaim = -math.inf
+        self._last_reclaim = -math.inf  # monotonic, as every deadline of the worker
         self._drift_config: PoolConfig | None = None
         self._drift_next = -math.inf
         self._drift_waiting = 0
         self._drift_asked: set[str] = set()
         self._reported_paused = False  # the pause state last put in the event log
         # Circuit breaker (shared by every launcher of this pool) and the published status.
-        self.breaker = PoolBreaker(engine.zk, engine.breakers, provider, pool, self.id)
+        self.breaker = PoolBreaker(engine.zk, engine.breakers, provider, pool, self.id,
+                                   engine.clock)
         self._probes: set[str] = set()  # requests accepted as a suspended label's probe
         self._status = pool_status.StatusBuilder(engine.settings.pool_status_interval)
         self._status_writer = StatusWriter(engine.zk, self.id)
@@ -157,13 +162,13 @@ class PoolWorker(Worker):
                      if h.next_deadline is not None]
         window_change = maintenance.next_change(pool_cfg, engine.clock.time())
         if window_change is not None:
-            deadlines.append(window_change)
+            deadlines.append(wall_deadline(engine.clock, window_change))
         if drift_due is not None:
             deadlines.append(drift_due)
         deadlines += self._publish_status(provider_cfg, pool_cfg, provider)
         if self._contended:
             self._contended = False
-            deadlines.append(self.clock.time() + CONTENDED_RETRY)
+            deadlines.append(self.clock.monotonic() + CONTENDED_RETRY)
         return min(deadlines) if deadlines else None
 
     def _replace_drifted(self, pool_cfg: PoolConfig) -> float | None:
@@ -171,7 +176,7 @@ class PoolWorker(Worker):
         while drifted spares wait (a finished deletion wakes us for the next one), at once
         after a reload, and otherwise only every CHECK_INTERVAL (nodes built now carry the
         current hash, so nothing new can drift without a configuration change)."""
-        now = self.engine.clock.time()
+        now = self.engine.clock.monotonic()
         if pool_cfg is self._drift_config and not self._drift_waiting \
                 and now < self._drift_next:
             return None
@@ -345,11 +350,14 @@ class PoolWorker(Worker):
                         provider: Provider) -> list[float]:
         """Publish this pool's status if it changed; the time to look again, if any."""
         self._probes &= set(self.handlers)
-        now = self.clock.time()
+        # Wall time for what is written (transition times, "probe in"); monotonic for
+        # when to write and when to look again.
+        now, mono = self.clock.time(), self.clock.monotonic()
         engine = self.engine
         nodes = engine.node_cache.nodes()
         paused = [h for h in self.handlers.values() if h.paused]
         capacity = getattr(provider, "capacity_condition", None)
+        suspended = self.breaker.suspended(pool_cfg, now)
         fresh, data = pool_status.build(
             pool_id=self.id, hostname=engine.registry.hostname, pool=pool_cfg,
             provider=provider_cfg, config=engine.config, nodes=nodes,
@@ -360,25 +368,26 @@ class PoolWorker(Worker):
             launching=sum(1 for h in self.handlers.values() for s in h.slots
                           if s.future is not None),
             queued=len(paused), pending=len(self.handlers),
-            suspended=self.breaker.suspended(pool_cfg, now), now=now,
+            suspended=suspended, now=now,
             unhandable=engine.unhandable)
         data["conditions"] = self._status.conditions(fresh, now)
-        write, at = self._status.due(data, now)
+        write, at = self._status.due(data, mono)
         if write:
             try:
                 self._status_writer.write(data)
-                self._status.published(data, now)
+                self._status.published(data, mono)
                 self.published_status = data
                 # The same figures for statsd, as often as the record is written.
                 engine.stats.gauges(stats.pool_status_gauges(data))
             except errors.NodepoolError as exc:
                 self.log.warning("Could not publish the pool status: %s", exc)
-                return [now + 1.0]
+                return [mono + 1.0]
         deadlines = [at] if at is not None else []
         # A suspended label's probe becomes due at a known time: look again then.
-        deadlines += [float(e["until"]) for e in data["suspended"].values()
-                      if e.get("state") == "open" and isinstance(e.get("until"), (int, float))
-                      and float(e["until"]) > now]
+        for name, entry in suspended.items():
+            wait = self.breaker.probe_in(name, entry, now)
+            if wait is not None and wait > 0:
+                deadlines.append(mono + wait)
         return deadlines
 
     def _creator_starting(self, request: NodeRequest) -> bool:
@@ -424,7 +433,7 @@ class PoolWorker(Worker):
         Only nodes that count against the limit in the way help: this pool's for a pool
         limit, any pool's of the provider for a provider (or cloud) limit.
         """
-        now = self.clock.time()
+        now = self.clock.monotonic()
         if now - self._last_reclaim < self.engine.settings.reclaim_interval:
             return
         cache = self.engine.node_cache

@@ -3,13 +3,16 @@
 Owns: the loop every engine worker shares. `wake()` (from cache listeners, other workers,
 the session supervisor) runs the next pass at once; passes coalesce, so a burst of events
 costs one pass (a worker may also ask for a short gap between passes: `coalesce`).
-`run_once()` returns the epoch time of the next timed work (or None) and the loop waits
-exactly until then: no fixed sleep tick. A pass that raises is logged with its
-traceback (once while it keeps failing the same way, then a count per minute) and retried
-after a short backoff (a temporary error, such as ZooKeeper being
-unreachable, with a WARNING line instead); the loop itself runs inside the thread guard
-(`nodepool_k8s/threads.py`: logged, counted in stats, restarted), so the thread never dies
-silently.
+`run_once()` returns the monotonic time (`clock.monotonic()`) of the next timed work (or
+None) and the loop waits exactly until then: no fixed sleep tick. Monotonic, because the
+wall clock steps: on wall time, a backward step of an hour stretched a one-second back-off
+to the longest wait, and held the workers' stored deadlines for the hour. A worker that
+schedules on a wall-clock moment turns it into a monotonic deadline on every pass
+(`clock.wall_deadline`). A pass that raises is logged with its traceback (once while it
+keeps failing the same way, then a count per minute) and retried after a short backoff (a
+temporary error, such as ZooKeeper being unreachable, with a WARNING line instead); the
+loop itself runs inside the thread guard (`nodepool_k8s/threads.py`: logged, counted in
+stats, restarted), so the thread never dies silently.
 """
 
 from __future__ import annotations
@@ -98,6 +101,7 @@ class Worker:
         return self._thread is not None and self._thread.is_alive()
 
     def run_once(self) -> float | None:
+        """One pass; the monotonic time of the next timed work, None for none."""
         raise NotImplementedError
 
     def _run(self) -> None:
@@ -111,10 +115,10 @@ class Worker:
                 # ZooKeeper or the API went away mid-pass (a failover, a lost reply): an
                 # expected condition, logged as such; the pass is retried after a backoff.
                 self.log.warning("%s pass interrupted (%s); retrying", self.name, exc)
-                deadline = self.clock.time() + ERROR_BACKOFF
+                deadline = self.clock.monotonic() + ERROR_BACKOFF
             except Exception as exc:
                 self._failed(exc)
-                deadline = self.clock.time() + ERROR_BACKOFF
+                deadline = self.clock.monotonic() + ERROR_BACKOFF
             self.passes += 1
             if self.coalesce > 0 and self._stop.wait(self.coalesce):
                 break
@@ -123,7 +127,7 @@ class Worker:
             timeout = MAX_WAIT
             if deadline is not None and not math.isinf(deadline):
                 # A small floor keeps a deadline that is already due from spinning the CPU.
-                timeout = min(MAX_WAIT, max(0.005, deadline - self.clock.time()))
+                timeout = min(MAX_WAIT, max(0.005, deadline - self.clock.monotonic()))
             self._wake.wait(timeout)
         self.log.debug("%s stopped", self.name)
 

@@ -185,7 +185,8 @@ class RequestStore:
 
     def delete_orphan_lock_dir(self, request_id: str, older_than: float) -> bool:
         """Delete `/nodepool/requests-lock/<id>` if its request is gone, it has no contenders
-        and it was created before `older_than` (epoch seconds)."""
+        and it was last changed no later than `older_than` (its mtime, ZooKeeper's clock:
+        the caller passes the mtime it judged old, so a changed dir is kept)."""
         path = paths.request_lock_path(request_id)
         stat = self.zk.exists(path)
         if stat is None or stat.num_children or stat.mtime > older_than:

@@ -27,7 +27,7 @@ def sweep_after(launcher: Launcher, clock: ManualClock, seconds: float) -> None:
     """Move time on and return once the cleanup worker has finished a leak sweep at the new
     time (its next sweep is then due one interval later)."""
     clock.advance(seconds)
-    due = clock.time() + SWEEP_INTERVAL
+    due = clock.monotonic() + SWEEP_INTERVAL  # the sweep's schedule is monotonic
     launcher.cleanup.wake()
     wait_for(lambda: launcher.cleanup.leaks.next_due() >= due, message="a sweep")
     passes = launcher.cleanup.passes

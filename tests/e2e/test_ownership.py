@@ -162,7 +162,7 @@ def assert_forged_left_alone(zuul: ZuulClient, forged: Iterable[str],
 def sweep_after(launcher: Launcher, clock: ManualClock, seconds: float) -> None:
     """Move time on and return once the launcher finished a leak sweep at the new time."""
     clock.advance(seconds)
-    due = clock.time() + SWEEP_INTERVAL
+    due = clock.monotonic() + SWEEP_INTERVAL  # the sweep's schedule is monotonic
     launcher.cleanup.wake()
     wait_for(lambda: launcher.cleanup.leaks.next_due() >= due, message="a sweep")
     passes = launcher.cleanup.passes

@@ -281,9 +281,10 @@ def test_cleanup_never_returns_a_past_deadline(launchers: LauncherFactory) -> No
     launcher.cleanup.join(10)
     assert not launcher.cleanup.alive
     # A retry of a node that exists nowhere, due long ago (the state that made it spin).
-    launcher.deleter._retry["0000009999"] = Retry(clock.time() - 100, 1.0)
+    # Deadlines are monotonic time.
+    launcher.deleter._retry["0000009999"] = Retry(clock.monotonic() - 100, 1.0)
     deadline = launcher.cleanup.run_once()
-    assert deadline is not None and deadline >= clock.time() + MIN_PASS_GAP
+    assert deadline is not None and deadline >= clock.monotonic() + MIN_PASS_GAP
     assert launcher.deleter.retry_entries() == 0
 
 

@@ -112,8 +112,11 @@ def node(state: str, since: float = NOW, **fields: object) -> Node:
 
 def verdict(n: Node, cfg: Config | None = None, locked: bool = False,
             exists: bool = True, now: float = NOW) -> plan.NodeVerdict:
-    return plan.node_cleanup(n, now=now, locked=locked, config=cfg or config(),
-                             request_exists=exists, stale_init_age=60)
+    """The verdict at `now`: the node's age is `now - state_time` (no clock step)."""
+    assert n.state_time is not None
+    return plan.node_cleanup(n, age=now - n.state_time, locked=locked,
+                             config=cfg or config(), request_exists=exists,
+                             stale_init_age=60)
 
 
 @pytest.mark.parametrize("state", sorted(plan.ORPHAN_STATES))
@@ -124,14 +127,14 @@ def test_unlocked_orphans_are_deleted_locked_never(state: str) -> None:
 
 def test_stale_init() -> None:
     v = verdict(node(model.INIT, NOW - 30))
-    assert v.action is plan.CleanupAction.NONE and v.recheck_at == NOW + 30
+    assert v.action is plan.CleanupAction.NONE and v.recheck_in == 30
     assert verdict(node(model.INIT, NOW - 60)).action is plan.CleanupAction.DELETE
 
 
 def test_max_ready_age() -> None:
     cfg = config(a=LabelConfig("a", max_ready_age=100))
     v = verdict(node(model.READY, NOW - 40), cfg)
-    assert v.action is plan.CleanupAction.NONE and v.recheck_at == NOW + 60
+    assert v.action is plan.CleanupAction.NONE and v.recheck_in == 60
     assert verdict(node(model.READY, NOW - 100), cfg).action is plan.CleanupAction.DELETE
     allocated = node(model.READY, NOW - 1000, allocated_to="200-0000000001")
     assert verdict(allocated, cfg).action is plan.CleanupAction.NONE
@@ -146,7 +149,7 @@ def test_deallocate_when_request_gone() -> None:
 
 def test_hold_limits() -> None:
     held = node(model.HOLD, NOW - 50, hold_expiration=100)
-    assert verdict(held).recheck_at == NOW + 50
+    assert verdict(held).recheck_in == 50
     assert verdict(held, now=NOW + 50).action is plan.CleanupAction.DELETE
     cfg = Config(zookeeper_servers=(ZkServer("h"),), max_hold_age=30)
     assert verdict(held, cfg).action is plan.CleanupAction.DELETE
