@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import pytest
 from kazoo.client import KazooClient
@@ -123,12 +123,19 @@ def test_backward_step_does_not_stall_a_parked_deletion(launchers: LauncherFacto
     wait_for(lambda: zuul.get_node(node_id) is None, 15, message="the node deleted")
 
 
-def test_backward_step_does_not_stall_the_leak_sweep(launchers: LauncherFactory) -> None:
+def with_leak(launchers: LauncherFactory, node_id: str) -> tuple[ManualClock, Launcher, Any]:
+    """A launcher on a manual clock sweeping every 10 s, whose fake cloud holds a resource
+    of node `node_id` that has no node record (a leak)."""
     clock = manual()
     launcher = launchers(body(), clock=clock,
                          settings=TEST_SETTINGS.replace(leak_sweep_interval=10.0))
     fake = launcher.providers["fake"]
-    fake.add_resource("main-0000000999", "0000000999")  # type: ignore[attr-defined]
+    fake.add_resource(f"main-{node_id}", node_id)  # type: ignore[attr-defined]
+    return clock, launcher, fake
+
+
+def test_backward_step_does_not_stall_the_leak_sweep(launchers: LauncherFactory) -> None:
+    clock, launcher, fake = with_leak(launchers, "0000000999")
     lists = fake.call_names().count("list")  # type: ignore[attr-defined]
     clock.advance(10)
     launcher.cleanup.wake()
@@ -201,11 +208,7 @@ def test_forward_step_does_not_expire_a_held_node_early(launchers: LauncherFacto
 
 
 def test_forward_step_does_not_sweep_a_young_resource(launchers: LauncherFactory) -> None:
-    clock = manual()
-    launcher = launchers(body(), clock=clock,
-                         settings=TEST_SETTINGS.replace(leak_sweep_interval=10.0))
-    fake = launcher.providers["fake"]
-    fake.add_resource("main-0000000998", "0000000998")  # type: ignore[attr-defined]
+    clock, launcher, fake = with_leak(launchers, "0000000998")
 
     def sweep(seconds: float) -> None:
         lists = fake.call_names().count("list")  # type: ignore[attr-defined]
