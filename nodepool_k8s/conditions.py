@@ -66,7 +66,11 @@ REASONS: dict[str, str] = {
     # failures from the API
     "Forbidden": "The launcher's service account lacks a permission: apply "
                  "etc/kubernetes/launcher-rbac.yaml.",
-    "Unauthorized": "The launcher's credentials are invalid or expired: fix the kubeconfig.",
+    "Unauthorized": "The API server refuses the launcher's own credentials (expired, rotated, "
+                    "revoked), even after loading them again. Not a failed launch: the node "
+                    "is aborted and the request waits. Fix the kubeconfig, its exec plugin "
+                    "or the service account; the launcher picks that up by itself (or at "
+                    "once with a reload, SIGHUP).",
     "QuotaExceeded": "The cluster refused for quota: the pool pauses and retries; raise the "
                      "ResourceQuota or lower max-servers.",
     "LabelQuota": "The pod asks for more than its label is counted for: align the spec's "

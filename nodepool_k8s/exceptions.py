@@ -64,6 +64,20 @@ class QuotaExceeded(TemporaryError):
     """The cloud refused for lack of quota; capacity may free up later."""
 
 
+class ProviderUnavailable(TemporaryError):
+    """The provider as a whole cannot act now, whatever the label or request: the cloud
+    refuses its credentials, say. Not a failed launch: the core keeps the request waiting
+    (the node is aborted, as for quota), counts nothing against the label, and tries again
+    later while the driver works on getting its credentials accepted. `reason` is one of
+    `conditions.REASONS`.
+    """
+
+    def __init__(self, message: str, reason: str = "ApiError",
+                 delay: float | None = None) -> None:
+        super().__init__(message, delay=delay)
+        self.reason = reason
+
+
 class LaunchError(NodepoolError):
     """A node launch attempt failed. `reason` is a short CamelCase cause for logs and stats."""
 

@@ -12,11 +12,13 @@ from typing import Any, Iterable, Mapping
 POOL_STATUS_COLUMNS = (
     ("Provider", "provider"), ("Pool", "pool"), ("Hostname", "hostname"),
     ("Validated", "validated"), ("AtTarget", "at_target"), ("Quota", "quota"),
-    ("Capacity", "capacity"), ("Suspended", "suspended_labels"), ("Nodes", "node_counts"),
+    ("Capacity", "capacity"), ("Suspended", "suspended_labels"),
+    ("Credentials", "credentials"), ("Nodes", "node_counts"),
     ("Launching", "launches_in_progress"), ("Queued", "requests_queued"),
 )
 CONDITION_KEYS = {"Validated": "validated", "AtTarget": "at_target", "Quota": "quota",
-                  "Capacity": "capacity", "Suspended": "suspended"}
+                  "Capacity": "capacity", "Suspended": "suspended",
+                  "Credentials": "credentials"}
 
 
 def conditions(record: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

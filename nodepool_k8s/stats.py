@@ -31,6 +31,8 @@ RESULT_ZKSESSION = "error.zksession"
 RESULT_QUOTA = "error.quota"
 RESULT_UNKNOWN = "error.unknown"
 RESULT_NODEPOOL = "error.nodepool"
+# The provider could not act at all (its credentials refused): aborted, not a failure.
+RESULT_UNAVAILABLE = "error.unavailable"
 
 
 # Anything else would break the statsd line protocol (`:`, `|`, `@`, `#`, newlines) or make

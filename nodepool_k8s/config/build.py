@@ -294,6 +294,8 @@ def build_provider(provider: Raw, installation: str = "default") -> ProviderConf
         api_retries=provider.get("api-retries", S.API_RETRIES),
         api_backoff=tuple(provider.get("api-backoff", S.API_BACKOFF)),
         api_timeout=provider.get("api-timeout", S.API_TIMEOUT),
+        credentials_backoff=tuple(provider.get("credentials-backoff",
+                                               S.CREDENTIALS_BACKOFF)),
         unschedulable_grace=provider.get("unschedulable-grace", S.UNSCHEDULABLE_GRACE),
         delete_timeout=provider.get("delete-timeout", S.DELETE_TIMEOUT),
         token_lifetime=provider.get("token-lifetime", S.TOKEN_LIFETIME),

@@ -58,6 +58,9 @@ BREAKER_BACKOFF_MAX = 3600.0
 API_RETRIES = 5
 API_BACKOFF = (0.2, 0.5, 1.0, 2.0, 4.0)
 API_TIMEOUT = 30.0
+# Kubernetes driver: once the API server refuses the launcher's credentials (401), they are
+# loaded again at once, then at most once per step of this list (the last step repeats).
+CREDENTIALS_BACKOFF = (1.0, 5.0, 15.0, 30.0, 60.0)
 UNSCHEDULABLE_GRACE = 30.0  # seconds a pod may stay Unschedulable before the attempt fails
 DELETE_TIMEOUT = 300.0  # seconds a deletion waits for the namespace to vanish
 TOKEN_LIFETIME = 86400  # seconds a node's service-account token (TokenRequest) stays valid
@@ -477,7 +480,10 @@ _KUBERNETES_DEFAULTS: dict[Any, Validator] = {
     **{Optional(f"default-label-{k}"): v for k, v in _SCHEDULING.items()},
     **{Optional(k): boolean for k in PERMISSION_KEYS},
 }
-_KUBERNETES_PROVIDER_ONLY: dict[Any, Validator] = {Optional("capacity"): _CAPACITY}
+_KUBERNETES_PROVIDER_ONLY: dict[Any, Validator] = {
+    Optional("capacity"): _CAPACITY,
+    Optional("credentials-backoff"): list_of(_seconds, min_items=1),
+}
 
 # One schema holds both forms; `checks` enforces that `spec` excludes the form A keys and
 # that `type: namespace` labels set no pod-only key, with an error per offending key.

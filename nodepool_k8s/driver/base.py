@@ -8,9 +8,12 @@ config `driver:` name to a factory.
 Error contract:
 - `launch` raises `LaunchError` for a failed attempt (`retryable=False` when retrying the
   same label cannot help, e.g. an invalid spec); `QuotaExceeded` when the cloud refused for
-  lack of capacity (the core pauses instead of counting a failure); `TemporaryError` for
-  API trouble that outlived the driver's own retries. On any of these the driver has already
-  removed what it created for that attempt, or left it labelled so the leak sweeper finds it.
+  lack of capacity (the core pauses instead of counting a failure); `ProviderUnavailable`
+  when the provider cannot act at all now, whatever the label (its credentials refused):
+  the core aborts the node as for quota, counts no failure against the label and keeps the
+  request waiting; `TemporaryError` for API trouble that outlived the driver's own retries.
+  On any of these the driver has already removed what it created for that attempt, or left
+  it labelled so the leak sweeper finds it.
 - `delete` returns only once the resource is gone; a missing resource is success. It raises
   `TemporaryError` when deletion could not be confirmed (the core retries later, and keeps
   the node record until then: nothing is forgotten), and `NotOwned` when the resource is not

@@ -10,7 +10,8 @@ cancel launches, hand pending requests back, release locks, unregister, close th
 
 What other components use: `ready` (True once serving), `reader` (a `ZkReader` for
 read-only views), `node_cache` / `request_cache` / `component_cache`, `reload(config)`,
-`wake_all()`, and `engine` (shared state: config, providers, stats, clock).
+`refresh_credentials()` (a reload with an unchanged configuration), `wake_all()`, and
+`engine` (shared state: config, providers, stats, clock).
 
 Failure modes: `start` blocks until ZooKeeper is reachable (retrying, logging every 10 s)
 and returns False if `stop` was requested meanwhile; a provider that fails to start is
@@ -386,9 +387,13 @@ class Launcher:
                     self._retire(provider, launches)
                 else:
                     provider.stop()
+            kept = []
             for name, provider_cfg in config.providers.items():
                 if name not in self.engine.providers or old.providers.get(name) != provider_cfg:
                     self._start_provider(provider_cfg)
+                else:
+                    kept.append(name)
+            self._refresh_credentials(kept)
             for key in sorted(wanted - set(self.pool_workers)):
                 self._start_pool(key)
         log.info("Configuration reloaded: %d pool(s)", len(self.pool_workers))
@@ -396,6 +401,35 @@ class Launcher:
                                   message=f"{len(self.pool_workers)} pool(s)")
         self.gauges.report_config(config)
         self.wake_all()
+
+    def refresh_credentials(self) -> None:
+        """A reload whose configuration is unchanged: the providers read their credentials
+        again (a rewritten kubeconfig is what operators reload for, too)."""
+        with self._lock:
+            self._refresh_credentials(list(self.engine.providers))
+        self.wake_all()
+
+    def _refresh_credentials(self, names: list[str]) -> None:
+        """Have the running providers `names` read their credentials again (lock held).
+
+        An operator who rewrote a kubeconfig reloads and expects it used, not only after the
+        next 401. A provider whose kubeconfig now names another server or trust does not
+        switch in place (see driver/kubernetes/credentials.py): it is replaced, as for
+        changed settings. Drivers without credentials to read (fake) are skipped."""
+        for name in names:
+            provider = self.engine.providers.get(name)
+            reload = getattr(provider, "reload_credentials", None)
+            if provider is None or not callable(reload):
+                continue
+            try:
+                keep = bool(reload())
+            except Exception:  # noqa: BLE001 - one provider must not stop the reload
+                log.exception("Provider %s could not read its credentials again", name)
+                continue
+            provider_cfg = self.engine.config.providers.get(name)
+            if not keep and provider_cfg is not None:
+                log.info("Provider %s: replacing it to follow its kubeconfig", name)
+                self._start_provider(provider_cfg)
 
     # -- stop -----------------------------------------------------------------------------
     def stop(self) -> None:

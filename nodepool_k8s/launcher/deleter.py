@@ -43,7 +43,8 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig, model, records
-from nodepool_k8s.exceptions import DeletionUnderway, NotOwned, TemporaryError, ZkSessionLost
+from nodepool_k8s.exceptions import (DeletionUnderway, NotOwned, ProviderUnavailable,
+                                     TemporaryError, ZkSessionLost)
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.driver.base import Provider
@@ -443,8 +444,12 @@ class NodeDeleter:
             except (ZkSessionLost, ZkConnectionError):
                 raise  # ZooKeeper, not the resource: interrupted (see _run)
             except TemporaryError as exc:
-                nlog.warning("Could not delete %s yet (%s); will retry",
-                             records.clip(node.external_id or ""), exc)
+                # Refused credentials are the provider's, reported once by the driver: not
+                # a WARNING per node and retry.
+                level = logging.INFO if isinstance(exc, ProviderUnavailable) \
+                    else logging.WARNING
+                nlog.log(level, "Could not delete %s yet (%s); will retry",
+                         records.clip(node.external_id or ""), exc)
                 lifecycle.note_delete_failed(engine.nodes, node, lock, str(exc),
                                              engine.clock.time())
                 return Outcome.FAILED

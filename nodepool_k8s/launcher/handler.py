@@ -13,10 +13,12 @@ request), lock + `building` (one transaction), the external id (driver progress)
 share of the final transaction.
 
 Failure modes: a launch that fails after its retries declines the request for this pool
-(`failed` once every registered pool declined); the cloud refusing for quota aborts the
-node and pauses; a vanished request releases the nodes unallocated for reuse; a lost
-session abandons everything without writing (locks vanished with it; cleanup and the
-lost-request reset of any launcher recover).
+(`failed` once every registered pool declined); the cloud refusing for quota, or the
+provider being unable to act at all (its credentials refused), aborts the node and pauses
+(launching again after the engine's `quota_retry`), counting nothing against the label;
+a vanished request releases the nodes unallocated for reuse; a lost session abandons
+everything without writing (locks vanished with it; cleanup and the lost-request reset of
+any launcher recover).
 """
 
 from __future__ import annotations
@@ -74,6 +76,9 @@ class RequestHandler:
         self.paused = False
         self.done = False
         self.retry_at: float | None = None  # monotonic
+        # Why the last launch was aborted (QuotaExceeded, or the provider's Unauthorized):
+        # what the wait until `retry_at` is for.
+        self.aborted_for: str | None = None
         # Which limit keeps a paused handler waiting ("pool", "provider", "tenant", ...).
         self.blocked_scope: str | None = None
         # Set by the pool worker (circuit breaker): why the request must not be launched
@@ -155,7 +160,10 @@ class RequestHandler:
         verdict = self._allocate(needed, provider_cfg, pool_cfg)
         if verdict:
             if self.paused:
-                self.log.info("Resuming: capacity is available")
+                self.log.info("Resuming: %s", "capacity is available"
+                              if self.aborted_for in (None, "QuotaExceeded")
+                              else f"launching again after {self.aborted_for}")
+            self.aborted_for = None
             self.paused = False
             if not any(s.state is SlotState.NEED or s.state is SlotState.LAUNCHING
                        for s in self.slots):
@@ -331,6 +339,7 @@ class RequestHandler:
                 self._finish_node(slot, model.ABORTED)
                 slot.state, slot.node, slot.lock = SlotState.NEED, None, None
                 self.retry_at = self.engine.clock.monotonic() + self.engine.settings.quota_retry
+                self.aborted_for = outcome.reason
             else:
                 if outcome.kind is launching.CANCELLED and not self.lock.valid:
                     return  # advance() abandons on the next check

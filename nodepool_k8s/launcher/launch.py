@@ -11,10 +11,12 @@ transaction, which the pool worker sent without waiting (so it could go on to th
 request of a burst): only a node locked by us is launched.
 
 Outcomes (`Outcome`): READY (with the LaunchResult), FAILED (every attempt failed, or a
-non-retryable error), ABORTED (the cloud refused for quota: not a failure, the request
-waits for capacity), CANCELLED (shutdown or session loss set the cancel event), UNLOCKED
-(the node could not be locked: nothing was launched, the handler replaces the node). This
-module writes only the external id; the request handler writes every other state change.
+non-retryable error), ABORTED (the cloud refused for quota, or the provider cannot act at
+all now, `ProviderUnavailable`, e.g. its credentials are refused: not a failure, counted
+against no label, the request waits), CANCELLED (shutdown or session loss set the cancel
+event), UNLOCKED (the node could not be locked: nothing was launched, the handler
+replaces the node). This module writes only the external id; the request handler writes
+every other state change.
 """
 
 from __future__ import annotations
@@ -32,7 +34,8 @@ from nodepool_k8s import stats
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import LaunchResult, LaunchSpec, Provider, RequestInfo
-from nodepool_k8s.exceptions import LaunchError, QuotaExceeded, TemporaryError
+from nodepool_k8s.exceptions import (LaunchError, ProviderUnavailable, QuotaExceeded,
+                                     TemporaryError)
 from nodepool_k8s.model import Node, NodeRequest
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore, PendingLock
@@ -191,6 +194,9 @@ class NodeLaunch:
         started = time.monotonic()
         outcome = self._attempts()
         result = {READY: stats.RESULT_READY, ABORTED: stats.RESULT_QUOTA}.get(outcome.kind)
+        if outcome.kind is ABORTED and outcome.error_type is not None \
+                and issubclass(outcome.error_type, ProviderUnavailable):
+            result = stats.RESULT_UNAVAILABLE
         if result is None:
             if outcome.kind is CANCELLED:
                 result = stats.RESULT_ZKSESSION if not lock.valid \
@@ -233,6 +239,14 @@ class NodeLaunch:
                 return LaunchOutcome(ABORTED, error=f"QuotaExceeded: {exc}",
                                      attempts=attempt, error_type=type(exc),
                                      reason="QuotaExceeded")
+            except ProviderUnavailable as exc:
+                # The provider's trouble (its credentials refused, say), not the label's:
+                # no further attempt now, no failure; the request waits and is retried.
+                # The driver reports the cause once; this is one line per node.
+                self.log.info("Provider cannot launch now; the request waits: %s", exc)
+                reason = cond.reason(exc.reason)
+                return LaunchOutcome(ABORTED, error=f"{reason}: {exc}", attempts=attempt,
+                                     error_type=type(exc), reason=reason)
             except LaunchError as exc:
                 if self.cancel.is_set():
                     return LaunchOutcome(CANCELLED, attempts=attempt)

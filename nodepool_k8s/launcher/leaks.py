@@ -27,7 +27,7 @@ from nodepool_k8s.clock import Clock, StampAges
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.base import CloudResource, Provider
-from nodepool_k8s.exceptions import NodepoolError
+from nodepool_k8s.exceptions import NodepoolError, ProviderUnavailable
 from nodepool_k8s.launcher.deleter import NodeDeleter
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.zk.cache import NodeCache
@@ -83,7 +83,10 @@ class LeakSweeper:
             try:
                 resources = provider.list_resources()
             except NodepoolError as exc:
-                log.warning("Could not list resources of provider %s: %s", name, exc)
+                # Refused credentials: the driver reports those once, not per sweep.
+                log.log(logging.INFO if isinstance(exc, ProviderUnavailable)
+                        else logging.WARNING,
+                        "Could not list resources of provider %s: %s", name, exc)
                 continue
             self.sweep(name, resources, now)
         for name in [n for n in self._next if n not in self.engine.providers]:

@@ -13,7 +13,10 @@ changed, rate-limited:
   usage vs limit per resource;
 - `Capacity`: Sufficient / Constrained / NoneAvailable from the provider's view of the
   cluster (capacity awareness), Unknown when the provider does not read it;
-- `Suspended`: True with reason LabelSuspended while the circuit breaker holds a label.
+- `Suspended`: True with reason LabelSuspended while the circuit breaker holds a label;
+- `Credentials`: Accepted / Rejected, the provider's view of its own credentials (a
+  Kubernetes provider whose API server refuses them, 401, even after loading them again:
+  launches wait, nothing fails), Unknown when the provider does not report them.
 
 A change of any condition's (status, reason) or of the suspended labels is written at
 once; a change of counts or usage only, at most once per `pool_status_interval`: the
@@ -33,7 +36,7 @@ from nodepool_k8s.launcher import plan
 from nodepool_k8s.model import Resources
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
-CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended")
+CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended", "Credentials")
 MODEL_VERSION = 1
 _BREAKER_FIELDS = ("reason", "message", "failures", "trips", "until", "state")
 
@@ -213,7 +216,8 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
           cloud: Resources, capacity: dict[str, Any] | None, blocked: str | None,
           launching: int, queued: int, pending: int,
           suspended: Mapping[str, Mapping[str, Any]], now: float,
-          unhandable: frozenset[str] = frozenset()) -> tuple[
+          unhandable: frozenset[str] = frozenset(),
+          credentials: dict[str, Any] | None = None) -> tuple[
               dict[str, dict[str, Any]], dict[str, Any]]:
     """Fresh conditions (without transition times) and the rest of the status record."""
     counts = node_counts(nodes, provider.name, pool.name)
@@ -223,6 +227,7 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
     countable = [n for n in nodes if n.id not in unhandable] if unhandable else nodes
     target, targets = at_target(pool, config, countable, sum(counts.values()))
     cap = capacity or _cond(UNKNOWN, "Unknown", "capacity awareness is off")
+    creds = credentials or _cond(UNKNOWN, "Unknown", "the provider does not report them")
     fresh = {
         "Validated": validated(pool, provider, cloud),
         "AtTarget": target,
@@ -230,6 +235,9 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
         "Capacity": {"status": cap.get("status", UNKNOWN), "reason": cap.get("reason", ""),
                      "message": cap.get("message", "")},
         "Suspended": suspended_condition(suspended, now),
+        "Credentials": {"status": creds.get("status", UNKNOWN),
+                        "reason": creds.get("reason", ""),
+                        "message": creds.get("message", "")},
     }
     rest = {
         "model": MODEL_VERSION, "id": pool_id, "hostname": hostname,

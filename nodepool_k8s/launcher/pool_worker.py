@@ -358,6 +358,8 @@ class PoolWorker(Worker):
         paused = [h for h in self.handlers.values() if h.paused]
         capacity = getattr(provider, "capacity_condition", None)
         suspended = self.breaker.suspended(pool_cfg, now)
+        # A Kubernetes provider's view of its own credentials (refused: launches wait).
+        credentials = getattr(provider, "credentials_condition", None)
         fresh, data = pool_status.build(
             pool_id=self.id, hostname=engine.registry.hostname, pool=pool_cfg,
             provider=provider_cfg, config=engine.config, nodes=nodes,
@@ -369,7 +371,8 @@ class PoolWorker(Worker):
                           if s.future is not None),
             queued=len(paused), pending=len(self.handlers),
             suspended=suspended, now=now,
-            unhandable=engine.unhandable)
+            unhandable=engine.unhandable,
+            credentials=credentials() if callable(credentials) else None)
         data["conditions"] = self._status.conditions(fresh, now)
         write, at = self._status.due(data, mono)
         if write:

@@ -12,7 +12,9 @@ Owns the process around `daemon.Launcher`:
   with all its problems and the running one stays. Changed ZooKeeper connection settings
   (servers, chroot, TLS, timeout) are logged as needing a restart; everything else is
   applied (`Launcher.reload`), and a changed `webapp` port or address restarts the web
-  server. systemd hears `RELOADING=1` ... `READY=1` around each reload;
+  server. Every valid reload, even of an unchanged configuration, has the providers read
+  their credentials again (a rewritten kubeconfig). systemd hears `RELOADING=1` ...
+  `READY=1` around each reload;
 * stopping: `request_stop()` (SIGTERM, SIGINT) ends `run()`, which sends `STOPPING=1`,
   stops the launcher gracefully (see `Launcher.stop`) and then the web app.
 
@@ -173,6 +175,9 @@ class LauncherService:
                             "restarted")
             if config == self.launcher.config:
                 log.info("The configuration is unchanged")
+                # The kubeconfig is not one of the watched files, and may be why the
+                # operator reloads: the providers read their credentials again.
+                self.launcher.refresh_credentials()
             else:
                 self.launcher.reload(config)
             if self._webapp_enabled and config.webapp != self._web_config:

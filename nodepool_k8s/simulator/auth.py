@@ -9,6 +9,13 @@ A secret token stays valid while its Secret (same uid) and ServiceAccount exist;
 TokenRequest token while it has not expired and its ServiceAccount (same uid) exists — so
 deleting a namespace revokes its tokens, as on a real cluster.
 
+The admin's own credential can change while the server runs, as a real cluster's does:
+`rotate_admin_token` replaces the static admin token (the old one is refused from then on,
+like a rotated kubeconfig token), `issue_admin_token` hands out further admin tokens that
+expire on the token clock (what an exec plugin such as `aws eks get-token` prints), and
+`revoke` refuses one of those before its time. Every refused request is counted
+(`rejected`), so tests can tell how often a client came with stale credentials.
+
 Authorization: the admin may do everything. Service accounts are not restricted unless RBAC
 enforcement is switched on (`SimulatorConfig.enforce_rbac`); then a request is allowed when a
 rule grants it: ClusterRoles bound by ClusterRoleBindings (everywhere, cluster scope
@@ -84,8 +91,45 @@ class TokenAuthority:
         self.admin_token = admin_token or "sim-admin-" + secrets.token_urlsafe(24)
         self.admin = Identity("sim-admin", ("system:masters", "system:authenticated"),
                               admin=True)
+        # Further admin tokens (issue_admin_token) -> expiry (epoch seconds; None: never).
+        self._admin_tokens: dict[str, float | None] = {}
+        self.rejected = 0  # requests refused for want of a valid credential (401)
         # The token clock (epoch seconds): tests move it on to see tokens expire (401).
         self.now: Callable[[], float] = time.time
+
+    # -- the admin's credentials ------------------------------------------------------------
+    def rotate_admin_token(self, token: str | None = None) -> str:
+        """Replace the static admin token (`token`, or a fresh random one) and return it;
+        the previous one is refused (401) from now on."""
+        with self._lock:
+            self.admin_token = token or "sim-admin-" + secrets.token_urlsafe(24)
+            return self.admin_token
+
+    def issue_admin_token(self, lifetime: float | None = None) -> str:
+        """A further token that authenticates as the admin until `lifetime` seconds from
+        now on the token clock (None: until revoked)."""
+        token = "sim-admin-exec-" + secrets.token_urlsafe(24)
+        with self._lock:
+            self._admin_tokens[token] = None if lifetime is None else self.now() + lifetime
+        return token
+
+    def revoke(self, token: str) -> None:
+        """Refuse a token from `issue_admin_token` from now on (unknown tokens: no-op)."""
+        with self._lock:
+            self._admin_tokens.pop(token, None)
+
+    def count_rejected(self) -> None:
+        with self._lock:
+            self.rejected += 1
+
+    def _is_admin(self, token: str) -> bool:
+        with self._lock:
+            if hmac.compare_digest(token.encode(), self.admin_token.encode()):
+                return True
+            if token not in self._admin_tokens:
+                return False
+            expires = self._admin_tokens[token]
+        return expires is None or self.now() < expires
 
     # -- issuing ----------------------------------------------------------------------------
     def issue_secret_token(self, namespace: str, sa_name: str, sa_uid: str,
@@ -120,7 +164,7 @@ class TokenAuthority:
 
     # -- checking ---------------------------------------------------------------------------
     def authenticate_token(self, token: str) -> Identity | None:
-        if hmac.compare_digest(token.encode(), self.admin_token.encode()):
+        if self._is_admin(token):
             return self.admin
         with self._lock:
             grant = self._grants.get(token)

@@ -154,8 +154,10 @@ class Simulator:
         return self.authority.admin_token
 
     def kubeconfig(self, context: str = "sim", namespace: str | None = None,
-                   token: str | None = None) -> dict[str, Any]:
-        """A kubeconfig document (dict) for the admin, or for `token` if given."""
+                   token: str | None = None,
+                   user: dict[str, Any] | None = None) -> dict[str, Any]:
+        """A kubeconfig document (dict) for the admin, or for `token` if given, or with
+        `user` as its user entry (e.g. an `exec` plugin) if given."""
         cluster: dict[str, Any] = {"server": self.url}
         if self.ca_pem:
             cluster["certificate-authority-data"] = base64.b64encode(
@@ -166,28 +168,57 @@ class Simulator:
         return {
             "apiVersion": "v1", "kind": "Config", "preferences": {},
             "clusters": [{"name": context, "cluster": cluster}],
-            "users": [{"name": f"{context}-admin", "user": {"token": token or self.admin_token}}],
+            "users": [{"name": f"{context}-admin",
+                       "user": user or {"token": token or self.admin_token}}],
             "contexts": [{"name": context, "context": ctx}],
             "current-context": context,
         }
 
     def write_kubeconfig(self, path: str | os.PathLike[str], context: str = "sim",
-                         namespace: str | None = None, token: str | None = None) -> str:
+                         namespace: str | None = None, token: str | None = None,
+                         user: dict[str, Any] | None = None) -> str:
         """Write a kubeconfig (mode 0600, atomically) and return its path.
 
-        It authenticates as the admin, or with `token` (e.g. a service account's) if given.
+        It authenticates as the admin, or with `token` (e.g. a service account's) if given,
+        or as `user` says (a kubeconfig user entry: `exec`, `tokenFile`, ...) if given.
         """
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(self.kubeconfig(context, namespace, token), f,
+            yaml.safe_dump(self.kubeconfig(context, namespace, token, user), f,
                            default_flow_style=False)
         os.replace(tmp, target)
-        if token is None:
+        if token is None and user is None:
             self.kubeconfig_path = str(target)
         return str(target)
+
+    # -- the admin's credentials -------------------------------------------------------------
+    def rotate_admin_token(self, token: str | None = None) -> str:
+        """Replace the admin token at runtime (`token`, or a fresh random one) and return
+        it: the old one is refused (401) from now on. Kubeconfigs already written keep the
+        old token until written again."""
+        return self.authority.rotate_admin_token(token)
+
+    def issue_admin_token(self, lifetime: float | None = None) -> str:
+        """Another admin token, valid for `lifetime` seconds on the token clock
+        (`authority.now`; None: until revoked): what an exec credential plugin hands out."""
+        return self.authority.issue_admin_token(lifetime)
+
+    def revoke_token(self, token: str) -> None:
+        """Refuse a token from `issue_admin_token` before its expiry."""
+        self.authority.revoke(token)
+
+    @property
+    def rejected_requests(self) -> int:
+        """Requests refused with 401 (no valid credential) since the start."""
+        return self.authority.rejected
+
+    def end_watches(self) -> None:
+        """End every open watch stream (as a restarting API server or a load balancer
+        does): clients must watch again, with whatever credentials they hold now."""
+        self.store.close_watchers()
 
     # -- faults -----------------------------------------------------------------------------
     @property

@@ -1,4 +1,6 @@
-"""Transport and plumbing: TLS, plain HTTP, auth, keep-alive, bodies, discovery, the CLI."""
+"""Transport and plumbing: TLS, plain HTTP, auth (and the admin's credentials changing at
+runtime: rotated, expiring, revoked tokens; watches ended), keep-alive, bodies, discovery,
+the CLI."""
 
 from __future__ import annotations
 
@@ -63,6 +65,39 @@ def test_authentication(k8s_sim: Simulator) -> None:
     assert status == 401 and body["reason"] == "Unauthorized"
     assert call(conn, "GET", "/api/v1/namespaces", "wrong")[0] == 401
     assert call(conn, "GET", "/api/v1/namespaces", k8s_sim.admin_token)[0] == 200
+
+
+def test_admin_credentials_change_at_runtime(k8s_sim: Simulator) -> None:
+    conn = https(k8s_sim)
+    old = k8s_sim.admin_token
+    new = k8s_sim.rotate_admin_token()
+    assert new != old and k8s_sim.admin_token == new
+    assert call(conn, "GET", "/api/v1/namespaces", old)[0] == 401
+    assert call(conn, "GET", "/api/v1/namespaces", new)[0] == 200
+    assert k8s_sim.rotate_admin_token("fixed-admin") == "fixed-admin"
+    assert call(conn, "GET", "/api/v1/namespaces", "fixed-admin")[0] == 200
+
+    # Expiring tokens, as an exec plugin prints them: valid until the token clock passes.
+    start = k8s_sim.authority.now()
+    short = k8s_sim.issue_admin_token(lifetime=60)
+    forever = k8s_sim.issue_admin_token()
+    assert call(conn, "GET", "/api/v1/namespaces", short)[0] == 200
+    k8s_sim.authority.now = lambda: start + 61
+    assert call(conn, "GET", "/api/v1/namespaces", short)[0] == 401
+    assert call(conn, "GET", "/api/v1/namespaces", forever)[0] == 200
+    k8s_sim.revoke_token(forever)
+    assert call(conn, "GET", "/api/v1/namespaces", forever)[0] == 401
+    assert k8s_sim.rejected_requests == 3
+
+
+def test_end_watches(k8s_sim: Simulator, kube: Kube) -> None:
+    response = kube.core.list_namespace(watch=True, _preload_content=False,
+                                        timeout_seconds=60)
+    wait_for(lambda: k8s_sim.open_watches == 1, message="the watch to open")
+    k8s_sim.end_watches()
+    response.read()  # the stream ends instead of running for 60 s
+    response.release_conn()
+    wait_for(lambda: k8s_sim.open_watches == 0, message="the watch to be gone")
 
 
 def test_plain_http_and_keep_alive(make_sim: Any) -> None:

@@ -4,12 +4,16 @@ Owns: building the official client (kubeconfig context, or the pod's service acc
 there is no kubeconfig), keeping its logging from dumping bodies (service-account tokens
 travel in them), and `KubeClient.call`: one API call with typed errors and retries configured
 by the provider's `api_retries`/`api_backoff`/`api_timeout`. Responses are decoded to plain
-dicts (`_preload_content=False`), never to client model objects.
+dicts (`_preload_content=False`), never to client model objects. Every request, `call`'s and
+a watch's (`stream`), goes through the client's live credentials (`credentials`): a 401 has
+them loaded again (rate-limited) and the request sent once more.
 
 How it fails: `connect` raises TemporaryError when no credentials can be loaded. `call`
 raises the mapped error (see `errors`) at once for permanent failures and quota refusals,
 and after the configured retries for temporary ones; each retry is logged "#i/n will retry",
 the last failure "#n/n giving up". A cancelled wait between retries raises the last error.
+A 401 that loading the credentials again did not cure raises `errors.Unauthorized` (a
+`ProviderUnavailable`, naming the provider and its context) without the API retries.
 """
 
 from __future__ import annotations
@@ -22,18 +26,23 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import urllib3.exceptions
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
+from kubernetes.config.incluster_config import InClusterConfigLoader
 
+from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import ProviderConfig
-from nodepool_k8s.driver.kubernetes.errors import Conflict, is_retryable, map_api_error
+from nodepool_k8s.driver.kubernetes.credentials import Credentials, LiveConfiguration, Loader
+from nodepool_k8s.driver.kubernetes.errors import (Conflict, Unauthorized, is_retryable,
+                                                   map_api_error)
 from nodepool_k8s.exceptions import LaunchError, NodepoolError, TemporaryError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # A Retry-After longer than this is capped: the caller's own deadline matters more.
 MAX_RETRY_AFTER = 60.0
@@ -41,6 +50,8 @@ MAX_RETRY_AFTER = 60.0
 # KB. Beyond this the record would pass the size its readers accept.
 MAX_CA_BYTES = 128 * 1024
 DEFAULT_KUBECONFIG = "~/.kube/config"
+# Where a pod's service account is mounted (its `token` and `ca.crt`), for in-cluster use.
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 
 
 class _NoBodies(logging.Filter):
@@ -84,12 +95,18 @@ def kubeconfig_paths(explicit: str | None) -> list[str]:
     return [os.path.expanduser(p) for p in raw.split(os.pathsep) if p]
 
 
-def load_configuration(context: str | None, kubeconfig: str | None,
-                       pool_maxsize: int) -> tuple[k8s.Configuration, str | None]:
-    """A fresh client Configuration and the context name actually used (None in-cluster)."""
+def load_configuration(context: str | None, kubeconfig: str | None, pool_maxsize: int,
+                       service_account: str = SERVICE_ACCOUNT_DIR,
+                       ) -> tuple[k8s.Configuration, str | None]:
+    """A fresh client Configuration and the context name actually used (None in-cluster).
+
+    Reads the files now, every time: the start and every credentials reload come here, so
+    a rewritten kubeconfig (or a rotated in-cluster token) is what the next load sees.
+    `service_account`: the directory of the in-cluster `token` and `ca.crt`."""
     _silence_body_logging()
-    # type.__call__ skips the class-level default copy, so providers never share settings.
-    configuration = type.__call__(k8s.Configuration)
+    # type.__call__ skips any class-level default copy, so providers never share settings;
+    # LiveConfiguration runs the client's credential refresh one thread at a time.
+    configuration = type.__call__(LiveConfiguration)
     paths = [p for p in kubeconfig_paths(kubeconfig) if os.path.exists(p)]
     if kubeconfig and not paths:
         # Falling back to in-cluster credentials would hide a typo in an explicit path.
@@ -103,16 +120,18 @@ def load_configuration(context: str | None, kubeconfig: str | None,
                                         client_configuration=configuration,
                                         persist_config=False)
         else:
-            k8s_config.load_incluster_config(client_configuration=configuration)
+            # What load_incluster_config does, with the directory as a parameter. With
+            # try_refresh_token the client re-reads the token file (which the kubelet
+            # rotates) once a minute by itself; a 401 before that reloads it here.
+            InClusterConfigLoader(
+                token_filename=os.path.join(service_account, "token"),
+                cert_filename=os.path.join(service_account, "ca.crt"),
+                try_refresh_token=True).load_and_set(configuration)
             used = context
     except (ConfigException, OSError, ValueError, KeyError, TypeError) as exc:
         raise TemporaryError(f"cannot load Kubernetes credentials "
                              f"(context {context!r}): {exc}") from exc
     configuration.debug = False  # debug would make urllib3/http.client print bodies
-    if not configuration.verify_ssl:
-        # The operator chose insecure-skip-tls-verify: say so once, not on every request.
-        log.warning("TLS verification is off for context %s (%s)", used, configuration.host)
-        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
     configuration.connection_pool_maxsize = pool_maxsize
     # One request per attempt: `call` is the only place that retries, with the provider's
     # api-retries/api-backoff and a capped Retry-After. urllib3's default (3 retries)
@@ -152,11 +171,21 @@ def _read_body(response: Any, deadline: float, what: str, timeout: float) -> byt
             raise TemporaryError(f"{what}: the answer took longer than {timeout:g}s")
 
 
+def _cannot_reload() -> tuple[k8s.Configuration, str | None]:
+    raise TemporaryError("this client was not given a way to load its credentials again")
+
+
 class KubeClient:
-    """The API groups we use plus the retrying, error-mapping `call`."""
+    """The API groups we use plus the retrying, error-mapping `call`.
+
+    `load` loads the credentials again as at the start (see `credentials`); `backoff` is the
+    provider's `credentials-backoff`, on `clock`; `on_change` hears when the credentials
+    become refused or accepted again."""
 
     def __init__(self, configuration: k8s.Configuration, context: str | None,
-                 retry: RetryPolicy) -> None:
+                 retry: RetryPolicy, provider: str = "", load: Loader | None = None,
+                 backoff: tuple[float, ...] = (1.0,), clock: Clock = SYSTEM_CLOCK,
+                 on_change: Callable[[], None] | None = None) -> None:
         self.configuration = configuration
         self.context = context
         self.retry = retry
@@ -164,6 +193,9 @@ class KubeClient:
         self.core = k8s.CoreV1Api(self.api_client)
         self.rbac = k8s.RbacAuthorizationV1Api(self.api_client)
         self.networking = k8s.NetworkingV1Api(self.api_client)
+        self.credentials = Credentials(provider or str(context), configuration, context,
+                                       load or _cannot_reload, self.api_client, backoff,
+                                       clock, on_change)
 
     @property
     def host(self) -> str:
@@ -208,26 +240,9 @@ class KubeClient:
         attempts = self.retry.retries + 1
         for attempt in range(1, attempts + 1):
             try:
-                deadline = time.monotonic() + self.retry.timeout
-                response = fn(*args, _preload_content=False, **kwargs)
-                try:
-                    data = _read_body(response, deadline, what, self.retry.timeout)
-                except BaseException:
-                    response.close()  # a half-read answer must not go back to the pool
-                    raise
-                finally:
-                    response.release_conn()
-                body = json.loads(data) if data else {}
-                if not isinstance(body, dict):
-                    # Every API answer is an object; a list or a string (a proxy's, a
-                    # broken server's) must not be read as an object missing its fields.
-                    raise TemporaryError(f"{what}: bad response: a JSON "
-                                         f"{type(body).__name__}, not an object")
-                return body
-            except Exception as exc:  # noqa: BLE001 - mapped right here
-                error = map_api_error(exc, what)
-                if error is not exc:
-                    error.__cause__ = exc
+                return self._authenticated(lambda: self._once(what, fn, args, kwargs))
+            except NodepoolError as exc:
+                error = exc
             if created_ok and attempt > 1 and isinstance(error, Conflict):
                 log.debug("%s: already exists after a retried create; accepting", what)
                 return {}
@@ -243,14 +258,65 @@ class KubeClient:
                 raise error
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def _once(self, what: str, fn: Callable[..., Any], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> dict[str, Any]:
+        """One request and its decoded answer; any failure as a mapped NodepoolError."""
+        try:
+            deadline = time.monotonic() + self.retry.timeout
+            response = fn(*args, _preload_content=False, **kwargs)
+            try:
+                data = _read_body(response, deadline, what, self.retry.timeout)
+            except BaseException:
+                response.close()  # a half-read answer must not go back to the pool
+                raise
+            finally:
+                response.release_conn()
+            body = json.loads(data) if data else {}
+            if not isinstance(body, dict):
+                # Every API answer is an object; a list or a string (a proxy's, a broken
+                # server's) must not be read as an object missing its fields.
+                raise TemporaryError(f"{what}: bad response: a JSON "
+                                     f"{type(body).__name__}, not an object")
+            return body
+        except Exception as exc:  # noqa: BLE001 - mapped right here
+            error = map_api_error(exc, what)
+            if error is exc:
+                raise
+            raise error from exc
+
+    def _authenticated(self, send: Callable[[], T]) -> T:
+        """`send()`; after a 401, once more if the credentials could be loaded again.
+
+        A 401 is about the launcher, not the request: repeating it with the API backoff
+        cannot help, new credentials can (`credentials.Credentials.rejected` says whether
+        there are any, and keeps the reloads to its own backoff)."""
+        credentials = self.credentials
+        generation = credentials.generation
+        try:
+            result = send()
+        except Unauthorized as error:
+            if not credentials.rejected(generation, error):
+                raise credentials.refusal(error) from error
+            generation = credentials.generation
+            try:
+                result = send()
+            except Unauthorized as again:
+                credentials.rejected(generation, again)  # noted; repeated no further
+                raise credentials.refusal(again) from again
+        credentials.accepted()
+        return result
+
     def stream(self, what: str, fn: Callable[..., Any], *args: Any,
                read_timeout: float, **kwargs: Any) -> Any:
-        """Open a watch: the raw urllib3 response (single attempt; the caller loops)."""
-        try:
-            return fn(*args, watch=True, _preload_content=False,
-                      _request_timeout=(self.retry.timeout, read_timeout), **kwargs)
-        except Exception as exc:  # noqa: BLE001 - mapped right here
-            raise map_api_error(exc, what) from exc
+        """Open a watch: the raw urllib3 response (single attempt, sent once more only after
+        a 401 for which credentials could be loaded again; the caller loops)."""
+        def open_watch() -> Any:
+            try:
+                return fn(*args, watch=True, _preload_content=False,
+                          _request_timeout=(self.retry.timeout, read_timeout), **kwargs)
+            except Exception as exc:  # noqa: BLE001 - mapped right here
+                raise map_api_error(exc, what) from exc
+        return self._authenticated(open_watch)
 
     def close(self) -> None:
         try:
@@ -259,6 +325,19 @@ class KubeClient:
             log.debug("closing the API client failed", exc_info=True)
 
 
-def connect(config: ProviderConfig, kubeconfig: str | None, pool_maxsize: int) -> KubeClient:
-    configuration, used = load_configuration(config.context, kubeconfig, pool_maxsize)
-    return KubeClient(configuration, used, RetryPolicy.from_config(config))
+def connect(config: ProviderConfig, kubeconfig: str | None, pool_maxsize: int,
+            clock: Clock = SYSTEM_CLOCK, on_change: Callable[[], None] | None = None,
+            service_account: str = SERVICE_ACCOUNT_DIR) -> KubeClient:
+    """A client for `config`'s context whose credentials are loaded again, from the same
+    place, when the API server refuses them (see `credentials`)."""
+    def load() -> tuple[k8s.Configuration, str | None]:
+        return load_configuration(config.context, kubeconfig, pool_maxsize, service_account)
+
+    configuration, used = load()
+    if not configuration.verify_ssl:
+        # The operator chose insecure-skip-tls-verify: say so once, not on every request.
+        log.warning("TLS verification is off for context %s (%s)", used, configuration.host)
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+    return KubeClient(configuration, used, RetryPolicy.from_config(config), provider=config.name,
+                      load=load, backoff=tuple(config.credentials_backoff), clock=clock,
+                      on_change=on_change)

@@ -11,10 +11,16 @@ Mapping:
     404 -> NotFound                       409 -> Conflict (PermanentError)
     410 -> Gone (watch resource version expired; callers re-list)
     403 "exceeded quota" -> QuotaExceeded  403 missing default service account -> TemporaryError
-    403 other -> Forbidden                 401 -> Unauthorized
+    403 other -> Forbidden                 401 -> Unauthorized (ProviderUnavailable)
     400/422 -> Invalid
     429, 5xx, status 0 (TLS), urllib3/socket errors -> TemporaryError
 Retry-After (seconds) becomes `TemporaryError.delay`.
+
+A 401 says nothing about the object or the label: the server refused the launcher's own
+credentials. `Unauthorized` is therefore a `ProviderUnavailable` (the core keeps requests
+waiting and counts no failure), and `KubeClient.call` does not repeat it with the API
+backoff: `credentials.Credentials` decides when loading the credentials again may help.
+A 403 stays `Forbidden`: the credentials were accepted and lack a permission.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from nodepool_k8s.exceptions import (NodepoolError, NotFound, PermanentError,
-                                     QuotaExceeded, TemporaryError)
+                                     ProviderUnavailable, QuotaExceeded, TemporaryError)
 from nodepool_k8s.records import clip
 
 
@@ -39,8 +45,11 @@ class Forbidden(PermanentError):
     """403 for a reason other than quota: the launcher lacks a permission."""
 
 
-class Unauthorized(PermanentError):
-    """401: the launcher's credentials were rejected."""
+class Unauthorized(ProviderUnavailable):
+    """401: the API server refused the launcher's credentials (expired, rotated, revoked)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, reason="Unauthorized")
 
 
 class Invalid(PermanentError):
@@ -133,5 +142,7 @@ def map_api_error(exc: BaseException, what: str) -> NodepoolError:
 
 
 def is_retryable(error: NodepoolError) -> bool:
-    """Whether the API call itself should be repeated (quota refusals are not)."""
-    return isinstance(error, TemporaryError) and not isinstance(error, (QuotaExceeded, Gone))
+    """Whether the API call itself should be repeated with the API backoff (quota refusals
+    are not, nor refused credentials: those have their own backoff, see `credentials`)."""
+    return isinstance(error, TemporaryError) \
+        and not isinstance(error, (QuotaExceeded, Gone, ProviderUnavailable))

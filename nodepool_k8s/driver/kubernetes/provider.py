@@ -19,9 +19,13 @@ the DELETE names the uid that GET saw, so an object replaced in between is not d
 How it fails (see `driver.base` for the contract): every failed launch attempt first deletes
 its namespace (best effort, ownership-checked, confirmed within `cleanup_timeout` unless
 cancelled; whatever is left carries our labels for the leak sweeper) and then raises
-LaunchError (with `reason`), QuotaExceeded, or TemporaryError. `delete` raises NotOwned when
-the namespace is not provably ours (nothing is sent), TemporaryError until the namespace is
-confirmed gone. `list_resources` raises TemporaryError when listing fails.
+LaunchError (with `reason`), QuotaExceeded, or TemporaryError. Refused credentials (401,
+still refused after loading them again, see `credentials`) raise `errors.Unauthorized`, a
+ProviderUnavailable: the provider's trouble, not the label's; `credentials_condition` shows
+it and `reload_credentials` reads them again when the operator reloads the configuration.
+`delete` raises NotOwned when the namespace is not provably ours (nothing is sent),
+TemporaryError until the namespace is confirmed gone. `list_resources` raises
+TemporaryError when listing fails.
 """
 
 from __future__ import annotations
@@ -44,7 +48,8 @@ from nodepool_k8s.driver.base import (CloudResource, LaunchResult, LaunchSpec, P
                                       Provider)
 from nodepool_k8s.driver.kubernetes import guards, manifests
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
-from nodepool_k8s.driver.kubernetes.client import KubeClient, Sleeper, connect
+from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
+                                                   connect)
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
 from nodepool_k8s.driver.kubernetes.events import EventRecorder
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
@@ -53,7 +58,7 @@ from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finishe
                                                    wait_namespace_deleted, wait_namespace_gone)
 from nodepool_k8s.exceptions import (DeletionUnderway, LaunchCancelled, LaunchError,
                                      NodepoolError, NotFound, NotOwned, PermanentError,
-                                     QuotaExceeded, TemporaryError)
+                                     ProviderUnavailable, QuotaExceeded, TemporaryError)
 from nodepool_k8s.model import Resources
 
 log = logging.getLogger(__name__)
@@ -94,6 +99,8 @@ class KubernetesSettings:
     # None in production: waits wake on events, cancel and deadline, never on a tick. Tests
     # on a ManualClock set one (its time moves without waking anyone).
     wait_tick: float | None = None
+    # Where the pod's service account is mounted, when there is no kubeconfig (in-cluster).
+    service_account: str = SERVICE_ACCOUNT_DIR
 
 
 class ConnectionData(dict):  # type: ignore[type-arg]
@@ -175,7 +182,9 @@ class KubernetesProvider:
                 return
             pool_size = max(self.settings.connection_pool_maxsize,
                             self.config.max_concurrency + 8)
-            client = connect(self.config, self._kubeconfig, pool_size)
+            client = connect(self.config, self._kubeconfig, pool_size, clock=self._clock,
+                             on_change=self._credentials_changed,
+                             service_account=self.settings.service_account)
             selector = self.selector
             watches = {
                 "pods": ObjectWatch("pods", client, client.core.list_pod_for_all_namespaces,
@@ -222,6 +231,30 @@ class KubernetesProvider:
                 watch.stop()
         if client is not None:
             client.close()
+
+    # -- credentials -------------------------------------------------------------------------
+
+    def reload_credentials(self) -> bool:
+        """Read the kubeconfig (or the in-cluster files) again now: the operator reloaded
+        the configuration. False when it now names another server or trust, which a running
+        provider does not follow: the launcher replaces it then."""
+        with self._lock:
+            client = self._client
+        return True if client is None else client.credentials.reload_now()
+
+    def credentials_condition(self) -> dict[str, Any] | None:
+        """The `Credentials` condition of the provider's pools (None: not started)."""
+        with self._lock:
+            client = self._client
+        return None if client is None else client.credentials.condition()
+
+    def _credentials_changed(self) -> None:
+        # Refused, or accepted again: the pool workers look again (their status shows it,
+        # and requests waiting for the provider can go on at once).
+        with self._lock:
+            listeners = list(self._capacity_listeners)
+        for listener in listeners:
+            listener()
 
     def watches_synced(self) -> bool:
         """True once the shared pod and namespace watches (and the capacity watches, when
@@ -380,10 +413,12 @@ class KubernetesProvider:
                 # Not ours to delete: perhaps an earlier attempt still Terminating.
                 _log(spec).warning("Namespace %s exists already; using a fresh name", name)
             except NodepoolError as exc:
-                if isinstance(exc, TemporaryError):
+                if isinstance(exc, TemporaryError) \
+                        and not isinstance(exc, ProviderUnavailable):
                     # The create may have reached the server before the answer was lost
                     # (a timeout): remove that name too, without waiting, but only if a GET
-                    # shows it carries this installation's and this node's labels.
+                    # shows it carries this installation's and this node's labels. (A 401
+                    # is answered before anything is created.)
                     self._discard(client, name, spec.node_id, cancelled=True)
                 raise
         raise LaunchError(f"no free namespace name for node {spec.node_id}",
@@ -734,7 +769,9 @@ class KubernetesProvider:
         return capacity.condition(pool.labels.values())
 
     def on_capacity_change(self, listener: Callable[[], None]) -> None:
-        """Call `listener` (coalesced, on a watch thread) when capacity may have changed."""
+        """Call `listener` (coalesced, on a watch thread) when capacity may have changed,
+        and when the credentials become refused or accepted again (on the thread that
+        found out)."""
         with self._lock:
             self._capacity_listeners.append(listener)
             if self._capacity is not None:
@@ -754,6 +791,8 @@ def _reason_of(exc: BaseException) -> str:
     """The bounded reason (`conditions.REASONS`) of what a failed attempt raises."""
     if isinstance(exc, QuotaExceeded):
         return "QuotaExceeded"
+    if isinstance(exc, ProviderUnavailable):
+        return cond.reason(exc.reason)
     if isinstance(exc, LaunchError):
         return cond.reason(exc.reason)
     if isinstance(exc, TemporaryError):
@@ -779,7 +818,8 @@ def _as_launch_failure(exc: BaseException, cancel: threading.Event) -> BaseExcep
         # Someone removed or raced our objects mid-launch: a fresh attempt can succeed.
         return LaunchError(str(exc), reason=type(exc).__name__)
     if isinstance(exc, PermanentError):
-        # Forbidden/Unauthorized and the like: an operator must act first.
+        # Forbidden and the like: an operator must act first. (Unauthorized is a
+        # ProviderUnavailable, a TemporaryError, passed on above: the core waits.)
         return LaunchError(str(exc), reason=type(exc).__name__, retryable=False)
     return None
 

@@ -15,7 +15,8 @@ fallback for a namespace without our labels, which the shared watch never sees.
 How it fails: a watch that ends is resumed from the last resourceVersion; 410 Gone (or an
 ERROR event with code 410) triggers a fresh list that replaces the cache (objects missing
 from it count as deleted); any other error is logged and the list+watch is restarted after a
-backoff. The backoff grows with consecutive failures and is only reset by a watch that
+backoff (refused credentials only at DEBUG: `credentials` reports those once for the whole
+provider). The backoff grows with consecutive failures and is only reset by a watch that
 delivered events and lasted `MIN_HEALTHY_WATCH` seconds: a watch that fails while the list
 succeeds (e.g. watch forbidden, list allowed) does not relist every 0.2 s forever, and
 neither does a server that ends every watch at once, with or without an event first. One
@@ -47,7 +48,7 @@ from nodepool_k8s.clock import Clock
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.errors import Gone, map_api_error
 from nodepool_k8s.exceptions import (BootTimeout, LaunchCancelled, LaunchError, NotFound,
-                                     TemporaryError)
+                                     ProviderUnavailable, TemporaryError)
 
 log = logging.getLogger(__name__)
 
@@ -370,7 +371,9 @@ class ObjectWatch:
                 failures += 1
                 text, now = str(exc), self._clock.monotonic()
                 level = logging.DEBUG
-                if reported is None or reported[0] != text \
+                if isinstance(exc, ProviderUnavailable):
+                    pass  # refused credentials: reported once by the client, not per watch
+                elif reported is None or reported[0] != text \
                         or now - reported[1] >= REPEAT_LOG_INTERVAL:
                     level, reported = logging.WARNING, (text, now)
                 log.log(level, "%s watch failed (#%d), restarting in %.1fs: %s", self.kind,
