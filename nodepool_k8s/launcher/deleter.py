@@ -106,7 +106,6 @@ class Parked:
 
     node: Node
     lock: HeldLock
-    provider: Provider
     reason: str
     due: float  # ask the provider again by then (monotonic), even without its notice
 
@@ -374,7 +373,13 @@ class NodeDeleter:
                          node_id, records.clip(parked.node.external_id or ""))
                 parked.lock.release()
                 return Outcome.FAILED
-            return self._proceed(parked.node, parked.lock, parked.provider, parked.reason)
+            # The provider now configured under that name: a reload may have replaced the
+            # one that took the deletion (its watch's stop is what woke us).
+            provider = self.engine.providers.get(parked.node.provider or "")
+            if provider is None:
+                parked.lock.release()
+                return Outcome.DONE  # not one of ours any more
+            return self._proceed(parked.node, parked.lock, provider, parked.reason)
         self._run(node_id, proceed)
 
     def _run(self, node_id: str, fn: Callable[[], "Outcome | Parked"]) -> None:
@@ -439,7 +444,7 @@ class NodeDeleter:
                 keep_lock = True
                 nlog.debug("Deletion of %s underway: %s", records.clip(node.external_id or ""),
                            exc)
-                return Parked(node, lock, provider, reason,
+                return Parked(node, lock, reason,
                               due=engine.clock.monotonic() + max(exc.recheck_in, 0.0))
             except (ZkSessionLost, ZkConnectionError):
                 raise  # ZooKeeper, not the resource: interrupted (see _run)

@@ -33,8 +33,8 @@ from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import events as zk_events
 from tests.e2e.util import (KubeEventLog, NamespaceLog, admin_api, leftovers, our_namespaces,
                             provider_factory, wait_cluster_empty)
-from tests.helpers import wait_for
-from tests.launchers import TEST_SETTINGS, LauncherFactory
+from tests.helpers import ZkConnection, wait_for
+from tests.launchers import TEST_SETTINGS, LauncherFactory, make_config
 
 CONFIG = """
 labels:
@@ -424,6 +424,34 @@ def test_a_release_burst_is_not_bound_by_deleter_threads(
     assert_clean(k8s_sim, kazoo_client)
     wait_for(lambda: launcher.deleter.deleted == 6, message="the deleter's count")
     assert launcher.deleter.parked() == 0
+    assert not [k for k in incr_keys(launcher) if "error" in k or "leaked" in k]
+
+
+def test_parked_deletions_survive_a_provider_replaced_by_a_reload(
+        zk: ZkConnection, launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
+        kazoo_client: KazooClient) -> None:
+    """A configuration reload that changes the provider replaces it, and the old one's
+    namespace watch stops: the deletions it had parked are handed to the new provider at
+    once (not after `delete-timeout`, 300 s), and finish when their namespaces go."""
+    launcher = launchers(CONFIG)
+    nodesets = []
+    for request_id in [zuul.submit(["ns"]) for _ in range(2)]:
+        assert (zuul.wait(request_id, 30) or {}).get("state") == "fulfilled"
+        nodeset = zuul.accept(request_id)
+        zuul.use(nodeset)
+        nodesets.append(nodeset)
+    k8s_sim.set_faults(namespace_delete_hang=True)
+    for nodeset in nodesets:
+        zuul.release(nodeset)
+    wait_for(lambda: launcher.deleter.parked() == 2, 20, message="two deletions parked")
+    old = launcher.engine.providers["k8s"]
+    launcher.reload(make_config(zk, CONFIG.replace("launch-retries: 3", "launch-retries: 4")))
+    assert launcher.engine.providers["k8s"] is not old
+    wait_for(lambda: launcher.deleter.parked() == 2 and all(
+        launcher.deleter.busy(node.id) for nodeset in nodesets for node in nodeset.nodes),
+        20, message="the deletions parked again with the new provider")
+    k8s_sim.set_faults(namespace_delete_hang=False)
+    assert_clean(k8s_sim, kazoo_client)
     assert not [k for k in incr_keys(launcher) if "error" in k or "leaked" in k]
 
 

@@ -79,6 +79,9 @@ DELETE_ROUNDS = 3
 MAX_REFUSED = 1024
 # Terminating namespaces whose deletion deadline is remembered between `delete` calls.
 MAX_TRACKED_DELETIONS = 4096
+# A deletion handed back as underway while the namespace watch cannot report its end is
+# looked at again after this many seconds.
+UNWATCHED_RECHECK = 2.0
 
 
 @dataclass(frozen=True)
@@ -581,10 +584,15 @@ class KubernetesProvider:
                 if on_gone is not None and self._owns(response):
                     remaining = deadline - self._clock.monotonic()
                     uid = object_uid(response)
-                    if remaining > 0 and uid and self._namespace_watch().notify_gone(
-                            "", name, uid, on_gone):
-                        raise DeletionUnderway(f"namespace {name} is terminating",
-                                               recheck_in=remaining)
+                    if remaining > 0 and uid:
+                        if self._namespace_watch().notify_gone("", name, uid, on_gone):
+                            raise DeletionUnderway(f"namespace {name} is terminating",
+                                                   recheck_in=remaining)
+                        # The watch cannot tell yet (not synced, say after this provider
+                        # replaced another): ask again soon rather than hold a thread.
+                        raise DeletionUnderway(
+                            f"namespace {name} is terminating (the namespace watch cannot"
+                            " tell yet)", recheck_in=min(remaining, UNWATCHED_RECHECK))
                 self._wait_gone(client, name, response, deadline)
             return
         raise TemporaryError(f"namespace {name} kept changing while being deleted")

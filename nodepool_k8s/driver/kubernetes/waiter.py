@@ -72,7 +72,8 @@ class _GoneNotice:
 
     def set(self) -> None:
         current = self._watch._objects.get(self._key)
-        if self._fired or (current is not None and object_uid(current) == self._uid):
+        if self._fired or (current is not None and object_uid(current) == self._uid
+                           and not self._watch._stopped.is_set()):
             return
         self._fired = True
         waiters = self._watch._waiters.get(self._key)
@@ -308,7 +309,8 @@ class ObjectWatch:
     def notify_gone(self, namespace: str, name: str, uid: str,
                     fn: Callable[[], None]) -> bool:
         """Call `fn()` once when the cached object of `uid` leaves the cache (a DELETED
-        event, a re-list without it, or another object of that name): no thread waits.
+        event, a re-list without it, or another object of that name), or when this watch
+        stops (it will tell nothing more; the caller asks again): no thread waits.
 
         `fn` runs on the watch thread with the watch's lock held: it must only hand work
         on (submit, set an event), never block or call back into this watch. False, with
@@ -328,8 +330,9 @@ class ObjectWatch:
 
     def _wake_all(self) -> None:
         with self._lock:
-            for events in self._waiters.values():
-                for event in events:
+            # Copies: a `_GoneNotice` that fires takes itself out of these.
+            for events in list(self._waiters.values()):
+                for event in list(events):
                     event.set()
 
     # -- the list+watch loop -----------------------------------------------------------------
