@@ -19,7 +19,6 @@ Aspects:
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import pytest
@@ -212,7 +211,6 @@ def test_image_pull_backoff_fails_fast(launchers: LauncherFactory, zuul: ZuulCli
     failed pulls) ends the attempt as soon as it is seen."""
     k8s_sim.config.start_delay = 3600.0  # pods are scheduled but never start by themselves
     launcher = launchers(CONFIG)
-    started = time.monotonic()
     request_id = zuul.submit(["pod"])
     for attempt in range(3):
         namespace = wait_for(lambda: (namespace_log.names("main-")[attempt:] or [None])[0],
@@ -226,9 +224,11 @@ def test_image_pull_backoff_fails_fast(launchers: LauncherFactory, zuul: ZuulCli
             "state": {"waiting": {"reason": "ImagePullBackOff",
                                   "message": 'Back-off pulling image "docker.io/fedora:40"'}},
         }]}}, namespace=namespace)
+    # Fast failure is each attempt failing with the container's reason, not BootTimeout
+    # (the pods never start: waiting them out would be three attempts of 600 s, which
+    # the wait's deadline also keeps from hanging the run).
     body = zuul.wait(request_id, 60)
     assert body is not None and body["state"] == "failed", body
-    assert time.monotonic() - started < BOOT_TIMEOUT / 20
     assert failed_attempts(launcher) == [(1, "ImagePullBackOff"), (2, "ImagePullBackOff"),
                                          (3, "ImagePullBackOff")]
     attempt_names(namespace_log, 3)
@@ -245,7 +245,6 @@ def test_unschedulable_past_grace_fails(launchers: LauncherFactory, zuul: ZuulCl
     sets the same value from the configuration)."""
     k8s_sim.set_faults(unschedulable=True)
     launcher = launchers(CONFIG, provider_factory=provider_factory(unschedulable_grace=0.5))
-    started = time.monotonic()
     request_id = zuul.submit(["pod"])
     body = zuul.wait(request_id, BOOT_TIMEOUT / 20)
     assert body is not None and body["state"] == "failed", body
@@ -255,9 +254,10 @@ def test_unschedulable_past_grace_fails(launchers: LauncherFactory, zuul: ZuulCl
     entry = assert_failure_recorded(launcher, kube_events, zk_events.LAUNCH_FAILED,
                                     {"Unschedulable"}, "Initialized")
     assert "Insufficient" in entry["message"] or "node" in entry["message"], entry
+    # The attempt gave up on the configured grace (that it waits the grace out before
+    # giving up is checked on a clock the test moves, in tests/kubernetes/test_failures.py).
+    assert "unschedulable for 0.5s" in entry["message"], entry
     assert body["declined_reasons"][pool_id(launcher)]["reason"] == "Unschedulable"
-    # Each attempt waited out its grace before giving up (a lower bound, not a speed check).
-    assert time.monotonic() - started >= 3 * 0.5
     attempt_names(namespace_log, 3)
     zuul.cancel(request_id)
     assert_clean(k8s_sim, kazoo_client)

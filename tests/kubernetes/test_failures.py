@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -31,6 +30,7 @@ OURS = "nodepool_provider_name=kubespray"
 POD = make_label("pod-fedora", image="docker.io/fedora:40", boot_timeout=60)
 BAD_POD = make_label("pod-bad", image="registry.example/bad/image:1", boot_timeout=60)
 NS = make_label("k8s-namespace", "namespace", boot_timeout=60)
+DAY_POD = make_label("pod-fedora", image="docker.io/fedora:40", boot_timeout=86400)
 
 
 def _no_namespaces_left(sim: Simulator) -> bool:
@@ -72,12 +72,28 @@ def test_api_errors_beyond_retries_raise_temporary_and_clean_up(
     wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
+class _RecordingCancel(threading.Event):
+    """A launch's cancel event that records how long each wait on it was asked to take
+    (a launch waits on it between retries, so that a cancel cuts the back-off short)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float | None] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout)
+        return super().wait(timeout)
+
+
 def test_retry_after_is_honoured(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     provider = make_k8s_provider(sim, NS, api_backoff=(0.01,))
     sim.fail_next("create", "serviceaccounts", count=1, code=429)
-    started = time.monotonic()
-    _launch(provider, "k8s-namespace")
-    assert time.monotonic() - started >= 1.0  # the simulator sends Retry-After: 1
+    cancel = _RecordingCancel()
+    _launch(provider, "k8s-namespace", cancel=cancel)
+    assert sim.counters["create serviceaccounts"] == 2  # refused once, then made it
+    # The one back-off waited the server's Retry-After (the simulator sends 1), not the
+    # provider's 0.01 s api-backoff.
+    assert cancel.waits == [1.0]
 
 
 def test_one_request_per_attempt_when_refused_with_retry_after(
@@ -278,13 +294,24 @@ def test_image_pull_failure_fails_fast(make_sim: Any, make_k8s_provider: Provide
                                        backoff_delay: float, reasons: set[str]) -> None:
     sim = make_sim(image_pull_backoff_delay=backoff_delay)
     sim.set_faults(image_pull_fail=("*bad*",))
-    provider = make_k8s_provider(sim, BAD_POD)
-    started = time.monotonic()
-    with pytest.raises(LaunchError) as info:
-        _launch(provider, "pod-bad")
-    assert info.value.reason in reasons
-    assert info.value.retryable
-    assert time.monotonic() - started < 10  # boot_timeout is 60
+    # On a clock that never moves the 60 s boot timeout cannot end the launch: only the
+    # pull failure can (the join's deadline only keeps a regression from hanging the run).
+    provider = make_k8s_provider(sim, BAD_POD, clock=ManualClock())
+    outcome: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            _launch(provider, "pod-bad")
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the launch did not fail on the image pull failure"
+    [error] = outcome
+    assert isinstance(error, LaunchError) and error.reason in reasons, error
+    assert error.retryable
     wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
@@ -384,7 +411,10 @@ def test_boot_timeout(make_sim: Any, make_k8s_provider: ProviderFactory) -> None
 
 def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
     sim = make_sim(start_delay=3600)
-    provider = make_k8s_provider(sim, POD)
+    # No wait tick (as in the daemon): the launch's wait ends on an event, a cancel, or
+    # after the time left to its boot timeout, a day on a clock that never moves.
+    provider = make_k8s_provider(sim, DAY_POD, clock=ManualClock(),
+                                 settings=dataclasses.replace(FAST, wait_tick=None))
     cancel = CancelEvent()  # what the core passes: setting it wakes the waiting launch
     outcome: dict[str, BaseException] = {}
     progressed = threading.Event()
@@ -401,10 +431,11 @@ def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: Provider
     assert progressed.wait(10)
     wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
              message="the pod to exist")
-    started = time.monotonic()
     cancel.set()
-    thread.join(5)
-    assert time.monotonic() - started < 2
+    # Only the cancel waking the launch's wait can end it (the join's deadline only keeps
+    # a regression from hanging the run for a day).
+    thread.join(60)
+    assert not thread.is_alive(), "the cancel did not end the launch"
     error = outcome["error"]
     assert isinstance(error, LaunchCancelled) and error.reason == "Cancelled"
     wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")

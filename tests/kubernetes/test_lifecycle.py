@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
 from nodepool_k8s.exceptions import DeletionUnderway, NotOwned, TemporaryError
 from nodepool_k8s.simulator import Simulator
@@ -84,14 +85,34 @@ def test_concurrent_deletes_both_wait(make_sim: Any,
 
 def test_hanging_deletion_raises_then_succeeds(sim: Simulator,
                                                make_k8s_provider: ProviderFactory) -> None:
-    provider = make_k8s_provider(sim, NS,
+    # The deletion timeout runs on the provider's clock, which only the test moves: the
+    # hanging deletion gives up once that clock has passed `delete-timeout`, not before.
+    clock = ManualClock()
+    provider = make_k8s_provider(sim, NS, clock=clock,
                                  settings=dataclasses.replace(FAST, delete_timeout=0.5))
     result = _launch(provider)
     sim.set_faults(namespace_delete_hang=True)
-    started = time.monotonic()
-    with pytest.raises(TemporaryError):
-        provider.delete(result.external_id)
-    assert time.monotonic() - started < 3
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            provider.delete(result.external_id)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    wait_for(lambda: ((sim.get("namespaces", result.external_id) or {}).get("status") or {})
+             .get("phase") == "Terminating", message="the deletion to be under way")
+    clock.advance(0.4)
+    thread.join(0.1)  # given the chance, it must keep waiting: the timeout is not up
+    assert thread.is_alive() and outcome == []
+    clock.advance(0.2)
+    thread.join(60)  # (only keeps a regression from hanging the run)
+    assert not thread.is_alive(), "the deletion did not give up after its timeout"
+    [error] = outcome
+    assert isinstance(error, TemporaryError) and "deletion timeout" in str(error), error
     assert sim.get("namespaces", result.external_id)["status"]["phase"] == "Terminating"
     sim.set_faults(namespace_delete_hang=False)
     provider.delete(result.external_id)
@@ -308,11 +329,12 @@ def test_watches_recover_from_errors(sim: Simulator, make_k8s_provider: Provider
 
 
 def test_stop_ends_watch_threads(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
-    provider = make_k8s_provider(sim, NS)
+    # Streams the server keeps open for an hour: only the provider closing them ends them
+    # (stop waits for each watch thread a few seconds at most, then returns regardless).
+    provider = make_k8s_provider(sim, NS,
+                                 settings=dataclasses.replace(FAST, watch_timeout=3600))
     wait_for(lambda: sim.open_watches == 2, message="the two shared watches to open")
-    started = time.monotonic()
     provider.stop()
-    assert time.monotonic() - started < 5
     assert not [t for t in threading.enumerate() if t.name.startswith("k8s-watch-")
                 and t.is_alive()]
     wait_for(lambda: sim.open_watches == 0, message="the watches to close")

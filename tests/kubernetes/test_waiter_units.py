@@ -10,7 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
-import time
+from types import SimpleNamespace
 from typing import Any, Iterator
 
 import pytest
@@ -18,6 +18,7 @@ import pytest
 from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.clock import SYSTEM_CLOCK, ManualClock
 from nodepool_k8s.driver.kubernetes import client as kclient
+from nodepool_k8s.driver.kubernetes import waiter
 from nodepool_k8s.driver.kubernetes.errors import Gone
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch, iter_events, wait_namespace_deleted
 from nodepool_k8s.exceptions import LaunchCancelled, LaunchError, NotFound, TemporaryError
@@ -317,16 +318,25 @@ def test_a_newer_namespace_of_the_same_name_means_ours_is_gone() -> None:
     assert client.reads == 0
 
 
-def test_a_watch_that_never_saw_it_reads_once() -> None:
+def test_a_watch_that_never_saw_it_reads_once(monkeypatch: pytest.MonkeyPatch) -> None:
     # Not synced (e.g. the launcher just started): one read; 404 is gone.
     watch, client = _ns_watch(synced=False), _Reads(None)
     _confirm(watch, client)
     assert client.reads == 1
     # Synced but the namespace is unknown to it: trusted for `ask_after`, then one read.
+    # (`ask_after` is on the module's monotonic clock, which the test holds and moves.)
+    now = [500.0]
+    monkeypatch.setattr(waiter, "time", SimpleNamespace(monotonic=lambda: now[0]))
     watch, client = _ns_watch(), _Reads(None)
-    started = time.monotonic()
-    _confirm(watch, client, ask_after=0.2)
-    assert client.reads == 1 and time.monotonic() - started >= 0.2
+    thread, outcome = _in_thread(lambda: _confirm(watch, client, ask_after=2.0))
+    thread.join(0.1)  # given the chance, it must neither read nor finish
+    assert thread.is_alive() and outcome == [] and client.reads == 0
+    now[0] += 1.0  # half of `ask_after`: still trusted
+    thread.join(0.1)
+    assert thread.is_alive() and outcome == [] and client.reads == 0
+    now[0] += 1.0
+    thread.join(5)
+    assert outcome == [None] and client.reads == 1
 
 
 def test_after_the_read_the_watch_answers() -> None:

@@ -5,8 +5,9 @@ per supported label, counts nodes by state, provider and label, and counts addre
 requests per pool (any state, labels a subset of the pool's); `config_gauges` caps the pools'
 max-servers by the provider's and reports tenant limits; `Stats.gauges` skips infinite
 values and batches through the statsd pipeline; the reporter reports a vanished key once
-more as 0; the in-process counters feed Prometheus; sd_notify messages; a stats leader whose
-session expires loses the lead and contends again.
+more as 0, and at most once a second (a burst of changes waits, then costs one report); the
+in-process counters feed Prometheus; sd_notify messages; a stats leader whose session
+expires loses the lead and contends again.
 """
 
 from __future__ import annotations
@@ -16,11 +17,16 @@ import os
 import shutil
 import socket
 import tempfile
+import threading
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from nodepool_k8s import model, sdnotify, stats
 from nodepool_k8s.config.loader import load_config_text
+from nodepool_k8s.launcher import gauges
 from nodepool_k8s.launcher.gauges import GaugeReporter, config_gauges, global_gauges
 from nodepool_k8s.model import NodeRequest
 from nodepool_k8s.zk.cache import Component
@@ -182,6 +188,44 @@ def test_reporter_zeroes_vanished_keys() -> None:
     backend.sent.clear()
     reporter.report()
     assert "nodepool.provider.gone.nodes.ready" not in backend.keys("gauge")
+
+
+def test_reporter_rate_limits_a_burst_of_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The rate limit runs on the module's monotonic clock, held still here and moved by the
+    # test; the reporter's waits for the rest of an interval are recorded.
+    now = [1000.0]
+    monkeypatch.setattr(gauges, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    waits: list[float | None] = []
+
+    class Stop(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            waits.append(timeout)
+            return super().wait(timeout)
+
+    zk: Any = SimpleNamespace(connected=True)
+    reporter = GaugeReporter(zk, stats.Stats(stats.RecordingBackend()), Cache([]), Cache([]),
+                             Cache([]), identifier="test-1")
+    assert reporter.min_interval == gauges.MIN_INTERVAL == 1.0  # Nodepool's: once a second
+    reporter._stop = Stop()
+    thread = threading.Thread(target=reporter._lead, args=(SimpleNamespace(held=True),),
+                              daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: reporter.reports == 1, message="the first report, at once")
+        for _ in range(5):
+            reporter.changed()
+        # A burst right after a report waits for the rest of the interval (all of it:
+        # the clock has not moved), however often it looks again meanwhile.
+        wait_for(lambda: waits, message="the next report to be put off")
+        assert reporter.reports == 1 and set(waits) == {1.0}, waits
+        now[0] += 1.0
+        # Then the five changes cost one report.
+        wait_for(lambda: reporter.reports == 2, message="the burst's report")
+    finally:
+        reporter._stop.set()
+        reporter._changed.set()
+        thread.join(10)
+    assert not thread.is_alive() and reporter.reports == 2
 
 
 def test_sdnotify_messages() -> None:

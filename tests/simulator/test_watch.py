@@ -7,7 +7,7 @@ import queue
 import socket
 import ssl
 import threading
-import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,6 +15,7 @@ from kubernetes import watch
 from kubernetes.client import ApiException
 
 from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.simulator import watch as sim_watch
 from tests.helpers import wait_for
 from tests.simulator.conftest import Kube
 
@@ -112,20 +113,36 @@ def test_watch_field_selector_on_a_namespace_sees_it_go(kube: Kube) -> None:
         c.stop()
 
 
-def test_watch_timeout_ends_the_stream(kube: Kube) -> None:
+def test_watch_timeout_ends_the_stream(kube: Kube, k8s_sim: Simulator,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    # The stream's clock stands still until the test moves it, and its waits are recorded:
+    # the timeout is observed as the deadline the server sets, then as the end it causes.
+    now = [1000.0]
+    waits: list[float] = []
+
+    def select(rlist: Any, wlist: Any, xlist: Any, timeout: float) -> Any:
+        waits.append(timeout)
+        return real_select.select(rlist, wlist, xlist, timeout)
+
+    real_select = sim_watch.select
+    monkeypatch.setattr(sim_watch, "time", SimpleNamespace(monotonic=lambda: now[0]))
+    monkeypatch.setattr(sim_watch, "select", SimpleNamespace(select=select))
     events: list[Any] = []
-    started = time.monotonic()
     ended = threading.Event()
 
     def stream() -> None:
-        events.extend(watch.Watch().stream(kube.core.list_namespaced_pod, "default",
-                                           timeout_seconds=1))
+        for event in watch.Watch().stream(kube.core.list_namespaced_pod, "default",
+                                          timeout_seconds=1):
+            events.append(event)
         ended.set()
     threading.Thread(target=stream, daemon=True).start()
-    # The server ends the stream by itself: never before the timeout, and not never.
+    wait_for(lambda: waits, message="the stream to wait for events")
+    # Its end is due one second (of its clock) after it started, not before.
+    assert set(waits) == {1.0} and not ended.is_set()
+    now[0] += 1.0
+    # Then the server ends the stream by itself, sending nothing more.
     assert ended.wait(30), "the watch stream did not end after its timeout"
     assert events == []
-    assert time.monotonic() - started >= 0.9
 
 
 def test_resume_after_compaction_gets_410(kube: Kube, k8s_sim: Simulator) -> None:

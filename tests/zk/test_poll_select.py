@@ -3,22 +3,45 @@ version check and self-test pass on the installed kazoo and stop the client on a
 
 from __future__ import annotations
 
+import select
 import socket
-import time
+from types import SimpleNamespace
 
 import pytest
 
 from nodepool_k8s.zk._kazoo_ext import poll_select
 
 
-def test_readable_writable_and_timeout() -> None:
+class _RecordingPoll:
+    """A `select.poll()` object whose waits are recorded (in milliseconds, as poll takes)."""
+
+    def __init__(self, waits: list[int | None]) -> None:
+        self._poll = select.poll()
+        self._waits = waits
+
+    def register(self, fd: int, mask: int) -> None:
+        self._poll.register(fd, mask)
+
+    def poll(self, timeout: int | None = None) -> list[tuple[int, int]]:
+        self._waits.append(timeout)
+        return self._poll.poll(timeout)
+
+
+def test_readable_writable_and_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nodepool_k8s.zk import _kazoo_ext
+    waits: list[int | None] = []
+    monkeypatch.setattr(_kazoo_ext, "select", SimpleNamespace(
+        poll=lambda: _RecordingPoll(waits),
+        **{name: getattr(select, name) for name in dir(select) if name.startswith("POLL")}))
+    monkeypatch.setattr(_kazoo_ext._pollers, "cache", {}, raising=False)  # none reused
     a, b = socket.socketpair()
     try:
         assert poll_select([a], [], [], 0) == ([], [], [])
         assert poll_select([a], [a], [], 0) == ([], [a], [])
-        started = time.monotonic()
+        # Nothing ready: the timeout is waited for, in whole milliseconds (rounded up).
         assert poll_select([a], [], [], 0.05) == ([], [], [])
-        assert time.monotonic() - started >= 0.04
+        assert poll_select([a], [], [], 0.0001) == ([], [], [])
+        assert waits == [0, 0, 50, 1]
         b.send(b"x")
         # Readable wins over writable for one descriptor, as in kazoo's selector_select.
         assert poll_select([a, b], [a], [], 0) == ([a], [], [])
