@@ -33,7 +33,6 @@ the wall clock by an hour used to hold every failed deletion for that hour.
 from __future__ import annotations
 
 import enum
-import functools
 import logging
 import math
 import threading
@@ -108,6 +107,18 @@ class Parked:
     lock: HeldLock
     reason: str
     due: float  # ask the provider again by then (monotonic), even without its notice
+
+
+@dataclass(frozen=True)
+class GoneNotice:
+    """The `on_gone` of a node's deletion: equal for the same node and deleter, so the
+    provider keeps one notice per deletion however often it is asked again."""
+
+    deleter: "NodeDeleter"
+    node_id: str
+
+    def __call__(self) -> None:
+        self.deleter._gone(self.node_id)
 
 
 class NodeWrites(Protocol):
@@ -439,7 +450,7 @@ class NodeDeleter:
             try:
                 done = delete_locked(engine.nodes, node, lock, provider,
                                      now=engine.clock.time, reason=reason,
-                                     on_gone=functools.partial(self._gone, node.id))
+                                     on_gone=GoneNotice(self, node.id))
             except DeletionUnderway as exc:
                 keep_lock = True
                 nlog.debug("Deletion of %s underway: %s", records.clip(node.external_id or ""),

@@ -455,6 +455,35 @@ def test_parked_deletions_survive_a_provider_replaced_by_a_reload(
     assert not [k for k in incr_keys(launcher) if "error" in k or "leaked" in k]
 
 
+def test_a_stuck_deletion_keeps_one_notice_per_namespace(
+        launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
+        kazoo_client: KazooClient) -> None:
+    """A namespace that stays Terminating past `delete-timeout` (a stuck finalizer) makes
+    the deleter ask again and again, each time with a fresh `on_gone`: the namespace watch
+    holds one notice for it, not one more per round (they piled up for as long as the
+    namespace stayed, then all fired at once)."""
+    launcher = launchers(CONFIG.replace("boot-timeout: 600",
+                                        "boot-timeout: 600\n    delete-timeout: 0.5"))
+    request_id = zuul.submit(["ns"])
+    assert (zuul.wait(request_id, 30) or {}).get("state") == "fulfilled"
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    [node] = nodeset.nodes
+    k8s_sim.set_faults(namespace_delete_hang=True)
+    zuul.release(nodeset)
+    wait_for(lambda: int((zuul.get_node(node.id) or {}).get("delete_failures", 0)) >= 3, 30,
+             message="three rounds of a deletion past its timeout")
+    watch = launcher.engine.providers["k8s"]._namespaces  # type: ignore[attr-defined]
+    with watch._lock:
+        notices = {key: len(waiting) for key, waiting in watch._waiters.items()}
+    external_id = (zuul.get_node(node.id) or {}).get("external_id")
+    assert notices == {("", external_id): 1}
+    k8s_sim.set_faults(namespace_delete_hang=False)
+    assert_clean(k8s_sim, kazoo_client)
+    with watch._lock:
+        assert not watch._waiters
+
+
 def test_retry_gets_a_fresh_namespace_while_the_old_one_terminates(
         launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
         kazoo_client: KazooClient, namespace_log: NamespaceLog) -> None:

@@ -70,6 +70,10 @@ class _GoneNotice:
         self._watch, self._key, self._uid, self._fn = watch, key, uid, fn
         self._fired = False
 
+    def repeats(self, uid: str, fn: Callable[[], None]) -> bool:
+        """Whether registering `fn` for `uid` again would ask for what this notice does."""
+        return not self._fired and self._uid == uid and self._fn == fn
+
     def set(self) -> None:
         current = self._watch._objects.get(self._key)
         if self._fired or (current is not None and object_uid(current) == self._uid
@@ -315,13 +319,19 @@ class ObjectWatch:
         `fn` runs on the watch thread with the watch's lock held: it must only hand work
         on (submit, set an event), never block or call back into this watch. False, with
         nothing registered, when the watch cannot tell: not synced, or it holds no copy
-        of that uid (the caller then waits or asks the API itself)."""
+        of that uid (the caller then waits or asks the API itself).
+
+        Registering an equal `fn` for the same uid again adds nothing: a deletion that is
+        asked about again and again (a namespace stuck Terminating past its timeout) keeps
+        one notice, not one more per round for as long as it stays."""
         key = (namespace, name)
         with self._lock:
             current = self._objects.get(key)
             if not self._synced.is_set() or current is None or object_uid(current) != uid:
                 return False
-            self._waiters.setdefault(key, set()).add(_GoneNotice(self, key, uid, fn))
+            waiting = self._waiters.setdefault(key, set())
+            if not any(isinstance(w, _GoneNotice) and w.repeats(uid, fn) for w in waiting):
+                waiting.add(_GoneNotice(self, key, uid, fn))
             return True
 
     def _wake(self, key: Key) -> None:
