@@ -30,6 +30,20 @@ def client(zk: ZkConnection, kazoo_client: KazooClient) -> Iterator[ZkClient]:
         zk_client.stop()
 
 
+def _connect_in_background(hosts: str, timeout: float) -> list[BaseException]:
+    """Start `admin.connect` on a thread; the list gets the error it ends with."""
+    outcome: list[BaseException] = []
+
+    def attempt() -> None:
+        try:
+            admin.connect(ZkSettings(hosts=hosts), timeout=timeout)
+        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
+            outcome.append(exc)
+
+    threading.Thread(target=attempt, daemon=True).start()
+    return outcome
+
+
 def test_connect_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
     # Nothing listens: the client's retries would go on for ever. What ends them is the
     # budget: each attempt bounded by it, and the stop event it sets once it is spent.
@@ -42,16 +56,7 @@ def test_connect_gives_up(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(admin, "ZkClient", RecordingClient)
     hosts = f"127.0.0.1:{free_port()}"
-    outcome: list[BaseException] = []
-
-    def attempt() -> None:
-        try:
-            admin.connect(ZkSettings(hosts=hosts), timeout=0.5)
-        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
-            outcome.append(exc)
-
-    worker = threading.Thread(target=attempt, daemon=True)
-    worker.start()
+    outcome = _connect_in_background(hosts, 0.5)
     # (The deadline only keeps a regression, retrying for ever, from hanging the run.)
     wait_for(lambda: outcome, 60, message="connect to give up")
     [error] = outcome
@@ -69,16 +74,7 @@ def test_connect_gives_up_on_a_server_that_accepts_and_never_answers() -> None:
     listener.bind(("127.0.0.1", 0))
     listener.listen(8)
     hosts = f"127.0.0.1:{listener.getsockname()[1]}"
-    outcome: list[BaseException] = []
-
-    def attempt() -> None:
-        try:
-            admin.connect(ZkSettings(hosts=hosts), timeout=1)
-        except BaseException as exc:  # noqa: BLE001 - recorded for the assertion
-            outcome.append(exc)
-
-    worker = threading.Thread(target=attempt, daemon=True)
-    worker.start()
+    outcome = _connect_in_background(hosts, 1)
     try:
         wait_for(lambda: outcome, 4, message="connect to give up close to its budget")
         assert isinstance(outcome[0], errors.ZkConnectionError)

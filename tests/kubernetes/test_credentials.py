@@ -86,6 +86,19 @@ def _streaming(provider: KubernetesProvider) -> Any:
     return client
 
 
+def _exec_provider(sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Path,
+                   expires_in: int, **kw: Any) -> tuple[ExecPlugin, str, KubernetesProvider]:
+    """A provider whose kubeconfig user is an exec plugin handing out a fresh admin token
+    that expires in `expires_in` seconds, once both its watches stream."""
+    plugin = ExecPlugin(tmp_path / "plugin")
+    token = sim.issue_admin_token()
+    plugin.hand_out(token, expires_in=expires_in)
+    provider = make_k8s_provider(sim, NS, kubeconfig=plugin.write_kubeconfig(
+        sim, tmp_path / "kubeconfig"), **kw)
+    _streaming(provider)
+    return plugin, token, provider
+
+
 def _admin(sim: Simulator, tmp_path: Path) -> k8s.CoreV1Api:
     """The test's own admin client, with the admin token valid now."""
     path = sim.write_kubeconfig(tmp_path / "admin-now", context="sim",
@@ -98,13 +111,8 @@ def _admin(sim: Simulator, tmp_path: Path) -> k8s.CoreV1Api:
 
 def test_exec_token_near_expiry_is_renewed_before_each_request(
         sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Path) -> None:
-    plugin = ExecPlugin(tmp_path / "plugin")
-    first = sim.issue_admin_token()
     # Inside the client's 5 minutes of skew: it runs the plugin again before every request.
-    plugin.hand_out(first, expires_in=120)
-    provider = make_k8s_provider(sim, NS, kubeconfig=plugin.write_kubeconfig(
-        sim, tmp_path / "kubeconfig"))
-    _streaming(provider)
+    plugin, first, provider = _exec_provider(sim, make_k8s_provider, tmp_path, 120)
     runs = plugin.runs
     assert runs >= 3  # the load, then the watches' lists and watches
 
@@ -157,12 +165,8 @@ def test_rotated_kubeconfig_token_is_loaded_after_the_first_401(
 
 def test_exec_token_refused_before_its_expiry_runs_the_plugin_again(
         sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Path) -> None:
-    plugin = ExecPlugin(tmp_path / "plugin")
-    first = sim.issue_admin_token()
-    plugin.hand_out(first, expires_in=3600)  # the client sees no reason to renew it
-    provider = make_k8s_provider(sim, NS, kubeconfig=plugin.write_kubeconfig(
-        sim, tmp_path / "kubeconfig"))
-    _streaming(provider)
+    # An hour: the client sees no reason to renew it.
+    plugin, first, provider = _exec_provider(sim, make_k8s_provider, tmp_path, 3600)
     runs = plugin.runs
 
     plugin.hand_out(sim.issue_admin_token(), expires_in=3600)
@@ -274,11 +278,7 @@ def test_watches_reconnect_with_the_rewritten_kubeconfig(
 
 def test_403_stays_a_permission_problem(sim: Simulator, make_k8s_provider: ProviderFactory,
                                         tmp_path: Path) -> None:
-    plugin = ExecPlugin(tmp_path / "plugin")
-    plugin.hand_out(sim.issue_admin_token(), expires_in=3600)
-    provider = make_k8s_provider(sim, NS, kubeconfig=plugin.write_kubeconfig(
-        sim, tmp_path / "kubeconfig"))
-    _streaming(provider)
+    plugin, _, provider = _exec_provider(sim, make_k8s_provider, tmp_path, 3600)
     runs = plugin.runs
     sim.fail_next("create", "namespaces", code=403)
     with pytest.raises(LaunchError) as info:
@@ -290,12 +290,8 @@ def test_403_stays_a_permission_problem(sim: Simulator, make_k8s_provider: Provi
 
 def test_a_reload_without_credentials_keeps_the_current_ones(
         sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Path) -> None:
-    plugin = ExecPlugin(tmp_path / "plugin")
-    token = sim.issue_admin_token()
-    plugin.hand_out(token, expires_in=3600)
-    provider = make_k8s_provider(sim, NS, kubeconfig=plugin.write_kubeconfig(
-        sim, tmp_path / "kubeconfig"))
-    configuration = _streaming(provider).configuration
+    plugin, token, provider = _exec_provider(sim, make_k8s_provider, tmp_path, 3600)
+    configuration = provider._connected()[0].configuration
     before = dict(configuration.api_key)
     plugin.credential.unlink()  # the plugin now fails (exit status 1)
     sim.revoke_token(token)
