@@ -398,3 +398,30 @@ def test_delete_with_on_gone_keeps_its_deadline(
     sim.set_faults(namespace_delete_hang=False)
     wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
     provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+
+
+def test_a_stale_watch_copy_does_not_block_the_confirmation(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # The namespace watch breaks for good after it saw the namespace Terminating (every new
+    # list and watch fails), so its copy stays Terminating after the namespace is gone.
+    # Past the deletion's deadline the provider asks the API itself instead of trusting it.
+    provider = make_k8s_provider(sim, NS,
+                                 settings=dataclasses.replace(FAST, delete_timeout=0.5))
+    name = _launch(provider).external_id
+    watch = provider._namespace_watch()
+    wait_for(lambda: watch.get("", name) is not None,
+             message="the namespace watch to see the namespace")
+    sim.set_faults(namespace_delete_hang=True)
+    with pytest.raises(DeletionUnderway):
+        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+    wait_for(lambda: (watch.get("", name) or {}).get("metadata", {}).get(
+        "deletionTimestamp"), message="the watch to see Terminating")
+    sim.fail_next("list", "namespaces", count=10**6, code=500)
+    sim.fail_next("watch", "namespaces", count=10**6, code=500)
+    sim.end_watches()
+    sim.set_faults(namespace_delete_hang=False)
+    wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
+    assert watch.get("", name) is not None  # stale
+    wait_for(lambda: provider._clock.monotonic() > provider._deadlines.get(name, 0.0),
+             timeout=5, message="the deletion deadline to pass")
+    provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)  # confirmed by a GET

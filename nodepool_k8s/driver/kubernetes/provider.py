@@ -544,13 +544,16 @@ class KubernetesProvider:
         With `on_gone`, a namespace that is Terminating and on the shared watch is not
         waited for: DeletionUnderway is raised and the watch calls `on_gone` once it is
         gone. Asked again, the watch answers without a GET: gone (a confirmed tombstone,
-        no copy) or still Terminating (its copy).
+        no copy) or still Terminating (its copy), until the deletion's deadline; after
+        it a GET decides (a watch that broke keeps an old copy).
         """
         watched = self._watched_namespace(name, node_id)
         if watched is None and on_gone is not None:
             if self._gone_per_watch(name):
                 return
-            watched = self._watched_terminating(name, node_id)
+            if deadline > self._clock.monotonic():
+                # Past the deadline a GET decides: the watch may be stuck on an old copy.
+                watched = self._watched_terminating(name, node_id)
         for _ in range(DELETE_ROUNDS):
             if watched is not None:
                 current, watched = watched, None
