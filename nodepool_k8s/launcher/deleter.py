@@ -96,7 +96,7 @@ class Outcome(enum.Enum):
 
     DONE = "done"  # nothing more to do (deleted, refused, gone, not ours to act on)
     FAILED = "failed"  # retried later with back-off
-    PARKED = "parked"  # the resource is going; the node waits (locked) for the notice
+    # (A pass may also end in `Parked`: the resource is going, the node waits locked.)
 
 
 @dataclass
@@ -234,28 +234,33 @@ class NodeDeleter:
             self._in_flight.add(key)
             return True
 
-    def _release(self, key: RetryKey, outcome: Outcome, parked: Parked | None = None) -> None:
+    def _release(self, key: RetryKey, result: Outcome | Parked) -> None:
         settings = self.engine.settings
-        resume = False
+        # Only a node's pass parks (a leak's never does), and a notice may have overtaken it.
+        parked = result if isinstance(result, Parked) and isinstance(key, str) else None
         with self._lock:
-            early = isinstance(key, str) and key in self._early_gone
+            resume = parked is not None and key in self._early_gone
             if isinstance(key, str):
                 self._early_gone.discard(key)
-            if parked is not None and early and isinstance(key, str):
-                resume = True  # gone already: finish at once (it stays in flight)
-            else:
+            if not resume:
                 self._in_flight.discard(key)
-                if parked is not None and isinstance(key, str):
-                    self._parked[key] = parked
-            if outcome is Outcome.FAILED:
+                if parked is not None:
+                    self._parked[parked.node.id] = parked
+            if result is Outcome.FAILED:
                 last = self._retry[key].delay if key in self._retry else 0.0
                 delay = next_backoff(last, settings.delete_retry, settings.delete_retry_max)
                 self._retry[key] = Retry(self.engine.clock.monotonic() + delay, delay)
-            elif outcome is Outcome.DONE:
+            elif result is Outcome.DONE:
                 self._retry.pop(key, None)
-        if resume and parked is not None and isinstance(key, str):
-            self._finish_later(key, parked)
+            # Parked: a back-off entry stays for the next failure (not due while parked).
+        if resume and parked is not None:
+            self._finish_later(parked.node.id, parked)  # gone already: it stays in flight
         self.on_done()
+
+    def _waiting_retries(self) -> list[tuple[str, Retry]]:
+        """Node retries that nothing is working on (lock held)."""
+        return [(k, r) for k, r in self._retry.items() if isinstance(k, str)
+                and k not in self._in_flight and k not in self._parked]
 
     def busy(self, node_id: str) -> bool:
         with self._lock:
@@ -265,17 +270,13 @@ class NodeDeleter:
         """When (monotonic) a node deletion is next due for a retry or a parked deletion
         for another look (leak retries follow the sweep)."""
         with self._lock:
-            return min(min((r.due for k, r in self._retry.items()
-                            if isinstance(k, str) and k not in self._in_flight),
-                           default=math.inf),
-                       min((p.due for p in self._parked.values()), default=math.inf))
+            return min([r.due for _, r in self._waiting_retries()]
+                       + [p.due for p in self._parked.values()], default=math.inf)
 
     def due_retries(self) -> list[str]:
         now = self.engine.clock.monotonic()
         with self._lock:
-            return [k for k, r in self._retry.items()
-                    if isinstance(k, str) and r.due <= now and k not in self._in_flight
-                    and k not in self._parked]
+            return [k for k, r in self._waiting_retries() if r.due <= now]
 
     def resume_due(self) -> None:
         """Look again at parked deletions whose provider notice is overdue (the cleanup
@@ -394,13 +395,9 @@ class NodeDeleter:
         self._run(node_id, proceed)
 
     def _run(self, node_id: str, fn: Callable[[], "Outcome | Parked"]) -> None:
-        outcome, parked = Outcome.FAILED, None
+        result: Outcome | Parked = Outcome.FAILED
         try:
             result = fn()
-            if isinstance(result, Parked):
-                outcome, parked = Outcome.PARKED, result
-            else:
-                outcome = result
         except (ZkSessionLost, ZkConnectionError) as exc:
             if not self.engine.stopping.is_set():
                 log.warning("[node: %s] Deletion interrupted: %s", node_id, exc)
@@ -413,7 +410,7 @@ class NodeDeleter:
         except Exception:
             log.exception("[node: %s] Unexpected error while deleting", node_id)
         finally:
-            self._release(node_id, outcome, parked)
+            self._release(node_id, result)
 
     def _delete_node_locked(self, node_id: str, reason: str,
                             check: Check | None) -> "Outcome | Parked":

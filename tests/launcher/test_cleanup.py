@@ -257,6 +257,24 @@ def test_deletion_underway_parks_the_node_locked(launchers: LauncherFactory, zuu
     assert fake.call_names().count("delete") == 4  # type: ignore[attr-defined]
 
 
+def test_a_parked_node_after_a_failed_try_sets_no_past_deadline(
+        launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    """A deletion that failed once and is parked on its retry keeps its back-off entry; that
+    entry's past due time must not wake the cleanup worker (every MIN_PASS_GAP) while the
+    node waits for the provider's notice."""
+    launcher = launchers(body())
+    fake = launcher.providers["fake"]
+    fake.fail_next(1, TemporaryError("api down"), op="delete")  # type: ignore[attr-defined]
+    fake.defer_deletions()  # type: ignore[attr-defined]
+    _, [node_id] = zuul.run_build(["small"])
+    deleter = launcher.deleter
+    wait_for(lambda: deleter.parked() == 1, 20, message="the retried deletion parked")
+    assert deleter.retry_entries() == 1  # the back-off is kept for a later failure
+    assert deleter.next_retry() > launcher.engine.clock.monotonic() + 30  # the 60 s look
+    fake.finish_deletions()  # type: ignore[attr-defined]
+    wait_for(lambda: zuul.get_node(node_id) is None, 20, message="the node deleted")
+
+
 def test_retry_of_a_vanished_node_is_forgotten(launchers: LauncherFactory, zuul: ZuulClient,
                                                kazoo_client: KazooClient) -> None:
     """A node whose deletion keeps failing is retried; once another launcher (or a hand)
