@@ -553,7 +553,7 @@ class KubernetesProvider:
                 return
             if deadline > self._clock.monotonic():
                 # Past the deadline a GET decides: the watch may be stuck on an old copy.
-                watched = self._watched_terminating(name, node_id)
+                watched = self._watched_namespace(name, node_id, terminating=True)
         for _ in range(DELETE_ROUNDS):
             if watched is not None:
                 current, watched = watched, None
@@ -610,16 +610,6 @@ class KubernetesProvider:
         tomb = watch.tombstone("", name)
         return tomb is not None and tomb[1]
 
-    def _watched_terminating(self, name: str, node_id: str | None) -> dict[str, Any] | None:
-        """The namespace watch's copy of `name` when it is ours and already Terminating."""
-        with self._lock:
-            watch = self._namespaces
-        cached = watch.get("", name) if watch is not None and watch.synced else None
-        if cached is None or self._ownership_problem(cached, node_id) is not None \
-                or not object_uid(cached) or not metadata(cached).get("deletionTimestamp"):
-            return None
-        return cached
-
     def _deletion_deadline(self, name: str) -> float:
         """When the deletion of `name` times out: `delete-timeout` after it was first asked
         for, across the calls of one deletion handed back as underway."""
@@ -632,15 +622,17 @@ class KubernetesProvider:
                     self._deadlines.popitem(last=False)
             return deadline
 
-    def _watched_namespace(self, name: str, node_id: str | None) -> dict[str, Any] | None:
+    def _watched_namespace(self, name: str, node_id: str | None,
+                           terminating: bool = False) -> dict[str, Any] | None:
         """The namespace watch's copy of `name`, if it is provably ours and not yet being
-        deleted (one GET less per deletion); None sends the caller to the API."""
+        deleted (or, with `terminating`, already being deleted): one GET less per
+        deletion; None sends the caller to the API."""
         with self._lock:
             watch = self._namespaces
         cached = watch.get("", name) if watch is not None and watch.synced else None
         if cached is None or self._ownership_problem(cached, node_id) is not None \
                 or not object_uid(cached) \
-                or metadata(cached).get("deletionTimestamp"):
+                or bool(metadata(cached).get("deletionTimestamp")) != terminating:
             return None
         return cached
 
@@ -669,23 +661,23 @@ class KubernetesProvider:
         client, _ = self._connected()
         deadline = self._deletion_deadline(external_id) if on_gone is not None \
             else self._clock.monotonic() + self.delete_timeout
+        underway = False
         try:
             self._delete_owned(client, external_id, node_id, deadline, announce=True,
                                on_gone=on_gone)
         except DeletionUnderway:
-            raise  # the deadline stays: the next call continues this deletion
-        except BaseException as exc:
-            with self._lock:
-                # Ended (gone, refused, or timed out: a retry gets a fresh deadline).
-                self._deadlines.pop(external_id, None)
-            if isinstance(exc, PermanentError) and not isinstance(exc, NotOwned):
-                # Never swallowed (Nodepool logged and forgot): the core keeps the node
-                # and retries.
-                raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") \
-                    from exc
+            underway = True  # the deadline stays: the next call continues this deletion
             raise
-        with self._lock:
-            self._deadlines.pop(external_id, None)
+        except NotOwned:
+            raise
+        except PermanentError as exc:
+            # Never swallowed (Nodepool logged and forgot): the core keeps the node and retries.
+            raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") from exc
+        finally:
+            if on_gone is not None and not underway:
+                with self._lock:
+                    # Ended (gone, refused, or timed out: a retry gets a fresh deadline).
+                    self._deadlines.pop(external_id, None)
         log.info("Namespace %s deleted", external_id)
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:
