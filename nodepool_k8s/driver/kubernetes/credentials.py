@@ -228,18 +228,11 @@ class Credentials:
         does not follow that, it must be replaced. True otherwise (also when loading failed:
         the current credentials stay, with a WARNING)."""
         with self._reload_lock:
-            try:
-                fresh, _ = self._load()
-            except NodepoolError as exc:
-                log.warning("Provider %s: could not load its credentials again (%s); keeping "
-                            "the current ones: %s", self.provider, self.where, exc)
-                return True
-            change = trust_change(self.configuration, fresh)
-            if change is not None:
-                log.info("Provider %s: %s (%s)", self.provider, change, self.where)
+            fresh, problem, moved = self._fresh()
+            if moved:
+                log.info("Provider %s: %s (%s)", self.provider, problem, self.where)
                 return False
-            problem = credential_problem(fresh)
-            if problem is not None:
+            if fresh is None:
                 log.warning("Provider %s: %s (%s); keeping the current credentials",
                             self.provider, problem, self.where)
                 return True
@@ -250,28 +243,33 @@ class Credentials:
 
     def _reload(self) -> bool:
         """Load and put in place (reload lock held); True if that worked."""
-        problem: str | None
-        try:
-            fresh, _ = self._load()
-        except NodepoolError as exc:
-            problem = f"loading them again failed: {exc}"
-        else:
-            change = trust_change(self.configuration, fresh)
-            if change is not None:
-                problem = f"{change}; a configuration reload (SIGHUP) switches to it"
-            else:
-                problem = credential_problem(fresh)
-                if problem is None:
-                    if not self._apply(fresh):
-                        # Still worth one more try: the refused request may have carried an
-                        # older token than what is live now (renewed by the client's hook).
-                        with self._lock:
-                            self._problem = "loading them again gave the same credentials"
-                    return True
+        fresh, problem, moved = self._fresh()
+        if fresh is not None:
+            if not self._apply(fresh):
+                # Still worth one more try: the refused request may have carried an older
+                # token than what is live now (renewed by the client's hook).
+                with self._lock:
+                    self._problem = "loading them again gave the same credentials"
+            return True
+        if moved:
+            problem = f"{problem}; a configuration reload (SIGHUP) switches to it"
         with self._lock:
             self._problem = problem
         log.debug("Provider %s: %s (%s)", self.provider, problem, self.where)
         return False
+
+    def _fresh(self) -> tuple[k8s.Configuration | None, str, bool]:
+        """Load the credentials as at the start: (the configuration to put in place, or
+        None and why not, and whether the kubeconfig now names another server or trust)."""
+        try:
+            fresh, _ = self._load()
+        except NodepoolError as exc:
+            return None, f"loading them again failed: {exc}", False
+        change = trust_change(self.configuration, fresh)
+        if change is not None:
+            return None, change, True
+        problem = credential_problem(fresh)
+        return (None, problem, False) if problem is not None else (fresh, "", False)
 
     def _apply(self, fresh: k8s.Configuration) -> bool:
         """Put `fresh`'s credentials on the live Configuration; True if they changed.
