@@ -150,7 +150,7 @@ class Api:
         if identity is None and not header and self._anonymous_admin():
             identity = self.authority.admin
         if identity is None:
-            self.authority.count_rejected()
+            self.authority.count_rejected(req.method, path)
             raise errors.unauthorized()
         if path == DEBUG_COUNTERS_PATH:
             # For benchmarks running the simulator in its own process: not counted, no faults.

@@ -31,6 +31,7 @@ impersonation.
 from __future__ import annotations
 
 import base64
+import collections
 import hmac
 import json
 import secrets
@@ -94,6 +95,9 @@ class TokenAuthority:
         # Further admin tokens (issue_admin_token) -> expiry (epoch seconds; None: never).
         self._admin_tokens: dict[str, float | None] = {}
         self.rejected = 0  # requests refused for want of a valid credential (401)
+        # The latest refused requests as (method, path), so a test can tell a request that
+        # was already on its way when credentials changed from one sent afterwards.
+        self.rejected_log: collections.deque[tuple[str, str]] = collections.deque(maxlen=256)
         # The token clock (epoch seconds): tests move it on to see tokens expire (401).
         self.now: Callable[[], float] = time.time
 
@@ -118,9 +122,15 @@ class TokenAuthority:
         with self._lock:
             self._admin_tokens.pop(token, None)
 
-    def count_rejected(self) -> None:
+    def count_rejected(self, method: str, path: str) -> None:
         with self._lock:
             self.rejected += 1
+            self.rejected_log.append((method, path))
+
+    def rejected_since_start(self) -> list[tuple[str, str]]:
+        """The latest refused requests (at most 256), oldest first."""
+        with self._lock:
+            return list(self.rejected_log)
 
     def _is_admin(self, token: str) -> bool:
         with self._lock:

@@ -215,6 +215,11 @@ class Simulator:
         """Requests refused with 401 (no valid credential) since the start."""
         return self.authority.rejected
 
+    @property
+    def rejected_log(self) -> list[tuple[str, str]]:
+        """The latest requests refused with 401, as (method, path), oldest first."""
+        return self.authority.rejected_since_start()
+
     def end_watches(self) -> None:
         """End every open watch stream (as a restarting API server or a load balancer
         does): clients must watch again, with whatever credentials they hold now."""
