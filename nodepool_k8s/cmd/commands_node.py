@@ -236,7 +236,8 @@ def _remove_unreadable(s: Session, node_id: str, args: argparse.Namespace) -> in
                        " record was not removed, try again")
     common.warn(f"node {node_id}: removed its unreadable record ({records.clip(unreadable[0])})"
                 " and its lock, nothing else: nothing in such a record can be trusted, so"
-                " no cluster resource was deleted; remove any it stood for by hand")
+                " no cluster resource was deleted (one of this installation labelled with"
+                " this node id is a leak now, for its launcher's leak sweep)")
     return 0
 
 
