@@ -212,6 +212,10 @@ def test_unreadable_record(cli: Cli, kazoo_client: KazooClient) -> None:
         " delete --now 0000000005` to remove the record (only the record: nothing in the"
         " cluster is touched)")
     assert kazoo_client.exists(paths.node_path("0000000005")) is not None
+    # Without a lock dir (none was ever made), --now locks it and removes both.
+    result = cli("delete", "--now", "5")
+    assert result.code == 0 and "removed its unreadable record (empty znode data)" in result.err
+    assert kazoo_client.exists(paths.node_path("0000000005")) is None
 
 
 def _hostile_copy(client: KazooClient, node_id: str, number: bytes) -> str:
