@@ -1,12 +1,16 @@
-"""Strict decoders for the two records other programs write: node requests and nodes.
+"""The one gate every ZooKeeper record passes: node requests, nodes, components, events and
+our own records under `/nodepool_k8s`.
 
-Owns: the one gate every node or request znode passes before anything acts on it. The
-bytes must be at most `MAX_RECORD_BYTES`, valid UTF-8 and one JSON object nested at most
-`MAX_DEPTH` levels (so it can always be encoded again); every key the
-launcher reads must have the type the protocol gives it (strings, lists of strings, finite
-non-negative numbers, known states), and a request may ask for at most `MAX_NODE_TYPES`
-nodes. Keys we do not read (and `requestor_data`, which is opaque) are not checked, so
-unknown keys still round-trip unchanged.
+Owns: `load_json`, the only parser for data other programs can write. The bytes must be
+at most `MAX_RECORD_BYTES`, valid UTF-8 and one JSON value nested at most `MAX_DEPTH`
+levels (so it can always be encoded again), and every number in it must be usable: no
+`NaN`/`Infinity` literals, no float that overflows (`1e400`), no integer of more than
+`MAX_INT_DIGITS` digits (so every number converts to a finite float and stays cheap to
+compute with). On top of it, the field checks of each kind: every key the launcher reads
+must have the type the protocol gives it (strings, lists of strings, finite non-negative
+numbers, timestamps up to `MAX_TIME`, known states), and a request may ask for at most
+`MAX_NODE_TYPES` nodes. Keys we do not read (and `requestor_data`, which is opaque) are
+not type-checked, so unknown keys still round-trip unchanged.
 
 Failure: `Malformed(reason)` for anything else. Every decode error is converted, the JSON
 parser's RecursionError on deeply nested input included, so a caller that catches
@@ -36,6 +40,15 @@ MAX_NODE_TYPES = 256
 # own limit is the interpreter's recursion limit, which the encoder reaches sooner on a
 # deeper stack: a record decoded just under it could not be written back.
 MAX_DEPTH = 64
+
+# Integers of up to 308 digits are below 1e308, so each converts to a finite float (the
+# views and the arithmetic on times and counts mix them with floats). Zuul's trace ids in
+# `requestor_data` are 128-bit (39 digits); anything longer is an error or an attack
+# (int() of a 4,000-digit string alone costs a millisecond).
+MAX_INT_DIGITS = 308
+# The last second of year 9999 (UTC): the latest timestamp that can be shown as a date,
+# and far enough from float's limits that differences of two timestamps stay finite.
+MAX_TIME = 253402300799
 
 # Remembered (path -> version) of reported records; the oldest are forgotten first.
 MALFORMED_MEMORY = 10_000
@@ -67,6 +80,17 @@ def _number(value: Any) -> bool:
 
 def _opt_number(value: Any) -> bool:
     return value is None or _number(value)
+
+
+def timestamp(value: Any) -> bool:
+    """Seconds since the epoch, from 1970 up to `MAX_TIME` (a number, not a bool)."""
+    # The range test also refuses NaN (every comparison with it is false).
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and 0 <= value <= MAX_TIME)
+
+
+def _opt_time(value: Any) -> bool:
+    return value is None or timestamp(value)
 
 
 def _opt_str(value: Any) -> bool:
@@ -107,10 +131,22 @@ def _opt_list(value: Any) -> bool:
     return value is None or isinstance(value, list)
 
 
+def conditions(value: Any) -> bool:
+    """A `conditions` list (nodes and pool status): objects whose type, status, reason and
+    message are strings and whose `last_transition_time` is a timestamp."""
+    return value is None or (isinstance(value, list) and all(
+        isinstance(item, dict)
+        and all(_opt_str(item.get(key)) for key in ("type", "status", "reason", "message"))
+        and _opt_time(item.get("last_transition_time")) for item in value))
+
+
 _Check = Callable[[Any], bool]
 
+_TIME = "seconds since the epoch (0 to the end of year 9999)"
+CONDITIONS = "a list of conditions (strings, and timestamps up to year 9999)"
+
 _REQUEST_FIELDS: dict[str, tuple[_Check, str]] = {
-    "state_time": (_opt_number, "a finite non-negative number"),
+    "state_time": (_opt_time, _TIME),
     "node_types": (_opt_str_list, "a list of label names"),
     "nodes": (_opt_str_list, "a list of node ids"),
     "declined_by": (_opt_str_list, "a list of strings"),
@@ -119,7 +155,7 @@ _REQUEST_FIELDS: dict[str, tuple[_Check, str]] = {
     "provider": (_opt_str, "a string"),
     "relative_priority": (_opt_int, "an integer"),
     "event_id": (_opt_str, "a string"),
-    "created_time": (_opt_number, "a finite non-negative number"),
+    "created_time": (_opt_time, _TIME),
     "tenant_name": (_opt_str, "a string"),
 }
 
@@ -130,14 +166,32 @@ _NODE_STRINGS = ("provider", "pool", "allocated_to", "tenant_name", "launcher",
                  "hold_job", "requestor")
 _NODE_FIELDS: dict[str, tuple[_Check, str]] = {
     **{key: (_opt_str, "a string") for key in _NODE_STRINGS},
-    "state_time": (_opt_number, "a finite non-negative number"),
-    "created_time": (_opt_number, "a finite non-negative number"),
+    "state_time": (_opt_time, _TIME),
+    "created_time": (_opt_time, _TIME),
     "hold_expiration": (_opt_number, "a finite non-negative number"),
     "type": (_node_type, "a label name or a list of label names"),
     "resources": (_resources, "an object of finite non-negative numbers"),
     "attributes": (_opt_object, "an object"),
     "node_properties": (_opt_object, "an object"),
     "host_keys": (_opt_list, "a list"),
+    "conditions": (conditions, CONDITIONS),
+}
+
+# What the launchers read from a component registration (`zk.cache.Component`, the
+# listings); Zuul reads `id` and `supported_labels` the same way.
+_COMPONENT_FIELDS: dict[str, tuple[_Check, str]] = {
+    **{key: (_opt_str, "a string") for key in ("hostname", "state", "kind", "id", "name",
+                                               "provider_name", "version")},
+    "supported_labels": (_opt_str_list, "a list of label names"),
+    "priority": (_opt_int, "an integer"),
+    "paused": (_opt_bool, "true or false"),
+    "model_api": (_opt_int, "an integer"),
+}
+
+# One event of the shared event log (`zk.events`): a time and strings.
+_EVENT_FIELDS: dict[str, tuple[_Check, str]] = {
+    **{key: (_opt_str, "a string") for key in ("kind", "provider", "pool", "node", "label",
+                                               "reason", "message")},
 }
 
 
@@ -163,15 +217,76 @@ def _sample(value: Any) -> str:
 
 # -- decoders -----------------------------------------------------------------------------
 
+class _BadNumber:
+    """Stands in for a number out of range while the parser runs; `load_json` then finds
+    where it is (for the reason) and refuses the record."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+
+# Whether the current thread's parse met a bad number (the decoder is shared).
+_SEEN = threading.local()
+
+
+def _bad(problem: str) -> _BadNumber:
+    _SEEN.bad = True
+    return _BadNumber(problem)
+
+
+def _refuse_constant(name: str) -> Any:
+    return _bad(f"{name} is not a number a record may hold")
+
+
+def _finite_float(text: str) -> Any:
+    value = float(text)
+    if math.isinf(value):  # the text overflowed (NaN has no spelling but the constant)
+        return _bad(f"{clip(text, 24)} is beyond the range of a float")
+    return value
+
+
+def _bounded_int(text: str) -> Any:
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        return _bad(f"an integer of {digits} digits, more than the {MAX_INT_DIGITS}"
+                    " a record may hold")
+    return int(text)
+
+
+# The number hooks run inside the C scanner, once per number: a few microseconds per record.
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float,
+                            parse_int=_bounded_int)
+
+
+def _bad_number(value: Any) -> str:
+    """The reason for the first `_BadNumber` in `value`, with the keys leading to it
+    (`conditions[0].last_transition_time: ...`); iterative, like `_deeper_than`."""
+    stack: list[tuple[Any, str]] = [(value, "")]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, _BadNumber):
+            return f"{where}: {item.problem}" if where else item.problem
+        if isinstance(item, dict):
+            stack.extend((v, f"{where}.{k}" if where else clip(k, 40))
+                         for k, v in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((v, f"{where}[{i}]") for i, v in reversed(list(enumerate(item))))
+    return "a number out of range"
+
+
 def load_json(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> Any:
     """The JSON value in a znode's data (at most `max_bytes`, UTF-8, at most `MAX_DEPTH`
-    levels deep), or Malformed: the one parser for data other programs can write."""
+    levels deep, every number finite and within range), or Malformed: the one parser for
+    data other programs can write."""
     if not raw:
         raise Malformed("empty znode data")
     if len(raw) > max_bytes:
         raise Malformed(f"{len(raw)} bytes, more than the {max_bytes} a record may have")
+    _SEEN.bad = False
     try:
-        data = json.loads(raw.decode("utf8"))
+        data = _DECODER.decode(raw.decode("utf8"))
     except UnicodeDecodeError as exc:
         raise Malformed(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
     except RecursionError:
@@ -181,6 +296,8 @@ def load_json(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> Any:
     # Counting brackets is C-speed; only data with many of them is walked.
     if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _deeper_than(data, MAX_DEPTH):
         raise Malformed(f"JSON nested more than {MAX_DEPTH} levels deep")
+    if _SEEN.bad:
+        raise Malformed(clip(_bad_number(data), 160))
     return data
 
 
@@ -190,6 +307,17 @@ def load_object(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]
     if not isinstance(data, dict):
         raise Malformed(f"expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def load_text(raw: bytes, max_bytes: int) -> str:
+    """A znode holding plain text (not JSON): at most `max_bytes`, UTF-8, without the
+    surrounding whitespace; Malformed otherwise."""
+    if len(raw) > max_bytes:
+        raise Malformed(f"{len(raw)} bytes, more than the {max_bytes} it may have")
+    try:
+        return raw.decode("utf8").strip()
+    except UnicodeDecodeError as exc:
+        raise Malformed(f"not UTF-8 ({exc.reason} at byte {exc.start})") from None
 
 
 def _deeper_than(value: Any, limit: int) -> bool:
@@ -226,6 +354,27 @@ def check_node(data: Mapping[str, Any]) -> Mapping[str, Any]:
         raise Malformed(f"unknown node state {_sample(state)}")
     _check_fields(data, _NODE_FIELDS)
     return data
+
+
+def check_component(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` if it is a usable component registration, else Malformed."""
+    _check_fields(data, _COMPONENT_FIELDS)
+    return data
+
+
+def check_events(batch: Any) -> list[dict[str, Any]]:
+    """`batch` if it is a usable event-log entry (a list of events, each an object with a
+    `time` and string fields), else Malformed."""
+    if not isinstance(batch, list):
+        raise Malformed(f"expected a JSON list of events, got {type(batch).__name__}")
+    for event in batch:
+        if not isinstance(event, dict):
+            raise Malformed(f"expected events as objects, got {type(event).__name__}")
+        when = event.get("time")
+        if not timestamp(when):
+            raise Malformed(f"an event's time must be {_TIME}, got {_sample(when)}")
+        _check_fields(event, _EVENT_FIELDS)
+    return batch
 
 
 def decode_request(raw: bytes) -> dict[str, Any]:

@@ -11,6 +11,7 @@ fields render empty, and a malformed znode is a row in state `malformed` with it
 from __future__ import annotations
 
 import json
+import math
 from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -303,5 +304,25 @@ def render_json(rows: Sequence[dict[str, Any]]) -> str:
 
 
 def render_json_document(value: Any) -> str:
-    """Any JSON value in the same layout as `render_json` (for non-list outputs)."""
-    return json.dumps(value, indent=2, sort_keys=True, default=str)
+    """Any JSON value in the same layout as `render_json` (for non-list outputs).
+
+    Always strict JSON: a NaN or an infinity (which `json.dumps` would write as the
+    non-JSON `NaN`/`Infinity`, breaking every strict reader, the status page included)
+    is written as null. Records cannot bring one in (`records.load_json` refuses them);
+    arithmetic on accepted values is the remaining source."""
+    try:
+        return json.dumps(value, indent=2, sort_keys=True, default=str, allow_nan=False)
+    except ValueError:  # rare: only then is the document walked
+        return json.dumps(finite(value), indent=2, sort_keys=True, default=str,
+                          allow_nan=False)
+
+
+def finite(value: Any) -> Any:
+    """`value` with every NaN or infinite float replaced by None (containers copied)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value

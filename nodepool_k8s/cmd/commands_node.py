@@ -12,6 +12,11 @@ a copy re-read after locking, with a versioned write; the lock is then released.
   resource that is not provably this installation's (and this node's) is not touched: the
   reason is written to the record as `delete_refused`, the command says so on stderr, and
   the znode is removed all the same (exactly what the launcher does).
+- A node whose record cannot be decoded (see `records`: malformed, empty, out-of-range
+  numbers) is refused by plain `delete`, which names `--now`; `--now` removes its znode
+  and lock dir only (under its lock, and only while the data is still what was judged
+  unreadable) and touches nothing in the cluster: nothing such a record names can be
+  trusted. The command says so on stderr.
 - A node whose lock is held by someone else (Zuul holds it for the whole job, a launcher
   while building or deleting) is refused, naming the reason. `--force` breaks that lock
   (see `zk.admin.break_lock`): the holder's lock contender is removed, the node is locked
@@ -32,7 +37,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Callable
 
-from nodepool_k8s import model, status
+from nodepool_k8s import model, records, status
 from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.common import CliError, Session
 from nodepool_k8s.config.model import ProviderConfig
@@ -42,6 +47,8 @@ from nodepool_k8s.exceptions import NodepoolError, NotFound, NotOwned
 from nodepool_k8s.launcher import deleter
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk import admin, paths
+from nodepool_k8s.zk import nodes as node_codec
+from nodepool_k8s.zk.errors import VersionConflict
 from nodepool_k8s.zk.locks import HeldLock
 
 GONE_STATES = (model.DELETING, model.DELETED)
@@ -72,6 +79,19 @@ def _require_node(s: Session, node_id: str) -> Node:
         raise CliError(f"node {node_id} not found")
     raise CliError(f"node {node_id} has an unreadable record (empty or not a node); it"
                    " cannot be changed with this command")
+
+
+def _unreadable(s: Session, node_id: str) -> tuple[str, int] | None:
+    """(why, data version) when the node's znode holds no usable record, None when it
+    holds one; unknown ids raise."""
+    found = s.zk.get(paths.node_path(node_id))
+    if found is None:
+        raise CliError(f"node {node_id} not found")
+    try:
+        node_codec.decode(node_id, found[0], found[1].version)
+    except records.Malformed as exc:
+        return exc.reason, found[1].version
+    return None
 
 
 def _lock(s: Session, node_id: str, timeout: float) -> Locked | None:
@@ -114,6 +134,15 @@ def _mark(node: Node, state: str) -> None:
 def cmd_delete(args: argparse.Namespace) -> int:
     node_id = common.node_id(args.id)
     with common.session(args) as s:
+        unreadable = _unreadable(s, node_id)
+        if unreadable is not None:
+            if not args.now:
+                raise CliError(
+                    f"node {node_id} has an unreadable record ({records.clip(unreadable[0])});"
+                    " nothing in it can be trusted, so no launcher will delete it: use"
+                    f" `nodepool delete --now {node_id}` to remove the record (only the"
+                    " record: nothing in the cluster is touched)")
+            return _remove_unreadable(s, node_id, args)
         seen = _require_node(s, node_id)
         if args.now:
             # Refuse before touching the node when the resource could not be deleted here.
@@ -168,6 +197,48 @@ def _delete_now(s: Session, locked: Locked) -> None:
         common.warn(f"node {node.id}: other clients keep contending for its lock; it is left"
                     " in state deleted for a launcher to remove")
     _mark(node, model.DELETED)
+
+
+def _remove_unreadable(s: Session, node_id: str, args: argparse.Namespace) -> int:
+    """`delete --now` of a node whose record cannot be decoded: its znode and lock dir
+    only, under its lock, and only while the data is the unreadable data we judged. No
+    cloud resource is touched: which one such a record names (if any, and whose) cannot
+    be trusted."""
+    held = s.nodes.lock(node_id, blocking=True, timeout=args.lock_timeout)
+    if held is None:
+        if s.zk.exists(paths.node_path(node_id)) is None:
+            raise CliError(f"node {node_id} not found")
+        if not args.force:
+            raise CliError(f"{_locked_by_other(node_id)}; use --force to delete it anyway")
+        try:
+            broken = admin.break_lock(s.zk, paths.node_lock_path(node_id))
+        except NotFound as exc:
+            raise CliError(f"node {node_id} not found") from exc
+        if broken.removed:
+            common.warn(f"node {node_id}: broke the lock held by another client (removed "
+                        f"{len(broken.removed)} lock contender(s))")
+        held = broken.held
+    try:
+        # Judged again under the lock: it may have been rewritten (or removed) meanwhile.
+        unreadable = _unreadable(s, node_id)
+        if unreadable is None:
+            raise CliError(f"node {node_id} was rewritten with a readable record while it"
+                           " was being locked; try again")
+        try:
+            removed = s.nodes.delete_unreadable(node_id, held, unreadable[1])
+        except VersionConflict as exc:
+            raise CliError(f"node {node_id} was rewritten while it was being removed;"
+                           " try again") from exc
+    finally:
+        held.release()
+    if not removed:
+        raise CliError(f"node {node_id}: other clients keep contending for its lock; its"
+                       " record was not removed, try again")
+    common.warn(f"node {node_id}: removed its unreadable record ({records.clip(unreadable[0])})"
+                " and its lock, nothing else: nothing in such a record can be trusted, so"
+                " no cluster resource was deleted (one of this installation labelled with"
+                " this node id is a leak now, for its launcher's leak sweep)")
+    return 0
 
 
 class _Resource:

@@ -48,6 +48,8 @@ ALLOW, PROBE, DENY = "allow", "probe", "deny"
 # LaunchError reasons that say nothing about the label: retrying may well work.
 TRANSIENT_REASONS = frozenset({"Cancelled", "NotFound", "Conflict", "PodDeleted"})
 _REASON_RE = re.compile(r"LaunchError\((\w+)\)")
+# Doublings of the back-off counted at most (2**64 times any back-off is past any maximum).
+MAX_DOUBLINGS = 64
 
 
 def failure_reason(error: str) -> str | None:
@@ -77,7 +79,10 @@ class Thresholds:
         return cls(pool.breaker_threshold, pool.breaker_backoff, pool.breaker_backoff_max)
 
     def delay(self, trips: int) -> float:
-        return float(min(self.backoff_max, self.backoff * 2 ** max(0, trips - 1)))
+        # `trips` comes from a shared record: an exponent capped long past `backoff_max`
+        # keeps a huge count from costing an enormous power or a float overflow.
+        return float(min(self.backoff_max,
+                         self.backoff * 2 ** min(MAX_DOUBLINGS, max(0, trips - 1))))
 
 
 def current(entry: dict[str, Any] | None, config: str) -> dict[str, Any]:

@@ -219,12 +219,16 @@ class Component:
         return bool(self.data.get("paused", False))
 
 
-def decode_component(kind: str, znode: str, raw: bytes, owner: int = 0) -> Component | None:
+def decode_component(kind: str, znode: str, raw: bytes, owner: int = 0,
+                     version: int = -1) -> Component | None:
+    """The registration in `raw` (the strict gate: `records.check_component`), or None,
+    reported once per `version` with its path, when it is unusable."""
     try:
         data = records.load_object(raw)
+        records.check_component(data)
     except records.Malformed as exc:
-        log.warning("Skipping malformed component %s/%s/%s: %s", paths.COMPONENTS, kind,
-                    znode, exc.reason)
+        records.REPORTS.report("component", f"{paths.COMPONENTS}/{kind}/{znode}", version,
+                               exc.reason)
         return None
     return Component(kind=kind, znode=znode, hostname=data.get("hostname"),
                      state=data.get("state"), data=data, owner=owner)
@@ -304,8 +308,9 @@ class ComponentCache:
         key = (parts[0], parts[1])
         removed = etype == TreeEvent.NODE_REMOVED or not self._attached(data.path)
         owner = getattr(data.stat, "ephemeralOwner", 0) if data.stat is not None else 0
+        version = getattr(data.stat, "version", -1) if data.stat is not None else -1
         component = None if removed else decode_component(parts[0], parts[1], data.data,
-                                                          owner)
+                                                          owner, version)
         if component is not None and component.kind == "pool" and component.id \
                 and not component.owner and data.path not in self._ignored:
             self._ignored.add(data.path)

@@ -16,7 +16,10 @@ path pays a fraction of a write per node. At most `max_entries` znodes are kept:
 event's strings are cut to `FIELD_LIMIT` characters and a batch to `MAX_BATCH_BYTES`, so
 the log's size is bounded by `max_entries * MAX_BATCH_BYTES`. Everything here is
 best-effort: an error is logged at debug level and the event dropped, never raised into
-a launch or a deletion.
+a launch or a deletion. Reading passes every entry through the record gate
+(`records.check_events`: numbers in range, each event's `time` a timestamp up to year
+9999, its strings strings); an entry that fails is skipped whole and reported once with
+its path.
 """
 
 from __future__ import annotations
@@ -195,16 +198,14 @@ def read_events(zk: ZkClient) -> list[dict[str, Any]]:
     """Every stored event, oldest first (by time, then by entry order)."""
     children = sorted(c for c in zk.get_children(EVENTS) or [] if c.startswith(PREFIX))
     out: list[dict[str, Any]] = []
-    for _, found in zk.get_many([f"{EVENTS}/{c}" for c in children]):
+    for path, found in zk.get_many([f"{EVENTS}/{c}" for c in children]):
         if found is None:
             continue
         try:
-            batch = records.load_json(found[0])
-        except records.Malformed:
-            continue
-        if isinstance(batch, list):
-            out.extend(e for e in batch if isinstance(e, dict) and isinstance(
-                e.get("time"), (int, float)))
+            out.extend(records.check_events(records.load_json(found[0])))
+        except records.Malformed as exc:
+            # Written by something else (every batch we write passes): skipped whole.
+            records.REPORTS.report("event batch", path, found[1].version, exc.reason)
     out.sort(key=lambda e: float(e["time"]))
     return out
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import re
 
+from nodepool_k8s import records
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
 
@@ -28,8 +29,9 @@ _LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?\Z")
 
 def _decode(data: bytes) -> str | None:
     try:
-        value = data.decode("utf-8").strip()
-    except UnicodeDecodeError:
+        # Plain text, through the record gate (size, encoding); a label value is short.
+        value = records.load_text(data, 1024)
+    except records.Malformed:
         return None
     return value if _LABEL_VALUE.match(value) else None
 

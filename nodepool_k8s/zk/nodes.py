@@ -271,6 +271,38 @@ class NodeStore:
                 pass
         return bool(strays)
 
+    def delete_unreadable(self, node_id: str, held: HeldLock, version: int,
+                          attempts: int = 5) -> bool:
+        """Remove a node znode whose record cannot be decoded, with its lock dir, while we
+        hold its lock; only if its data is still at `version` (what the caller judged).
+
+        Nothing else is written: no record can be written back for it. Stray children are
+        removed as in `delete`; other clients' lock contenders appearing meanwhile make
+        the attempt repeat. True once the znode is gone; False (our lock released) when
+        contenders kept appearing. `VersionConflict` when the record was rewritten.
+        """
+        node_path, lock_dir = paths.node_path(node_id), paths.node_lock_path(node_id)
+        for _ in range(attempts):
+            txn = Txn()
+            held.release_in(txn)
+            txn.delete(lock_dir)
+            txn.delete(node_path, version=version)
+            try:
+                txn.commit(self.zk)
+                held.mark_released()
+                return True
+            except errors.TxnFailed as exc:
+                if exc.path == held.child_path:
+                    raise errors.LockLost(f"lock on node {node_id} is no longer ours") from exc
+                if exc.path == node_path and isinstance(exc.cause, errors.NoNodeError):
+                    held.release()
+                    return True
+                if not isinstance(exc.cause, errors.NotEmptyError):
+                    raise exc.cause from exc
+                self._remove_strays(node_id, exc.path)
+        held.release()
+        return False
+
     def delete_unlocked(self, node_id: str) -> None:
         """Remove a znode that holds no usable record (empty data), with its subtree."""
         try:

@@ -34,8 +34,8 @@ ROOT = f"{paths.OWN_ROOT}/pool-state"
 PAUSE, DRAIN = "pause", "drain"
 ACTIONS = (PAUSE, DRAIN)
 _STRENGTH = {PAUSE: 1, DRAIN: 2}
-# The last second of year 9999 (UTC): the latest `time` that can be shown as a date.
-MAX_TIME = 253402300799
+# The latest `time` that can be shown as a date (the end of year 9999).
+MAX_TIME = records.MAX_TIME
 
 
 @dataclass(frozen=True)
@@ -86,10 +86,7 @@ def decode(name: str, raw: bytes, stat: Any = None) -> PoolState:
         texts[key] = value or ""
     when = data.get("time")
     when = 0.0 if when is None else when
-    # The range test also refuses NaN and infinities (every comparison with NaN is false)
-    # and compares huge JSON integers exactly, without converting them to float.
-    if isinstance(when, bool) or not isinstance(when, (int, float)) \
-            or not 0 <= when <= MAX_TIME:
+    if not records.timestamp(when):
         raise records.Malformed(f"time must be seconds since the epoch (0 to {MAX_TIME}),"
                                 f" got {records.clip(repr(when))}")
     return PoolState(target=unquote(name), action=action, reason=texts["reason"],

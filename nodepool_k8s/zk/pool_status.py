@@ -13,8 +13,9 @@ Owns two directories of JSON records under our own tree (never under `/nodepool`
 `JsonDirCache` keeps either directory in memory with a `ChildMirror` (watch driven, no
 polling), so deciding whether a label is suspended costs no read.
 
-Failure modes: writes raise the zk.errors classes; a record that is not a JSON object is
-`malformed` in the mirror and ignored.
+Failure modes: writes raise the zk.errors classes; a record that does not pass the gate
+(`records.load_object`: size, encoding, depth, numbers in range) or whose fields have the
+wrong types is `malformed` in the mirror, reported once with its path, and ignored.
 """
 
 from __future__ import annotations
@@ -72,9 +73,11 @@ _BREAKER_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "message": (lambda v: isinstance(v, str), "a string"),
     "failures": (_count, "a non-negative integer"),
     "trips": (_count, "a non-negative integer"),
-    "until": (_finite, "a number"),
-    "since": (_finite, "a number"),
-    "probe_at": (_finite, "a number"),
+    # Wall times: within records.MAX_TIME a back-off added to one stays exact to well
+    # under a second (near float's limit, 1e308 + 60 == 1e308 would suspend for good).
+    "until": (records.timestamp, "a timestamp"),
+    "since": (records.timestamp, "a timestamp"),
+    "probe_at": (records.timestamp, "a timestamp"),
 }
 
 
@@ -92,6 +95,12 @@ def _objects(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(item, dict) for item in value)
 
 
+def _status_conditions(value: Any) -> bool:
+    """A pool's conditions: strings, and `last_transition` a timestamp (wall time)."""
+    return records.conditions(value) and all(
+        records.timestamp(c.get("last_transition", 0)) for c in value)
+
+
 def _counts(value: Any) -> bool:
     return isinstance(value, dict) and all(_finite(v) for v in value.values())
 
@@ -102,7 +111,7 @@ _STATUS_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "provider": (lambda v: isinstance(v, str), "a string"),
     "pool": (lambda v: isinstance(v, str), "a string"),
     "hostname": (lambda v: v is None or isinstance(v, str), "a string"),
-    "conditions": (_objects, "a list of objects"),
+    "conditions": (_status_conditions, records.CONDITIONS),
     "usage": (_objects, "a list of objects"),
     "nodes": (_counts, "an object of numbers"),
     "suspended": (lambda v: isinstance(v, dict), "an object"),

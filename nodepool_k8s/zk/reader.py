@@ -85,7 +85,8 @@ class ZkReader:
         out: list[Component] = []
         for path, found in self.zk.get_many([f"{base}/{n}" for n in names]):
             if found is not None:
-                component = decode_component(kind, paths.basename(path), found[0])
+                component = decode_component(kind, paths.basename(path), found[0],
+                                             found[1].ephemeral_owner, found[1].version)
                 if component is not None:
                     out.append(component)
         return out

@@ -18,7 +18,7 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.cli.conftest import (MIN_READY, Cli, fake_provider, foreign_node, in_use,
-                                lock_contenders, node_data, node_state, ready_node)
+                                lock_contenders, node_data, node_state, ready_node, record)
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 
@@ -199,12 +199,79 @@ def test_deleting_twice_is_harmless(cli: Cli, kazoo_client: KazooClient) -> None
 
 def test_unreadable_record(cli: Cli, kazoo_client: KazooClient) -> None:
     kazoo_client.create(paths.node_path("0000000005"), b"", makepath=True)
-    for command in ("delete", "hold"):
-        result = cli(command, "5")
-        assert result.code == 1
-        assert result.err.splitlines()[-1] == (
-            f"nodepool {command}: node 0000000005 has an unreadable record (empty or not a"
-            " node); it cannot be changed with this command")
+    result = cli("hold", "5")
+    assert result.code == 1
+    assert result.err.splitlines()[-1] == (
+        "nodepool hold: node 0000000005 has an unreadable record (empty or not a"
+        " node); it cannot be changed with this command")
+    result = cli("delete", "5")
+    assert result.code == 1
+    assert result.err.splitlines()[-1] == (
+        "nodepool delete: node 0000000005 has an unreadable record (empty znode data);"
+        " nothing in it can be trusted, so no launcher will delete it: use `nodepool"
+        " delete --now 0000000005` to remove the record (only the record: nothing in the"
+        " cluster is touched)")
+    assert kazoo_client.exists(paths.node_path("0000000005")) is not None
+    # Without a lock dir (none was ever made), --now locks it and removes both.
+    result = cli("delete", "--now", "5")
+    assert result.code == 0 and "removed its unreadable record (empty znode data)" in result.err
+    assert kazoo_client.exists(paths.node_path("0000000005")) is None
+
+
+def _hostile_copy(client: KazooClient, node_id: str, number: bytes) -> str:
+    """A new node znode: the record of `node_id` (naming its resource) with `number` as
+    its `created_time`, which no decoder may accept; returns its id."""
+    data = json.dumps({**record(client, node_id), "created_time": 0}).encode()
+    data = data.replace(b'"created_time": 0', b'"created_time": ' + number)
+    path = client.create(f"{paths.NODES}/", data, sequence=True)
+    client.create(paths.node_lock_path(paths.basename(path)), b"")  # a stale lock dir
+    return paths.basename(path)
+
+
+@pytest.mark.parametrize("number", [b"1e400", b"9" * 400, b"NaN"])
+def test_now_removes_an_undecodable_record_and_nothing_else(
+        cli: Cli, launchers: LauncherFactory, kazoo_client: KazooClient,
+        number: bytes) -> None:
+    launcher = launchers(MIN_READY)
+    spare = ready_node(kazoo_client)
+    hostile = _hostile_copy(kazoo_client, spare, number)
+
+    listing = cli("list", "--json")
+    assert listing.code == 0
+    row = next(r for r in json.loads(listing.out, parse_constant=_refuse) if r["id"] == hostile)
+    assert row["state"] == "malformed" and "created_time" in row["malformed"]
+
+    result = cli("delete", hostile)
+    assert result.code == 1 and "use `nodepool delete --now" in result.err
+    assert kazoo_client.exists(paths.node_path(hostile)) is not None
+
+    result = cli("delete", "--now", hostile)
+    assert result.code == 0, result.err
+    assert "removed its unreadable record" in result.err
+    assert "no cluster resource was deleted" in result.err
+    assert kazoo_client.exists(paths.node_path(hostile)) is None
+    # The resource the record named (the spare's) is untouched, and so is the spare.
+    assert f"main-{spare}" in fake_provider(launcher).resource_ids()
+    assert node_state(kazoo_client, spare) == "ready"
+
+
+def test_now_on_an_undecodable_record_locked_by_another_client(
+        cli: Cli, kazoo_client: KazooClient) -> None:
+    path = kazoo_client.create(f"{paths.NODES}/", b'{"state": "ready", "state_time": 1e999}',
+                               sequence=True, makepath=True)
+    node_id = paths.basename(path)
+    kazoo_client.create(f"{paths.node_lock_path(node_id)}/x__lock__", b"", sequence=True,
+                        makepath=True)
+    result = cli("delete", "--now", node_id, *FAST)
+    assert result.code == 1 and "locked by another client" in result.err
+    assert kazoo_client.exists(path) is not None
+    result = cli("delete", "--now", "--force", node_id)
+    assert result.code == 0, result.err
+    assert kazoo_client.exists(path) is None
+
+
+def _refuse(name: str) -> None:
+    raise ValueError(f"{name} in the output")
 
 
 def test_now_refuses_a_resource_that_is_not_ours(cli: Cli, launchers: LauncherFactory,

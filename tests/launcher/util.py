@@ -63,18 +63,24 @@ class Processes:
         self.procs: list[subprocess.Popen[bytes]] = []
 
     def start(self, body: str, timeout: float = 2.0,
-              env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """`env` adds to (and overrides) the inherited environment and the test defaults."""
+              env: Mapping[str, str] | None = None,
+              web_port: int | None = None) -> subprocess.Popen[bytes]:
+        """`env` adds to (and overrides) the inherited environment and the test defaults;
+        with `web_port` the web app serves on 127.0.0.1 at that port."""
         index = len(self.procs)
         config = self.tmp / f"nodepool-{index}.yaml"
-        config.write_text(self.zk.config_yaml() + f"zookeeper-timeout: {timeout}\n" + body)
+        web = "" if web_port is None else \
+            f"webapp:\n  port: {web_port}\n  listen_address: 127.0.0.1\n"
+        config.write_text(self.zk.config_yaml() + f"zookeeper-timeout: {timeout}\n" + web
+                          + body)
         environment = dict(os.environ, NODEPOOL_K8S_CLEANUP_INTERVAL="2",
                            NODEPOOL_K8S_STALE_INIT_AGE="2")
         environment.update(env or {})
         command = [str(LAUNCHER)] if LAUNCHER.exists() else [
             sys.executable, "-m", "nodepool_k8s.cmd.launcher"]
         log = open(self.tmp / f"launcher-{index}.log", "wb")
-        proc = subprocess.Popen(command + ["-c", str(config), "--no-webapp"], env=environment,
+        web_option = ["--no-webapp"] if web_port is None else []
+        proc = subprocess.Popen(command + ["-c", str(config), *web_option], env=environment,
                                 stdout=log, stderr=subprocess.STDOUT)
         log.close()
         self.procs.append(proc)

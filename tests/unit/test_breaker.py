@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from nodepool_k8s.launcher import breaker as b
+from nodepool_k8s.zk import pool_status
 
 LIMITS = b.Thresholds(threshold=2, backoff=10.0, backoff_max=25.0)
 
@@ -61,3 +63,25 @@ def test_threshold_zero_disables() -> None:
     for now in range(5):
         b.on_failure(entry, "c", "Invalid", "x", float(now), off)
     assert b.admit(entry, "c", 5.0, off) == b.ALLOW
+
+
+def test_a_hostile_trip_count_costs_nothing_and_keeps_the_cap() -> None:
+    # Any count from a shared record (at most 308 digits: the record gate) gives the
+    # capped back-off at once: no huge power, no float overflow in the pool's pass.
+    for trips in (1100, 5000, 10 ** 6):
+        assert LIMITS.delay(trips) == 25.0
+        entry: dict[str, Any] = {"state": b.PROBING, "config": "c1", "trips": trips,
+                                 "probe_at": 100.0, "failures": trips}
+        assert b.admit(entry, "c1", 124.0, LIMITS) == b.DENY
+        assert b.admit(entry, "c1", 125.0, LIMITS) == b.PROBE
+        assert b.on_failure(entry, "c1", "Invalid", "x", 130.0, LIMITS)
+        assert entry["state"] == b.OPEN and entry["until"] == 155.0
+
+
+def test_breaker_entries_with_times_out_of_range_start_afresh() -> None:
+    # Near float's limit a back-off added to a time is lost (1e308 + 60 == 1e308): such
+    # an entry would suspend its label for good; it is dropped (and reported) instead.
+    raw = json.dumps({"small": {"state": "open", "since": 1e308, "until": 1e308 + 60},
+                      "large": {"state": "open", "since": -5.0, "until": 10.0},
+                      "ok": {"state": "open", "since": 100.0, "until": 160.0}}).encode()
+    assert list(pool_status.decode_breakers("fake.main", raw, None)) == ["ok"]

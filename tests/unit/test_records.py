@@ -21,8 +21,9 @@ from hypothesis import strategies as st
 from nodepool_k8s import records
 from nodepool_k8s.records import Malformed, MalformedLog
 from nodepool_k8s.zk import nodes as node_codec
+from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import requests as request_codec
-from nodepool_k8s.zk.cache import decode_summary
+from nodepool_k8s.zk.cache import decode_component, decode_summary
 
 ZUUL_REQUEST = {
     "state": "requested", "state_time": 1700000000.5, "declined_by": [],
@@ -147,6 +148,132 @@ def test_records_up_to_the_depth_limit_and_wide_ones_decode() -> None:
     assert records.decode_node(json.dumps(wide).encode()) == wide
 
 
+HUGE = "9" * 400
+
+
+@pytest.mark.parametrize("number, problem", [
+    ("1e400", "1e400 is beyond the range of a float"),
+    ("-1e400", "-1e400 is beyond the range of a float"),
+    ("1" + "0" * 400 + ".5", "beyond the range of a float"),
+    (HUGE, "an integer of 400 digits"),
+    ("-" + HUGE, "an integer of 400 digits"),
+    ("NaN", "NaN is not a number"),
+    ("Infinity", "Infinity is not a number"),
+    ("-Infinity", "-Infinity is not a number"),
+])
+def test_numbers_out_of_range_are_malformed_wherever_they_are(number: str,
+                                                              problem: str) -> None:
+    # Read as inf or a huge int, such a number stopped views (OverflowError, a non-JSON
+    # `Infinity`) and the breaker wherever a record kept it, opaque keys included.
+    for where, text in (
+            ("created_time", f'{{"state": "ready", "created_time": {number}}}'),
+            ("conditions[1].last_transition_time",
+             '{"state": "ready", "conditions": [{"type": "Launched"}, '
+             f'{{"type": "Ready", "last_transition_time": {number}}}]}}'),
+            ("requestor_data.span_info.trace_id",
+             f'{{"state": "requested", "requestor_data": {{"span_info": {{"trace_id":'
+             f' {number}}}}}}}'),
+            ("future_key[2]", f'{{"state": "ready", "future_key": [1, 2, {number}]}}')):
+        for decode in (records.decode_node, records.decode_request, records.load_json):
+            with pytest.raises(Malformed) as info:
+                decode(text.encode())
+            assert info.value.reason.startswith(f"{where}: "), info.value.reason
+            assert problem in info.value.reason and len(info.value.reason) < 200
+    with pytest.raises(Malformed) as info:
+        records.load_json(number.encode())
+    assert problem in info.value.reason
+
+
+def test_numbers_up_to_the_bounds_decode() -> None:
+    # Zuul's 128-bit trace ids and any integer of up to 308 digits, floats up to the
+    # largest finite one, tiny floats (read as 0.0).
+    longest = int("9" * 308)
+    raw = json.dumps({"state": "ready", "a": 2 ** 128, "b": longest, "c": -longest,
+                      "d": 1.7976931348623157e308, "e": -1.7e308}).encode()
+    data = records.decode_node(raw + b"")
+    assert data["a"] == 2 ** 128 and data["b"] == longest and data["d"] > 1e308
+    assert records.load_json(b"[1e-400]") == [0.0]
+    assert all(math.isfinite(float(v)) for v in data.values() if not isinstance(v, str))
+    with pytest.raises(Malformed):
+        records.load_json(str(longest * 10).encode())
+
+
+@pytest.mark.parametrize("change, key", [
+    ({"created_time": 1e300}, "created_time"),
+    ({"state_time": 253402300800}, "state_time"),  # year 10000
+    ({"conditions": [{"type": "Ready", "last_transition_time": -1.0}]}, "conditions"),
+    ({"conditions": [{"type": "Ready", "last_transition_time": 1.7e308}]}, "conditions"),
+    ({"conditions": [{"type": "Ready", "last_transition_time": "now"}]}, "conditions"),
+    ({"conditions": [{"type": ["Ready"]}]}, "conditions"),
+    ({"conditions": ["Ready"]}, "conditions"),
+    ({"conditions": {"Ready": 1}}, "conditions"),
+])
+def test_times_beyond_a_date_and_odd_conditions_are_malformed(
+        change: dict[str, Any], key: str) -> None:
+    # Times are shown as dates and subtracted from each other (a phase's duration):
+    # -1.7e308 and 1.7e308 gave an infinite duration, 1e300 no date at all.
+    with pytest.raises(Malformed) as info:
+        records.decode_node(_dump({**NODEPOOL_NODE, **change}))
+    assert key in info.value.reason
+    if key != "conditions":
+        with pytest.raises(Malformed):
+            records.decode_request(_dump({**ZUUL_REQUEST, **change}))
+
+
+@pytest.mark.parametrize("raw, reason", [
+    (b'{"id": "p", "supported_labels": 5}', "supported_labels must be a list"),
+    (b'{"id": "p", "supported_labels": "small"}', "supported_labels must be a list"),
+    (b'{"id": "p", "supported_labels": [["small"]]}', "supported_labels must be a list"),
+    (b'{"id": "p", "supported_labels": ' + b"[" * 100 + b"]" * 100 + b"}", "nested"),
+    (b'{"id": "p", "priority": 1e400}', "priority: 1e400"),
+    (b'{"id": "p", "priority": "high"}', "priority must be an integer"),
+    (b'{"id": "p", "paused": "no"}', "paused must be true or false"),
+    (b'{"id": 5}', "id must be a string"),
+    (b'{"provider_name": ["fake"]}', "provider_name must be a string"),
+    (b'["pool"]', "expected a JSON object"),
+])
+def test_malformed_components_are_skipped_and_reported_once(
+        raw: bytes, reason: str, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING)
+    records.REPORTS.clear()
+    for _ in range(3):
+        assert decode_component("pool", "evil-0000000001", raw, version=4) is None
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(
+        f"Skipping malformed component {paths.COMPONENTS}/pool/evil-0000000001: ")
+    assert reason in lines[0]
+    good = decode_component("pool", "p-1", _dump({
+        "id": "p", "supported_labels": ["small"], "priority": 100, "paused": False,
+        "provider_name": "fake", "name": "main", "hostname": "h", "state": "running",
+        "kind": "pool", "model_api": 0, "version": "1.0", "future": [1.5]}))
+    assert good is not None and good.supported_labels == {"small"}
+
+
+@pytest.mark.parametrize("batch, reason", [
+    ({"time": 1.0}, "expected a JSON list"),
+    ([1], "expected events as objects"),
+    ([{"kind": "launched"}], "time must be"),
+    ([{"time": 1e300}], "time must be"),
+    ([{"time": -1}], "time must be"),
+    ([{"time": True}], "time must be"),
+    ([{"time": 1.0, "node": 5}], "node must be a string"),
+])
+def test_malformed_event_batches(batch: Any, reason: str) -> None:
+    with pytest.raises(Malformed) as info:
+        records.check_events(batch)
+    assert reason in info.value.reason
+    assert records.check_events([{"time": 1.0, "kind": "x", "extra": [1]}])
+
+
+def test_load_text() -> None:
+    assert records.load_text(b" np-1\n", 10) == "np-1"
+    for raw, reason in ((b"x" * 11, "11 bytes"), (b"\xff", "not UTF-8")):
+        with pytest.raises(Malformed) as info:
+            records.load_text(raw, 10)
+        assert reason in info.value.reason
+
+
 def test_clip_keeps_short_text_and_says_how_long_the_rest_was() -> None:
     assert records.clip("kube-system") == "kube-system"
     clipped = records.clip("a" * 200_000)
@@ -226,6 +353,8 @@ def test_accepted_records_round_trip(value: dict[str, Any]) -> None:
         node = node_codec.decode("0000000001", raw)
     except Malformed:
         return
+    # What the gate accepts is strict JSON again (no NaN, no infinity).
+    json.dumps(node.to_dict(), allow_nan=False)
     # Whatever the strict decoder accepts, the writer can write back and read again.
     again = node_codec.decode("0000000001", node_codec.encode(node))
     assert again.to_dict() == node.to_dict()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import socket
 import threading
 import urllib.error
@@ -216,6 +217,28 @@ def test_malformed_records_are_listed(app: tuple[Source, WebApp]) -> None:
     assert rows["0000000005"]["malformed"] == "state must be ..."
     _, _, body = get(web, "/request-list")
     assert "100-0000000007" in body and "malformed" in body
+
+
+def _refuse(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def test_json_answers_never_hold_nan_or_infinity(app: tuple[Source, WebApp]) -> None:
+    # Records cannot bring such numbers in any more (the record gate); a value computed
+    # from accepted ones (or a source that is not ZooKeeper) is written as null, so a
+    # strict reader (the status page's) still reads every answer.
+    src, web = app
+    src.nodes[0].node.resources = {"cores": math.inf, "ram": math.nan}
+    src.events = lambda: [{"time": 1.0, "kind": "launched", "duration": -math.inf}]
+    for path in ("/node-list", "/events", f"/node/{src.nodes[0].node.id}"):
+        code, _, body = get(web, path, "application/json")
+        assert code == 200, body
+        text = json.dumps(json.loads(body, parse_constant=_refuse))
+        assert "NaN" not in text and "Infinity" not in text
+    rows = json.loads(get(web, "/node-list", "application/json")[2])
+    assert rows[0]["resources"] == {"cores": None, "ram": None}
+    assert status.render_json_document({"a": [1.5, math.nan]}) == \
+        '{\n  "a": [\n    1.5,\n    null\n  ]\n}'
 
 
 def test_a_trickled_request_head_is_cut_off() -> None:

@@ -64,7 +64,12 @@ def test_update_rewrites_the_record_without_unusable_entries(
     assert set(stored) == {"good", "other"}
 
 
-@pytest.mark.parametrize("raw", [b"[1, 2]", b"{not json", b'{"a":' * 5000])
+@pytest.mark.parametrize("raw", [
+    b"[1, 2]", b"{not json", b'{"a":' * 5000,
+    # A 400-digit integer: an OverflowError from every update stopped the pool's breaker
+    # bookkeeping for good.
+    b'{"small": {"state": "open", "until": ' + b"9" * 400 + b"}}",
+])
 def test_update_replaces_a_record_that_is_no_object(
         zkc: ZkClient, kazoo_client: KazooClient, raw: bytes) -> None:
     path = pool_status.breaker_path("fake", "main")
@@ -91,6 +96,9 @@ GOOD_STATUS = {"model": 1, "id": "h-PoolWorker.fake-main-1", "hostname": "h",
     {"suspended": 5}, {"nodes": "x"}, {"nodes": {"ready": "2"}}, {"conditions": [1]},
     {"conditions": {"type": "Quota"}}, {"usage": "all"}, {"requests_queued": "1"},
     {"labels": "small"}, {"provider": ["fake"]},
+    {"conditions": [{"type": "Quota", "last_transition": 1e300}]},
+    {"conditions": [{"type": "Quota", "last_transition": -1.0}]},
+    {"conditions": [{"type": "Quota", "reason": 5}]},
 ])
 def test_pool_status_fields_its_readers_use_are_checked(change: dict[str, Any]) -> None:
     """One such record made /metrics and /pool-list answer 500 on every request (with a
@@ -101,6 +109,19 @@ def test_pool_status_fields_its_readers_use_are_checked(change: dict[str, Any]) 
         pool_status.decode_pool_status("x", json.dumps({**GOOD_STATUS, **change}).encode(),
                                        None)
     assert next(iter(change)) in info.value.reason
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"1e400", b"-Infinity", b"9" * 400])
+def test_pool_status_numbers_out_of_range_are_malformed(number: bytes) -> None:
+    """A NaN in a condition reached /pool-list as the non-JSON `NaN`: the status page
+    stopped refreshing."""
+    raw = json.dumps({**GOOD_STATUS, "conditions": [
+        {"type": "Quota", "status": "True", "reason": "Ok", "last_transition": 0}]}).encode()
+    for old in (b'"last_transition": 0', b'"requests_queued": 1'):
+        key = old.split(b":")[0].strip(b'"').decode()
+        with pytest.raises(records.Malformed) as info:
+            pool_status.decode_pool_status("x", raw.replace(old, old[:-1] + number), None)
+        assert key in info.value.reason
 
 
 def test_the_cli_listing_leaves_malformed_status_out_and_says_so_once(
