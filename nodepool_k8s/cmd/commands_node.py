@@ -113,7 +113,7 @@ def _mark(node: Node, state: str) -> None:
 
 def cmd_delete(args: argparse.Namespace) -> int:
     node_id = common.node_id(args.id)
-    with common.session(args) as s:
+    with common.session(args, identity=args.now) as s:
         seen = _require_node(s, node_id)
         if args.now:
             # Refuse before touching the node when the resource could not be deleted here.

@@ -25,7 +25,8 @@ from nodepool_k8s.config.model import Config, with_installation_id
 from nodepool_k8s.exceptions import NodepoolError
 from nodepool_k8s.zk import admin
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
-from nodepool_k8s.zk.identity import recorded_installation_id
+from nodepool_k8s.zk.identity import InstallationIdError
+from nodepool_k8s.zk.identity import settle as settle_installation_id
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.reader import ZkReader
 
@@ -52,16 +53,26 @@ class Session:
 
 
 @contextmanager
-def session(args: argparse.Namespace) -> Iterator[Session]:
-    """Load `-c/-s`, connect (bounded), yield, and always close the session."""
+def session(args: argparse.Namespace, identity: bool = False) -> Iterator[Session]:
+    """Load `-c/-s`, connect (bounded), yield, and always close the session.
+
+    `identity`: the command deletes cloud objects (`delete --now`), so it needs the
+    installation id, settled by the launcher's rules (the configuration, else the file the
+    launcher pinned it in, checked against ZooKeeper; never taken from ZooKeeper alone).
+    The CLI only reads: it pins and records nothing. A conflict is a `CliError`."""
     config = load_config(args.config, args.secure)
     client = admin.connect(ZkSettings.from_config(config), CONNECT_TIMEOUT)
     try:
-        if not config.installation_id_explicit:
-            # The id the launchers use (recorded by the first one), for `delete --now`.
-            recorded = recorded_installation_id(client)
-            if recorded is not None:
-                config = with_installation_id(config, recorded)
+        if identity:
+            try:
+                settled = settle_installation_id(
+                    client, configured=config.installation_id
+                    if config.installation_id_explicit else None,
+                    derived=config.installation_id, state_file=config.installation_id_file,
+                    write=False)
+            except InstallationIdError as exc:
+                raise CliError(f"installation id: {exc}") from exc
+            config = with_installation_id(config, settled.value)
         yield Session(config, client, ZkReader(client), NodeStore(client))
     finally:
         client.stop()

@@ -280,9 +280,11 @@ class Config:
     zookeeper_acl: ZkAcl | None = None  # None or disabled: the open ACL (as Nodepool)
     # Marks this installation's cloud objects (a label); see `config.build.installation_id`.
     installation_id: str = "default"
-    # False when derived (not in the file): the launcher then prefers the id recorded in
-    # ZooKeeper by the first launcher (see `zk.identity`), so it survives host changes.
+    # False when derived (not in the file): the launcher then uses the id pinned in
+    # `installation_id_file` at its first start (see `zk.identity`), so that it survives
+    # host changes and never comes from ZooKeeper.
     installation_id_explicit: bool = False
+    installation_id_file: str = "/var/lib/nodepool/installation-id"
     labels: Mapping[str, LabelConfig] = field(default_factory=dict)
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     max_hold_age: float = INF  # seconds; 0 in the file means "no limit"

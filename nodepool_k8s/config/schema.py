@@ -68,6 +68,12 @@ MIN_TOKEN_LIFETIME = 600  # the API server refuses shorter TokenRequests (422)
 MAX_TOKEN_LIFETIME = 2 ** 32  # ... and longer ones
 # installation-id: a Kubernetes label value; absent = derived from the ZooKeeper hosts+chroot.
 INSTALLATION_ID_MAX = 63
+# Without installation-id, the launcher pins the id it derived at its first start here, and
+# uses it from then on (zk/identity.py). Under systemd with StateDirectory=, the directory
+# systemd made ($STATE_DIRECTORY, its first entry) replaces the default's.
+INSTALLATION_ID_FILE = "/var/lib/nodepool/installation-id"
+INSTALLATION_ID_FILE_NAME = "installation-id"
+STATE_DIRECTORY_ENV = "STATE_DIRECTORY"
 INSTALLATION_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
 IMAGE_PULL = "IfNotPresent"
 K8S_ANNOTATIONS_MAX = 256 * 1024  # bytes of keys and values the API server allows an object
@@ -632,6 +638,7 @@ def _installation_id(value: Any) -> str:
 MAIN = mapping({
     Required("zookeeper-servers"): list_of(_ZK_SERVER, min_items=1),
     Optional("installation-id"): _installation_id,
+    Optional("installation-id-file"): string(),
     Optional("zookeeper-tls"): _ZK_TLS,
     Optional("zookeeper-auth"): _ZK_AUTH,
     Optional("zookeeper-acl"): _ZK_ACL,

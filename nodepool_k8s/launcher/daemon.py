@@ -33,7 +33,7 @@ from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import Config, ProviderConfig, with_installation_id
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.registry import make_provider
-from nodepool_k8s.exceptions import NodepoolError
+from nodepool_k8s.exceptions import ConfigError, NodepoolError
 from nodepool_k8s.launcher.cleanup import CleanupWorker
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.deleter import NodeDeleter
@@ -48,7 +48,7 @@ from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, Request
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.identity import resolve_installation_id
+from nodepool_k8s.zk.identity import settle as settle_installation_id
 from nodepool_k8s.zk.pool_status import JsonDirCache
 from nodepool_k8s.zk.reader import ZkReader
 from nodepool_k8s.zk.registry import Registration
@@ -362,12 +362,25 @@ class Launcher:
         return self.deleter.submit(node_id, reason, _ready_and_unallocated)
 
     def _with_installation_id(self, config: Config) -> Config:
-        """An id set in the file wins; else the one recorded in ZooKeeper (recording the
-        derived one if this is the installation's first launcher), read once."""
-        if config.installation_id_explicit:
-            return config
+        """`config` with the installation id in force: settled once, at the start, from the
+        configuration or the local state file and checked against ZooKeeper (see
+        `zk.identity`; `InstallationIdError` stops the start before anything runs). It
+        never changes while the launcher runs: a reload that configures another id is
+        refused (`ConfigError`)."""
         if self._installation_id is None:
-            self._installation_id = resolve_installation_id(self.zk, config.installation_id)
+            identity = settle_installation_id(
+                self.zk, configured=config.installation_id if config.installation_id_explicit
+                else None, derived=config.installation_id,
+                state_file=config.installation_id_file, write=True)
+            log.info("Installation id %s (%s)", identity.value, identity.source)
+            self._installation_id = identity.value
+        elif config.installation_id_explicit \
+                and config.installation_id != self._installation_id:
+            raise ConfigError(
+                f"installation-id changed to {config.installation_id} while the launcher runs"
+                f" with {self._installation_id}: not applied (the id marks which namespaces"
+                " are this installation's); restart the launcher after recording the new id"
+                " in ZooKeeper as well (see doc/operation.md)")
         return with_installation_id(config, self._installation_id)
 
     # -- reload ---------------------------------------------------------------------------
