@@ -23,6 +23,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from nodepool_k8s.cmd import common
 from nodepool_k8s.config.loader import load_config_text
+from nodepool_k8s.exceptions import ConfigError
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.stats import RecordingBackend, Stats
 from nodepool_k8s.zk import paths
@@ -164,7 +165,7 @@ def test_unusable_state_file_stops_the_start(zk: ZkConnection,
 
 def test_reload_cannot_change_the_id(launchers: LauncherFactory, zk: ZkConnection) -> None:
     launcher = launchers("installation-id: staging-east\n" + textwrap.dedent(BASIC))
-    with pytest.raises(Exception, match="installation-id changed to staging-west"):
+    with pytest.raises(ConfigError, match="installation-id changed to staging-west"):
         launcher.reload(load_config_text(zk.config_yaml() + "installation-id: staging-west\n"
                                          + textwrap.dedent(BASIC)))
     assert launcher.config.installation_id == "staging-east"
