@@ -309,6 +309,8 @@ def build_provider(provider: Raw, installation: str = "default") -> ProviderConf
         api_timeout=provider.get("api-timeout", S.API_TIMEOUT),
         credentials_backoff=tuple(provider.get("credentials-backoff",
                                                S.CREDENTIALS_BACKOFF)),
+        credentials_exec_timeout=provider.get("credentials-exec-timeout",
+                                              S.CREDENTIALS_EXEC_TIMEOUT),
         unschedulable_grace=provider.get("unschedulable-grace", S.UNSCHEDULABLE_GRACE),
         delete_timeout=provider.get("delete-timeout", S.DELETE_TIMEOUT),
         token_lifetime=provider.get("token-lifetime", S.TOKEN_LIFETIME),

@@ -243,6 +243,9 @@ class ProviderConfig:
     # Kubernetes driver: after a 401 the credentials are loaded again at once, then at most
     # once per step of this backoff (seconds; the last step repeats) while still refused.
     credentials_backoff: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0, 60.0)
+    # Kubernetes driver: seconds a kubeconfig exec credential plugin may run; then it is
+    # killed (with what it started) and that load of the credentials fails.
+    credentials_exec_timeout: float = 30.0
     # Kubernetes driver: how long a pod may stay Unschedulable before the attempt fails, and
     # how long a deletion waits for the namespace to vanish (then TemporaryError, retried).
     unschedulable_grace: float = 30.0

@@ -61,6 +61,9 @@ API_TIMEOUT = 30.0
 # Kubernetes driver: once the API server refuses the launcher's credentials (401), they are
 # loaded again at once, then at most once per step of this list (the last step repeats).
 CREDENTIALS_BACKOFF = (1.0, 5.0, 15.0, 30.0, 60.0)
+# Kubernetes driver: seconds a kubeconfig exec credential plugin may run before it (and
+# every process it started) is killed and the load counts as failed.
+CREDENTIALS_EXEC_TIMEOUT = 30.0
 UNSCHEDULABLE_GRACE = 30.0  # seconds a pod may stay Unschedulable before the attempt fails
 DELETE_TIMEOUT = 300.0  # seconds a deletion waits for the namespace to vanish
 TOKEN_LIFETIME = 86400  # seconds a node's service-account token (TokenRequest) stays valid
@@ -489,6 +492,7 @@ _KUBERNETES_DEFAULTS: dict[Any, Validator] = {
 _KUBERNETES_PROVIDER_ONLY: dict[Any, Validator] = {
     Optional("capacity"): _CAPACITY,
     Optional("credentials-backoff"): list_of(_seconds, min_items=1),
+    Optional("credentials-exec-timeout"): _timeout,
 }
 
 # One schema holds both forms; `checks` enforces that `spec` excludes the form A keys and
