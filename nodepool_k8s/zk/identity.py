@@ -77,12 +77,6 @@ def _shown(data: bytes) -> str:
     return repr(text if len(text) <= _SHOWN else text[:_SHOWN] + "...")
 
 
-def recorded_installation_id(zk: ZkClient) -> str | None:
-    """The recorded id, or None when none (or an unusable one) is recorded."""
-    found = zk.get(INSTALLATION_ID_PATH)
-    return _decode(found[0]) if found is not None else None
-
-
 # -- the local state file ------------------------------------------------------------------
 
 def read_pinned(path: str) -> str | None:
