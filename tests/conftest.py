@@ -29,6 +29,17 @@ def _fresh_malformed_reports() -> None:
     records.REPORTS.clear()
 
 
+@pytest.fixture(autouse=True)
+def _own_state_directory(tmp_path_factory: pytest.TempPathFactory,
+                         monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's launchers (in this process or started from it) pin their installation id
+    in a directory of the test's own, as systemd's StateDirectory= would give them, never
+    in the machine's /var/lib/nodepool."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("STATE_DIRECTORY", str(state))
+    return state
+
+
 @pytest.fixture(scope="session")
 def zk_server() -> Iterator[ZooKeeperServer]:
     server = ZooKeeperServer().start()

@@ -143,6 +143,9 @@ def cmd_delete(args: argparse.Namespace) -> int:
                     f" `nodepool delete --now {node_id}` to remove the record (only the"
                     " record: nothing in the cluster is touched)")
             return _remove_unreadable(s, node_id, args)
+        if args.now:
+            # Only a deletion in the cluster needs to know which installation is ours.
+            s = common.with_identity(s)
         seen = _require_node(s, node_id)
         if args.now:
             # Refuse before touching the node when the resource could not be deleted here.

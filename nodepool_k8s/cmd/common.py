@@ -13,6 +13,7 @@ Nothing here retries forever: a command either finishes or fails within seconds.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from contextlib import contextmanager
@@ -25,7 +26,8 @@ from nodepool_k8s.config.model import Config, with_installation_id
 from nodepool_k8s.exceptions import NodepoolError
 from nodepool_k8s.zk import admin
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
-from nodepool_k8s.zk.identity import recorded_installation_id
+from nodepool_k8s.zk.identity import InstallationIdError
+from nodepool_k8s.zk.identity import settle as settle_installation_id
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.reader import ZkReader
 
@@ -57,14 +59,26 @@ def session(args: argparse.Namespace) -> Iterator[Session]:
     config = load_config(args.config, args.secure)
     client = admin.connect(ZkSettings.from_config(config), CONNECT_TIMEOUT)
     try:
-        if not config.installation_id_explicit:
-            # The id the launchers use (recorded by the first one), for `delete --now`.
-            recorded = recorded_installation_id(client)
-            if recorded is not None:
-                config = with_installation_id(config, recorded)
         yield Session(config, client, ZkReader(client), NodeStore(client))
     finally:
         client.stop()
+
+
+def with_identity(s: Session) -> Session:
+    """`s` with the installation id settled, for a command that deletes cloud objects
+    (`delete --now`): by the launcher's rules (the configuration, else the file the launcher
+    pinned it in, checked against ZooKeeper; never taken from ZooKeeper alone). The CLI
+    only reads: it pins and records nothing. A conflict is a `CliError`."""
+    config = s.config
+    try:
+        settled = settle_installation_id(
+            s.zk, configured=config.installation_id
+            if config.installation_id_explicit else None,
+            derived=config.installation_id, state_file=config.installation_id_file,
+            write=False)
+    except InstallationIdError as exc:
+        raise CliError(f"installation id: {exc}") from exc
+    return dataclasses.replace(s, config=with_installation_id(config, settled.value))
 
 
 def node_id(text: str) -> str:

@@ -15,8 +15,10 @@ handler that takes a lock the interrupted main thread holds would deadlock.
 
 Exit status: 0 after a graceful stop; 1 when the configuration, the logging file or the web
 app's address is unusable at start, when ZooKeeper refuses the configured credentials or
-ACL at start (one line naming the znode, "check zookeeper-auth/zookeeper-acl"), or the
-launcher failed unexpectedly.
+ACL at start (one line naming the znode, "check zookeeper-auth/zookeeper-acl"), when the
+installation id cannot be settled safely at start (one line: ZooKeeper records another id
+than the configured or pinned one, or the state file cannot be read or written; see
+zk/identity.py), or the launcher failed unexpectedly.
 Engine tuning that is not part of nodepool.yaml comes from `NODEPOOL_K8S_*` environment
 variables (see launcher/settings.py); statsd from `STATSD_HOST`/`STATSD_PORT`.
 """
@@ -160,6 +162,7 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
     from nodepool_k8s.launcher.service import LauncherService
     from nodepool_k8s.launcher.settings import EngineSettings
     from nodepool_k8s.zk.errors import ZkAuthError
+    from nodepool_k8s.zk.identity import InstallationIdError
 
     try:
         fingerprint = config_fingerprint(args.config, args.secure)
@@ -194,6 +197,11 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
     except ZkAuthError as exc:
         log.error("Cannot use ZooKeeper: %s", exc)
         print(f"nodepool-launcher: cannot use ZooKeeper: {exc}", file=sys.stderr)
+        logging.shutdown()
+        os._exit(1)
+    except InstallationIdError as exc:
+        log.error("Not starting: %s", exc)
+        print(f"nodepool-launcher: installation id: {exc}", file=sys.stderr)
         logging.shutdown()
         os._exit(1)
     except Exception:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import os
 from typing import Any, Mapping
 
 from nodepool_k8s.config import quantity
@@ -277,6 +278,18 @@ def installation_id(data: Raw) -> str:
     return "zk-" + digest.hexdigest()[:12]
 
 
+def installation_id_file(data: Raw, environ: Mapping[str, str] | None = None) -> str:
+    """Where the launcher pins its installation id: `installation-id-file`, else the file
+    in systemd's StateDirectory= ($STATE_DIRECTORY), else the default under /var/lib."""
+    if data.get("installation-id-file"):
+        return str(data["installation-id-file"])
+    env = os.environ if environ is None else environ
+    state = (env.get(S.STATE_DIRECTORY_ENV) or "").split(":")[0]
+    if state:
+        return os.path.join(state, S.INSTALLATION_ID_FILE_NAME)
+    return S.INSTALLATION_ID_FILE
+
+
 def build_provider(provider: Raw, installation: str = "default") -> ProviderConfig:
     return ProviderConfig(
         name=provider["name"],
@@ -296,6 +309,8 @@ def build_provider(provider: Raw, installation: str = "default") -> ProviderConf
         api_timeout=provider.get("api-timeout", S.API_TIMEOUT),
         credentials_backoff=tuple(provider.get("credentials-backoff",
                                                S.CREDENTIALS_BACKOFF)),
+        credentials_exec_timeout=provider.get("credentials-exec-timeout",
+                                              S.CREDENTIALS_EXEC_TIMEOUT),
         unschedulable_grace=provider.get("unschedulable-grace", S.UNSCHEDULABLE_GRACE),
         delete_timeout=provider.get("delete-timeout", S.DELETE_TIMEOUT),
         token_lifetime=provider.get("token-lifetime", S.TOKEN_LIFETIME),
@@ -339,6 +354,7 @@ def build_config(data: Raw, sources: tuple[str, ...] = (),
     return Config(
         installation_id=installation,
         installation_id_explicit=bool(data.get("installation-id")),
+        installation_id_file=installation_id_file(data),
         zookeeper_servers=tuple(
             ZkServer(host=s["host"], port=s.get("port", S.ZK_PORT), chroot=s.get("chroot"))
             for s in data["zookeeper-servers"]),

@@ -243,6 +243,9 @@ class ProviderConfig:
     # Kubernetes driver: after a 401 the credentials are loaded again at once, then at most
     # once per step of this backoff (seconds; the last step repeats) while still refused.
     credentials_backoff: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0, 60.0)
+    # Kubernetes driver: seconds a kubeconfig exec credential plugin may run; then it is
+    # killed (with what it started) and that load of the credentials fails.
+    credentials_exec_timeout: float = 30.0
     # Kubernetes driver: how long a pod may stay Unschedulable before the attempt fails, and
     # how long a deletion waits for the namespace to vanish (then TemporaryError, retried).
     unschedulable_grace: float = 30.0
@@ -280,9 +283,11 @@ class Config:
     zookeeper_acl: ZkAcl | None = None  # None or disabled: the open ACL (as Nodepool)
     # Marks this installation's cloud objects (a label); see `config.build.installation_id`.
     installation_id: str = "default"
-    # False when derived (not in the file): the launcher then prefers the id recorded in
-    # ZooKeeper by the first launcher (see `zk.identity`), so it survives host changes.
+    # False when derived (not in the file): the launcher then uses the id pinned in
+    # `installation_id_file` at its first start (see `zk.identity`), so that it survives
+    # host changes and never comes from ZooKeeper.
     installation_id_explicit: bool = False
+    installation_id_file: str = "/var/lib/nodepool/installation-id"
     labels: Mapping[str, LabelConfig] = field(default_factory=dict)
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     max_hold_age: float = INF  # seconds; 0 in the file means "no limit"

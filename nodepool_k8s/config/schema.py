@@ -61,6 +61,9 @@ API_TIMEOUT = 30.0
 # Kubernetes driver: once the API server refuses the launcher's credentials (401), they are
 # loaded again at once, then at most once per step of this list (the last step repeats).
 CREDENTIALS_BACKOFF = (1.0, 5.0, 15.0, 30.0, 60.0)
+# Kubernetes driver: seconds a kubeconfig exec credential plugin may run before it (and
+# every process it started) is killed and the load counts as failed.
+CREDENTIALS_EXEC_TIMEOUT = 30.0
 UNSCHEDULABLE_GRACE = 30.0  # seconds a pod may stay Unschedulable before the attempt fails
 DELETE_TIMEOUT = 300.0  # seconds a deletion waits for the namespace to vanish
 TOKEN_LIFETIME = 86400  # seconds a node's service-account token (TokenRequest) stays valid
@@ -68,6 +71,12 @@ MIN_TOKEN_LIFETIME = 600  # the API server refuses shorter TokenRequests (422)
 MAX_TOKEN_LIFETIME = 2 ** 32  # ... and longer ones
 # installation-id: a Kubernetes label value; absent = derived from the ZooKeeper hosts+chroot.
 INSTALLATION_ID_MAX = 63
+# Without installation-id, the launcher pins the id it derived at its first start here, and
+# uses it from then on (zk/identity.py). Under systemd with StateDirectory=, the directory
+# systemd made ($STATE_DIRECTORY, its first entry) replaces the default's.
+INSTALLATION_ID_FILE = "/var/lib/nodepool/installation-id"
+INSTALLATION_ID_FILE_NAME = "installation-id"
+STATE_DIRECTORY_ENV = "STATE_DIRECTORY"
 INSTALLATION_ID_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]*[A-Za-z0-9])?\Z")
 IMAGE_PULL = "IfNotPresent"
 K8S_ANNOTATIONS_MAX = 256 * 1024  # bytes of keys and values the API server allows an object
@@ -483,6 +492,7 @@ _KUBERNETES_DEFAULTS: dict[Any, Validator] = {
 _KUBERNETES_PROVIDER_ONLY: dict[Any, Validator] = {
     Optional("capacity"): _CAPACITY,
     Optional("credentials-backoff"): list_of(_seconds, min_items=1),
+    Optional("credentials-exec-timeout"): _timeout,
 }
 
 # One schema holds both forms; `checks` enforces that `spec` excludes the form A keys and
@@ -632,6 +642,7 @@ def _installation_id(value: Any) -> str:
 MAIN = mapping({
     Required("zookeeper-servers"): list_of(_ZK_SERVER, min_items=1),
     Optional("installation-id"): _installation_id,
+    Optional("installation-id-file"): string(),
     Optional("zookeeper-tls"): _ZK_TLS,
     Optional("zookeeper-auth"): _ZK_AUTH,
     Optional("zookeeper-acl"): _ZK_ACL,

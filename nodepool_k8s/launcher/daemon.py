@@ -21,6 +21,7 @@ all activity and, on reconnect, registers the components again and re-syncs the 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -33,7 +34,7 @@ from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import Config, ProviderConfig, with_installation_id
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.registry import make_provider
-from nodepool_k8s.exceptions import NodepoolError
+from nodepool_k8s.exceptions import ConfigError, NodepoolError
 from nodepool_k8s.launcher.cleanup import CleanupWorker
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.deleter import NodeDeleter
@@ -48,7 +49,7 @@ from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, Request
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.identity import resolve_installation_id
+from nodepool_k8s.zk.identity import settle as settle_installation_id
 from nodepool_k8s.zk.pool_status import JsonDirCache
 from nodepool_k8s.zk.reader import ZkReader
 from nodepool_k8s.zk.registry import Registration
@@ -61,6 +62,9 @@ CACHE_SYNC_TIMEOUT = 60.0
 # How often a start-up wait looks at the stop request (only while starting).
 START_WAIT_SLICE = 0.1
 PROVIDER_RETRY = 30.0
+# How long a reload waits for the providers reading their credentials again (on threads of
+# their own, in parallel) before it goes on without them.
+CREDENTIALS_RELOAD_WAIT = 5.0
 # The part of the stop deadline spent handing work back; the rest closes the session.
 HANDBACK_SHARE = 0.75
 
@@ -98,6 +102,7 @@ class Launcher:
         self._stop = threading.Event()
         self._lock = threading.RLock()
         self._retry_thread: threading.Thread | None = None
+        self._reading_credentials: dict[str, threading.Thread] = {}
 
     # -- what other components use ---------------------------------------------------------
     @property
@@ -362,12 +367,25 @@ class Launcher:
         return self.deleter.submit(node_id, reason, _ready_and_unallocated)
 
     def _with_installation_id(self, config: Config) -> Config:
-        """An id set in the file wins; else the one recorded in ZooKeeper (recording the
-        derived one if this is the installation's first launcher), read once."""
-        if config.installation_id_explicit:
-            return config
+        """`config` with the installation id in force: settled once, at the start, from the
+        configuration or the local state file and checked against ZooKeeper (see
+        `zk.identity`; `InstallationIdError` stops the start before anything runs). It
+        never changes while the launcher runs: a reload that configures another id is
+        refused (`ConfigError`)."""
         if self._installation_id is None:
-            self._installation_id = resolve_installation_id(self.zk, config.installation_id)
+            identity = settle_installation_id(
+                self.zk, configured=config.installation_id if config.installation_id_explicit
+                else None, derived=config.installation_id,
+                state_file=config.installation_id_file, write=True)
+            log.info("Installation id %s (%s)", identity.value, identity.source)
+            self._installation_id = identity.value
+        elif config.installation_id_explicit \
+                and config.installation_id != self._installation_id:
+            raise ConfigError(
+                f"installation-id changed to {config.installation_id} while the launcher runs"
+                f" with {self._installation_id}: not applied (the id marks which namespaces"
+                " are this installation's); restart the launcher after recording the new id"
+                " in ZooKeeper as well (see doc/operation.md)")
         return with_installation_id(config, self._installation_id)
 
     # -- reload ---------------------------------------------------------------------------
@@ -393,9 +411,11 @@ class Launcher:
                     self._start_provider(provider_cfg)
                 else:
                     kept.append(name)
-            self._refresh_credentials(kept)
             for key in sorted(wanted - set(self.pool_workers)):
                 self._start_pool(key)
+        # Outside the lock: a provider's credential plugin must hold up neither the rest of
+        # the reload nor a stop.
+        self._refresh_credentials(kept)
         log.info("Configuration reloaded: %d pool(s)", len(self.pool_workers))
         self.engine.events.record(zk_events.CONFIG_RELOADED,
                                   message=f"{len(self.pool_workers)} pool(s)")
@@ -406,30 +426,66 @@ class Launcher:
         """A reload whose configuration is unchanged: the providers read their credentials
         again (a rewritten kubeconfig is what operators reload for, too)."""
         with self._lock:
-            self._refresh_credentials(list(self.engine.providers))
+            names = list(self.engine.providers)
+        self._refresh_credentials(names)
         self.wake_all()
 
     def _refresh_credentials(self, names: list[str]) -> None:
-        """Have the running providers `names` read their credentials again (lock held).
+        """Have the running providers `names` read their credentials again (lock not held).
 
         An operator who rewrote a kubeconfig reloads and expects it used, not only after the
         next 401. A provider whose kubeconfig now names another server or trust does not
         switch in place (see driver/kubernetes/credentials.py): it is replaced, as for
-        changed settings. Drivers without credentials to read (fake) are skipped."""
-        for name in names:
-            provider = self.engine.providers.get(name)
-            reload = getattr(provider, "reload_credentials", None)
-            if provider is None or not callable(reload):
-                continue
-            try:
-                keep = bool(reload())
-            except Exception:  # noqa: BLE001 - one provider must not stop the reload
-                log.exception("Provider %s could not read its credentials again", name)
-                continue
+        changed settings. Drivers without credentials to read (fake) are skipped.
+
+        Reading credentials may run a provider's exec plugin (bounded by its
+        `credentials-exec-timeout`). Each provider reads on a thread of its own, without
+        the launcher's lock; the reload waits up to CREDENTIALS_RELOAD_WAIT for them, and
+        a provider still reading then finishes in the background (its own launches wait
+        for it, nobody else's). A provider still reading from an earlier reload is not
+        asked again."""
+        started: list[threading.Thread] = []
+        with self._lock:
+            for name in names:
+                provider = self.engine.providers.get(name)
+                reload = getattr(provider, "reload_credentials", None)
+                if provider is None or not callable(reload):
+                    continue
+                busy = self._reading_credentials.get(name)
+                if busy is not None and busy.is_alive():
+                    log.warning("Provider %s is still reading its credentials from an earlier"
+                                " reload (its exec plugin?); not asking again", name)
+                    continue
+                thread = threads.start(
+                    f"credentials-{name}",
+                    functools.partial(self._read_credentials, name, provider, reload),
+                    on_crash=threads.Crash.END, report=self.engine.stats.thread_crashed)
+                self._reading_credentials[name] = thread
+                started.append(thread)
+        deadline = time.monotonic() + CREDENTIALS_RELOAD_WAIT
+        for thread in started:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            if thread.is_alive():
+                log.warning("%s: still reading credentials after %.0fs; the reload goes on"
+                            " without waiting for it", thread.name, CREDENTIALS_RELOAD_WAIT)
+
+    def _read_credentials(self, name: str, provider: Provider,
+                          reload: Callable[[], object]) -> None:
+        try:
+            keep = bool(reload())
+        except Exception:  # noqa: BLE001 - one provider must not stop the reload
+            log.exception("Provider %s could not read its credentials again", name)
+            return
+        if keep:
+            return
+        with self._lock:
             provider_cfg = self.engine.config.providers.get(name)
-            if not keep and provider_cfg is not None:
-                log.info("Provider %s: replacing it to follow its kubeconfig", name)
-                self._start_provider(provider_cfg)
+            if self.engine.stopping.is_set() or provider_cfg is None \
+                    or self.engine.providers.get(name) is not provider:
+                return  # stopping, or replaced or removed meanwhile
+            log.info("Provider %s: replacing it to follow its kubeconfig", name)
+            self._start_provider(provider_cfg)
+        self.wake_all()
 
     # -- stop -----------------------------------------------------------------------------
     def stop(self) -> None:

@@ -184,6 +184,14 @@ class LauncherService:
                 self._restart_webapp(config.webapp)
             self.reloads += 1
             return True
+        except ConfigError as exc:
+            # Valid on its own, but not applicable to the running launcher (a changed
+            # installation-id): nothing of it was applied.
+            self.failed_reloads += 1
+            log.error("The new configuration cannot be applied; still running the previous "
+                      "one: %s", exc)
+            status = "Running the previous configuration: the new one cannot be applied"
+            return False
         except Exception:
             self.failed_reloads += 1
             log.exception("Applying the new configuration failed")

@@ -305,9 +305,12 @@ class Stack:
         """The environment the launcher and the CLI need for a `%(NODEPOOL_...)s` config."""
         if self.sim is None:
             raise StackError("the simulator is not started")
+        # Each chroot is an installation of its own: its launchers pin their installation
+        # id in a state directory of its own (as systemd's StateDirectory= gives one).
+        state = self.workdir / f"state-{chroot.strip('/').replace('/', '-') or 'root'}"
         env = dict(self.env, NODEPOOL_ZK_HOST="127.0.0.1", NODEPOOL_ZK_PORT=str(self.zk_port),
                    NODEPOOL_ZK_CHROOT=chroot, NODEPOOL_WEBAPP_PORT="0",
-                   KUBECONFIG=str(self.sim.kubeconfig))
+                   KUBECONFIG=str(self.sim.kubeconfig), STATE_DIRECTORY=str(state))
         env.update(extra or {})
         return env
 

@@ -585,6 +585,18 @@ class ZkClient:
         self._write(lambda: self.kazoo.delete(path, version=version, recursive=recursive),
                     path)
 
+    def apply_acl(self, path: str) -> bool:
+        """Give the existing znode `path` the configured ACL (`zookeeper-acl`), as if we had
+        just created it: a znode made before the ACL was configured, or by another client,
+        keeps whatever ACL it was created with otherwise. False (nothing written) when no
+        ACL is configured. Needs the ADMIN permission on `path` (`ZkAuthError` without it;
+        `NoNodeError` when it does not exist)."""
+        acl = access.default_acl(self.settings.acl)
+        if not acl:
+            return False
+        self._write(lambda: self.kazoo.set_acls(path, acl), path)
+        return True
+
     def ensure_path(self, path: str) -> None:
         """Create `path` and missing parents; no write when it already exists."""
         if self.exists(path) is None:

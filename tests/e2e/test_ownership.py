@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any, Iterable
 
 import pytest
@@ -172,7 +173,7 @@ def sweep_after(launcher: Launcher, clock: ManualClock, seconds: float) -> None:
 
 def test_two_installations_never_sweep_each_other(
         launchers: LauncherFactory, zuul: ZuulClient, zk: ZkConnection, k8s_sim: Simulator,
-        kazoo_client: KazooClient) -> None:
+        kazoo_client: KazooClient, tmp_path: Path) -> None:
     # A second installation: another chroot on the same ZooKeeper, same provider name.
     kazoo_client.ensure_path("/second")
     zk_b = ZkConnection(host=zk.host, port=zk.port, chroot=f"{zk.chroot}/second")
@@ -182,7 +183,9 @@ def test_two_installations_never_sweep_each_other(
     settings = TEST_SETTINGS.replace(leak_sweep_interval=SWEEP_INTERVAL)
     try:
         a = launchers(LEAK_CONFIG, clock=clock, settings=settings)
-        b = launchers_b(LEAK_CONFIG, clock=clock, settings=settings)
+        # Its launcher runs elsewhere: it pins its id in a state directory of its own.
+        b = launchers_b(f"installation-id-file: {tmp_path / 'b' / 'installation-id'}\n"
+                        + LEAK_CONFIG, clock=clock, settings=settings)
         assert a.config.installation_id != b.config.installation_id
         _, node_a = fulfilled(zuul)
         _, node_b = fulfilled(zuul_b)

@@ -286,6 +286,7 @@ class Phase:
         env = {k: v for k, v in os.environ.items()
                if not k.startswith("NODEPOOL_K8S_") and not k.startswith("STATSD_")}
         env["KUBECONFIG"] = str(self.stack.kubeconfig)
+        env["STATE_DIRECTORY"] = self.stack.state_dir(self.chroot)
         if self.side.key == "nodepool":
             argv = [str(NP_LAUNCHER), "-f", "-c", str(config), "--no-webapp"]
         else:

@@ -353,6 +353,10 @@ class Stack:
         self.kazoo_clients.append(client)
         return client
 
+    def state_dir(self, chroot: str) -> str:
+        """Where our launchers of `chroot` (an installation of its own) pin their id."""
+        return str(self.workdir / ("state-" + chroot.strip("/").replace("/", "-")))
+
     # our launcher
     def start_our_launcher(self, name: str, chroot: str, tls: bool, body: str,
                            extra_env: dict[str, str] | None = None) -> Process:
@@ -364,6 +368,7 @@ class Stack:
                     "NODEPOOL_K8S_MIN_READY_BACKOFF": "1"})
         if self.kubeconfig:
             env["KUBECONFIG"] = self.kubeconfig
+        env["STATE_DIRECTORY"] = self.state_dir(chroot)
         env.update(extra_env or {})
         return self.process(name, our_command("nodepool-launcher", "nodepool_k8s.cmd.launcher")
                             + ["-c", str(config), "--no-webapp"], env=env)

@@ -1,7 +1,8 @@
 """One provider's connection to its cluster, and every API call made through it.
 
 Owns: building the official client (kubeconfig context, or the pod's service account when
-there is no kubeconfig), keeping its logging from dumping bodies (service-account tokens
+there is no kubeconfig; every exec credential plugin bounded by `credentials-exec-timeout`
+through `exec_limit`), keeping its logging from dumping bodies (service-account tokens
 travel in them), and `KubeClient.call`: one API call with typed errors and retries configured
 by the provider's `api_retries`/`api_backoff`/`api_timeout`. Responses are decoded to plain
 dicts (`_preload_content=False`), never to client model objects. Every request, `call`'s and
@@ -22,19 +23,22 @@ import base64
 import json
 import logging
 import os
+import sys
 import threading
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, TypeVar
 
 import urllib3.exceptions
 from kubernetes import client as k8s
-from kubernetes import config as k8s_config
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
+from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.kubernetes.credentials import Credentials, LiveConfiguration, Loader
 from nodepool_k8s.driver.kubernetes.errors import (Conflict, Unauthorized, is_retryable,
@@ -52,6 +56,9 @@ MAX_CA_BYTES = 128 * 1024
 DEFAULT_KUBECONFIG = "~/.kube/config"
 # Where a pod's service account is mounted (its `token` and `ca.crt`), for in-cluster use.
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+# The script every exec credential plugin runs under (run by path: it must not import this
+# package, and starts in a few tens of milliseconds with `python -I`).
+EXEC_LIMIT = str(Path(__file__).with_name("exec_limit.py"))
 
 
 class _NoBodies(logging.Filter):
@@ -95,14 +102,46 @@ def kubeconfig_paths(explicit: str | None) -> list[str]:
     return [os.path.expanduser(p) for p in raw.split(os.pathsep) if p]
 
 
+def _limit_exec_plugins(kubeconfig: Any, seconds: float) -> None:
+    """Put `exec_limit` in front of every `exec` user of the merged `kubeconfig` (the
+    client's ConfigNode, changed in place): the client waits for a plugin without a limit,
+    at the load and whenever its refresh hook renews a token. The plugin keeps its own
+    command, arguments, environment and working directory."""
+    for entry in kubeconfig.value.get("users") or []:
+        user = getattr(entry, "value", entry)
+        plugin = (user.get("user") or {}).get("exec") if isinstance(user, dict) else None
+        if not isinstance(plugin, dict) or "command" not in plugin:
+            continue
+        plugin["args"] = ["-I", EXEC_LIMIT, f"{seconds:g}", "--", str(plugin["command"]),
+                          *[str(a) for a in plugin.get("args") or []]]
+        plugin["command"] = sys.executable
+
+
+def _load_kubeconfig(config_file: str, context: str | None, exec_timeout: float,
+                     configuration: k8s.Configuration) -> str | None:
+    """What `kubernetes.config.load_kube_config` does, with the exec plugins limited;
+    returns the context used."""
+    merged = KubeConfigMerger(config_file).config
+    if merged is None:
+        raise ConfigException("Invalid kube-config file. No configuration found.")
+    _limit_exec_plugins(merged, exec_timeout)
+    loader = KubeConfigLoader(config_dict=merged, active_context=context,
+                              config_base_path=None)
+    loader.load_and_set(configuration)
+    current = loader.current_context
+    return context or (current.get("name") if isinstance(current, dict) else None)
+
+
 def load_configuration(context: str | None, kubeconfig: str | None, pool_maxsize: int,
                        service_account: str = SERVICE_ACCOUNT_DIR,
+                       exec_timeout: float = S.CREDENTIALS_EXEC_TIMEOUT,
                        ) -> tuple[k8s.Configuration, str | None]:
     """A fresh client Configuration and the context name actually used (None in-cluster).
 
     Reads the files now, every time: the start and every credentials reload come here, so
     a rewritten kubeconfig (or a rotated in-cluster token) is what the next load sees.
-    `service_account`: the directory of the in-cluster `token` and `ca.crt`."""
+    `service_account`: the directory of the in-cluster `token` and `ca.crt`.
+    `exec_timeout`: seconds an exec credential plugin may run (see `exec_limit`)."""
     _silence_body_logging()
     # type.__call__ skips any class-level default copy, so providers never share settings;
     # LiveConfiguration runs the client's credential refresh one thread at a time.
@@ -113,12 +152,8 @@ def load_configuration(context: str | None, kubeconfig: str | None, pool_maxsize
         raise TemporaryError(f"kubeconfig {kubeconfig} not found")
     try:
         if paths:
-            config_file = os.pathsep.join(paths)
-            _, active = k8s_config.list_kube_config_contexts(config_file)
-            used = context or (active or {}).get("name")
-            k8s_config.load_kube_config(config_file=config_file, context=context,
-                                        client_configuration=configuration,
-                                        persist_config=False)
+            used = _load_kubeconfig(os.pathsep.join(paths), context, exec_timeout,
+                                    configuration)
         else:
             # What load_incluster_config does, with the directory as a parameter. With
             # try_refresh_token the client re-reads the token file (which the kubelet
@@ -331,7 +366,8 @@ def connect(config: ProviderConfig, kubeconfig: str | None, pool_maxsize: int,
     """A client for `config`'s context whose credentials are loaded again, from the same
     place, when the API server refuses them (see `credentials`)."""
     def load() -> tuple[k8s.Configuration, str | None]:
-        return load_configuration(config.context, kubeconfig, pool_maxsize, service_account)
+        return load_configuration(config.context, kubeconfig, pool_maxsize, service_account,
+                                  config.credentials_exec_timeout)
 
     configuration, used = load()
     if not configuration.verify_ssl:

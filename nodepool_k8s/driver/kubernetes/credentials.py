@@ -32,7 +32,11 @@ How it fails: `rejected` and `accepted` never raise. A reload that cannot load (
 unreadable or invalid, or the result carries no credential at all, as when an exec plugin
 fails: the client then logs the plugin's error and returns a configuration that would send
 requests anonymously, which a real cluster answers with 403) keeps the current credentials;
-the condition says why.
+the condition says why. An exec plugin runs under the provider's `credentials-exec-timeout`
+(`client.load_configuration`, `exec_limit`): one that hangs is killed and counts as failed,
+so a reload, and the requests waiting on the refresh lock, wait for it that long at most.
+Only this provider's locks are held meanwhile; the launcher reads each provider's
+credentials on a thread of its own, without its own lock.
 """
 
 from __future__ import annotations
