@@ -470,6 +470,10 @@ def _guards(label: Raw, pool: Raw, provider: Raw, path: Path, pool_path: Path,
     policy, _ = build.resolve_guard(label, pool, provider, "network-policy")
     if origin == "label" and not policy:
         report.warn(path + ("egress-allow",), "has no effect without network-policy: true")
+    if label["type"] == "pod" and build.object_quota(label, pool, provider)["pods"] < 1:
+        # The quota counts the label's own pod: every launch would fail "exceeded quota".
+        report.error(path + ("object-quota", "pods"), "a pod label needs room for its own"
+                     " pod: at least 1")
     for section in ("labels", "dynamic-labels"):
         for key in label.get(section, {}):
             if str(key).startswith(POD_SECURITY_PREFIX):

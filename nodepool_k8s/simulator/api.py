@@ -436,16 +436,16 @@ class Api:
                                                              str(namespace)))
             ranges, _ = self.store.list("limitranges", namespace)
             admission.apply_limit_ranges(obj, ranges)
-        if resource.plural in ("pods", "services"):
+        if resource.plural in admission.USAGE:
             quotas, _ = self.store.list("resourcequotas", namespace)
             if quotas:
                 existing, _ = self.store.list(resource.plural, namespace)
                 admission.check_quota(resource.plural, obj, quotas, existing)
         if resource.plural == "resourcequotas":
-            pods, _ = self.store.list("pods", namespace)
-            services, _ = self.store.list("services", namespace)
+            objects = {plural: self.store.list(plural, namespace)[0]
+                       for plural in admission.USAGE}
             obj["status"] = {"hard": dict((obj.get("spec") or {}).get("hard") or {}),
-                             "used": admission.quota_used(obj, pods, services)}
+                             "used": admission.quota_used(obj, objects)}
 
     def _check_escalation(self, identity: Identity, resource: ResourceType,
                           namespace: str | None, obj: Obj) -> None:

@@ -393,6 +393,19 @@ def _quota_causes(obj: dict[str, Any]) -> Causes:
     return _quantities_causes("spec.hard", (obj.get("spec") or {}).get("hard"))
 
 
+def _claim_causes(obj: dict[str, Any]) -> Causes:
+    spec = obj.get("spec") or {}
+    causes: Causes = []
+    if not spec.get("accessModes"):
+        causes.append(("spec.accessModes", "FieldValueRequired",
+                       "Required value: at least 1 access mode is required"))
+    requests = (spec.get("resources") or {}).get("requests") or {}
+    if "storage" not in requests:
+        causes.append(("spec.resources[storage]", "FieldValueRequired", "Required value"))
+    causes += _quantities_causes("spec.resources.requests", requests)
+    return causes
+
+
 def _limitrange_causes(obj: dict[str, Any]) -> Causes:
     causes: Causes = []
     for i, item in enumerate((obj.get("spec") or {}).get("limits") or []):
@@ -462,6 +475,7 @@ _KIND_CAUSES = {
     "clusterrolebindings": _rolebinding_causes,
     "resourcequotas": _quota_causes,
     "limitranges": _limitrange_causes,
+    "persistentvolumeclaims": _claim_causes,
     "services": _service_causes,
     "networkpolicies": _networkpolicy_causes,
 }

@@ -63,6 +63,7 @@ providers:
             type: namespace
             cpu: 1
             memory: 512
+            object-quota: {{configmaps: 3, persistentvolumeclaims: 1, storage: 1000}}
           - name: pod-privileged
             type: pod
             image: docker.io/library/busybox:1.36
@@ -106,7 +107,9 @@ def test_namespace_is_guarded(launchers: LauncherFactory, zuul: ZuulClient,
     quota = k8s_sim.get("resourcequotas", guards.QUOTA_NAME, namespace)
     assert quota is not None and quota["spec"]["hard"] == {
         "requests.cpu": "1", "limits.cpu": "1", "requests.memory": "512Mi",
-        "limits.memory": "512Mi", "services.loadbalancers": "0", "services.nodeports": "0"}
+        "limits.memory": "512Mi", "services.loadbalancers": "0", "services.nodeports": "0",
+        "pods": "50", "services": "20", "secrets": "50", "configmaps": "3",
+        "persistentvolumeclaims": "1", "requests.storage": "1000M"}
     limits = k8s_sim.get("limitranges", guards.LIMIT_RANGE_NAME, namespace)
     assert limits is not None and limits["spec"]["limits"] == [{
         "type": "Container", "default": {"cpu": "1", "memory": "512Mi"},
@@ -141,6 +144,48 @@ def test_namespace_is_guarded(launchers: LauncherFactory, zuul: ZuulClient,
     plain = core.create_namespaced_pod(namespace, _pod("plain"))
     assert plain.spec.containers[0].resources.requests == {"cpu": "0.1", "memory": "128Mi"}
     assert plain.spec.containers[0].resources.limits == {"cpu": "1", "memory": "512Mi"}
+
+    # Object counts: three configmaps (kube-root-ca.crt, which the cluster adds, among them).
+    why = ""
+    for index in range(4):
+        try:
+            core.create_namespaced_config_map(namespace, {"metadata": {"name": f"c{index}"}})
+        except ApiException as exc:
+            assert exc.status == 403, exc
+            why = str(exc.body)
+            break
+    assert "exceeded quota: nodepool-quota" in why and "configmaps=3" in why
+    why = _refused(lambda: core.create_namespaced_persistent_volume_claim(
+        namespace, _claim("huge", "2G")))
+    assert "exceeded quota: nodepool-quota" in why and "requests.storage" in why
+    core.create_namespaced_persistent_volume_claim(namespace, _claim("data", "500M"))
+    why = _refused(lambda: core.create_namespaced_persistent_volume_claim(
+        namespace, _claim("more", "1M")))
+    assert "persistentvolumeclaims=1" in why
+
+    # The role: endpoints are read-only, secrets are not the job's (allow-job-secrets).
+    assert core.list_namespaced_endpoints(namespace).items == []
+    why = _refused(lambda: core.create_namespaced_endpoints(namespace, {
+        "metadata": {"name": "internal"},
+        "subsets": [{"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 80}]}]}))
+    assert 'cannot create resource \\"endpoints\\"' in why or \
+        'cannot create resource "endpoints"' in why
+    why = _refused(lambda: core.create_namespaced_secret(namespace, _token_secret()))
+    assert 'cannot create resource \\"secrets\\"' in why or \
+        'cannot create resource "secrets"' in why
+
+
+def _claim(name: str, size: str) -> dict[str, Any]:
+    return {"metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": size}}}}
+
+
+def _token_secret(name: str = "forever") -> dict[str, Any]:
+    """What a job would create to get a token for zuul-worker that never expires."""
+    return {"metadata": {"name": name,
+                         "annotations": {"kubernetes.io/service-account.name": "zuul-worker"}},
+            "type": "kubernetes.io/service-account-token"}
 
 
 # -- the launcher's own rights -------------------------------------------------------------------
@@ -195,8 +240,16 @@ def test_launcher_rbac_is_sufficient(launcher_account: Simulator, launchers: Lau
 def test_shipped_job_roles_match_the_driver() -> None:
     documents = {d["metadata"]["name"]: d for d in yaml.safe_load_all(RBAC_YAML.read_text())
                  if d["kind"] == "ClusterRole"}
-    assert documents[guards.CLUSTER_ROLES["namespace"]]["rules"] == manifests.NAMESPACE_RULES
-    assert documents[guards.CLUSTER_ROLES["pod"]]["rules"] == manifests.POD_RULES
+    # Every ClusterRole the driver binds holds exactly the rules of the Role it would create.
+    for label in (PoolLabel("n", "namespace"), PoolLabel("n", "namespace",
+                                                         allow_job_secrets=True),
+                  PoolLabel("p", "pod", image="busybox")):
+        assert documents[guards.cluster_role_name(label)]["rules"] == \
+            manifests.role_rules(label), label
+    assert set(guards.CLUSTER_ROLES.values()) <= set(documents)
+    bindable = next(rule for rule in documents["nodepool-launcher"]["rules"]
+                    if rule["verbs"] == ["bind"])
+    assert sorted(bindable["resourceNames"]) == sorted(guards.CLUSTER_ROLES.values())
     launcher_rules = documents["nodepool-launcher"]["rules"]
     assert not any("secrets" in rule["resources"] for rule in launcher_rules)
     assert not any(verb in rule["verbs"] for rule in launcher_rules
