@@ -196,6 +196,18 @@ def _zookeeper_access(data: Raw, report: _Report, skip: set[str]) -> None:
     if data.get("zookeeper-auth") and "zookeeper-auth" not in skip:
         report.warn(("zookeeper-auth",), "holds a password: keep it in the secure file"
                     " (-s), which only the launcher can read")
+    if data.get("zookeeper-auth") and not data.get("zookeeper-tls"):
+        # Digest authentication sends user and password in each session's first packets.
+        report.warn(("zookeeper-auth",), "digest credentials without zookeeper-tls travel"
+                    " in clear text to ZooKeeper, for anyone on the network path to read;"
+                    " set zookeeper-tls (doc/security.md, ZooKeeper access control)")
+    if (acl is None or not acl.get("enabled", True)) and any(
+            p.get("driver") == "kubernetes" for p in data.get("providers") or []):
+        report.warn(("zookeeper-acl",), "off: node records of kubernetes providers hold"
+                    " their namespace's service-account token, and with ZooKeeper's open ACL"
+                    " any client that reaches ZooKeeper (a CI job, unless a NetworkPolicy"
+                    " keeps it out) can read every token and write records; set"
+                    " zookeeper-acl (doc/security.md, ZooKeeper access control)")
 
 
 # -- tenants, top-level labels -------------------------------------------------------------------
