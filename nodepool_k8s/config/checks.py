@@ -484,8 +484,13 @@ def _guards(label: Raw, pool: Raw, provider: Raw, path: Path, pool_path: Path,
         report.warn(path + ("egress-allow",), "has no effect without network-policy: true")
     if label["type"] == "pod" and build.object_quota(label, pool, provider)["pods"] < 1:
         # The quota counts the label's own pod: every launch would fail "exceeded quota".
-        report.error(path + ("object-quota", "pods"), "a pod label needs room for its own"
-                     " pod: at least 1")
+        where = next((place + (key, "pods") for place, key, section in (
+            (path, "object-quota", label), (pool_path, "default-label-object-quota", pool),
+            (provider_path, "default-label-object-quota", provider))
+            if (section.get(key) or {}).get("pods") is not None), path)
+        message = "a pod label needs room for its own pod: at least 1"
+        if f"{format_path(where)}: {message}" not in report.errors:  # once per default
+            report.error(where, message)
     for section in ("labels", "dynamic-labels"):
         for key in label.get(section, {}):
             if str(key).startswith(POD_SECURITY_PREFIX):

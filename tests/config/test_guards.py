@@ -87,6 +87,11 @@ def test_object_quota_problems() -> None:
     at(data, "podlabel")["object-quota"] = {"pods": 0}
     assert problems(data) == [f"{POD}.object-quota.pods: a pod label needs room for"
                               " its own pod: at least 1"]
+    data = base()
+    at(data, "pool")["default-label-object-quota"] = {"pods": 0}
+    at(data, "nslabel")["object-quota"] = {"pods": 1}
+    assert problems(data) == ["providers[0].pools[0].default-label-object-quota.pods: a pod"
+                              " label needs room for its own pod: at least 1"]
 
 
 @pytest.mark.parametrize("place,key,value,setting,permission", [
