@@ -226,6 +226,13 @@ def test_the_shipped_policy_refuses_token_secrets(launchers: LauncherFactory,
                                or {}).get("token"), message="the minted token")
     assert minted
 
+    # Scoped by the label every namespace of a launcher carries (and nothing else does).
+    for document in yaml.safe_load_all(POLICY_YAML.read_text()):
+        spec = document["spec"]
+        selector = (spec.get("matchConstraints") or spec.get("matchResources"))[
+            "namespaceSelector"]
+        assert selector == {"matchExpressions": [
+            {"key": manifests.INSTALLATION_LABEL, "operator": "Exists"}]}
     assert create_documents(k8s_sim, POLICY_YAML) == [
         "validatingadmissionpolicies/nodepool-no-token-secrets",
         "validatingadmissionpolicybindings/nodepool-no-token-secrets"]

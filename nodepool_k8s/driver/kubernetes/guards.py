@@ -2,9 +2,11 @@
 
 Owns: the Pod Security admission labels of the namespace, the ResourceQuota and LimitRange
 derived from the label's requests and limits (what the launcher counted against max-cores
-and max-ram is what the namespace may use), the optional default-deny egress NetworkPolicy,
-and the RoleBinding to a pre-created ClusterRole (`job-role: cluster-role`). Like
-`manifests`, nothing here does I/O; a builder returns None when its object is not wanted.
+and max-ram is what the namespace may use) plus its object counts (`object-quota`), the
+optional default-deny egress NetworkPolicy, and the RoleBinding to a pre-created
+ClusterRole (`job-role: cluster-role`, the ClusterRole chosen by label type and
+`allow-job-secrets`). Like `manifests`, nothing here does I/O; a builder returns None when
+its object is not wanted.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Owns: naming (namespace, pod, container), ownership labels, `dynamic-labels` formatting,
 the RBAC rules per label type (and `allow-job-secrets`) and the pod body for both label
 forms. Nothing here does I/O or mutates its inputs (config mappings are deep-copied into the
-bodies). The only failure is
-a `dynamic-labels` template that cannot be formatted: it is logged and that key skipped.
+bodies). The only failure is a `dynamic-labels` template that cannot be formatted: it is
+logged and that key skipped.
 
 Bodies are dicts, not client model objects: the classic client (kubernetes==36.0.3) sends
 dicts verbatim, and tests can compare them to what the API server stored.
