@@ -308,6 +308,16 @@ def test_launcher_rbac_is_sufficient(launcher_account: Simulator, launchers: Lau
         == "Running"
     _refused(lambda: pod_core.create_namespaced_config_map(f"main-{pod_id}",
                                                            {"metadata": {"name": "x"}}))
+    _refused(lambda: core.create_namespaced_secret(f"main-{ns_id}",
+                                                   {"metadata": {"name": "s"}}))
+    # With allow-job-secrets the launcher binds the secrets ClusterRole (it may `bind` it).
+    (secrets_id,) = _fulfil(zuul, ["k8s-secrets"])["nodes"]
+    binding = sim.get("rolebindings", manifests.ROLE_BINDING, f"main-{secrets_id}")
+    assert binding is not None and binding["roleRef"]["name"] == "nodepool-zuul-with-secrets"
+    secrets_node = zuul.get_node(secrets_id)
+    assert secrets_node is not None
+    node_api(secrets_node["connection_port"]).create_namespaced_secret(
+        f"main-{secrets_id}", {"metadata": {"name": "s"}})
 
 
 def test_shipped_job_roles_match_the_driver() -> None:
