@@ -86,6 +86,16 @@ def resolve_guard(label: Raw, pool: Raw, provider: Raw, key: str) -> tuple[Any, 
     return None, None
 
 
+def object_quota(label: Raw, pool: Raw, provider: Raw) -> dict[str, int]:
+    """Every `object-quota` entry: the label's, else the pool's, else the provider's
+    `default-label-object-quota` entry, else the built-in one (merged per entry, so raising
+    one count does not drop the others)."""
+    layers = [label.get("object-quota"), pool.get("default-label-object-quota"),
+              provider.get("default-label-object-quota")]
+    return {key: int(_first(*(layer.get(key) for layer in layers if layer), default=default))
+            for key, default in S.OBJECT_QUOTA.items()}
+
+
 def scheduling(label: Raw, pool: Raw, provider: Raw, key: str) -> tuple[Any, ...]:
     """A scheduling key (tolerations, node-requirements, ...) of a form A pod label: the
     label's list, else the pool's `default-label-<key>`, else the provider's (first found
@@ -209,6 +219,10 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
         allow_external_services=bool(_first(
             resolve_guard(label, pool, provider, "allow-external-services")[0],
             default=S.ALLOW_EXTERNAL_SERVICES)),
+        allow_job_secrets=bool(_first(
+            resolve_guard(label, pool, provider, "allow-job-secrets")[0],
+            default=S.ALLOW_JOB_SECRETS)),
+        object_quota=object_quota(label, pool, provider),
     )
     return PoolLabel(**values)
 

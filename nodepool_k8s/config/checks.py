@@ -196,6 +196,18 @@ def _zookeeper_access(data: Raw, report: _Report, skip: set[str]) -> None:
     if data.get("zookeeper-auth") and "zookeeper-auth" not in skip:
         report.warn(("zookeeper-auth",), "holds a password: keep it in the secure file"
                     " (-s), which only the launcher can read")
+    if data.get("zookeeper-auth") and not data.get("zookeeper-tls"):
+        # Digest authentication sends user and password in each session's first packets.
+        report.warn(("zookeeper-auth",), "digest credentials without zookeeper-tls travel"
+                    " in clear text to ZooKeeper, for anyone on the network path to read;"
+                    " set zookeeper-tls (doc/security.md, ZooKeeper access control)")
+    if (acl is None or not acl.get("enabled", True)) and any(
+            p.get("driver") == "kubernetes" for p in data.get("providers") or []):
+        report.warn(("zookeeper-acl",), "off: node records of kubernetes providers hold"
+                    " their namespace's service-account token, and with ZooKeeper's open ACL"
+                    " any client that reaches ZooKeeper (a CI job, unless a NetworkPolicy"
+                    " keeps it out) can read every token and write records; set"
+                    " zookeeper-acl (doc/security.md, ZooKeeper access control)")
 
 
 # -- tenants, top-level labels -------------------------------------------------------------------
@@ -470,6 +482,15 @@ def _guards(label: Raw, pool: Raw, provider: Raw, path: Path, pool_path: Path,
     policy, _ = build.resolve_guard(label, pool, provider, "network-policy")
     if origin == "label" and not policy:
         report.warn(path + ("egress-allow",), "has no effect without network-policy: true")
+    if label["type"] == "pod" and build.object_quota(label, pool, provider)["pods"] < 1:
+        # The quota counts the label's own pod: every launch would fail "exceeded quota".
+        where = next((place + (key, "pods") for place, key, section in (
+            (path, "object-quota", label), (pool_path, "default-label-object-quota", pool),
+            (provider_path, "default-label-object-quota", provider))
+            if (section.get(key) or {}).get("pods") is not None), path)
+        message = "a pod label needs room for its own pod: at least 1"
+        if f"{format_path(where)}: {message}" not in report.errors:  # once per default
+            report.error(where, message)
     for section in ("labels", "dynamic-labels"):
         for key in label.get(section, {}):
             if str(key).startswith(POD_SECURITY_PREFIX):

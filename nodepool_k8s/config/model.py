@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from nodepool_k8s.config.schema import OBJECT_QUOTA
 from nodepool_k8s.model import Resources
 
 INF = math.inf
@@ -135,12 +136,16 @@ class PoolLabel:
     # Guarded namespaces (kubernetes driver; see doc/security.md): the Pod Security level
     # enforced on the namespace, a ResourceQuota/LimitRange from the requests and limits above,
     # a default-deny egress NetworkPolicy allowing DNS and `egress_allow` (CIDRs), and whether
-    # the quota leaves out services.loadbalancers/nodeports = 0.
+    # the quota leaves out services.loadbalancers/nodeports = 0; whether the job's role
+    # grants secrets (namespace labels); the quota's object counts and PVC storage (MB),
+    # every entry of schema.OBJECT_QUOTA resolved.
     pod_security: str = "baseline"
     resource_quota: bool = True
     network_policy: bool = False
     egress_allow: tuple[str, ...] = ()
     allow_external_services: bool = False
+    allow_job_secrets: bool = False
+    object_quota: Mapping[str, int] = field(default_factory=lambda: dict(OBJECT_QUOTA))
     # Seconds to wait for the pod to run (and the token to appear) per attempt.
     boot_timeout: float = 300.0
     # Fake driver only: simulated launch time and failure injection for tests/benchmarks.

@@ -89,6 +89,14 @@ POD_SECURITY = "baseline"
 RESOURCE_QUOTA = True
 NETWORK_POLICY = False  # needs a CNI that enforces it, and CIDRs of what jobs may reach
 ALLOW_EXTERNAL_SERVICES = False
+# Secrets in the job's role (namespace labels): off, because a job that may create Secrets
+# may create a service-account-token one, a token that never expires (doc/security.md).
+ALLOW_JOB_SECRETS = False
+# Object counts and PVC storage (MB) the namespace's ResourceQuota allows: room for what a
+# CI job deploys, not for filling etcd or the storage backend. `object-quota` changes an
+# entry (label, then pool/provider `default-label-object-quota`, per entry).
+OBJECT_QUOTA = {"pods": 50, "services": 20, "secrets": 50, "configmaps": 50,
+                "persistentvolumeclaims": 10, "storage": 10000}
 # Scheduling (kubernetes pod labels): tolerations and node requirements, as Kubernetes
 # accepts them (see checks._scheduling for the operator/values rules).
 TOLERATION_OPERATORS = ("Equal", "Exists")
@@ -103,7 +111,7 @@ TIMEZONE = "UTC"
 DRIFT_MAX_NODES = 1  # drifted spares replaced at once when no budget is configured
 # Label keys whose pool and provider defaults are `default-label-<key>`.
 GUARD_KEYS = ("pod-security", "resource-quota", "network-policy", "egress-allow",
-              "allow-external-services")
+              "allow-external-services", "allow-job-secrets", "object-quota")
 # Pool or provider permissions for pod settings that reach past the pod's own sandbox.
 PERMISSION_KEYS = ("allow-privileged", "allow-host-path", "allow-host-namespaces",
                    "allow-verbatim-spec")
@@ -482,6 +490,8 @@ _GUARDS: dict[str, Validator] = {
     "network-policy": boolean,
     "egress-allow": list_of(string()),
     "allow-external-services": boolean,
+    "allow-job-secrets": boolean,
+    "object-quota": mapping({Optional(k): integer(minimum=0) for k in OBJECT_QUOTA}),
 }
 # Pool and provider keys of the kubernetes driver only.
 _KUBERNETES_DEFAULTS: dict[Any, Validator] = {

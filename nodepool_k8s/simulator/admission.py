@@ -1,6 +1,7 @@
 """Admission the way the real API server's built-in plugins do it, for what our driver relies on.
 
-Owns, at pod and service creation (called with the store lock held, after validation):
+Owns, at the creation of pods, services, secrets, configmaps and claims (called with the store
+lock held, after validation):
 
 - Pod Security admission: the namespace label `pod-security.kubernetes.io/enforce` names the
   level (privileged, baseline, restricted; no label = privileged, as on a cluster without a
@@ -15,13 +16,15 @@ Owns, at pod and service creation (called with the store lock held, after valida
   quota's `hard` for requests.*/limits.* (and bare cpu/memory/ephemeral-storage, meaning
   requests) and `pods`; a container that lacks a request/limit a quota constrains is refused
   ("must specify"). Services count against `services`, `services.loadbalancers` and
-  `services.nodeports`. Answer: 403 `exceeded quota: <name>, requested: ..., used: ...,
-  limited: ...`.
+  `services.nodeports`; secrets and configmaps against their counts; persistent volume
+  claims against `persistentvolumeclaims` and `requests.storage`. Answer: 403 `exceeded
+  quota: <name>, requested: ..., used: ..., limited: ...`.
 
-Not modelled: quota scopes and scope selectors, object-count quotas other than pods and
-services, pod overhead, LimitRange min/max/ratio, Pod Security `audit`/`warn` modes and
-exemptions. Usage is computed from the store on every admission, so there is no
-quota-controller lag (the real one updates `status.used` asynchronously).
+Not modelled: quota scopes and scope selectors, `count/<resource>` keys, per storage class
+keys, the quota check on updates (a claim resized), pod overhead, LimitRange
+min/max/ratio, Pod Security `audit`/`warn` modes and exemptions. Usage is computed from the
+store on every admission, so there is no quota-controller lag (the real one updates
+`status.used` asynchronously).
 """
 
 from __future__ import annotations
@@ -216,54 +219,80 @@ def service_usage(service: Obj) -> dict[str, Decimal]:
     return usage
 
 
+def claim_usage(claim: Obj) -> dict[str, Decimal]:
+    """A PersistentVolumeClaim: one claim and the storage it requests."""
+    requests = (((claim.get("spec") or {}).get("resources") or {}).get("requests") or {})
+    return {"persistentvolumeclaims": Decimal(1),
+            "requests.storage": _quantity(requests.get("storage", 0))}
+
+
+def _count_usage(plural: str) -> Callable[[Obj], dict[str, Decimal]]:
+    return lambda obj: {plural: Decimal(1)}
+
+
+# Kinds a quota constrains -> what one object of that kind uses.
+USAGE: dict[str, Callable[[Obj], dict[str, Decimal]]] = {
+    "pods": pod_usage, "services": service_usage, "persistentvolumeclaims": claim_usage,
+    "secrets": _count_usage("secrets"), "configmaps": _count_usage("configmaps"),
+}
+
+
 def _hard_key(key: str) -> str:
     """Bare compute names in `hard` mean requests."""
     return f"requests.{key}" if key in _COMPUTE else key
+
+
+def _constrains(plural: str, internal: str) -> bool:
+    """Whether the quota key `internal` (after `_hard_key`) counts objects of `plural`."""
+    if plural == "pods":
+        # requests.storage is the claims' (the pod evaluator has no `storage` resource).
+        return internal == "pods" or (internal.startswith(("requests.", "limits."))
+                                      and internal != "requests.storage")
+    if plural == "services":
+        return internal.startswith("services")
+    if plural == "persistentvolumeclaims":
+        return internal in ("persistentvolumeclaims", "requests.storage")
+    return internal == plural
 
 
 def live_pods(pods: list[Obj]) -> list[Obj]:
     return [p for p in pods if (p.get("status") or {}).get("phase") not in _FINISHED_PHASES]
 
 
-def quota_used(quota: Obj, pods: list[Obj], services: list[Obj]) -> dict[str, str]:
+def _counted(plural: str, objects: list[Obj]) -> list[Obj]:
+    return live_pods(objects) if plural == "pods" else objects
+
+
+def quota_used(quota: Obj, objects: dict[str, list[Obj]]) -> dict[str, str]:
+    """`status.used` of `quota`, from the namespace's objects by plural."""
     hard = (quota.get("spec") or {}).get("hard") or {}
     totals: dict[str, Decimal] = {}
-    for obj in live_pods(pods):
-        for key, value in pod_usage(obj).items():
-            totals[key] = totals.get(key, Decimal(0)) + value
-    for obj in services:
-        for key, value in service_usage(obj).items():
-            totals[key] = totals.get(key, Decimal(0)) + value
+    for plural, items in objects.items():
+        for obj in _counted(plural, items):
+            for key, value in USAGE[plural](obj).items():
+                if _constrains(plural, key):
+                    totals[key] = totals.get(key, Decimal(0)) + value
     return {key: _format(totals.get(_hard_key(key), Decimal(0))) for key in hard}
 
 
 def check_quota(plural: str, obj: Obj, quotas: list[Obj], existing: list[Obj]) -> None:
-    """403 when creating `obj` (a pod or service) would exceed one of `quotas`."""
-    usage_of: Callable[[Obj], dict[str, Decimal]]
-    if plural == "pods":
-        new = pod_usage(obj)
-        others = live_pods(existing)
-        usage_of = pod_usage
-    else:
-        new = service_usage(obj)
-        others = existing
-        usage_of = service_usage
+    """403 when creating `obj` (any kind of `USAGE`) would exceed one of `quotas`;
+    `existing` are the namespace's objects of that kind."""
+    usage_of = USAGE[plural]
+    new = usage_of(obj)
+    others = _counted(plural, existing)
     name = str((obj.get("metadata") or {}).get("name") or "")
     for quota in quotas:
         quota_name = quota["metadata"]["name"]
         hard = (quota.get("spec") or {}).get("hard") or {}
+        relevant = {key: _hard_key(key) for key in hard if _constrains(plural, _hard_key(key))}
         if plural == "pods":
-            relevant = {key: _hard_key(key) for key in hard
-                        if _hard_key(key).startswith(("requests.", "limits."))
-                        or key == "pods"}
             missing = sorted(k for k in relevant.values()
                              if k.startswith(("requests.", "limits.")) and k not in new)
             if missing:
                 containers = ",".join(n for n, _ in _containers(obj.get("spec") or {}))
                 raise errors.forbidden(plural, name, f"failed quota: {quota_name}: must specify "
                                        + "; ".join(f"{k} for: {containers}" for k in missing))
-        else:
-            relevant = {key: key for key in hard if key.startswith("services")}
         used: dict[str, Decimal] = {}
         for other in others:
             for key, value in usage_of(other).items():

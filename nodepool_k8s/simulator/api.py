@@ -26,7 +26,7 @@ from urllib.parse import parse_qs, unquote
 import yaml
 
 from nodepool_k8s.simulator import (admission, discovery, errors, openapi, patch, protobuf,
-                                    tables, validation)
+                                    policy, tables, validation)
 from nodepool_k8s.simulator.auth import Identity, TokenAuthority
 from nodepool_k8s.simulator.config import SimulatorConfig
 from nodepool_k8s.simulator.data import clone, dumps
@@ -436,16 +436,36 @@ class Api:
                                                              str(namespace)))
             ranges, _ = self.store.list("limitranges", namespace)
             admission.apply_limit_ranges(obj, ranges)
-        if resource.plural in ("pods", "services"):
+        if resource.plural in admission.USAGE:
             quotas, _ = self.store.list("resourcequotas", namespace)
             if quotas:
                 existing, _ = self.store.list(resource.plural, namespace)
                 admission.check_quota(resource.plural, obj, quotas, existing)
         if resource.plural == "resourcequotas":
-            pods, _ = self.store.list("pods", namespace)
-            services, _ = self.store.list("services", namespace)
+            objects = {plural: self.store.list(plural, namespace)[0]
+                       for plural in admission.USAGE}
             obj["status"] = {"hard": dict((obj.get("spec") or {}).get("hard") or {}),
-                             "used": admission.quota_used(obj, pods, services)}
+                             "used": admission.quota_used(obj, objects)}
+
+    def _admit_policies(self, operation: str, resource: ResourceType, namespace: str | None,
+                        obj: Obj, old: Obj | None, identity: Identity) -> None:
+        """ValidatingAdmissionPolicies (lock held): see `policy`."""
+        bindings, _ = self.store.list(policy.BINDINGS, None)
+        if not bindings:
+            return
+        if resource.namespaced:
+            ns = self.store.get("namespaces", None, str(namespace))
+            ns_labels = dict(((ns or {}).get("metadata") or {}).get("labels") or {})
+        elif resource.plural == "namespaces":
+            ns_labels = dict((obj.get("metadata") or {}).get("labels") or {})
+        else:
+            ns_labels = None
+        attrs = policy.Attributes(
+            operation=operation, group=resource.group, version=resource.version,
+            plural=resource.plural, kind=resource.kind, namespace=namespace,
+            name=str((obj.get("metadata") or {}).get("name") or ""), obj=obj, old=old,
+            user=identity.as_user_info(), namespace_labels=ns_labels)
+        policy.admit(attrs, lambda plural, name: self.store.get(plural, None, name), bindings)
 
     def _check_escalation(self, identity: Identity, resource: ResourceType,
                           namespace: str | None, obj: Obj) -> None:
@@ -488,6 +508,7 @@ class Api:
             self._check_namespace(resource, route.namespace, meta.get("name", ""))
             self._check_escalation(identity, resource, route.namespace, obj)
             self._admit(resource, route.namespace, obj)
+            self._admit_policies("CREATE", resource, route.namespace, obj, None, identity)
             if resource.plural == "pods":
                 obj["status"]["qosClass"] = _qos_class(obj)  # after LimitRange defaults
             if decision.quota_exceeded:
@@ -537,6 +558,9 @@ class Api:
             validation.validate(resource, new)
             validation.validate_update(resource, current, new)
             self._check_escalation(identity, resource, route.namespace, new)
+            if route.subresource is None:
+                self._admit_policies("UPDATE", resource, route.namespace, new, current,
+                                     identity)
             if req.query.get("dryRun"):
                 return Response(200, new)
             return Response(200, self.store.replace(resource, new, expect_rv or None))

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 RBAC_GROUP = "rbac.authorization.k8s.io"
 AUTHN_GROUP = "authentication.k8s.io"
 NETWORKING_GROUP = "networking.k8s.io"
+ADMISSION_GROUP = "admissionregistration.k8s.io"
 
 _CRUD = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
 _COMMON_FIELDS = ("metadata.name", "metadata.namespace")
@@ -70,6 +71,9 @@ RESOURCES: tuple[ResourceType, ...] = (
                  subresources=("token",)),
     ResourceType("secrets", "Secret", field_labels=("type",)),
     ResourceType("configmaps", "ConfigMap", short_names=("cm",)),
+    ResourceType("endpoints", "Endpoints", short_names=("ep",), singular="endpoints"),
+    ResourceType("persistentvolumeclaims", "PersistentVolumeClaim", short_names=("pvc",),
+                 subresources=("status",)),
     ResourceType("nodes", "Node", namespaced=False, short_names=("no",),
                  field_labels=("spec.unschedulable",), subresources=("status",)),
     ResourceType("services", "Service", short_names=("svc",), categories=("all",),
@@ -90,6 +94,10 @@ RESOURCES: tuple[ResourceType, ...] = (
                  path_segment_names=True),
     ResourceType("clusterrolebindings", "ClusterRoleBinding", group=RBAC_GROUP,
                  namespaced=False, path_segment_names=True),
+    ResourceType("validatingadmissionpolicies", "ValidatingAdmissionPolicy",
+                 group=ADMISSION_GROUP, namespaced=False, subresources=("status",)),
+    ResourceType("validatingadmissionpolicybindings", "ValidatingAdmissionPolicyBinding",
+                 group=ADMISSION_GROUP, namespaced=False),
     ResourceType("tokenreviews", "TokenReview", group=AUTHN_GROUP, namespaced=False,
                  verbs=("create",)),
 )

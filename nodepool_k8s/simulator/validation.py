@@ -17,7 +17,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from nodepool_k8s.simulator import errors
+from nodepool_k8s.simulator import errors, policy
 from nodepool_k8s.simulator.resources import ResourceType
 
 Causes = list[tuple[str, str, str]]
@@ -393,6 +393,19 @@ def _quota_causes(obj: dict[str, Any]) -> Causes:
     return _quantities_causes("spec.hard", (obj.get("spec") or {}).get("hard"))
 
 
+def _claim_causes(obj: dict[str, Any]) -> Causes:
+    spec = obj.get("spec") or {}
+    causes: Causes = []
+    if not spec.get("accessModes"):
+        causes.append(("spec.accessModes", "FieldValueRequired",
+                       "Required value: at least 1 access mode is required"))
+    requests = (spec.get("resources") or {}).get("requests") or {}
+    if "storage" not in requests:
+        causes.append(("spec.resources[storage]", "FieldValueRequired", "Required value"))
+    causes += _quantities_causes("spec.resources.requests", requests)
+    return causes
+
+
 def _limitrange_causes(obj: dict[str, Any]) -> Causes:
     causes: Causes = []
     for i, item in enumerate((obj.get("spec") or {}).get("limits") or []):
@@ -433,13 +446,27 @@ def _networkpolicy_causes(obj: dict[str, Any]) -> Causes:
             causes.append((f"spec.policyTypes[{i}]", "FieldValueNotSupported",
                            f'Unsupported value: "{kind}": supported values: "Ingress", '
                            '"Egress"'))
-    for i, rule in enumerate(spec.get("egress") or []):
-        for j, peer in enumerate((rule or {}).get("to") or []):
-            block = (peer or {}).get("ipBlock")
-            if block is not None and not _is_cidr((block or {}).get("cidr")):
-                causes.append((f"spec.egress[{i}].to[{j}].ipBlock.cidr", "FieldValueInvalid",
-                               f'Invalid value: "{(block or {}).get("cidr")}": must be a valid '
-                               "CIDR"))
+    for section, peers in (("egress", "to"), ("ingress", "from")):
+        for i, rule in enumerate(spec.get(section) or []):
+            for j, peer in enumerate((rule or {}).get(peers) or []):
+                block = (peer or {}).get("ipBlock")
+                if block is not None and not _is_cidr((block or {}).get("cidr")):
+                    causes.append((f"spec.{section}[{i}].{peers}[{j}].ipBlock.cidr",
+                                   "FieldValueInvalid",
+                                   f'Invalid value: "{(block or {}).get("cidr")}": must be a'
+                                   " valid CIDR"))
+            for j, port in enumerate((rule or {}).get("ports") or []):
+                where = f"spec.{section}[{i}].ports[{j}]"
+                protocol = (port or {}).get("protocol", "TCP")
+                if protocol not in ("TCP", "UDP", "SCTP"):
+                    causes.append((f"{where}.protocol", "FieldValueNotSupported",
+                                   f'Unsupported value: "{protocol}": supported values: "SCTP",'
+                                   ' "TCP", "UDP"'))
+                number = (port or {}).get("port")
+                if isinstance(number, int) and not 1 <= number <= 65535:
+                    causes.append((f"{where}.port", "FieldValueInvalid",
+                                   f"Invalid value: {number}: must be between 1 and 65535,"
+                                   " inclusive"))
     return causes
 
 
@@ -462,8 +489,11 @@ _KIND_CAUSES = {
     "clusterrolebindings": _rolebinding_causes,
     "resourcequotas": _quota_causes,
     "limitranges": _limitrange_causes,
+    "persistentvolumeclaims": _claim_causes,
     "services": _service_causes,
     "networkpolicies": _networkpolicy_causes,
+    policy.POLICIES: policy.policy_causes,
+    policy.BINDINGS: policy.binding_causes,
 }
 
 

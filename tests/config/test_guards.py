@@ -53,6 +53,47 @@ def test_label_then_pool_then_provider() -> None:
     assert (pod.pod_security, pod.egress_allow) == ("privileged", ("10.0.0.0/8",))
 
 
+def test_job_secrets_and_object_quota_resolve_like_the_other_guards() -> None:
+    labels = _labels(base())
+    assert not labels["ns"].allow_job_secrets
+    assert dict(labels["ns"].object_quota) == {
+        "pods": 50, "services": 20, "secrets": 50, "configmaps": 50,
+        "persistentvolumeclaims": 10, "storage": 10000}
+    data = base()
+    at(data, "provider").update({"default-label-allow-job-secrets": True,
+                                 "default-label-object-quota": {"pods": 5, "secrets": 1}})
+    at(data, "pool").update({"default-label-object-quota": {"pods": 7}})
+    at(data, "nslabel").update({"allow-job-secrets": False,
+                                "object-quota": {"storage": 0}})
+    labels = _labels(data)
+    ns, pod = labels["ns"], labels["pod"]
+    assert not ns.allow_job_secrets and pod.allow_job_secrets
+    # Per entry: the label's storage, the pool's pods, the provider's secrets, defaults.
+    assert dict(ns.object_quota) == {"pods": 7, "services": 20, "secrets": 1,
+                                     "configmaps": 50, "persistentvolumeclaims": 10,
+                                     "storage": 0}
+    assert (pod.object_quota["pods"], pod.object_quota["storage"]) == (7, 10000)
+
+
+def test_object_quota_problems() -> None:
+    data = base()
+    at(data, "nslabel")["object-quota"] = {"pods": -1, "volumes": 2}
+    found = problems(data)
+    assert f"{NS}.object-quota.pods: must be at least 0, got -1" in found
+    assert any(p.startswith(f"{NS}.object-quota.volumes: unknown key")
+               for p in found), found
+    # A pod label's own pod counts against `pods`.
+    data = base()
+    at(data, "podlabel")["object-quota"] = {"pods": 0}
+    assert problems(data) == [f"{POD}.object-quota.pods: a pod label needs room for"
+                              " its own pod: at least 1"]
+    data = base()
+    at(data, "pool")["default-label-object-quota"] = {"pods": 0}
+    at(data, "nslabel")["object-quota"] = {"pods": 1}
+    assert problems(data) == ["providers[0].pools[0].default-label-object-quota.pods: a pod"
+                              " label needs room for its own pod: at least 1"]
+
+
 @pytest.mark.parametrize("place,key,value,setting,permission", [
     ("podlabel", "privileged", True, "privileged", "allow-privileged"),
     ("podlabel", "volumes", [{"name": "h", "hostPath": {"path": "/"}}], "volumes[0].hostPath",

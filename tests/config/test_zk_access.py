@@ -39,14 +39,58 @@ def test_secure_file_carries_credentials_and_acl() -> None:
         ZkGrant("digest", username="zuul", password="z"),
         ZkGrant("x509", id="CN=zuul,O=Example", permissions=("read", "write"))))
     assert "s3cret" not in repr(config.zookeeper_auth)
-    assert config.warnings == ()
+    # Digest credentials without zookeeper-tls are sent in clear text.
+    assert config.warnings == (DIGEST_IN_CLEAR,)
 
 
 def test_password_in_main_file_is_a_warning() -> None:
     config = load(AUTH)
     assert config.warnings == (
         "main.yaml: zookeeper-auth: warning: holds a password: keep it in the secure file"
-        " (-s), which only the launcher can read",)
+        " (-s), which only the launcher can read", DIGEST_IN_CLEAR)
+
+
+# -- warnings about what travels or lies open ------------------------------------------------
+
+DIGEST_IN_CLEAR = ("main.yaml: zookeeper-auth: warning: digest credentials without"
+                   " zookeeper-tls travel in clear text to ZooKeeper, for anyone on the network"
+                   " path to read; set zookeeper-tls (doc/security.md, ZooKeeper access"
+                   " control)")
+K8S_PROVIDER = ("labels: [{name: ns}]\nproviders:\n  - name: k8s\n    driver: kubernetes\n"
+                "    pools: [{name: main, labels: [{name: ns, type: namespace}]}]\n")
+FAKE_PROVIDER = ("labels: [{name: ns}]\nproviders:\n  - name: fake\n    driver: fake\n"
+                 "    pools: [{name: main, labels: [{name: ns}]}]\n")
+
+
+def _tls(tmp_path) -> str:  # type: ignore[no-untyped-def]
+    for name in ("c.pem", "k.pem", "ca.pem"):
+        (tmp_path / name).write_text("x")
+    return (f"zookeeper-tls: {{cert: {tmp_path}/c.pem, key: {tmp_path}/k.pem,"
+            f" ca: {tmp_path}/ca.pem}}\n")
+
+
+def test_open_acl_with_a_kubernetes_provider_is_a_warning() -> None:
+    (warning,) = load(K8S_PROVIDER).warnings
+    assert warning.startswith("main.yaml: zookeeper-acl: warning: off: node records of"
+                              " kubernetes providers hold their namespace's service-account"
+                              " token"), warning
+    assert "set zookeeper-acl" in warning
+    (warning,) = load(K8S_PROVIDER + "zookeeper-acl: {enabled: false}\n").warnings
+    assert warning.startswith("main.yaml: zookeeper-acl: warning: off: ")
+    # Fake providers hand out no credentials.
+    assert load(FAKE_PROVIDER).warnings == ()
+
+
+def test_acl_with_tls_warns_about_nothing(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    config = load(K8S_PROVIDER, _tls(tmp_path) + "zookeeper-acl: {}\n")
+    assert config.warnings == ()
+    config = load(K8S_PROVIDER, _tls(tmp_path) + AUTH + "zookeeper-acl: {}\n")
+    assert config.warnings == ()
+
+
+def test_digest_without_tls_is_a_warning_also_with_the_acl() -> None:
+    config = load(K8S_PROVIDER, AUTH + "zookeeper-acl: {}\n")
+    assert config.warnings == (DIGEST_IN_CLEAR,)
 
 
 def test_acl_may_be_disabled_and_is_then_off() -> None:

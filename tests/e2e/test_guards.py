@@ -30,19 +30,25 @@ from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.config.model import PoolLabel
 from nodepool_k8s.driver.kubernetes import guards, manifests
 from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.simulator.resources import RESOURCES, by_plural
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.e2e.util import node_api
+from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 
 REPO = Path(__file__).resolve().parents[2]
 RBAC_YAML = REPO / "etc" / "kubernetes" / "launcher-rbac.yaml"
 DEPLOYMENT_YAML = REPO / "etc" / "kubernetes" / "launcher-deployment.yaml"
+POLICY_YAML = REPO / "etc" / "kubernetes" / "job-policy.yaml"
+NETWORK_YAML = REPO / "etc" / "kubernetes" / "network-policies.yaml"
+SHIPPED = (RBAC_YAML, DEPLOYMENT_YAML, POLICY_YAML, NETWORK_YAML)
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
 PROVIDER = """
 labels:
   - name: k8s-namespace
+  - name: k8s-secrets
   - name: pod-privileged
 providers:
   - name: k8s
@@ -63,6 +69,10 @@ providers:
             type: namespace
             cpu: 1
             memory: 512
+            object-quota: {{configmaps: 3, persistentvolumeclaims: 1, storage: 1000}}
+          - name: k8s-secrets
+            type: namespace
+            allow-job-secrets: true
           - name: pod-privileged
             type: pod
             image: docker.io/library/busybox:1.36
@@ -106,7 +116,9 @@ def test_namespace_is_guarded(launchers: LauncherFactory, zuul: ZuulClient,
     quota = k8s_sim.get("resourcequotas", guards.QUOTA_NAME, namespace)
     assert quota is not None and quota["spec"]["hard"] == {
         "requests.cpu": "1", "limits.cpu": "1", "requests.memory": "512Mi",
-        "limits.memory": "512Mi", "services.loadbalancers": "0", "services.nodeports": "0"}
+        "limits.memory": "512Mi", "services.loadbalancers": "0", "services.nodeports": "0",
+        "pods": "50", "services": "20", "secrets": "50", "configmaps": "3",
+        "persistentvolumeclaims": "1", "requests.storage": "1000M"}
     limits = k8s_sim.get("limitranges", guards.LIMIT_RANGE_NAME, namespace)
     assert limits is not None and limits["spec"]["limits"] == [{
         "type": "Container", "default": {"cpu": "1", "memory": "512Mi"},
@@ -141,6 +153,112 @@ def test_namespace_is_guarded(launchers: LauncherFactory, zuul: ZuulClient,
     plain = core.create_namespaced_pod(namespace, _pod("plain"))
     assert plain.spec.containers[0].resources.requests == {"cpu": "0.1", "memory": "128Mi"}
     assert plain.spec.containers[0].resources.limits == {"cpu": "1", "memory": "512Mi"}
+
+    # Object counts: three configmaps (kube-root-ca.crt, which the cluster adds, among them).
+    why = ""
+    for index in range(4):
+        try:
+            core.create_namespaced_config_map(namespace, {"metadata": {"name": f"c{index}"}})
+        except ApiException as exc:
+            assert exc.status == 403, exc
+            why = str(exc.body)
+            break
+    assert "exceeded quota: nodepool-quota" in why and "configmaps=3" in why
+    why = _refused(lambda: core.create_namespaced_persistent_volume_claim(
+        namespace, _claim("huge", "2G")))
+    assert "exceeded quota: nodepool-quota" in why and "requests.storage" in why
+    core.create_namespaced_persistent_volume_claim(namespace, _claim("data", "500M"))
+    why = _refused(lambda: core.create_namespaced_persistent_volume_claim(
+        namespace, _claim("more", "1M")))
+    assert "persistentvolumeclaims=1" in why
+
+    # The role: endpoints are read-only, secrets are not the job's (allow-job-secrets).
+    assert core.list_namespaced_endpoints(namespace).items == []
+    why = _refused(lambda: core.create_namespaced_endpoints(namespace, {
+        "metadata": {"name": "internal"},
+        "subsets": [{"addresses": [{"ip": "10.0.0.1"}], "ports": [{"port": 80}]}]}))
+    assert 'cannot create resource \\"endpoints\\"' in why or \
+        'cannot create resource "endpoints"' in why
+    why = _refused(lambda: core.create_namespaced_secret(namespace, _token_secret()))
+    assert 'cannot create resource \\"secrets\\"' in why or \
+        'cannot create resource "secrets"' in why
+
+
+def create_documents(sim: Simulator, path: Path) -> list[str]:
+    """Create every object of a shipped file as the admin, through the official client
+    (no kubectl needed): `<plural>/<name>` of each."""
+    api = k8s_config.new_client_from_config(sim.kubeconfig_path, context="sim")
+    created = []
+    for document in yaml.safe_load_all(path.read_text()):
+        group, _, version = document["apiVersion"].rpartition("/")
+        plural = next(r.plural for r in RESOURCES
+                      if r.kind == document["kind"] and r.group == group)
+        resource = by_plural(plural)
+        prefix = f"/apis/{group}/{version}" if group else f"/api/{version}"
+        if resource.namespaced:
+            prefix += f"/namespaces/{document['metadata']['namespace']}"
+        api.call_api(f"{prefix}/{plural}", "POST", body=document,
+                     header_params={"Content-Type": "application/json"},
+                     auth_settings=["BearerToken"], response_types_map={201: "object"},
+                     _return_http_data_only=True)
+        created.append(f"{plural}/{document['metadata']['name']}")
+    return created
+
+
+def test_the_shipped_policy_refuses_token_secrets(launchers: LauncherFactory,
+                                                  zuul: ZuulClient,
+                                                  k8s_sim: Simulator) -> None:
+    """With `allow-job-secrets` a job may create Secrets: without the shipped policy it can
+    mint a token that never expires; with it, that Secret is refused (in node namespaces
+    only), other Secrets are not."""
+    launchers(config())
+    (node_id,) = _fulfil(zuul, ["k8s-secrets"])["nodes"]
+    namespace = f"main-{node_id}"
+    k8s_sim.config.enforce_rbac = True
+    node = zuul.get_node(node_id)
+    assert node is not None
+    core = node_api(node["connection_port"])
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "plain"},
+                                              "stringData": {"password": "x"}})
+    # The threat: the token controller fills in a token for zuul-worker, with no expiry.
+    core.create_namespaced_secret(namespace, _token_secret("before"))
+    minted = wait_for(lambda: (core.read_namespaced_secret("before", namespace).data
+                               or {}).get("token"), message="the minted token")
+    assert minted
+
+    # Scoped by the label every namespace of a launcher carries (and nothing else does).
+    for document in yaml.safe_load_all(POLICY_YAML.read_text()):
+        spec = document["spec"]
+        selector = (spec.get("matchConstraints") or spec.get("matchResources"))[
+            "namespaceSelector"]
+        assert selector == {"matchExpressions": [
+            {"key": manifests.INSTALLATION_LABEL, "operator": "Exists"}]}
+    assert create_documents(k8s_sim, POLICY_YAML) == [
+        "validatingadmissionpolicies/nodepool-no-token-secrets",
+        "validatingadmissionpolicybindings/nodepool-no-token-secrets"]
+    why = _refused(lambda: core.create_namespaced_secret(namespace, _token_secret("after")))
+    assert "ValidatingAdmissionPolicy 'nodepool-no-token-secrets' with binding" \
+        " 'nodepool-no-token-secrets' denied request: a CI job may not create" in why
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "plain-2"},
+                                              "stringData": {"password": "y"}})
+    # A namespace the launcher did not create is out of the policy's scope.
+    admin = k8s.CoreV1Api(k8s_config.new_client_from_config(k8s_sim.kubeconfig_path,
+                                                            context="sim"))
+    admin.create_namespace({"metadata": {"name": "elsewhere"}})
+    admin.create_namespaced_secret("elsewhere", _token_secret("allowed"))
+
+
+def _claim(name: str, size: str) -> dict[str, Any]:
+    return {"metadata": {"name": name},
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": size}}}}
+
+
+def _token_secret(name: str = "forever") -> dict[str, Any]:
+    """What a job would create to get a token for zuul-worker that never expires."""
+    return {"metadata": {"name": name,
+                         "annotations": {"kubernetes.io/service-account.name": "zuul-worker"}},
+            "type": "kubernetes.io/service-account-token"}
 
 
 # -- the launcher's own rights -------------------------------------------------------------------
@@ -190,13 +308,31 @@ def test_launcher_rbac_is_sufficient(launcher_account: Simulator, launchers: Lau
         == "Running"
     _refused(lambda: pod_core.create_namespaced_config_map(f"main-{pod_id}",
                                                            {"metadata": {"name": "x"}}))
+    _refused(lambda: core.create_namespaced_secret(f"main-{ns_id}",
+                                                   {"metadata": {"name": "s"}}))
+    # With allow-job-secrets the launcher binds the secrets ClusterRole (it may `bind` it).
+    (secrets_id,) = _fulfil(zuul, ["k8s-secrets"])["nodes"]
+    binding = sim.get("rolebindings", manifests.ROLE_BINDING, f"main-{secrets_id}")
+    assert binding is not None and binding["roleRef"]["name"] == "nodepool-zuul-with-secrets"
+    secrets_node = zuul.get_node(secrets_id)
+    assert secrets_node is not None
+    node_api(secrets_node["connection_port"]).create_namespaced_secret(
+        f"main-{secrets_id}", {"metadata": {"name": "s"}})
 
 
 def test_shipped_job_roles_match_the_driver() -> None:
     documents = {d["metadata"]["name"]: d for d in yaml.safe_load_all(RBAC_YAML.read_text())
                  if d["kind"] == "ClusterRole"}
-    assert documents[guards.CLUSTER_ROLES["namespace"]]["rules"] == manifests.NAMESPACE_RULES
-    assert documents[guards.CLUSTER_ROLES["pod"]]["rules"] == manifests.POD_RULES
+    # Every ClusterRole the driver binds holds exactly the rules of the Role it would create.
+    for label in (PoolLabel("n", "namespace"), PoolLabel("n", "namespace",
+                                                         allow_job_secrets=True),
+                  PoolLabel("p", "pod", image="busybox")):
+        assert documents[guards.cluster_role_name(label)]["rules"] == \
+            manifests.role_rules(label), label
+    assert set(guards.CLUSTER_ROLES.values()) <= set(documents)
+    bindable = next(rule for rule in documents["nodepool-launcher"]["rules"]
+                    if rule["verbs"] == ["bind"])
+    assert sorted(bindable["resourceNames"]) == sorted(guards.CLUSTER_ROLES.values())
     launcher_rules = documents["nodepool-launcher"]["rules"]
     assert not any("secrets" in rule["resources"] for rule in launcher_rules)
     assert not any(verb in rule["verbs"] for rule in launcher_rules
@@ -250,12 +386,86 @@ def test_escalation_prevention(launcher_account: Simulator, tmp_path: Path) -> N
     assert "not found and no bind permission" in why
 
 
+def _example_config(tmp_path: Path) -> Any:
+    """The configuration in the example's Secret as the launcher would load it there: the
+    pod IP in its environment, the TLS files mounted (here: empty stand-ins)."""
+    documents = list(yaml.safe_load_all(DEPLOYMENT_YAML.read_text()))
+    secret = next(d for d in documents if d["kind"] == "Secret")
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        (tmp_path / name).write_text("stand-in")
+    secure = secret["stringData"]["secure.conf"].replace("/etc/nodepool-tls", str(tmp_path))
+    return load_config_text(secret["stringData"]["nodepool.yaml"], path="nodepool.yaml",
+                            env={"NODEPOOL_POD_IP": "10.1.2.3"}, secure_text=secure,
+                            secure_path="secure.conf")
+
+
+def test_the_shipped_in_cluster_set_up(k8s_sim: Simulator, tmp_path: Path) -> None:
+    """Every shipped file is accepted by the API server (no kubectl needed), and together
+    they keep jobs off ZooKeeper and the status port: TLS and an ACL to ZooKeeper, the web
+    app on the pod's address, NetworkPolicies admitting only the launcher, Zuul and the
+    operator's clients."""
+    admin = k8s.CoreV1Api(k8s_config.new_client_from_config(k8s_sim.kubeconfig_path,
+                                                            context="sim"))
+    admin.create_namespace({"metadata": {"name": "zuul"}})  # ZooKeeper's, not shipped
+    created = [name for path in SHIPPED for name in create_documents(k8s_sim, path)]
+    for what in ("networkpolicies/zookeeper-clients", "networkpolicies/nodepool-launcher",
+                 "validatingadmissionpolicies/nodepool-no-token-secrets",
+                 "deployments/nodepool-launcher", "clusterroles/nodepool-zuul-with-secrets"):
+        assert what in created, created
+
+    config = _example_config(tmp_path)
+    assert config.warnings == ()  # TLS on, ACL on: nothing travels or lies open
+    assert config.zookeeper_tls is not None and config.zookeeper_acl is not None
+    assert config.zookeeper_acl.enabled and config.zookeeper_acl.grants[0].scheme == "x509"
+    assert [s.port for s in config.zookeeper_servers] == [2281]
+    assert config.webapp.listen_address == "10.1.2.3"
+
+    deployment = k8s_sim.get("deployments", "nodepool-launcher", "nodepool")
+    assert deployment is not None
+    pod = deployment["spec"]["template"]
+    container = pod["spec"]["containers"][0]
+    assert {"name": "NODEPOOL_POD_IP",
+            "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}} in container["env"]
+    assert container["readinessProbe"]["httpGet"]["port"] == "http"
+    assert container["ports"] == [{"name": "http", "containerPort": config.webapp.port}]
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts["zookeeper-tls"] == "/etc/nodepool-tls"
+
+    zk_policy = k8s_sim.get("networkpolicies", "zookeeper-clients", "zuul")
+    assert zk_policy is not None and zk_policy["spec"]["policyTypes"] == ["Ingress"]
+    [clients, peers] = zk_policy["spec"]["ingress"]
+    assert clients["ports"] == [{"protocol": "TCP", "port": 2281}]
+    launcher_peer = clients["from"][0]
+    assert launcher_peer["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "nodepool"}
+    assert launcher_peer["podSelector"]["matchLabels"] == pod["metadata"]["labels"]
+    # No rule admits a peer by namespace alone or by address: a job's pods match none.
+    for rule in (clients, peers):
+        assert all("podSelector" in peer and "ipBlock" not in peer for peer in rule["from"])
+    web_policy = k8s_sim.get("networkpolicies", "nodepool-launcher", "nodepool")
+    assert web_policy is not None
+    assert web_policy["spec"]["podSelector"]["matchLabels"] == pod["metadata"]["labels"]
+    [web] = web_policy["spec"]["ingress"]
+    assert web["ports"] == [{"protocol": "TCP", "port": config.webapp.port}]
+    assert web["from"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "monitoring"}}}]
+
+
 @needs_kubectl
-def test_deployment_example_applies(k8s_sim: Simulator) -> None:
+def test_deployment_example_applies(k8s_sim: Simulator, tmp_path: Path) -> None:
     kubectl(k8s_sim, "apply", "-f", str(RBAC_YAML))
     out = kubectl(k8s_sim, "apply", "-f", str(DEPLOYMENT_YAML))
     for what in ("namespace/nodepool", "serviceaccount/nodepool-launcher",
                  "secret/nodepool-config", "deployment.apps/nodepool-launcher"):
+        assert f"{what} created" in out, out
+    kubectl(k8s_sim, "create", "namespace", "zuul")
+    out = kubectl(k8s_sim, "apply", "-f", str(POLICY_YAML), "-f", str(NETWORK_YAML))
+    for what in ("validatingadmissionpolicy.admissionregistration.k8s.io/"
+                 "nodepool-no-token-secrets",
+                 "validatingadmissionpolicybinding.admissionregistration.k8s.io/"
+                 "nodepool-no-token-secrets",
+                 "networkpolicy.networking.k8s.io/zookeeper-clients",
+                 "networkpolicy.networking.k8s.io/nodepool-launcher"):
         assert f"{what} created" in out, out
     deployment = k8s_sim.get("deployments", "nodepool-launcher", "nodepool")
     assert deployment is not None
@@ -268,11 +478,10 @@ def test_deployment_example_applies(k8s_sim: Simulator) -> None:
     assert pod_spec["volumes"][0]["secret"]["secretName"] == "nodepool-config"
     for kind, name in (("clusterroles", "nodepool-launcher"),
                        ("clusterroles", "nodepool-zuul"),
+                       ("clusterroles", "nodepool-zuul-with-secrets"),
                        ("clusterroles", "nodepool-zuul-restricted"),
                        ("clusterrolebindings", "nodepool-launcher")):
         assert k8s_sim.get(kind, name) is not None, (kind, name)
     # The example configuration in the Secret is itself valid.
-    documents = list(yaml.safe_load_all(DEPLOYMENT_YAML.read_text()))
-    secret = next(d for d in documents if d["kind"] == "Secret")
-    loaded = load_config_text(secret["stringData"]["nodepool.yaml"])
+    loaded = _example_config(tmp_path)
     assert loaded.providers["this-cluster"].job_role == "cluster-role"

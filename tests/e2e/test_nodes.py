@@ -313,7 +313,9 @@ def test_cluster_objects(served: tuple[Launcher, str, dict[str, Any]],
     rules = {(tuple(r["apiGroups"]), resource): sorted(r["verbs"])
              for r in role["rules"] for resource in r["resources"]}
     all_verbs = sorted(["create", "delete", "get", "list", "patch", "update", "watch"])
-    assert rules[("",), "pods/log"] == all_verbs  # not Nodepool's `pods/logs`
+    assert rules[("",), "pods/log"] == ["get", "list", "watch"]  # not Nodepool's `pods/logs`
+    assert rules[("",), "endpoints"] == ["get", "list", "watch"]  # CVE-2021-25740
+    assert (("",), "secrets") not in rules  # allow-job-secrets is off
     assert rules[("",), "pods/exec"] == all_verbs
     assert rules[("apps",), "deployments"] == all_verbs  # under their real API groups
     assert rules[("apps",), "replicasets"] == all_verbs

@@ -129,9 +129,11 @@ def test_namespace_role_grants_core_apps_and_batch() -> None:
     assert role["metadata"]["name"] == "zuul"
     rules = _rules_by_group(role["rules"])
     full = {"create", "delete", "get", "list", "patch", "update", "watch"}
-    for resource in ("pods", "pods/exec", "pods/log", "pods/portforward", "services",
-                     "endpoints", "configmaps", "secrets", "persistentvolumeclaims"):
+    for resource in ("pods", "pods/exec", "pods/portforward", "services", "configmaps",
+                     "persistentvolumeclaims"):
         assert rules[""][resource] == full, resource
+    for resource in ("pods/log", "endpoints", "events"):
+        assert rules[""][resource] == {"get", "list", "watch"}, resource
     for resource in ("deployments", "replicasets", "statefulsets", "daemonsets"):
         assert rules["apps"][resource] == full
     for resource in ("jobs", "cronjobs"):
@@ -140,6 +142,55 @@ def test_namespace_role_grants_core_apps_and_batch() -> None:
     assert not {"jobs", "deployments", "replicasets", "crontabs"} & set(rules[""])
     # A job cannot widen its own rights.
     assert "rbac.authorization.k8s.io" not in rules
+
+
+# Kubernetes' built-in `edit` ClusterRole (1.22 and later, aggregated rules, namespaced
+# resources only) less what mints credentials: serviceaccounts (create one, then a token
+# Secret for it), serviceaccounts/token and impersonate. Secrets stay: a job may get them
+# with `allow-job-secrets`, and etc/kubernetes/job-policy.yaml refuses token Secrets.
+_WRITE = {"create", "delete", "deletecollection", "patch", "update", "get", "list", "watch"}
+_READ = {"get", "list", "watch"}
+EDIT_WITHOUT_MINTING: dict[tuple[str, str], set[str]] = {
+    **{("", r): _WRITE for r in (
+        "pods", "pods/attach", "pods/exec", "pods/portforward", "pods/proxy", "configmaps",
+        "events", "persistentvolumeclaims", "replicationcontrollers",
+        "replicationcontrollers/scale", "secrets", "services", "services/proxy")},
+    ("", "pods/eviction"): {"create"},
+    **{("", r): _READ for r in (
+        "endpoints", "pods/log", "pods/status", "limitranges", "resourcequotas", "bindings",
+        "namespaces", "persistentvolumeclaims/status", "services/status")},
+    ("discovery.k8s.io", "endpointslices"): _READ,
+    **{("apps", r): _WRITE for r in (
+        "daemonsets", "deployments", "deployments/rollback", "deployments/scale",
+        "replicasets", "replicasets/scale", "statefulsets", "statefulsets/scale")},
+    **{("batch", r): _WRITE for r in ("jobs", "cronjobs")},
+}
+
+
+@pytest.mark.parametrize("type_,secrets", [("namespace", False), ("namespace", True),
+                                           ("pod", False)])
+def test_job_role_is_within_edit_without_token_minting(type_: str, secrets: bool) -> None:
+    rules = m.role_rules(make_label("l", type_, allow_job_secrets=secrets))
+    wider = sorted(f"{verb} {group}/{resource}" for group, by_resource
+                   in _rules_by_group(rules).items() for resource, verbs in by_resource.items()
+                   for verb in verbs - EDIT_WITHOUT_MINTING.get((group, resource), set()))
+    assert wider == []
+
+
+def test_no_endpoint_writes_and_secrets_only_when_allowed() -> None:
+    for secrets in (False, True):
+        rules = _rules_by_group(m.role_rules(make_label("n", "namespace",
+                                                        allow_job_secrets=secrets)))
+        assert rules[""]["endpoints"] == _READ
+        assert rules["discovery.k8s.io"]["endpointslices"] == _READ
+        assert not {"serviceaccounts", "serviceaccounts/token"} & set(rules[""])
+        assert ("secrets" in rules[""]) is secrets
+    assert m.role_rules(make_label("n", "namespace")) == m.NAMESPACE_RULES
+    assert m.role_rules(make_label("n", "namespace", allow_job_secrets=True)) \
+        == m.NAMESPACE_RULES_WITH_SECRETS
+    # Only namespace labels: a pod label's job never gets secrets.
+    assert "secrets" not in _rules_by_group(
+        m.role_rules(make_label("p", "pod", allow_job_secrets=True)))[""]
 
 
 def test_pod_role_is_restricted_and_names_pods_log() -> None:

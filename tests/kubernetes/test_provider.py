@@ -125,6 +125,11 @@ def test_namespace_objects(sim: Simulator, make_k8s_provider: ProviderFactory) -
     assert sim.list("pods", "main-0000000005") == []
 
 
+# The default `object-quota` as the ResourceQuota states it.
+COUNTS = {"pods": "50", "services": "20", "secrets": "50", "configmaps": "50",
+          "persistentvolumeclaims": "10", "requests.storage": "10000M"}
+
+
 def test_without_resource_quota_external_services_stay_refused(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     # `resource-quota: false` lifts the compute limits only; NodePort/LoadBalancer services
@@ -135,18 +140,20 @@ def test_without_resource_quota_external_services_stay_refused(
     namespace = result.external_id
     quota = sim.get("resourcequotas", guards.QUOTA_NAME, namespace)
     assert quota is not None
-    assert quota["spec"]["hard"] == {"services.loadbalancers": "0", "services.nodeports": "0"}
+    assert quota["spec"]["hard"] == {**COUNTS, "services.loadbalancers": "0",
+                                     "services.nodeports": "0"}
     assert sim.get("limitranges", guards.LIMIT_RANGE_NAME, namespace) is None
     core = node_api(dict(result.connection_port))
     with pytest.raises(ApiException) as refused:
         core.create_namespaced_service(namespace, {
             "metadata": {"name": "np"}, "spec": {"type": "NodePort", "ports": [{"port": 80}]}})
     assert refused.value.status == 403 and "services.nodeports" in str(refused.value.body)
-    # With both keys the namespace gets no quota at all.
+    # With both keys the quota keeps only the object counts (`object-quota`).
     both = make_label("ns-open", "namespace", cpu=1, resource_quota=False,
                       allow_external_services=True)
     result = _launch(make_k8s_provider(sim, both), "ns-open", node_id="0000000001")
-    assert sim.list("resourcequotas", result.external_id) == []
+    [quota] = sim.list("resourcequotas", result.external_id)
+    assert quota["spec"]["hard"] == COUNTS
 
 
 def test_pod_launch_result_and_spec(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:

@@ -208,3 +208,26 @@ def test_frozen_launcher_loses_its_session_beside_another(
         assert proc.wait(30) == 0
     text = log.read_text(errors="replace")
     assert "Traceback" not in text, text[-3000:]
+
+
+K8S_CONFIG = """
+labels:
+  - name: ns
+providers:
+  - name: k8s
+    driver: kubernetes
+    context: nowhere
+    pools:
+      - name: main
+        labels:
+          - name: ns
+            type: namespace
+"""
+
+
+def test_launcher_logs_the_open_acl_warning_at_start(processes: Processes) -> None:
+    """config-validate's warnings are the launcher's too: tokens in world-readable records."""
+    processes.start(K8S_CONFIG)
+    wait_for(lambda: "zookeeper-acl: warning: off: node records of kubernetes providers"
+             in processes.logs(), timeout=60, interval=0.1,
+             message="the open-ACL warning in the log")

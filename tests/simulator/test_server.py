@@ -179,7 +179,7 @@ def test_discovery(k8s_sim: Simulator) -> None:
     assert call(conn, "GET", "/api", token)[1]["versions"] == ["v1"]
     groups = {g["name"] for g in call(conn, "GET", "/apis", token)[1]["groups"]}
     assert groups == {"rbac.authorization.k8s.io", "authentication.k8s.io",
-                      "networking.k8s.io", "apps"}
+                      "networking.k8s.io", "apps", "admissionregistration.k8s.io"}
     core = {r["name"]: r for r in call(conn, "GET", "/api/v1", token)[1]["resources"]}
     assert core["pods"]["shortNames"] == ["po"] and core["namespaces"]["namespaced"] is False
     assert core["serviceaccounts"]["shortNames"] == ["sa"]

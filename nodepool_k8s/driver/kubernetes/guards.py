@@ -2,9 +2,11 @@
 
 Owns: the Pod Security admission labels of the namespace, the ResourceQuota and LimitRange
 derived from the label's requests and limits (what the launcher counted against max-cores
-and max-ram is what the namespace may use), the optional default-deny egress NetworkPolicy,
-and the RoleBinding to a pre-created ClusterRole (`job-role: cluster-role`). Like
-`manifests`, nothing here does I/O; a builder returns None when its object is not wanted.
+and max-ram is what the namespace may use) plus its object counts (`object-quota`), the
+optional default-deny egress NetworkPolicy, and the RoleBinding to a pre-created
+ClusterRole (`job-role: cluster-role`, the ClusterRole chosen by label type and
+`allow-job-secrets`). Like `manifests`, nothing here does I/O; a builder returns None when
+its object is not wanted.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ QUOTA_NAME = "nodepool-quota"
 LIMIT_RANGE_NAME = "nodepool-defaults"
 NETWORK_POLICY_NAME = "nodepool-egress"
 # The ClusterRoles etc/kubernetes/launcher-rbac.yaml ships (same rules as the Roles).
-CLUSTER_ROLES = {"namespace": "nodepool-zuul", "pod": "nodepool-zuul-restricted"}
+CLUSTER_ROLES = {"namespace": "nodepool-zuul", "namespace-secrets": "nodepool-zuul-with-secrets",
+                 "pod": "nodepool-zuul-restricted"}
+
+
+def cluster_role_name(label: PoolLabel) -> str:
+    """The shipped ClusterRole whose rules are `manifests.job_rules(label)`."""
+    if label.type == "pod":
+        return CLUSTER_ROLES["pod"]
+    return CLUSTER_ROLES["namespace-secrets" if label.allow_job_secrets else "namespace"]
+
 
 # Container defaults for pods a job creates without requests/limits (capped by the quota):
 # small requests so several such pods fit, limits so that one cannot take everything.
@@ -64,13 +75,24 @@ def _quantity(resource: str, value: float) -> str:
 _NAMES = {"cpu": "cpu", "memory": "memory", "storage": "ephemeral-storage"}
 
 
+# `object-quota` entry -> ResourceQuota `hard` key (object counts, and PVC storage in MB).
+OBJECT_QUOTA_KEYS = {"pods": "pods", "services": "services", "secrets": "secrets",
+                     "configmaps": "configmaps",
+                     "persistentvolumeclaims": "persistentvolumeclaims",
+                     "storage": "requests.storage"}
+
+
 def quota_hard(label: PoolLabel) -> dict[str, str]:
     """The ResourceQuota's `hard`: requests.* and limits.* from the label, GPUs (unless
-    `resource-quota: false`), and no LoadBalancer/NodePort services unless
-    `allow-external-services`."""
+    `resource-quota: false`), the object counts and PVC storage of `object-quota`, and no
+    LoadBalancer/NodePort services unless `allow-external-services`."""
     hard: dict[str, str] = {}
     if label.resource_quota:
         hard.update(_compute_hard(label))
+    # Its own guard too: counts protect the API server's storage and the volume backend,
+    # which `resource-quota: false` (compute) does not speak for.
+    for key, value in label.object_quota.items():
+        hard[OBJECT_QUOTA_KEYS[key]] = f"{int(value)}M" if key == "storage" else str(value)
     if not label.allow_external_services:
         # Its own guard: `resource-quota: false` lifts the compute limits, not this.
         hard["services.loadbalancers"] = "0"
@@ -155,5 +177,5 @@ def cluster_role_binding_body(namespace: str, label: PoolLabel,
     """The node's RoleBinding to the pre-created ClusterRole of its label type."""
     body = manifests.role_binding_body(namespace, label, labels)
     body["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                       "name": CLUSTER_ROLES["pod" if label.type == "pod" else "namespace"]}
+                       "name": cluster_role_name(label)}
     return body

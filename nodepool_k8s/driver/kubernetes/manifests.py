@@ -1,9 +1,10 @@
 """Pure builders for every Kubernetes object a node needs, as plain JSON-ready dicts.
 
 Owns: naming (namespace, pod, container), ownership labels, `dynamic-labels` formatting,
-the RBAC rules per label type and the pod body for both label forms. Nothing here does I/O
-or mutates its inputs (config mappings are deep-copied into the bodies). The only failure is
-a `dynamic-labels` template that cannot be formatted: it is logged and that key skipped.
+the RBAC rules per label type (and `allow-job-secrets`) and the pod body for both label
+forms. Nothing here does I/O or mutates its inputs (config mappings are deep-copied into the
+bodies). The only failure is a `dynamic-labels` template that cannot be formatted: it is
+logged and that key skipped.
 
 Bodies are dicts, not client model objects: the classic client (kubernetes==36.0.3) sends
 dicts verbatim, and tests can compare them to what the API server stored.
@@ -45,21 +46,33 @@ SLEEP_ARGS = ["while true; do sleep 30; done;"]
 ALL_VERBS = ["create", "delete", "get", "list", "patch", "update", "watch"]
 READ_VERBS = ["get", "list", "watch"]
 
-# `namespace` labels: the job owns the namespace and deploys workloads into it. Least
-# privilege inside that boundary: workload kinds a CI job plausibly deploys, no RBAC objects
-# (a job cannot widen its own rights), no resourcequotas/limitranges (it cannot lift limits).
+# `namespace` labels: the job owns the namespace and deploys workloads into it. A subset of
+# upstream's `edit` role (doc/security.md lists every right and why): workload kinds a CI job
+# plausibly deploys; no RBAC objects (a job cannot widen its own rights); no
+# resourcequotas/limitranges/networkpolicies (it cannot lift its fences); endpoints and
+# endpointslices read-only (written by hand they point a Service, and so an Ingress or load
+# balancer, at any address: CVE-2021-25740); no serviceaccounts or serviceaccounts/token
+# (it cannot mint tokens). Secrets are a separate rule, granted only with
+# `allow-job-secrets`: a job that may create Secrets may create a
+# `kubernetes.io/service-account-token` one, which the token controller fills with a token
+# that never expires (etc/kubernetes/job-policy.yaml refuses those where it is applied).
 NAMESPACE_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""],
-     "resources": ["pods", "pods/exec", "pods/log", "pods/portforward", "pods/attach",
-                   "services", "endpoints", "configmaps", "secrets",
-                   "persistentvolumeclaims"],
+     "resources": ["pods", "pods/exec", "pods/portforward", "pods/attach", "services",
+                   "configmaps", "persistentvolumeclaims"],
      "verbs": ALL_VERBS},
-    {"apiGroups": [""], "resources": ["events"], "verbs": READ_VERBS},
+    {"apiGroups": [""], "resources": ["pods/log", "endpoints", "events"],
+     "verbs": READ_VERBS},
+    {"apiGroups": ["discovery.k8s.io"], "resources": ["endpointslices"], "verbs": READ_VERBS},
     {"apiGroups": ["apps"],
      "resources": ["deployments", "replicasets", "statefulsets", "daemonsets"],
      "verbs": ALL_VERBS},
     {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ALL_VERBS},
 ]
+SECRETS_RULE: dict[str, Any] = {"apiGroups": [""], "resources": ["secrets"],
+                                "verbs": ALL_VERBS}
+# `namespace` labels with `allow-job-secrets: true`.
+NAMESPACE_RULES_WITH_SECRETS: list[dict[str, Any]] = [*NAMESPACE_RULES, SECRETS_RULE]
 
 # `pod` labels: the job only drives the one pod Nodepool made (Ansible's kubectl connection
 # execs into it, the executor port-forwards for log streaming, kubectl logs reads pods/log).
@@ -261,7 +274,14 @@ def role_rules(label: PoolLabel) -> list[dict[str, Any]]:
     # Role's body.
     return [{key: list(value) if isinstance(value, list) else value
              for key, value in rule.items()}
-            for rule in (POD_RULES if label.type == "pod" else NAMESPACE_RULES)]
+            for rule in job_rules(label)]
+
+
+def job_rules(label: PoolLabel) -> list[dict[str, Any]]:
+    """The shared (not copied) rules of a job of `label`: see the constants above."""
+    if label.type == "pod":
+        return POD_RULES
+    return NAMESPACE_RULES_WITH_SECRETS if label.allow_job_secrets else NAMESPACE_RULES
 
 
 def role_body(namespace: str, label: PoolLabel, labels: Mapping[str, str]) -> dict[str, Any]:
