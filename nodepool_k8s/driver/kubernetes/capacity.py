@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.config.model import PoolLabel
-from nodepool_k8s.driver.kubernetes import manifests
+from nodepool_k8s.driver.kubernetes import manifests, slim
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch
 from nodepool_k8s.model import Resources
@@ -226,10 +226,13 @@ class CapacityTracker:
         common: dict[str, Any] = {"watch_timeout": watch_timeout, "tick": tick}
         if nodes:
             self.watches["nodes"] = ObjectWatch("nodes", client, client.core.list_node, "",
-                                                clock, on_change=self._node_changed, **common)
+                                                clock, on_change=self._node_changed,
+                                                slim=slim.node, **common)
+            # Every pod, whoever made it, holds node resources: all are kept, as slim copies
+            # (what `occupies`, `pod_requests` and `ours` read), never whole.
             self.watches["all-pods"] = ObjectWatch(
                 "all-pods", client, client.core.list_pod_for_all_namespaces, "", clock,
-                on_change=self._pod_changed, **common)
+                on_change=self._pod_changed, slim=slim.pod, **common)
         self._quota_name: tuple[str, str] | None = None
         if resource_quota:
             namespace, _, name = resource_quota.partition("/")
@@ -237,7 +240,7 @@ class CapacityTracker:
             self.watches["resourcequota"] = ObjectWatch(
                 "resourcequota", client,
                 functools.partial(client.core.list_namespaced_resource_quota, namespace),
-                "", clock, on_change=self._node_changed, **common)
+                "", clock, on_change=self._node_changed, slim=slim.resource_quota, **common)
 
     # -- lifecycle and change notification ---------------------------------------------------
 
