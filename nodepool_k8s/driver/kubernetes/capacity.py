@@ -11,6 +11,11 @@ Owns: `CapacityTracker`, which keeps
   the launcher's share and its `used` what others already take of it (our nodes live in
   their own namespaces, so they never count in it).
 
+Every pod holds node resources, so the pod watch keeps all of them, but as slim copies
+(`slim.pod`: node name, requests, phase; never annotations), at most `waiter.MAX_OBJECTS`.
+"Our own" pods are only the ones the provider created (its `ours` predicate: the pod of a
+pod node, by name and namespace), never a pod a job made with our labels.
+
 `limits(label)` turns this into the core's quota terms (`cores`, `ram` in MiB, the gpu
 resource, `instances`): the free room on nodes where at least one more pod of the label
 fits plus what our own bound pods already request, so the core's check "our usage + need

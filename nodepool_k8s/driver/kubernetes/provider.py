@@ -12,6 +12,11 @@ namespace ours, then the DELETE with `preconditions.uid`; its completion arrives
 the shared namespace watch). No Secret is created or watched: the token is a bound,
 expiring TokenRequest token (`token-lifetime`).
 
+What the watches keep: only what this provider created (`_created_namespace`,
+`_created_pod`, over `manifests.created_namespace_problem` / `created_pod_problem`), as slim
+copies. A job may create pods with our labels in its namespace; they are dropped where they
+arrive and capacity never counts them as ours.
+
 Ownership: no DELETE is ever sent for a namespace that a GET did not just show to carry our
 provider label, our installation label and (for a node's namespace) the node's id label, and
 the DELETE names the uid that GET saw, so an object replaced in between is not deleted (409).

@@ -1,8 +1,14 @@
 """Event-driven waiting: shared list+watch caches, and watching one namespace disappear.
 
 Owns: `ObjectWatch`, one background thread per (provider, resource kind) that lists every
-object carrying the provider's ownership label across all namespaces, then watches from the
-list's resourceVersion (with bookmarks) and keeps the latest copy of each object. Launches
+object carrying the provider's ownership label across all namespaces (in pages of
+`LIST_PAGE_SIZE`), then watches from the list's resourceVersion (with bookmarks) and keeps
+the latest copy of each object it is told to keep (`keep`: the provider keeps only what it
+created; anything else is dropped where it arrives) as a slim copy (`slim`: only the fields
+the driver reads), within bounds: a copy above `MAX_OBJECT_BYTES` and copies of new names
+past `MAX_OBJECTS` are not kept (counted in `refused`, logged at WARNING at most every
+`REPEAT_LOG_INTERVAL`). What a job writes into its namespace so costs the launcher the
+time to decode it, not memory. Launches
 block in `ObjectWatch.wait` until their object satisfies a check; they are woken by events
 for their own object only, so a launch costs no API calls while it waits. The namespace watch
 also keeps tombstones (uids of recently deleted namespaces), and `wait_namespace_deleted`
@@ -13,8 +19,9 @@ waiting for it (the deleter's many Terminating namespaces).
 fallback for a namespace without our labels, which the shared watch never sees.
 
 How it fails: a watch that ends is resumed from the last resourceVersion; 410 Gone (or an
-ERROR event with code 410) triggers a fresh list that replaces the cache (objects missing
-from it count as deleted); any other error is logged and the list+watch is restarted after a
+ERROR event with code 410, or a list's continue token the server has compacted away)
+triggers a fresh list that replaces the cache (objects missing from it count as deleted);
+any other error is logged and the list+watch is restarted after a
 backoff (refused credentials only at DEBUG: `credentials` reports those once for the whole
 provider). The backoff grows with consecutive failures and is only reset by a watch that
 delivered events and lasted `MIN_HEALTHY_WATCH` seconds: a watch that fails while the list
