@@ -9,7 +9,8 @@ Aspects:
   and capacity does not count them as the launcher's own;
 - after a restart (a new provider, same configuration) the namespace watch still holds the
   namespaces of existing nodes and capacity still counts their pods as ours;
-- a namespace with our labels but a name not made for its node id is not kept;
+- a namespace with our labels but a name not made for its node id is not kept, and its
+  deletion is confirmed by a watch on its name (the shared watch will never report it);
 - relists are read in pages (`limit` + `continue`); a continue token the server has
   compacted away (410 Expired) starts the list again from the beginning;
 - a copy larger than the per-object bound is not kept (one WARNING for a flood), and a
@@ -226,6 +227,21 @@ def test_a_namespace_not_named_for_its_node_is_not_kept(
     wait_for(lambda: watch.get("", node.external_id), message="our namespace in the watch")
     assert watch.get("", "main-0000000006") is None and watch.get("", "scratch") is None
     assert watch.dropped >= 2
+
+
+def test_deleting_a_labelled_namespace_the_watch_does_not_keep_is_confirmed(
+        make_sim: Any, make_k8s_provider: ProviderFactory, tmp_path: Any) -> None:
+    sim = make_sim(namespace_delete_delay=1.5)
+    provider = make_k8s_provider(sim, NS)
+    labels = {manifests.PROVIDER_LABEL: provider.name,
+              manifests.INSTALLATION_LABEL: provider.installation_id,
+              manifests.NODE_ID_LABEL: "0000000005"}
+    _api(sim, tmp_path, "admin").create_namespace(
+        {"metadata": {"name": "scratch", "labels": labels}})
+    # Ours by its labels, so it may be deleted; not kept by the watch (not a node's name),
+    # so its end is confirmed by a watch on that name, not waited for on the shared one.
+    provider.delete("scratch", node_id="0000000005")
+    assert sim.get("namespaces", "scratch") is None
 
 
 # -- ObjectWatch mechanics, against the simulator ------------------------------------------------
