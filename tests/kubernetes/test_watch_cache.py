@@ -11,6 +11,7 @@ Aspects:
   namespaces of existing nodes and capacity still counts their pods as ours;
 - a namespace with our labels but a name not made for its node id is not kept, and its
   deletion is confirmed by a watch on its name (the shared watch will never report it);
+- capacity's watch of all pods keeps only pods bound to a node (not pending, not finished);
 - relists are read in pages (`limit` + `continue`); a continue token the server has
   compacted away (410 Expired) starts the list again from the beginning;
 - a copy larger than the per-object bound is not kept (one WARNING for a flood), and a
@@ -242,6 +243,27 @@ def test_deleting_a_labelled_namespace_the_watch_does_not_keep_is_confirmed(
     # so its end is confirmed by a watch on that name, not waited for on the shared one.
     provider.delete("scratch", node_id="0000000005")
     assert sim.get("namespaces", "scratch") is None
+
+
+def test_capacity_keeps_only_pods_that_hold_a_node(
+        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any) -> None:
+    provider = make_k8s_provider(sim, POD, capacity_nodes=True)
+    assert provider._capacity is not None
+    pods = provider._capacity.watches["all-pods"]
+    admin = _api(sim, tmp_path, "admin")
+    admin.create_namespace({"metadata": {"name": "others"}})
+    container = {"name": "c", "image": "busybox"}
+    # Never schedulable: holds nothing, however many of them anyone creates.
+    admin.create_namespaced_pod("others", {"metadata": {"name": "pending"}, "spec": {
+        "nodeSelector": {"no-such": "node"}, "containers": [container]}})
+    admin.create_namespaced_pod("others", {"metadata": {"name": "bound"},
+                                           "spec": {"containers": [container]}})
+    wait_for(lambda: (pods.get("others", "bound") or {}).get("status", {}).get("phase")
+             == "Running", message="the bound pod running in the capacity watch")
+    assert pods.get("others", "pending") is None and pods.dropped >= 1
+    sim.patch("pods", "bound", {"status": {"phase": "Succeeded"}}, "others")
+    wait_for(lambda: pods.get("others", "bound") is None,
+             message="the finished pod to leave the capacity watch")
 
 
 # -- ObjectWatch mechanics, against the simulator ------------------------------------------------

@@ -11,8 +11,9 @@ Owns: `CapacityTracker`, which keeps
   the launcher's share and its `used` what others already take of it (our nodes live in
   their own namespaces, so they never count in it).
 
-Every pod holds node resources, so the pod watch keeps all of them, but as slim copies
-(`slim.pod`: node name, requests, phase; never annotations), at most `waiter.MAX_OBJECTS`.
+The pod watch keeps the pods that hold node resources (`occupies`: bound, not finished, not
+being deleted), whoever made them, as slim copies (`slim.pod`: node name, requests, phase;
+never annotations), at most `waiter.MAX_OBJECTS`; pending pods are not kept.
 "Our own" pods are only the ones the provider created (its `ours` predicate: the pod of a
 pod node, by name and namespace), never a pod a job made with our labels.
 
@@ -233,11 +234,13 @@ class CapacityTracker:
             self.watches["nodes"] = ObjectWatch("nodes", client, client.core.list_node, "",
                                                 clock, on_change=self._node_changed,
                                                 slim=slim.node, **common)
-            # Every pod, whoever made it, holds node resources: all are kept, as slim copies
-            # (what `occupies`, `pod_requests` and `ours` read), never whole.
+            # Every pod bound to a node holds its resources, whoever made it: those are kept,
+            # as slim copies (what `occupies`, `pod_requests` and `ours` read), never whole.
+            # Pending, finished and deleting pods hold nothing and are not kept, so the
+            # cache is as large as what the nodes run, not as what anyone has created.
             self.watches["all-pods"] = ObjectWatch(
                 "all-pods", client, client.core.list_pod_for_all_namespaces, "", clock,
-                on_change=self._pod_changed, slim=slim.pod, **common)
+                on_change=self._pod_changed, slim=slim.pod, keep=occupies, **common)
         self._quota_name: tuple[str, str] | None = None
         if resource_quota:
             namespace, _, name = resource_quota.partition("/")

@@ -293,8 +293,9 @@ class ObjectWatch:
         watch)."""
         try:
             kept = self._keep is None or bool(self._keep(obj))
-        except Exception:  # noqa: BLE001 - a predicate that fails keeps nothing
-            log.exception("%s watch: keep predicate failed", self.kind)
+        except Exception as exc:  # noqa: BLE001 - a predicate that fails keeps nothing
+            self._log_limited("predicate", "%s watch: not keeping an object the predicate "
+                              "cannot judge: %r", self.kind, exc)
             kept = False
         if not kept:
             self.dropped += 1
@@ -310,16 +311,20 @@ class ObjectWatch:
         return copy
 
     def _refuse(self, why: str, message: str, *args: Any) -> None:
-        """Count a refused object; log it at WARNING at most every REPEAT_LOG_INTERVAL per
-        `why`, else at DEBUG (a flood of refusals is one line, not one per object)."""
+        """Count a refused object and log it (`_log_limited`)."""
         self.refused += 1
+        self._log_limited(why, message + " (%d refused so far)", *args, self.refused)
+
+    def _log_limited(self, why: str, message: str, *args: Any) -> None:
+        """Log at WARNING at most every REPEAT_LOG_INTERVAL per `why`, else at DEBUG: a
+        flood of objects is one line, not one per object."""
         now = self._clock.monotonic()
         last = self._refusal_logged.get(why)
         level = logging.DEBUG
         if last is None or now - last >= REPEAT_LOG_INTERVAL:
             self._refusal_logged[why] = now
             level = logging.WARNING
-        log.log(level, message + " (%d refused so far)", *args, self.refused)
+        log.log(level, message, *args)
 
     def _full(self, size: int, key: Key) -> bool:
         """Whether a copy for a new `key` would exceed `max_objects` (and log that)."""
