@@ -400,14 +400,15 @@ def test_watch_failures_back_off_across_relists(make_sim: Any, make_k8s_provider
     sim = make_sim()
     provider = make_k8s_provider(sim)
     caplog.set_level(logging.DEBUG, logger="nodepool_k8s.driver.kubernetes.waiter")
-    sim.fail_next("watch", "pods", count=1000, code=403)
-    # Drop the running pods watch so the next one meets the fault.
+    # Drop the running pods watch so the next one meets the fault. Only once it is open:
+    # a watch still being opened would reach the server unfaulted and run for 30 s.
     pods = provider._pods
+    wait_for(lambda: pods._response is not None, message="the pods watch to be open")
+    sim.fail_next("watch", "pods", count=1000, code=403)
     with pods._lock:
         response = pods._response
-    if response is not None:
-        from nodepool_k8s.driver.kubernetes.waiter import _close
-        _close(response)
+    from nodepool_k8s.driver.kubernetes.waiter import _close
+    _close(response)
 
     def delays() -> list[str]:
         return [r.getMessage() for r in caplog.records if "pods watch failed" in r.getMessage()]

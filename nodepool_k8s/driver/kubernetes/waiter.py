@@ -52,9 +52,9 @@ from typing import Any, Callable, Iterator, Protocol, TypeVar
 from nodepool_k8s import records
 from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.clock import Clock
-from nodepool_k8s.driver.kubernetes.slim import encoded_size
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.errors import Gone, map_api_error
+from nodepool_k8s.driver.kubernetes.slim import encoded_size
 from nodepool_k8s.exceptions import (BootTimeout, LaunchCancelled, LaunchError, NotFound,
                                      ProviderUnavailable, TemporaryError)
 
@@ -569,7 +569,9 @@ class ObjectWatch:
         if kind not in ("ADDED", "MODIFIED", "DELETED"):
             return new_version
         key = object_key(obj)
+        # Both judged outside the lock: `keep` may take other locks (another watch's).
         copy = self._admit(obj) if kind != "DELETED" else None
+        confirmed = kind == "DELETED" and self.owns(obj)
         with self._lock:
             old = self._objects.get(key)
             if copy is None:
@@ -579,7 +581,7 @@ class ObjectWatch:
                     return new_version
                 # Deleted, or no longer kept: treated like leaving the selector.
                 self._objects.pop(key, None)
-                self._bury(key, obj, confirmed=kind == "DELETED" and self.owns(obj))
+                self._bury(key, obj, confirmed=confirmed)
             elif old is not None or not self._full(len(self._objects), key):
                 self._objects[key] = copy
             else:
