@@ -363,15 +363,24 @@ class Api:
         matcher = combined(req.query.get("labelSelector"), req.query.get("fieldSelector"),
                            resource)
         items, rv = self.store.list(resource.plural, route.namespace, matcher)
-        list_meta: Obj = {"resourceVersion": str(rv)}
         token = req.query.get("continue")
         if token:
             try:
-                start = json.loads(base64.urlsafe_b64decode(token.encode()))["start"]
+                decoded = json.loads(base64.urlsafe_b64decode(token.encode()))
+                start, rv = decoded["start"], int(decoded["rv"])
             except (ValueError, KeyError, TypeError):
                 raise errors.bad_request("continue key is not valid") from None
+            if rv < self.store.compacted_rv:
+                # As the real server once its snapshot is compacted away: the client must
+                # list again from the start.
+                raise errors.expired(
+                    "The provided continue parameter is too old to display a consistent "
+                    "list result. You can start a new list without the continue parameter.")
+            # Every page names the first page's resourceVersion (the real server's snapshot):
+            # a watch from it replays whatever changed since, also under later pages.
             items = [o for o in items
                      if [o["metadata"].get("namespace") or "", o["metadata"]["name"]] > start]
+        list_meta: Obj = {"resourceVersion": str(rv)}
         limit = int(req.query.get("limit") or 0)
         if limit > 0 and len(items) > limit:
             last = items[limit - 1]["metadata"]

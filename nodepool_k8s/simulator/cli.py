@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for random faults")
     p.add_argument("--namespace-defaults", action="store_true",
                    help="create a default ServiceAccount and kube-root-ca.crt in new namespaces")
+    p.add_argument("--enforce-rbac", action="store_true",
+                   help="enforce Roles and RoleBindings for service-account tokens")
+    p.add_argument("--watch-history", type=int, default=1000, metavar="N",
+                   help="change events kept for resuming watches (older: 410 Expired)")
     p.add_argument("--ready-file", default=None, metavar="PATH",
                    help="write the URL to this file once listening")
     p.add_argument("--verbose", "-v", action="store_true", help="log every request")
@@ -57,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         schedule_delay=args.schedule_delay, start_delay=args.start_delay,
         token_delay=args.token_delay, namespace_delete_delay=args.namespace_delete_delay,
         pod_delete_delay=args.pod_delete_delay, namespace_defaults=args.namespace_defaults,
+        enforce_rbac=args.enforce_rbac, watch_history=args.watch_history,
         faults=Faults(error_rate=args.error_rate, latency=args.latency, seed=args.seed))
     stop = threading.Event()
 

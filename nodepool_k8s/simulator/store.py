@@ -12,7 +12,8 @@ may serialize them outside the lock; callers must treat returned objects as read
 and must only schedule work, never block.
 
 Failure modes: `ApiError` 404/409 (missing object, name taken, resourceVersion conflict) and
-410 Expired for a watch that asks for history older than the retained window.
+410 Expired for a watch (or a list's continue token) that asks for history older than the
+retained window.
 """
 
 from __future__ import annotations
@@ -158,6 +159,11 @@ class Store:
     @property
     def current_rv(self) -> int:
         return self._rv
+
+    @property
+    def compacted_rv(self) -> int:
+        """History up to this resourceVersion is gone: older watches and continues get 410."""
+        return self._compacted_rv
 
     def get(self, resource: str, namespace: str | None, name: str) -> Obj | None:
         with self.lock:

@@ -263,7 +263,8 @@ def test_watches_reconnect_with_the_rewritten_kubeconfig(
     sim.end_watches()  # every watch must connect again, with what it holds: refused
 
     labels = {manifests.PROVIDER_LABEL: "kubespray",
-              manifests.INSTALLATION_LABEL: provider.installation_id}
+              manifests.INSTALLATION_LABEL: provider.installation_id,
+              manifests.NODE_ID_LABEL: "0000000042"}
     _admin(sim, tmp_path).create_namespace(
         {"metadata": {"name": "main-0000000042", "labels": labels}})
     wait_for(lambda: provider._namespace_watch().get("", "main-0000000042"), 30,

@@ -20,6 +20,7 @@ from nodepool_k8s.clock import SYSTEM_CLOCK, ManualClock
 from nodepool_k8s.driver.kubernetes import client as kclient
 from nodepool_k8s.driver.kubernetes import waiter
 from nodepool_k8s.driver.kubernetes.errors import Gone
+from nodepool_k8s.driver.kubernetes import slim
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch, iter_events, wait_namespace_deleted
 from nodepool_k8s.exceptions import LaunchCancelled, LaunchError, NotFound, TemporaryError
 from tests.helpers import wait_for
@@ -58,7 +59,7 @@ def test_iter_events_chunked_and_plain() -> None:
 def _watch(clock: ManualClock | None = None) -> ObjectWatch:
     # No client is needed for applying events and waiting on the cache.
     return ObjectWatch("pods", None, lambda **kw: None, "x=y",  # type: ignore[arg-type]
-                       clock or ManualClock(), tick=0.01)
+                       clock or ManualClock(), tick=0.01, slim=slim.pod)
 
 
 def test_error_events() -> None:
@@ -89,11 +90,11 @@ def test_a_list_answer_of_odd_shape_caches_only_objects(make_k8s_provider: Any,
     odd = ["pod", 7, None, ["x"], {"metadata": {"name": "p", "namespace": "n"}}]
     sim.rewrite_next("list", "pods", lambda body: {**body, "items": odd})
     watch = ObjectWatch("pods", client, client.core.list_pod_for_all_namespaces,
-                        provider.selector, SYSTEM_CLOCK, watch_timeout=5)
+                        provider.selector, SYSTEM_CLOCK, watch_timeout=5, slim=slim.pod)
     watch.start()
     try:
         wait_for(lambda: watch.synced, message="the list")
-        assert watch.objects() == [{"metadata": {"name": "p", "namespace": "n"}}]
+        assert watch.objects() == [slim.pod({"metadata": {"name": "p", "namespace": "n"}})]
     finally:
         watch.stop()
 
@@ -114,13 +115,13 @@ def test_wait_is_woken_by_events() -> None:
     obj = {"metadata": {"namespace": "ns", "name": "p", "resourceVersion": "3"}}
     watch._apply({"type": "ADDED", "object": obj}, "2")
     thread.join(5)
-    assert results == [obj]
+    assert results == [slim.pod(obj)]
 
 
 def test_cancel_event_wakes_a_waiter_without_a_tick() -> None:
     # No tick and a deadline 1000 s away: only the cancel event's subscription can wake it.
     watch = ObjectWatch("pods", None, lambda **kw: None, "x=y",  # type: ignore[arg-type]
-                        ManualClock())
+                        ManualClock(), slim=slim.pod)
     cancel = CancelEvent()
     errors: list[BaseException] = []
     waiting = threading.Event()
@@ -149,7 +150,7 @@ def test_cancel_event_wakes_a_waiter_without_a_tick() -> None:
 def test_a_time_dependent_check_is_run_again_without_events() -> None:
     # No tick, no events, a deadline 1000 s away: only recheck_in brings the check back.
     watch = ObjectWatch("pods", None, lambda **kw: None, "x=y",  # type: ignore[arg-type]
-                        ManualClock())
+                        ManualClock(), slim=slim.pod)
     grace_over = threading.Event()
     checked = threading.Event()
     results: list[Any] = []
@@ -264,7 +265,7 @@ def _ns_watch(synced: bool = True) -> ObjectWatch:
     watch = ObjectWatch("namespaces", None, lambda **kw: None,  # type: ignore[arg-type]
                         "nodepool_provider_name=p", ManualClock(), tick=0.01, tombstones=2,
                         owned=lambda o: o["metadata"]["labels"].get(
-                            "nodepool_provider_name") == "p")
+                            "nodepool_provider_name") == "p", slim=slim.namespace)
     if synced:
         watch._synced.set()
     return watch
@@ -399,14 +400,15 @@ def test_watch_failures_back_off_across_relists(make_sim: Any, make_k8s_provider
     sim = make_sim()
     provider = make_k8s_provider(sim)
     caplog.set_level(logging.DEBUG, logger="nodepool_k8s.driver.kubernetes.waiter")
-    sim.fail_next("watch", "pods", count=1000, code=403)
-    # Drop the running pods watch so the next one meets the fault.
+    # Drop the running pods watch so the next one meets the fault. Only once it is open:
+    # a watch still being opened would reach the server unfaulted and run for 30 s.
     pods = provider._pods
+    wait_for(lambda: pods._response is not None, message="the pods watch to be open")
+    sim.fail_next("watch", "pods", count=1000, code=403)
     with pods._lock:
         response = pods._response
-    if response is not None:
-        from nodepool_k8s.driver.kubernetes.waiter import _close
-        _close(response)
+    from nodepool_k8s.driver.kubernetes.waiter import _close
+    _close(response)
 
     def delays() -> list[str]:
         return [r.getMessage() for r in caplog.records if "pods watch failed" in r.getMessage()]
@@ -478,7 +480,7 @@ def test_a_watch_that_ends_after_one_event_is_restarted_with_backoff() -> None:
     from nodepool_k8s.driver.kubernetes.waiter import restart_delay
     client = _OneBookmarkThenEnd()
     watch = ObjectWatch("pods", client, lambda **kw: None,  # type: ignore[arg-type]
-                        "x=y", ManualClock())
+                        "x=y", ManualClock(), slim=slim.pod)
     delays: list[float] = []
 
     class Recording(threading.Event):

@@ -318,6 +318,37 @@ def test_list_pagination(kube: Kube) -> None:
     assert third.metadata._continue is None
 
 
+def test_continued_pages_keep_the_first_pages_version(kube: Kube) -> None:
+    kube.core.create_namespace({"metadata": {"name": "pv"}})
+    for i in range(4):
+        kube.core.create_namespaced_config_map("pv", {"metadata": {"name": f"c{i}"}})
+    first = kube.core.list_namespaced_config_map("pv", limit=2)
+    kube.core.create_namespaced_config_map("pv", {"metadata": {"name": "c9"}})
+    second = kube.core.list_namespaced_config_map("pv", limit=2,
+                                                  _continue=first.metadata._continue)
+    # One list, one version (the real server's snapshot): a watch from it misses nothing.
+    assert second.metadata.resource_version == first.metadata.resource_version
+    rest = kube.core.list_namespaced_config_map("pv", _continue=second.metadata._continue)
+    assert rest.metadata.resource_version == first.metadata.resource_version
+
+
+def test_continue_after_compaction_is_410_expired(kube: Kube, k8s_sim: Simulator) -> None:
+    kube.core.create_namespace({"metadata": {"name": "px"}})
+    for i in range(3):
+        kube.core.create_namespaced_config_map("px", {"metadata": {"name": f"c{i}"}})
+    first = kube.core.list_namespaced_config_map("px", limit=1)
+    kube.core.create_namespaced_config_map("px", {"metadata": {"name": "c8"}})
+    k8s_sim.compact()
+    with pytest.raises(ApiException) as info:
+        kube.core.list_namespaced_config_map("px", limit=1, _continue=first.metadata._continue)
+    body = status_of(info.value)
+    assert body["code"] == 410 and body["reason"] == "Expired"
+    assert "continue parameter is too old" in body["message"]
+    # A fresh list (no continue) works and starts again from the beginning.
+    again = kube.core.list_namespaced_config_map("px", limit=1)
+    assert [c.metadata.name for c in again.items] == ["c0"]
+
+
 def test_delete_preconditions_and_collection(kube: Kube) -> None:
     kube.core.create_namespace({"metadata": {"name": "dc"}})
     for name, tier in (("a", "x"), ("b", "x"), ("c", "y")):

@@ -11,6 +11,12 @@ Owns: `CapacityTracker`, which keeps
   the launcher's share and its `used` what others already take of it (our nodes live in
   their own namespaces, so they never count in it).
 
+The pod watch keeps the pods that hold node resources (`occupies`: bound, not finished, not
+being deleted), whoever made them, as slim copies (`slim.pod`: node name, requests, phase;
+never annotations), at most `waiter.MAX_OBJECTS`; pending pods are not kept.
+"Our own" pods are only the ones the provider created (its `ours` predicate: the pod of a
+pod node, by name and namespace), never a pod a job made with our labels.
+
 `limits(label)` turns this into the core's quota terms (`cores`, `ram` in MiB, the gpu
 resource, `instances`): the free room on nodes where at least one more pod of the label
 fits plus what our own bound pods already request, so the core's check "our usage + need
@@ -37,7 +43,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.config.model import PoolLabel
-from nodepool_k8s.driver.kubernetes import manifests
+from nodepool_k8s.driver.kubernetes import manifests, slim
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch
 from nodepool_k8s.model import Resources
@@ -226,10 +232,15 @@ class CapacityTracker:
         common: dict[str, Any] = {"watch_timeout": watch_timeout, "tick": tick}
         if nodes:
             self.watches["nodes"] = ObjectWatch("nodes", client, client.core.list_node, "",
-                                                clock, on_change=self._node_changed, **common)
+                                                clock, on_change=self._node_changed,
+                                                slim=slim.node, **common)
+            # Every pod bound to a node holds its resources, whoever made it: those are kept,
+            # as slim copies (what `occupies`, `pod_requests` and `ours` read), never whole.
+            # Pending, finished and deleting pods hold nothing and are not kept, so the
+            # cache is as large as what the nodes run, not as what anyone has created.
             self.watches["all-pods"] = ObjectWatch(
                 "all-pods", client, client.core.list_pod_for_all_namespaces, "", clock,
-                on_change=self._pod_changed, **common)
+                on_change=self._pod_changed, slim=slim.pod, keep=occupies, **common)
         self._quota_name: tuple[str, str] | None = None
         if resource_quota:
             namespace, _, name = resource_quota.partition("/")
@@ -237,7 +248,7 @@ class CapacityTracker:
             self.watches["resourcequota"] = ObjectWatch(
                 "resourcequota", client,
                 functools.partial(client.core.list_namespaced_resource_quota, namespace),
-                "", clock, on_change=self._node_changed, **common)
+                "", clock, on_change=self._node_changed, slim=slim.resource_quota, **common)
 
     # -- lifecycle and change notification ---------------------------------------------------
 

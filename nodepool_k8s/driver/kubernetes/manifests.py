@@ -231,6 +231,59 @@ def ownership_problem(obj: Mapping[str, Any], provider_name: str, installation_i
     return None
 
 
+def _labels(obj: Mapping[str, Any]) -> tuple[str, Mapping[str, Any]]:
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    labels = meta.get("labels")
+    return str(meta.get("name") or ""), labels if isinstance(labels, Mapping) else {}
+
+
+def created_namespace_problem(obj: Mapping[str, Any], provider_name: str,
+                              installation_id: str) -> str | None:
+    """Why `obj` is not a namespace the launcher created for a node; None when it is.
+
+    Created = our provider and installation labels, a node-id label, and a name as
+    `namespace_name` makes it for that node id. Nothing but the launcher can create
+    namespaces with our labels (the node Roles grant no namespaces), and this holds after a
+    restart too: it needs nothing but the object.
+    """
+    problem = ownership_problem(obj, provider_name, installation_id)
+    if problem is not None:
+        return problem
+    name, labels = _labels(obj)
+    node_id = labels.get(NODE_ID_LABEL)
+    parsed = parse_namespace_name(name)
+    if parsed is None or parsed[1] != node_id:
+        return (f"its name {name[:80]!r} is not one made for its node-id label "
+                f"{str(node_id)[:80]!r}")
+    return None
+
+
+def created_pod_problem(obj: Mapping[str, Any], provider_name: str, installation_id: str,
+                        expected_name: str | None) -> str | None:
+    """Why `obj` is not the pod the launcher created for a node; None when it is.
+
+    `expected_name`: the name the launcher gave the pod of the node whose namespace `obj`
+    is in (None: the launcher made no pod there, as for a `namespace` label's node, whose
+    job may create any pod with any labels in it). Besides that name: our provider and
+    installation labels, and a node-id label naming the node of the namespace's name.
+    """
+    problem = ownership_problem(obj, provider_name, installation_id)
+    if problem is not None:
+        return problem
+    name, labels = _labels(obj)
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    namespace = str(meta.get("namespace") or "") if isinstance(meta, Mapping) else ""
+    if expected_name is None:
+        return f"the launcher made no pod in namespace {namespace[:80]!r}"
+    if name != expected_name:
+        return f"its name {name[:80]!r} is not {expected_name!r}"
+    parsed = parse_namespace_name(namespace)
+    if parsed is None or parsed[1] != labels.get(NODE_ID_LABEL):
+        return f"its node-id label does not name the node of namespace {namespace[:80]!r}"
+    return None
+
+
 # -- namespace and access objects --------------------------------------------------------------
 
 def _meta(name: str, labels: Mapping[str, str], namespace: str | None = None,

@@ -12,6 +12,11 @@ namespace ours, then the DELETE with `preconditions.uid`; its completion arrives
 the shared namespace watch). No Secret is created or watched: the token is a bound,
 expiring TokenRequest token (`token-lifetime`).
 
+What the watches keep: only what this provider created (`_created_namespace`,
+`_created_pod`, over `manifests.created_namespace_problem` / `created_pod_problem`), as slim
+copies. A job may create pods with our labels in its namespace; they are dropped where they
+arrive and capacity never counts them as ours.
+
 Ownership: no DELETE is ever sent for a namespace that a GET did not just show to carry our
 provider label, our installation label and (for a node's namespace) the node's id label, and
 the DELETE names the uid that GET saw, so an object replaced in between is not deleted (409).
@@ -46,7 +51,7 @@ from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import (CloudResource, LaunchResult, LaunchSpec, Progress,
                                       Provider)
-from nodepool_k8s.driver.kubernetes import guards, manifests
+from nodepool_k8s.driver.kubernetes import guards, manifests, slim
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
 from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
                                                    connect)
@@ -168,6 +173,16 @@ class KubernetesProvider:
         # namespace -> monotonic deadline of a deletion handed back as underway: asking
         # again does not restart its `delete-timeout`.
         self._deadlines: OrderedDict[str, float] = OrderedDict()
+        # namespace -> the name of the pod a launch of this process creates there (until
+        # the launch returns): its pod is known before the namespace watch has the namespace.
+        self._launching: dict[str, str] = {}
+        # (pool label value, node-label label value) -> the pod name, for every `pod` label:
+        # which pod a namespace of ours holds, from the namespace's labels (after a restart).
+        self._pod_names = {
+            (manifests.label_value(pool.name), manifests.label_value(label.name)):
+                manifests.pod_name(label)
+            for pool in config.pools.values() for label in pool.labels.values()
+            if label.type == "pod"}
 
     @property
     def unschedulable_grace(self) -> float:
@@ -189,28 +204,33 @@ class KubernetesProvider:
                              on_change=self._credentials_changed,
                              service_account=self.settings.service_account)
             selector = self.selector
+            # Both keep only what the launcher created (`_created_pod`, `_created_namespace`),
+            # as slim copies: whatever else carries our labels is dropped where it arrives.
             watches = {
                 "pods": ObjectWatch("pods", client, client.core.list_pod_for_all_namespaces,
                                     selector, self._clock,
                                     watch_timeout=self.settings.watch_timeout,
-                                    tick=self.settings.wait_tick)
+                                    tick=self.settings.wait_tick, slim=slim.pod,
+                                    keep=self._created_pod)
             }
             # Namespaces: confirms deletions (one stream per provider, not one per delete).
             watches["namespaces"] = ObjectWatch(
                 "namespaces", client, client.core.list_namespace, selector, self._clock,
                 watch_timeout=self.settings.watch_timeout, tick=self.settings.wait_tick,
-                tombstones=NAMESPACE_TOMBSTONES, owned=self._owns)
-            for watch in watches.values():
-                watch.start()
+                tombstones=NAMESPACE_TOMBSTONES, owned=self._owns, slim=slim.namespace,
+                keep=self._created_namespace)
+            # Set before the threads start: the pod watch's predicate reads the namespaces.
             self._client, self._pods = client, watches["pods"]
             self._namespaces = watches["namespaces"]
+            for watch in watches.values():
+                watch.start()
             self._events = EventRecorder(client, self._clock)
             self._events.start()
             if self.config.capacity_nodes or self.config.capacity_resource_quota:
                 tracker = CapacityTracker(
                     client, self._clock, nodes=self.config.capacity_nodes,
                     resource_quota=self.config.capacity_resource_quota,
-                    ours=lambda pod: self._ownership_problem(dict(pod)) is None,
+                    ours=lambda pod: self._created_pod(dict(pod)),
                     watch_timeout=self.settings.watch_timeout, tick=self.settings.wait_tick)
                 for listener in self._capacity_listeners:
                     tracker.add_listener(listener)
@@ -296,11 +316,36 @@ class KubernetesProvider:
     def _ownership_problem(self, obj: dict[str, Any], node_id: str | None = None) -> str | None:
         return manifests.ownership_problem(obj, self.name, self.installation_id, node_id)
 
+    def _created_namespace(self, obj: dict[str, Any]) -> bool:
+        """Whether `obj` is a namespace this provider created for a node."""
+        return manifests.created_namespace_problem(obj, self.name,
+                                                   self.installation_id) is None
+
+    def _created_pod(self, obj: dict[str, Any]) -> bool:
+        """Whether `obj` is the pod this provider created for a `pod` label's node: the
+        namespace is one a launch of this process is filling, or one of ours (the
+        namespace watch's copy, so also after a restart) whose labels name a `pod` label;
+        and the pod has the name given to that label's pod. A job's own pods (any name,
+        any labels, in a `namespace` label's namespace) never pass."""
+        meta = metadata(obj)
+        namespace = str(meta.get("namespace") or "")
+        with self._lock:
+            expected = self._launching.get(namespace)
+            watch = self._namespaces
+        if expected is None and watch is not None:
+            owner = watch.get("", namespace)
+            labels = metadata(owner).get("labels") if owner is not None else None
+            if isinstance(labels, dict):
+                expected = self._pod_names.get((str(labels.get(manifests.POOL_LABEL)),
+                                                str(labels.get(manifests.NODE_LABEL_LABEL))))
+        return manifests.created_pod_problem(obj, self.name, self.installation_id,
+                                             expected) is None
+
     def _wait_gone(self, client: KubeClient, namespace: str,
                    response: dict[str, Any] | None, deadline: float) -> None:
         """Confirm `namespace` is gone after a DELETE (`response`; None after a 409)."""
-        if response is not None and not self._owns(response):
-            # Not ours by label (a name collision): the shared watch never reports it.
+        if response is not None and not self._created_namespace(response):
+            # Not ours by label or name (a collision): the shared watch never reports it.
             wait_namespace_gone(client, namespace, resource_version(response), deadline,
                                 self._clock)
             return
@@ -346,6 +391,9 @@ class KubernetesProvider:
             report(namespace,
                    self._condition(cond.LAUNCHED, cond.TRUE, "NamespaceCreated", message))
             self._event(namespace, "Launched", f"node {node_id}: {message}", node_id=node_id)
+            if label.type == "pod":
+                with self._lock:  # before the pod exists: its first event is kept
+                    self._launching[namespace] = manifests.pod_name(label)
             self._create_contents(client, namespace, label, labels, cancel.wait)
             token = self._request_token(client, namespace, cancel.wait)
             message = (f"service account {manifests.SERVICE_ACCOUNT}, role binding and token "
@@ -386,6 +434,9 @@ class KubernetesProvider:
             if failure is exc or failure is None:
                 raise
             raise failure from exc
+        finally:
+            with self._lock:
+                self._launching.pop(namespace, None)
         _log(spec).info("Namespace %s ready", namespace)
         self._event(namespace, "Ready", f"node {node_id} is ready for Zuul", pod=pod_name,
                     node_id=node_id)
@@ -584,7 +635,7 @@ class KubernetesProvider:
                 except Conflict:
                     continue  # replaced or Terminating: judge what is there now
             if wait and not deletion_finished(response):
-                if on_gone is not None and self._owns(response):
+                if on_gone is not None and self._created_namespace(response):
                     remaining = deadline - self._clock.monotonic()
                     uid = object_uid(response)
                     if remaining > 0 and uid:

@@ -1,8 +1,14 @@
 """Event-driven waiting: shared list+watch caches, and watching one namespace disappear.
 
 Owns: `ObjectWatch`, one background thread per (provider, resource kind) that lists every
-object carrying the provider's ownership label across all namespaces, then watches from the
-list's resourceVersion (with bookmarks) and keeps the latest copy of each object. Launches
+object carrying the provider's ownership label across all namespaces (in pages of
+`LIST_PAGE_SIZE`), then watches from the list's resourceVersion (with bookmarks) and keeps
+the latest copy of each object it is told to keep (`keep`: the provider keeps only what it
+created; anything else is dropped where it arrives) as a slim copy (`slim`: only the fields
+the driver reads), within bounds: a copy above `MAX_OBJECT_BYTES` and copies of new names
+past `MAX_OBJECTS` are not kept (counted in `refused`, logged at WARNING at most every
+`REPEAT_LOG_INTERVAL`). What a job writes into its namespace so costs the launcher the
+time to decode it, not memory. Launches
 block in `ObjectWatch.wait` until their object satisfies a check; they are woken by events
 for their own object only, so a launch costs no API calls while it waits. The namespace watch
 also keeps tombstones (uids of recently deleted namespaces), and `wait_namespace_deleted`
@@ -13,8 +19,9 @@ waiting for it (the deleter's many Terminating namespaces).
 fallback for a namespace without our labels, which the shared watch never sees.
 
 How it fails: a watch that ends is resumed from the last resourceVersion; 410 Gone (or an
-ERROR event with code 410) triggers a fresh list that replaces the cache (objects missing
-from it count as deleted); any other error is logged and the list+watch is restarted after a
+ERROR event with code 410, or a list's continue token the server has compacted away)
+triggers a fresh list that replaces the cache (objects missing from it count as deleted);
+any other error is logged and the list+watch is restarted after a
 backoff (refused credentials only at DEBUG: `credentials` reports those once for the whole
 provider). The backoff grows with consecutive failures and is only reset by a watch that
 delivered events and lasted `MIN_HEALTHY_WATCH` seconds: a watch that fails while the list
@@ -47,6 +54,7 @@ from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.errors import Gone, map_api_error
+from nodepool_k8s.driver.kubernetes.slim import encoded_size
 from nodepool_k8s.exceptions import (BootTimeout, LaunchCancelled, LaunchError, NotFound,
                                      ProviderUnavailable, TemporaryError)
 
@@ -106,6 +114,13 @@ PLAIN_EVENT_TICK = 0.1
 # A watch failing the same way again (RBAC cut, say) is logged at WARNING once, then at most
 # this often; every round is at DEBUG. A new error text, or a recovery, is logged at once.
 REPEAT_LOG_INTERVAL = 600.0
+# Objects per page of a (re)list: what one page costs in memory while it is decoded is
+# this many objects as the server sends them (annotations and all), not slim copies.
+LIST_PAGE_SIZE = 100
+# The largest slim copy a cache keeps (compact JSON bytes); a larger one is not kept.
+MAX_OBJECT_BYTES = 64 * 1024
+# The most objects one cache holds; past it, objects of new names are not kept.
+MAX_OBJECTS = 50_000
 
 
 def restart_delay(failures: int) -> float:
@@ -174,13 +189,22 @@ class ObjectWatch:
                  tick: float | None = None, tombstones: int = 0,
                  owned: Callable[[dict[str, Any]], bool] | None = None,
                  on_change: Callable[[dict[str, Any] | None, dict[str, Any] | None], None]
-                 | None = None) -> None:
+                 | None = None, *, slim: Callable[[dict[str, Any]], dict[str, Any]],
+                 keep: Callable[[dict[str, Any]], bool] | None = None,
+                 page_size: int = LIST_PAGE_SIZE, max_objects: int = MAX_OBJECTS,
+                 max_object_bytes: int = MAX_OBJECT_BYTES) -> None:
         """`on_change(old, new)`: called (outside the lock, on the watch thread) after every
         applied ADDED/MODIFIED/DELETED event, and with (None, None) after every (re)list.
         `tombstones`: remember the uids of up to this many deleted objects (0: none), so
         a waiter that arrives after the DELETED event can still tell the object is gone.
         `owned`: whether an object still carries the selected labels (a DELETED event for
-        one that does not only means it left the selector, not that it is gone)."""
+        one that does not only means it left the selector, not that it is gone).
+        `slim`: the copy of an object that is kept (see `slim`); `keep`: whether an object
+        (as the server sent it) is kept at all (None: everything the selector returns).
+        An object not kept is dropped where it arrives, as if the selector had not
+        matched it: never stored, never passed to waiters or `on_change`. Lists are read
+        `page_size` objects at a time; at most `max_objects` copies of at most
+        `max_object_bytes` are kept (see `_admit`)."""
         self.kind = kind
         self._client = client
         self._list_fn = list_fn
@@ -197,6 +221,12 @@ class ObjectWatch:
         self._max_tombstones = max(0, int(tombstones))
         self._owned = owned
         self._on_change = on_change
+        self._slim = slim
+        self._keep = keep
+        self._page_size = max(1, int(page_size))
+        self._max_objects = max(1, int(max_objects))
+        self._max_object_bytes = max(1, int(max_object_bytes))
+        self._refusal_logged: dict[str, float] = {}  # why -> when last logged at WARNING
         self._stopped = threading.Event()
         self._synced = threading.Event()
         self._response: Any = None
@@ -204,6 +234,8 @@ class ObjectWatch:
         self.lists = 0  # how often the cache was (re)built; tests and stats read it
         self.events = 0  # watch events applied (bookmarks included): progress
         self.watches = 0
+        self.dropped = 0  # objects not kept: not ours (`keep`)
+        self.refused = 0  # objects ours but not kept: too large, or the cache is full
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -251,7 +283,57 @@ class ObjectWatch:
             return self._tombstones.get((namespace, name))
 
     def owns(self, obj: dict[str, Any]) -> bool:
-        return self._owned is None or bool(self._owned(obj))
+        """Whether this watch reports `obj`: selected (`owned`) and kept (`keep`)."""
+        return (self._owned is None or bool(self._owned(obj))) \
+            and (self._keep is None or bool(self._keep(obj)))
+
+    def _admit(self, obj: dict[str, Any]) -> dict[str, Any] | None:
+        """The slim copy of `obj` to keep, or None: not ours (`keep`), or its copy is
+        larger than `max_object_bytes`. Called outside the lock (`keep` may read another
+        watch)."""
+        try:
+            kept = self._keep is None or bool(self._keep(obj))
+        except Exception as exc:  # noqa: BLE001 - a predicate that fails keeps nothing
+            self._log_limited("predicate", "%s watch: not keeping an object the predicate "
+                              "cannot judge: %r", self.kind, exc)
+            kept = False
+        if not kept:
+            self.dropped += 1
+            return None
+        copy = self._slim(obj)
+        size = encoded_size(copy)
+        if size > self._max_object_bytes:
+            namespace, name = object_key(copy)
+            self._refuse("large", f"%s watch: not keeping %s/%s: %d bytes even slimmed, more "
+                         f"than {self._max_object_bytes}", self.kind,
+                         records.clip(namespace), records.clip(name), size)
+            return None
+        return copy
+
+    def _refuse(self, why: str, message: str, *args: Any) -> None:
+        """Count a refused object and log it (`_log_limited`)."""
+        self.refused += 1
+        self._log_limited(why, message + " (%d refused so far)", *args, self.refused)
+
+    def _log_limited(self, why: str, message: str, *args: Any) -> None:
+        """Log at WARNING at most every REPEAT_LOG_INTERVAL per `why`, else at DEBUG: a
+        flood of objects is one line, not one per object."""
+        now = self._clock.monotonic()
+        last = self._refusal_logged.get(why)
+        level = logging.DEBUG
+        if last is None or now - last >= REPEAT_LOG_INTERVAL:
+            self._refusal_logged[why] = now
+            level = logging.WARNING
+        log.log(level, message, *args)
+
+    def _full(self, size: int, key: Key) -> bool:
+        """Whether a copy for a new `key` would exceed `max_objects` (and log that)."""
+        if size < self._max_objects:
+            return False
+        self._refuse("full", "%s watch: not keeping %s/%s: the cache holds its maximum of"
+                     " %d objects", self.kind, records.clip(key[0]), records.clip(key[1]),
+                     self._max_objects)
+        return True
 
     def _bury(self, key: Key, obj: dict[str, Any], confirmed: bool) -> None:
         """Remember a deletion (lock held)."""
@@ -394,13 +476,40 @@ class ObjectWatch:
                 self._stopped.wait(delay)
 
     def _relist(self) -> str:
-        body = self._client.call(f"list {self.kind}", self._list_fn,
-                                 label_selector=self._selector,
-                                 sleep=self._stopped.wait)
-        items = body.get("items")
-        # Only objects: anything else would sit in the cache for its readers to trip on.
-        fresh = {object_key(item): item for item in items if isinstance(item, dict)} \
-            if isinstance(items, list) else {}
+        """Replace the cache with a fresh list, read page by page (`limit` + `continue`);
+        the resourceVersion to watch from is the first page's (the server's snapshot: all
+        pages name it). A continue token the server no longer knows (410 Expired) raises
+        Gone: `_run` lists again from the start."""
+        fresh: dict[Key, dict[str, Any]] = {}
+        version = ""
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"label_selector": self._selector,
+                                      "limit": self._page_size}
+            if token:
+                kwargs["_continue"] = token
+            body = self._client.call(f"list {self.kind}", self._list_fn,
+                                     sleep=self._stopped.wait, **kwargs)
+            version = version or resource_version(body)
+            items = body.get("items")
+            # Only objects: anything else would sit in the cache for its readers to trip on.
+            for item in items if isinstance(items, list) else ():
+                if not isinstance(item, dict):
+                    continue
+                copy = self._admit(item)
+                if copy is None:
+                    continue
+                key = object_key(copy)
+                if key not in fresh and self._full(len(fresh), key):
+                    continue
+                fresh[key] = copy
+            token = metadata(body).get("continue") or ""
+            # This page's objects as sent (annotations and all) go before the next is read.
+            del body, items
+            if not isinstance(token, str) or not token:
+                break
+            if self._stopped.is_set():
+                raise TemporaryError(f"list {self.kind}: stopped between pages")
         with self._lock:
             changed = set(self._objects) | set(fresh)
             for key, old in self._objects.items():
@@ -412,7 +521,7 @@ class ObjectWatch:
                 self._wake(key)
         self._synced.set()
         self._changed(None, None)
-        return resource_version(body)
+        return version
 
     def _watch(self, version: str) -> str:
         """Apply events from `version` until the server ends the watch; the last version."""
@@ -457,17 +566,28 @@ class ObjectWatch:
         self.events += 1
         if kind == "BOOKMARK":
             return new_version
+        if kind not in ("ADDED", "MODIFIED", "DELETED"):
+            return new_version
         key = object_key(obj)
+        # Both judged outside the lock: `keep` may take other locks (another watch's).
+        copy = self._admit(obj) if kind != "DELETED" else None
+        confirmed = kind == "DELETED" and self.owns(obj)
         with self._lock:
             old = self._objects.get(key)
-            if kind == "DELETED":
+            if copy is None:
+                if old is None:
+                    # Never kept (not ours, too large), or a deletion of such: nothing to
+                    # store, bury or tell anyone about.
+                    return new_version
+                # Deleted, or no longer kept: treated like leaving the selector.
                 self._objects.pop(key, None)
-                self._bury(key, obj, confirmed=self.owns(obj))
-            elif kind in ("ADDED", "MODIFIED"):
-                self._objects[key] = obj
+                self._bury(key, obj, confirmed=confirmed)
+            elif old is not None or not self._full(len(self._objects), key):
+                self._objects[key] = copy
+            else:
+                return new_version
             self._wake(key)
-        if kind in ("ADDED", "MODIFIED", "DELETED"):
-            self._changed(old, None if kind == "DELETED" else obj)
+        self._changed(old, copy)
         return new_version
 
 
