@@ -197,6 +197,7 @@ def test_shipped_job_roles_match_the_driver() -> None:
                  if d["kind"] == "ClusterRole"}
     assert documents[guards.CLUSTER_ROLES["namespace"]]["rules"] == manifests.NAMESPACE_RULES
     assert documents[guards.CLUSTER_ROLES["pod"]]["rules"] == manifests.POD_RULES
+    assert documents[manifests.CLEANUP_CLUSTER_ROLE]["rules"] == manifests.cleanup_rules()
     launcher_rules = documents["nodepool-launcher"]["rules"]
     assert not any("secrets" in rule["resources"] for rule in launcher_rules)
     assert not any(verb in rule["verbs"] for rule in launcher_rules

@@ -18,8 +18,8 @@ FINALIZER = "example.com/hold"
 
 
 def _held_config_map(kube: Kube, namespace: str, name: str = "held") -> None:
-    kube.core.create_namespaced_config_map(namespace, {"metadata": {"name": name,
-                                                         "finalizers": [FINALIZER]}})
+    body = {"metadata": {"name": name, "finalizers": [FINALIZER]}}
+    kube.core.create_namespaced_config_map(namespace, body)
 
 
 def _conditions(sim: Simulator, namespace: str) -> dict[str, dict[str, Any]]:
@@ -63,7 +63,8 @@ def test_terminating_namespace_waits_for_finalizers(kube: Kube, k8s_sim: Simulat
         f"Some content in the namespace has finalizers remaining: {FINALIZER} in 1 " \
         "resource instances"
     assert k8s_sim.get("configmaps", "plain", "stuck") is None
-    assert k8s_sim.get("namespaces", "stuck")["status"]["phase"] == "Terminating"  # type: ignore[index]
+    namespace = k8s_sim.get("namespaces", "stuck")
+    assert namespace is not None and namespace["status"]["phase"] == "Terminating"
     kube.core.patch_namespaced_config_map("held", "stuck", {"metadata": {"finalizers": []}})
     wait_for(lambda: k8s_sim.get("namespaces", "stuck") is None,
              message="the namespace to go once its content is gone")
@@ -82,7 +83,8 @@ def test_pod_grace_period_is_honoured_and_can_be_shortened(make_sim: Any) -> Non
     assert sim.get("namespaces", "slow") is not None
     # A shorter grace period wins; 0 removes the pod, and then the namespace goes.
     kube.core.delete_namespaced_pod("p", "slow", grace_period_seconds=5)
-    assert sim.get("pods", "p", "slow")["metadata"]["deletionGracePeriodSeconds"] == 5  # type: ignore[index]
+    pod = sim.get("pods", "p", "slow")
+    assert pod is not None and pod["metadata"]["deletionGracePeriodSeconds"] == 5
     kube.core.delete_namespaced_pod("p", "slow", grace_period_seconds=0)
     wait_for(lambda: sim.get("namespaces", "slow") is None, message="the namespace to go")
 
