@@ -6,11 +6,24 @@ service account, pod), the node data handed back to the core (exactly what Zuul'
 reads), deletion with an ownership proof and confirmation, and listing our namespaces for
 the leak sweeper. Waiting is delegated to two shared watches (pods, namespaces) per
 provider, both selected by our provider AND installation labels, so a namespace node with a
-quota costs seven API calls to launch and a pod node eight (one less with `job-role:
-cluster-role`, one more with a network policy), and a deletion two (a GET that proves the
+quota costs seven API calls to launch and a pod node eight (the same with `job-role:
+cluster-role`, whose cleanup RoleBinding replaces the Role, plus one SelfSubjectReview per
+provider; one more with a network policy), and a deletion two (a GET that proves the
 namespace ours, then the DELETE with `preconditions.uid`; its completion arrives through
-the shared namespace watch). No Secret is created or watched: the token is a bound,
-expiring TokenRequest token (`token-lifetime`).
+the shared namespace watch; with `job-role: cluster-role` one PATCH more, removing our hold).
+No Secret is created or watched: the token is a bound, expiring TokenRequest token
+(`token-lifetime`).
+
+Namespaces that stay Terminating: a job may leave objects with finalizers nobody removes,
+or pods with a huge grace period. A namespace of ours Terminating past `terminating-grace`
+is reported stuck once (`DeletionUnderway.stuck`, for the node's condition, event and
+metric), then cleared on the next look (`clearing`: its pods deleted with at most
+`max-pod-grace`, the finalizers of its deleting objects of the job's kinds removed), after a
+GET proved it ours again; only objects in that namespace are touched. With `job-role:
+cluster-role` the launcher's rights for that come from a RoleBinding it made in the
+namespace at launch (to the shipped ClusterRole `nodepool-launcher-cleanup`), held there by
+our finalizer: removed as soon as that binding is all that is left (the namespace watch's
+copy says so and wakes the parked deletion), or last in a clear-up.
 
 Ownership: no DELETE is ever sent for a namespace that a GET did not just show to carry our
 provider label, our installation label and (for a node's namespace) the node's id label, and
@@ -400,8 +413,9 @@ class KubernetesProvider:
 
     def _judge_terminating(self, client: KubeClient, name: str, node_id: str | None,
                            current: dict[str, Any]) -> tuple[str | None, float]:
-        """For our Terminating namespace `current`: (what holds it, once it has been
-        Terminating for `terminating-grace`; when to look again).
+        """For our Terminating namespace `current`: (what holds it, on the first look
+        after it has been Terminating for `terminating-grace`, else None; when to look
+        again).
 
         Before the grace: our hold is removed if it is all that is left. Past it, the first
         look only reports it stuck (the caller shows that before anything is touched); every
@@ -423,7 +437,7 @@ class KubernetesProvider:
         if self._remember(self._stuck, key):
             return stuck, 0.0
         self._clear(client, name, node_id, current)
-        return stuck, float(self.config.max_pod_grace) + CLEARED_RECHECK
+        return None, float(self.config.max_pod_grace) + CLEARED_RECHECK
 
     def _clear(self, client: KubeClient, name: str, node_id: str | None,
                current: dict[str, Any]) -> None:
