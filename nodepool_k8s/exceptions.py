@@ -65,6 +65,12 @@ class DeletionUnderway(NodepoolError):
         self.stuck = stuck
 
 
+class DeletionBlocked(TemporaryError):
+    """A deletion is held up by something the provider tried and failed to remove (a
+    namespace's leftover finalizers, say). The provider has logged it (once per resource);
+    the caller retries with its back-off without logging it at WARNING again."""
+
+
 class QuotaExceeded(TemporaryError):
     """The cloud refused for lack of quota; capacity may free up later."""
 

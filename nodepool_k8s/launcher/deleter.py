@@ -46,8 +46,8 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig, model, records
-from nodepool_k8s.exceptions import (DeletionUnderway, NotOwned, ProviderUnavailable,
-                                     TemporaryError, ZkSessionLost)
+from nodepool_k8s.exceptions import (DeletionBlocked, DeletionUnderway, NotOwned,
+                                     ProviderUnavailable, TemporaryError, ZkSessionLost)
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.driver.base import Provider
@@ -482,9 +482,10 @@ class NodeDeleter:
             except (ZkSessionLost, ZkConnectionError):
                 raise  # ZooKeeper, not the resource: interrupted (see _run)
             except TemporaryError as exc:
-                # Refused credentials are the provider's, reported once by the driver: not
-                # a WARNING per node and retry.
-                level = logging.INFO if isinstance(exc, ProviderUnavailable) \
+                # Refused credentials are the provider's, reported once by the driver, and
+                # so is a deletion blocked by what the provider could not clear: not a
+                # WARNING per node and retry.
+                level = logging.INFO if isinstance(exc, (ProviderUnavailable, DeletionBlocked)) \
                     else logging.WARNING
                 nlog.log(level, "Could not delete %s yet (%s); will retry",
                          records.clip(node.external_id or ""), exc)

@@ -14,8 +14,8 @@ How it fails: each object is tried on its own. 404 counts as done (gone meanwhil
 (the object changed since it was listed) reads it again and retries, at most PATCH_ROUNDS
 times; a kind the server does not serve (404 on the list) is skipped. Any other failure
 (403 without the rights, API errors) is collected and raised as one `ClearingFailed` (a
-TemporaryError) once the rest was tried; the hold is then kept, so the next try still has
-the rights.
+DeletionBlocked, a TemporaryError) once the rest was tried; the hold is then kept, so the
+next try still has the rights.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.errors import Conflict
 from nodepool_k8s.driver.kubernetes.waiter import metadata, object_uid, resource_version
-from nodepool_k8s.exceptions import NodepoolError, NotFound, TemporaryError
+from nodepool_k8s.exceptions import DeletionBlocked, NodepoolError, NotFound, TemporaryError
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 
 
-class ClearingFailed(TemporaryError):
+class ClearingFailed(DeletionBlocked):
     """Some of what holds a Terminating namespace could not be removed (retried later)."""
 
 
