@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig, records
+from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
@@ -66,7 +67,6 @@ from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClie
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
 from nodepool_k8s.driver.kubernetes.events import EventRecorder
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
-from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, metadata,
                                                    object_uid, resource_version,
                                                    wait_namespace_deleted, wait_namespace_gone)
@@ -467,8 +467,8 @@ class KubernetesProvider:
                         where, ", ".join(finalizers), kind, obj_name)
         for pod, grace in cleared.pods:
             log.warning("%s: deleted pod %s with a grace period of %ds (it had %s)", where,
-                        pod, self.config.max_pod_grace, grace if grace is not None else
-                        "its own")
+                        pod, self.config.max_pod_grace, f"{grace}s" if grace is not None
+                        else "not been deleted yet")
         if cleared.hold_released:
             self._remember(self._released, (name, uid))
             log.info("%s: released the launcher's hold on it", where)
@@ -789,9 +789,10 @@ class KubernetesProvider:
             if wait and not deletion_finished(response):
                 if on_gone is not None and self._owns(response):
                     uid = object_uid(response)
-                    stuck, look_in = self._judge_terminating(client, name, node_id, response)
                     remaining = deadline - self._clock.monotonic()
                     if remaining > 0 and uid:
+                        stuck, look_in = self._judge_terminating(client, name, node_id,
+                                                                 response)
                         if self._namespace_watch().notify_gone("", name, uid, on_gone):
                             if self._holds and not self._was_released(name, uid):
                                 self._wake_on_release(name, on_gone)
