@@ -531,10 +531,8 @@ class NodeDeleter:
                                           engine.clock.time()))
         try:
             engine.nodes.store(node, lock)
-        except (ZkSessionLost, ZkConnectionError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - shown on the next look instead
-            log.debug("[node: %s] could not record the stuck deletion: %s", node.id, exc)
+        except Exception as exc:  # noqa: BLE001 - the node stays parked either way
+            log.info("[node: %s] Could not record the stuck deletion: %s", node.id, exc)
         lifecycle.record_stuck(engine.events, provider, what, node=node)
         engine.stats.delete_stuck(provider)
 
