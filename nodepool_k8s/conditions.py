@@ -89,6 +89,10 @@ REASONS: dict[str, str] = {
     "NotOwned": "The resource is not provably this installation's: it was left alone; "
                 "inspect it by hand.",
     "DeleteFailed": "Deletion could not be confirmed yet: it is retried with backoff.",
+    "DeletionStuck": "The namespace stayed Terminating past terminating-grace (a finalizer "
+                     "or a long pod grace period holds it): the launcher removes the "
+                     "finalizers left in it and bounds its pods' grace period; its WARNING "
+                     "names each object. Nothing to do unless it stays (then see the log).",
     "Cancelled": "The launcher stopped or lost its ZooKeeper session: nothing to do.",
     # other drivers and the engine
     "FakeFail": "A fake label configured to fail (tests).",

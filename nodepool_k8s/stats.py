@@ -111,6 +111,10 @@ def delete_refused_key(provider: str) -> str:
     return f"nodepool.provider.{key_part(provider)}.delete_refused"
 
 
+def delete_stuck_key(provider: str) -> str:
+    return f"nodepool.provider.{key_part(provider)}.delete_stuck"
+
+
 def malformed_key(kind: str) -> str:
     return f"nodepool.malformed.{key_part(kind)}"
 
@@ -152,6 +156,7 @@ PROM_LEAKED = "nodepool_leaked_nodes_total"
 PROM_GAUGE_REPORTS = "nodepool_stats_gauge_reports_total"
 PROM_MALFORMED = "nodepool_malformed_records_total"
 PROM_DELETE_REFUSED = "nodepool_delete_refused_total"
+PROM_DELETE_STUCK = "nodepool_delete_stuck_total"
 PROM_THREAD_CRASHES = "nodepool_thread_crashes_total"
 PROM_LAUNCH_ERRORS = "nodepool_launch_errors_total"
 PROM_PHASE_SECONDS = "nodepool_node_phase_seconds"
@@ -297,6 +302,12 @@ class Stats:
         """A node's resource was not provably ours: the record was dropped, nothing deleted."""
         self._safe("incr", delete_refused_key(provider), 1)
         self.count(PROM_DELETE_REFUSED, provider=provider)
+
+    def delete_stuck(self, provider: str) -> None:
+        """A deletion (a node's or a leak's) stayed underway past the provider's grace
+        (a namespace Terminating past `terminating-grace`); counted once per deletion."""
+        self._safe("incr", delete_stuck_key(provider), 1)
+        self.count(PROM_DELETE_STUCK, provider=provider)
 
     def malformed(self, kind: str) -> None:
         """A malformed record (`node`, `request`) was seen for the first time."""

@@ -327,6 +327,8 @@ def build_provider(provider: Raw, installation: str = "default") -> ProviderConf
                                               S.CREDENTIALS_EXEC_TIMEOUT),
         unschedulable_grace=provider.get("unschedulable-grace", S.UNSCHEDULABLE_GRACE),
         delete_timeout=provider.get("delete-timeout", S.DELETE_TIMEOUT),
+        terminating_grace=provider.get("terminating-grace", S.TERMINATING_GRACE),
+        max_pod_grace=provider.get("max-pod-grace", S.MAX_POD_GRACE),
         token_lifetime=provider.get("token-lifetime", S.TOKEN_LIFETIME),
         installation_id=installation,
         job_role=provider.get("job-role", S.JOB_ROLE),

@@ -255,6 +255,10 @@ class ProviderConfig:
     # how long a deletion waits for the namespace to vanish (then TemporaryError, retried).
     unschedulable_grace: float = 30.0
     delete_timeout: float = 300.0
+    # Kubernetes driver: a node namespace Terminating this long has the finalizers of what
+    # is left in it removed and its pods deleted with at most `max_pod_grace` seconds.
+    terminating_grace: float = 120.0
+    max_pod_grace: int = 30
     # Kubernetes driver: lifetime (seconds) of the TokenRequest token handed to a job.
     token_lifetime: int = 86400
     # The top-level `installation-id` (resolved), copied here so a provider built from this

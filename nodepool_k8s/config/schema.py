@@ -66,6 +66,12 @@ CREDENTIALS_BACKOFF = (1.0, 5.0, 15.0, 30.0, 60.0)
 CREDENTIALS_EXEC_TIMEOUT = 30.0
 UNSCHEDULABLE_GRACE = 30.0  # seconds a pod may stay Unschedulable before the attempt fails
 DELETE_TIMEOUT = 300.0  # seconds a deletion waits for the namespace to vanish
+# Kubernetes driver: a node namespace of ours Terminating this long is stuck (a job's
+# finalizer, a pod's huge grace period): the launcher reports it and clears what holds it.
+TERMINATING_GRACE = 120.0
+# Kubernetes driver: the longest grace period (seconds) a pod left in a stuck node
+# namespace gets (a DELETE with gracePeriodSeconds); a job cannot pick its own.
+MAX_POD_GRACE = 30
 TOKEN_LIFETIME = 86400  # seconds a node's service-account token (TokenRequest) stays valid
 MIN_TOKEN_LIFETIME = 600  # the API server refuses shorter TokenRequests (422)
 MAX_TOKEN_LIFETIME = 2 ** 32  # ... and longer ones
@@ -610,6 +616,8 @@ def _provider(label: Validator, extra: dict[Any, Validator]) -> Validator:
         Optional("api-timeout"): _timeout,
         Optional("unschedulable-grace"): _seconds,
         Optional("delete-timeout"): _timeout,
+        Optional("terminating-grace"): _seconds,
+        Optional("max-pod-grace"): integer(minimum=0, maximum=MAX_SECONDS),
         Optional("token-lifetime"): _token_lifetime,
         **_BREAKER,
     })

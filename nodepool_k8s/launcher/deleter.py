@@ -9,13 +9,17 @@ backoff: nothing is forgotten. A node whose record names a resource that is not 
 ours (`NotOwned`: e.g. `kube-system`, or another installation's namespace) gets the reason
 written as `delete_refused`, one WARNING, `nodepool.provider.<p>.delete_refused`, and its
 znode removed; the cloud is not touched. Leaked resources (no node) go through `delete_leak`.
+A deletion the provider reports stuck (`DeletionUnderway.stuck`: a namespace Terminating
+past `terminating-grace`) is shown once per node or leak: the `Deleting` condition False with
+reason `DeletionStuck`, a `delete-stuck` event and `nodepool.provider.<p>.delete_stuck`.
 
 Idempotent: a node already being deleted by this process is not submitted twice; another
 launcher holding the lock simply makes this attempt a no-op.
 
 No thread waits for a resource to go: when the provider hands a deletion back as underway
 (`DeletionUnderway`: a namespace Terminating), the node is parked with its lock still held
-and the thread goes on to other work; the provider's notice that the resource is gone (or,
+(a leak's deletion is parked the same way, without a lock) and the thread goes on to other
+work; the provider's notice that the resource is gone (or,
 should it never come, the deadline the provider named) finishes it on a deleter thread. So
 a gate reset that releases hundreds of nodes has every deletion in the cluster at once,
 however few deleter threads there are.
@@ -42,8 +46,8 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig, model, records
-from nodepool_k8s.exceptions import (DeletionUnderway, NotOwned, ProviderUnavailable,
-                                     TemporaryError, ZkSessionLost)
+from nodepool_k8s.exceptions import (DeletionBlocked, DeletionUnderway, NotOwned,
+                                     ProviderUnavailable, TemporaryError, ZkSessionLost)
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.clock import Clock
 from nodepool_k8s.driver.base import Provider
@@ -56,6 +60,9 @@ from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore
 
 log = logging.getLogger("nodepool_k8s.NodeDeleter")
+
+# The `Deleting` condition's reason while the provider reports the deletion stuck.
+STUCK_REASON = "DeletionStuck"
 
 Check = Callable[[Node], bool]
 
@@ -101,24 +108,25 @@ class Outcome(enum.Enum):
 
 @dataclass
 class Parked:
-    """A node whose resource deletion is underway: its lock is held, no thread waits."""
+    """A deletion underway with no thread waiting: a node's (its lock held) or a leaked
+    resource's (`node` and `lock` None)."""
 
-    node: Node
-    lock: HeldLock
+    node: Node | None
+    lock: HeldLock | None
     reason: str
     due: float  # ask the provider again by then (monotonic), even without its notice
 
 
 @dataclass(frozen=True)
 class GoneNotice:
-    """The `on_gone` of a node's deletion: equal for the same node and deleter, so the
-    provider keeps one notice per deletion however often it is asked again."""
+    """The `on_gone` of a deletion (node id or LeakKey): equal for the same key and
+    deleter, so the provider keeps one notice per deletion however often it is asked."""
 
     deleter: "NodeDeleter"
-    node_id: str
+    key: RetryKey
 
     def __call__(self) -> None:
-        self.deleter._gone(self.node_id)
+        self.deleter._gone(self.key)
 
 
 class NodeWrites(Protocol):
@@ -210,10 +218,11 @@ class NodeDeleter:
         self._lock = threading.Lock()
         self._in_flight: set[RetryKey] = set()
         self._retry: dict[RetryKey, Retry] = {}
-        # Nodes whose resource is going (locked, no thread waiting), by node id.
-        self._parked: dict[str, Parked] = {}
-        # The provider's notice came while the pass that parks the node was still running.
-        self._early_gone: set[str] = set()
+        # Deletions whose resource is going (no thread waiting), by node id (the node
+        # locked) or LeakKey.
+        self._parked: dict[RetryKey, Parked] = {}
+        # The provider's notice came while the pass that parks the deletion still ran.
+        self._early_gone: set[RetryKey] = set()
         self.deleted = 0
         self.leaks_deleted = 0
         self.refused = 0
@@ -222,6 +231,8 @@ class NodeDeleter:
         # Nodes ZooKeeper would not let us lock, write or remove (another client's ACL):
         # said once; their retries (with backoff) are quiet.
         self._refused: set[str] = set()
+        # Leaked resources whose stuck deletion was reported (once each).
+        self._stuck_leaks: set[LeakKey] = set()
 
     # -- scheduling -----------------------------------------------------------------------
     def _claim(self, key: RetryKey) -> bool:
@@ -236,16 +247,15 @@ class NodeDeleter:
 
     def _release(self, key: RetryKey, result: Outcome | Parked) -> None:
         settings = self.engine.settings
-        # Only a node's pass parks (a leak's never does), and a notice may have overtaken it.
-        parked = result if isinstance(result, Parked) and isinstance(key, str) else None
+        # A notice may have overtaken the pass that parks.
+        parked = result if isinstance(result, Parked) else None
         with self._lock:
             resume = parked is not None and key in self._early_gone
-            if isinstance(key, str):
-                self._early_gone.discard(key)
+            self._early_gone.discard(key)
             if not resume:
                 self._in_flight.discard(key)
                 if parked is not None:
-                    self._parked[parked.node.id] = parked
+                    self._parked[key] = parked
             if result is Outcome.FAILED:
                 last = self._retry[key].delay if key in self._retry else 0.0
                 delay = next_backoff(last, settings.delete_retry, settings.delete_retry_max)
@@ -254,7 +264,7 @@ class NodeDeleter:
                 self._retry.pop(key, None)
             # Parked: a back-off entry stays for the next failure (not due while parked).
         if resume and parked is not None:
-            self._finish_later(parked.node.id, parked)  # gone already: it stays in flight
+            self._finish_later(key, parked)  # gone already: it stays in flight
         self.on_done()
 
     def _waiting_retries(self) -> list[tuple[str, Retry]]:
@@ -268,7 +278,7 @@ class NodeDeleter:
 
     def next_retry(self) -> float:
         """When (monotonic) a node deletion is next due for a retry or a parked deletion
-        for another look (leak retries follow the sweep)."""
+        (a node's or a leak's) for another look (leak retries follow the sweep)."""
         with self._lock:
             return min([r.due for _, r in self._waiting_retries()]
                        + [p.due for p in self._parked.values()], default=math.inf)
@@ -284,11 +294,11 @@ class NodeDeleter:
         now = self.engine.clock.monotonic()
         with self._lock:
             due = [(k, p) for k, p in self._parked.items() if p.due <= now]
-            for node_id, _ in due:
-                del self._parked[node_id]
-                self._in_flight.add(node_id)
-        for node_id, parked in due:
-            self._finish_later(node_id, parked)
+            for key, _ in due:
+                del self._parked[key]
+                self._in_flight.add(key)
+        for key, parked in due:
+            self._finish_later(key, parked)
 
     def parked(self) -> int:
         """Deletions underway with no thread waiting (for tests and the status)."""
@@ -302,7 +312,7 @@ class NodeDeleter:
             if node_id not in self._in_flight:
                 self._retry.pop(node_id, None)
                 self._refused.discard(node_id)
-        if parked is not None:
+        if parked is not None and parked.lock is not None:
             parked.lock.release()
 
     def prune(self, live_node_ids: Iterable[str]) -> None:
@@ -313,18 +323,26 @@ class NodeDeleter:
                         and k not in live and k not in self._in_flight]:
                 del self._retry[key]
             self._refused &= live
-            gone = [self._parked.pop(k) for k in list(self._parked) if k not in live]
+            gone = [self._parked.pop(k) for k in list(self._parked)
+                    if isinstance(k, str) and k not in live]
         for parked in gone:
-            parked.lock.release()
+            if parked.lock is not None:
+                parked.lock.release()
 
     def prune_leaks(self, provider_name: str, listed: Iterable[str]) -> None:
-        """Drop leak retries of a provider's resources that are no longer listed."""
+        """Drop leak retries (and parked leak deletions) of a provider's resources that
+        are no longer listed."""
         present = set(listed)
         with self._lock:
             for key in [k for k in self._retry if isinstance(k, LeakKey)
                         and k.provider == provider_name and k.external_id not in present
                         and k not in self._in_flight]:
                 del self._retry[key]
+            for key in [k for k in self._parked if isinstance(k, LeakKey)
+                        and k.provider == provider_name and k.external_id not in present]:
+                del self._parked[key]
+            self._stuck_leaks = {k for k in self._stuck_leaks
+                                 if k.provider != provider_name or k.external_id in present}
 
     def retry_entries(self) -> int:
         """Size of the retry table (bounded by the work still wanted; for tests)."""
@@ -354,24 +372,28 @@ class NodeDeleter:
             self._parked.clear()
 
     # -- the provider's notice ------------------------------------------------------------
-    def _gone(self, node_id: str) -> None:
-        """The provider saw the resource of node `node_id` go. Runs on the provider's watch
-        thread under its lock: hand the rest to a deleter thread, nothing else."""
+    def _gone(self, key: RetryKey) -> None:
+        """The provider saw the resource of `key` (a node id or a leak) go, or asks to be
+        asked again. Runs on the provider's watch thread under its lock: hand the rest to
+        a deleter thread, nothing else."""
         with self._lock:
-            parked = self._parked.pop(node_id, None)
+            parked = self._parked.pop(key, None)
             if parked is None:
-                if node_id in self._in_flight:
-                    self._early_gone.add(node_id)  # `_release` finishes it
+                if key in self._in_flight:
+                    self._early_gone.add(key)  # `_release` finishes it
                 return
-            self._in_flight.add(node_id)
-        self._finish_later(node_id, parked)
+            self._in_flight.add(key)
+        self._finish_later(key, parked)
 
-    def _finish_later(self, node_id: str, parked: Parked) -> None:
+    def _finish_later(self, key: RetryKey, parked: Parked) -> None:
         try:
-            self._executor.submit(self._finish, node_id, parked)
+            if isinstance(key, LeakKey):
+                self._executor.submit(self._delete_leak, key, key.provider, key.external_id)
+            else:
+                self._executor.submit(self._finish, key, parked)
         except RuntimeError:  # shut down meanwhile: the lock goes with the session
             with self._lock:
-                self._in_flight.discard(node_id)
+                self._in_flight.discard(key)
 
     # -- work -----------------------------------------------------------------------------
     def _delete_node(self, node_id: str, reason: str, check: Check | None) -> None:
@@ -379,6 +401,7 @@ class NodeDeleter:
 
     def _finish(self, node_id: str, parked: Parked) -> None:
         def proceed() -> Outcome | Parked:
+            assert parked.node is not None and parked.lock is not None  # a node's
             if not parked.lock.valid:
                 # The session that held the lock ended: start over like any node.
                 log.info("[node: %s] Lost the lock while %s was being deleted; will retry",
@@ -452,14 +475,17 @@ class NodeDeleter:
                 keep_lock = True
                 nlog.debug("Deletion of %s underway: %s", records.clip(node.external_id or ""),
                            exc)
+                if exc.stuck is not None:
+                    self._stuck(node, lock, provider.name, exc.stuck)
                 return Parked(node, lock, reason,
                               due=engine.clock.monotonic() + max(exc.recheck_in, 0.0))
             except (ZkSessionLost, ZkConnectionError):
                 raise  # ZooKeeper, not the resource: interrupted (see _run)
             except TemporaryError as exc:
-                # Refused credentials are the provider's, reported once by the driver: not
-                # a WARNING per node and retry.
-                level = logging.INFO if isinstance(exc, ProviderUnavailable) \
+                # Refused credentials are the provider's, reported once by the driver, and
+                # so is a deletion blocked by what the provider could not clear: not a
+                # WARNING per node and retry.
+                level = logging.INFO if isinstance(exc, (ProviderUnavailable, DeletionBlocked)) \
                     else logging.WARNING
                 nlog.log(level, "Could not delete %s yet (%s); will retry",
                          records.clip(node.external_id or ""), exc)
@@ -492,17 +518,46 @@ class NodeDeleter:
             if not keep_lock and not lock.released:
                 lock.release()
 
+    def _stuck(self, node: Node, lock: HeldLock, provider: str, what: str) -> None:
+        """A node's resource has been going for longer than its provider allows: shown
+        once per node (condition, event, metric) before the provider clears what holds it."""
+        current = cond.find(node.conditions, cond.DELETING)
+        if current is not None and current.reason == STUCK_REASON:
+            return
+        engine = self.engine
+        logconfig.annotate(log, node_id=node.id).warning(
+            "Deletion of %s is stuck: %s", records.clip(node.external_id or ""), what)
+        node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, STUCK_REASON, what,
+                                          engine.clock.time()))
+        try:
+            engine.nodes.store(node, lock)
+        except Exception as exc:  # noqa: BLE001 - the node stays parked either way
+            log.info("[node: %s] Could not record the stuck deletion: %s", node.id, exc)
+        lifecycle.record_stuck(engine.events, provider, what, node=node)
+        engine.stats.delete_stuck(provider)
+
     def _delete_leak(self, key: LeakKey, provider_name: str, external_id: str) -> None:
-        failed = False
+        result: Outcome | Parked = Outcome.DONE
         try:
             provider = self.engine.providers.get(provider_name)
             if provider is not None:
                 try:
-                    provider.delete(external_id)
+                    provider.delete(external_id, on_gone=GoneNotice(self, key))
                 except NotOwned as exc:
                     # Listed as ours, not ours on a closer look (labels changed): leave it.
                     log.warning("Not deleting resource %s of provider %s: %s", external_id,
                                 provider_name, exc)
+                    return
+                except DeletionUnderway as exc:
+                    # Going: no thread waits for it (the provider's notice resumes it).
+                    if exc.stuck is not None and self._first_stuck(key):
+                        log.warning("Deletion of leaked resource %s of provider %s is stuck:"
+                                    " %s", external_id, provider_name, exc.stuck)
+                        lifecycle.record_stuck(self.engine.events, provider_name, exc.stuck,
+                                               external_id=external_id)
+                        self.engine.stats.delete_stuck(provider_name)
+                    result = Parked(None, None, "leaked", due=self.engine.clock.monotonic()
+                                    + max(exc.recheck_in, 0.0))
                     return
                 self.engine.stats.leaked_nodes(provider_name)
                 with self._lock:
@@ -512,6 +567,15 @@ class NodeDeleter:
         except Exception as exc:
             log.warning("Could not delete leaked resource %s of provider %s: %s",
                         external_id, provider_name, exc)
-            failed = True
+            result = Outcome.FAILED
         finally:
-            self._release(key, Outcome.FAILED if failed else Outcome.DONE)
+            if not isinstance(result, Parked):
+                with self._lock:
+                    self._stuck_leaks.discard(key)
+            self._release(key, result)
+
+    def _first_stuck(self, key: LeakKey) -> bool:
+        with self._lock:
+            first = key not in self._stuck_leaks
+            self._stuck_leaks.add(key)
+            return first

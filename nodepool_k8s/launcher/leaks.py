@@ -6,7 +6,10 @@ in the cache) or when the node names another resource and is past its launch. It
 only after it was seen leaked on two sweeps and the first sighting (or the resource's own
 creation time) is at least the provider's `leak-grace` ago, so a launch that has created its
 namespace but not yet recorded the external id is never swept (Nodepool deleted on a single
-sighting). Deletions go through the deleter; `nodepool.provider.<p>.leaked.nodes` counts them.
+sighting). A resource already being deleted (a Terminating namespace) is judged the same way,
+so one that stays is finished like a node's. Deletions go through the deleter, which parks
+them while the resource is going (no thread waits); `nodepool.provider.<p>.leaked.nodes`
+counts them.
 
 Time: sweeps and sightings are on monotonic time; a resource's creation time (the cloud's
 clock) is judged by `clock.StampAges`, so a forward step of this launcher's wall clock does
@@ -93,8 +96,8 @@ class LeakSweeper:
             del self._next[name]
 
     def _is_leaked(self, resource: CloudResource) -> bool:
-        if resource.deleting:
-            return False
+        # A resource already being deleted counts too: with no node to finish it, nothing
+        # else would notice it staying (a namespace a job's finalizer holds Terminating).
         if resource.node_id is None:
             return True
         node: plan.NodeFacts | None = self.engine.node_cache.get(resource.node_id)

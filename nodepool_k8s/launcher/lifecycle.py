@@ -133,6 +133,15 @@ def record_deleted(events: EventLog, node: Node, why: str, refused: str | None) 
                           external_id=node.external_id, seconds=seconds, **_where(node))
 
 
+def record_stuck(events: EventLog, provider: str, what: str, node: Node | None = None,
+                 external_id: str | None = None) -> None:
+    """A deletion stuck past its provider's grace (written at once: an operator signal)."""
+    where: dict[str, Any] = _where(node) if node is not None else {"provider": provider}
+    events.record(zk_events.DELETE_STUCK, reason="DeletionStuck", message=what,
+                  external_id=node.external_id if node is not None else external_id,
+                  **where)
+
+
 def report_deleted(stats: Stats, events: EventLog, node: Node) -> None:
     """The deletion phase's duration (Deleting -> gone) as a timer."""
     deleting = cond.find(node.conditions, cond.DELETING)

@@ -19,7 +19,7 @@ import json
 import threading
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from typing import Any, Callable
 from urllib.parse import parse_qs, unquote
 
@@ -29,6 +29,7 @@ from nodepool_k8s.simulator import (admission, discovery, errors, openapi, patch
                                     policy, tables, validation)
 from nodepool_k8s.simulator.auth import Identity, TokenAuthority
 from nodepool_k8s.simulator.config import SimulatorConfig
+from nodepool_k8s.simulator.controllers import delete_pod
 from nodepool_k8s.simulator.data import clone, dumps
 from nodepool_k8s.simulator.faults import Decision, FaultInjector
 from nodepool_k8s.simulator.resources import ResourceType, lookup
@@ -173,7 +174,9 @@ class Api:
                    else _SUBRESOURCE_VERBS[route.subresource])
         if verb not in allowed:
             raise errors.method_not_allowed()
-        if self.config.enforce_rbac and not self.authority.authorize(
+        # Everyone may ask who they are (the real default role system:basic-user).
+        if self.config.enforce_rbac and route.resource.plural != "selfsubjectreviews" \
+                and not self.authority.authorize(
                 identity, verb, route.resource.group, resource_key, route.namespace, route.name):
             raise self._rbac_forbidden(identity, verb, route, resource_key)
         decision = self.faults.decide(verb, resource_key)
@@ -292,6 +295,11 @@ class Api:
             return self._token_request(req, route)
         if resource.plural == "tokenreviews":
             return self._token_review(req)
+        if resource.plural == "selfsubjectreviews":
+            return Response(201, {"kind": "SelfSubjectReview",
+                                  "apiVersion": "authentication.k8s.io/v1",
+                                  "metadata": {"creationTimestamp": None},
+                                  "status": {"userInfo": identity.as_user_info()}})
         if verb == "get":
             obj = self.store.require(resource, route.namespace, str(route.name))
             return self._maybe_table(req, resource, obj)
@@ -611,23 +619,13 @@ class Api:
             # The namespace controller finishes the job (see controllers.py).
             return Response(200, self.store.mutate(resource, None, name, terminate, uid))
         if resource.plural == "pods":
-            delay = self.config.pod_delete_delay
-            if meta.get("deletionTimestamp"):
-                if str(grace) != "0":
-                    return Response(200, current)
-            elif delay > 0 and str(grace) != "0":
-                seconds = int(grace) if grace is not None else int(
-                    (current.get("spec") or {}).get("terminationGracePeriodSeconds", 30))
-
-                def mark(draft: Obj) -> None:
-                    when = datetime.now(timezone.utc) + timedelta(seconds=seconds)
-                    draft["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
-                    draft["metadata"]["deletionGracePeriodSeconds"] = seconds
-                # Removed by the controller after pod_delete_delay.
-                return Response(200, self.store.mutate(resource, namespace, name, mark, uid))
-            return Response(200, self.store.delete(resource, namespace, name, uid))
-        gone = self.store.delete(resource, namespace, name, uid)
-        return Response(200, errors.success_status(name, resource.plural, gone["metadata"]["uid"],
+            # The kubelet's part (graceful stop, then removal) is in controllers.py.
+            return Response(200, delete_pod(self.store, self.config, self.faults, current,
+                                            grace))
+        obj, removed = self.store.delete_or_mark(resource, namespace, name, uid)
+        if not removed:
+            return Response(200, obj)  # finalizers hold it: marked, still readable
+        return Response(200, errors.success_status(name, resource.plural, obj["metadata"]["uid"],
                                                    resource.group))
 
     def _delete_collection(self, req: Request, route: Route) -> Response:

@@ -6,8 +6,14 @@ Owns: what a real cluster does on its own after an API call —
   PodScheduled=False/Unschedulable (selector matches no node, or the unschedulable fault),
   or with containers waiting in ErrImagePull -> ImagePullBackOff (image-pull fault);
 - token controller: fills data.token / ca.crt / namespace of service-account-token Secrets;
-- namespace controller: removes a Terminating namespace's contents, then the namespace;
-- graceful pod deletion: removes a pod whose deletionTimestamp is set after a delay.
+- namespace controller: deletes a Terminating namespace's contents as a client DELETE would
+  (pods gracefully, objects with finalizers only marked), reports what remains in the
+  namespace's status conditions (`NamespaceContentRemaining`,
+  `NamespaceFinalizersRemaining`, worded as the real controller words them), looks again
+  whenever something in it changes and removes the namespace once it is empty;
+- graceful pod deletion: a deleted pod stops after `pod_delete_delay` (or its grace period,
+  if shorter; its whole grace period under the `ignore_sigterm` fault), then is removed
+  unless finalizers hold it.
 
 Event driven: the store calls `on_event` (under its lock) for every change; that only
 schedules work on the shared `Scheduler` thread. Each step re-reads the object and checks its
@@ -25,6 +31,7 @@ import itertools
 import logging
 import secrets
 import threading
+from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
 from nodepool_k8s.simulator import errors, scheduler as filters
@@ -33,7 +40,8 @@ from nodepool_k8s.simulator.auth import TokenAuthority
 from nodepool_k8s.simulator.config import SimulatorConfig
 from nodepool_k8s.simulator.faults import FaultInjector
 from nodepool_k8s.simulator.resources import by_plural
-from nodepool_k8s.simulator.store import ADDED, DELETED, MODIFIED, Event, Obj, Store, now_rfc3339
+from nodepool_k8s.simulator.store import (ADDED, DELETED, MODIFIED, Event, Obj, Store, finalizers,
+                                          now_rfc3339)
 from nodepool_k8s.simulator.timers import Scheduler
 from nodepool_k8s.simulator.validation import SA_NAME_ANNOTATION, SA_TOKEN_TYPE
 
@@ -43,6 +51,95 @@ PODS, NAMESPACES, SECRETS, SAS, NODES = (by_plural(p) for p in (
     "pods", "namespaces", "secrets", "serviceaccounts", "nodes"))
 SA_UID_ANNOTATION = "kubernetes.io/service-account.uid"
 NO_TLS_CA = "# the simulator runs without TLS; there is no CA certificate\n"
+
+
+# What a pod gets when neither the DELETE nor its spec names a grace period.
+DEFAULT_POD_GRACE = 30
+
+
+def pod_stop_delay(config: SimulatorConfig, faults: FaultInjector, grace: int) -> float:
+    """How long the kubelet takes to stop a pod deleted with `grace` seconds."""
+    if faults.faults.ignore_sigterm:
+        return float(grace)
+    return min(float(config.pod_delete_delay), float(grace))
+
+
+def _grace_of(pod: Obj, grace: Any) -> int:
+    if grace is None:
+        grace = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", DEFAULT_POD_GRACE)
+    try:
+        return max(0, int(grace))
+    except (TypeError, ValueError):
+        raise errors.bad_request(f"gracePeriodSeconds {grace!r} is not an integer") from None
+
+
+def delete_pod(store: Store, config: SimulatorConfig, faults: FaultInjector, current: Obj,
+               grace: Any) -> Obj:
+    """A DELETE of `current` (a pod) with `grace` (None: the pod's own), store lock held.
+
+    The pod gets `deletionTimestamp` and `deletionGracePeriodSeconds`; the controller removes
+    it once the kubelet has stopped it (`pod_stop_delay`). A pod already being deleted only
+    changes when the new grace period is shorter (as on a real server: the shorter wins).
+    Without a stop delay (or with grace 0) it goes at once, unless finalizers hold it."""
+    meta = current["metadata"]
+    namespace, name, uid = meta.get("namespace"), meta["name"], meta["uid"]
+    seconds = _grace_of(current, grace)
+    if meta.get("deletionTimestamp") and (
+            grace is None or seconds >= int(meta.get("deletionGracePeriodSeconds") or 0)):
+        return current
+    if seconds == 0 or pod_stop_delay(config, faults, seconds) <= 0:
+        return store.delete_or_mark(PODS, namespace, name, uid)[0]
+
+    def mark(draft: Obj) -> None:
+        when = datetime.now(timezone.utc) + timedelta(seconds=seconds)
+        draft["metadata"]["deletionTimestamp"] = when.strftime("%Y-%m-%dT%H:%M:%SZ")
+        draft["metadata"]["deletionGracePeriodSeconds"] = seconds
+    marked = store.mutate(PODS, namespace, name, mark, uid)
+    return marked if marked is not None else current
+
+
+def _group_resource(resource: str) -> str:
+    """How the namespace controller names a resource type ("configmaps.", "roles.rbac...")."""
+    return f"{resource}.{by_plural(resource).group}"
+
+
+def remaining_conditions(remaining: list[tuple[str, Obj]],
+                         old: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The status conditions of a Terminating namespace whose `remaining` (resource, object)
+    pairs still exist; `old` conditions keep their lastTransitionTime when unchanged."""
+    counts: dict[str, int] = {}
+    held: dict[str, int] = {}
+    for resource, obj in remaining:
+        counts[_group_resource(resource)] = counts.get(_group_resource(resource), 0) + 1
+        for finalizer in finalizers(obj):
+            held[finalizer] = held.get(finalizer, 0) + 1
+    content = ", ".join(f"{what} has {n} resource instances" for what, n in sorted(counts.items()))
+    by_finalizer = ", ".join(f"{f} in {n} resource instances" for f, n in sorted(held.items()))
+    wanted = [
+        ("NamespaceDeletionDiscoveryFailure", "False", "ResourcesDiscovered",
+         "All resources successfully discovered"),
+        ("NamespaceDeletionGroupVersionParsingFailure", "False", "ParsedGroupVersions",
+         "All legacy kube types successfully parsed"),
+        ("NamespaceDeletionContentFailure", "False", "ContentDeleted",
+         "All content successfully deleted, may be waiting on finalization"),
+        ("NamespaceContentRemaining", "True", "SomeResourcesRemain",
+         f"Some resources are remaining: {content}") if counts else
+        ("NamespaceContentRemaining", "False", "ContentRemoved",
+         "All content successfully removed"),
+        ("NamespaceFinalizersRemaining", "True", "SomeFinalizersRemain",
+         f"Some content in the namespace has finalizers remaining: {by_finalizer}") if held else
+        ("NamespaceFinalizersRemaining", "False", "ContentHasNoFinalizers",
+         "All content-preserving finalizers finished"),
+    ]
+    before = {c.get("type"): c for c in old if isinstance(c, dict)}
+    now = now_rfc3339()
+    conditions = []
+    for ctype, status, reason, message in wanted:
+        previous = before.get(ctype) or {}
+        since = previous.get("lastTransitionTime") if previous.get("status") == status else now
+        conditions.append({"type": ctype, "status": status, "reason": reason,
+                           "message": message, "lastTransitionTime": since or now})
+    return conditions
 
 
 def _b64(text: str) -> str:
@@ -132,6 +229,10 @@ class Controllers:
         # Terminating namespaces whose removal the namespace_delete_hang fault held back.
         self._hung: set[tuple[str, str]] = set()
         self._hung_lock = threading.Lock()
+        # Terminating namespaces the namespace controller has started on (name -> uid): a
+        # change of anything inside has it look again. `_queued`: a look is scheduled.
+        self._terminating: dict[str, str] = {}
+        self._queued: set[str] = set()
 
     def start(self) -> None:
         self.store.subscribe(self.on_event)
@@ -149,10 +250,15 @@ class Controllers:
             else:
                 self.later(self.config.schedule_delay, lambda: self._schedule_pod(ns, name, uid))
         elif event.resource == "pods" and event.type == MODIFIED:
-            if meta.get("deletionTimestamp") and not (event.old or {}).get(
-                    "metadata", {}).get("deletionTimestamp"):
-                self.later(self.config.pod_delete_delay,
-                           lambda: self._remove(PODS.plural, ns, name, uid))
+            old_meta = (event.old or {}).get("metadata", {})
+            grace = int(meta.get("deletionGracePeriodSeconds") or 0)
+            if meta.get("deletionTimestamp") and grace > 0 and (
+                    not old_meta.get("deletionTimestamp")
+                    or grace < int(old_meta.get("deletionGracePeriodSeconds") or 0)):
+                # Deleted, or its grace period shortened: the kubelet stops it in time.
+                self.later(pod_stop_delay(self.config, self.faults, grace),
+                           lambda: self._pod_stopped(ns, name, uid, grace))
+            if meta.get("deletionTimestamp") and not old_meta.get("deletionTimestamp"):
                 if (obj.get("spec") or {}).get("nodeName"):
                     self.later(0, self.reconsider)  # its node's resources free up
         elif event.resource == "pods" and event.type == DELETED:
@@ -172,8 +278,16 @@ class Controllers:
                     "metadata", {}).get("deletionTimestamp"):
                 self.later(self.config.namespace_delete_delay,
                            lambda: self._finalize_namespace(name, uid))
+        elif event.resource == "namespaces" and event.type == DELETED:
+            self._terminating.pop(name, None)
         elif event.resource == "nodes" and event.type in (ADDED, MODIFIED):
             self.later(0, self.reconsider)
+        if ns and event.type in (MODIFIED, DELETED) and ns in self._terminating \
+                and ns not in self._queued:
+            # Content of a Terminating namespace changed (a finalizer went, a pod stopped).
+            self._queued.add(ns)
+            self.later(0, functools.partial(self._finalize_namespace, ns,
+                                            self._terminating[ns]))
 
     def reconsider(self) -> None:
         """Retry everything a fault may have been holding back (runs on the scheduler)."""
@@ -314,11 +428,20 @@ class Controllers:
             n = next(self._next_ip) % (254 * 254)
         return f"10.244.{n // 254}.{n % 254 + 1}"
 
-    def _remove(self, resource: str, ns: str | None, name: str, uid: str) -> None:
-        try:
-            self.store.delete(by_plural(resource), ns, name, uid)
-        except errors.ApiError:
-            pass  # already gone
+    def _pod_stopped(self, ns: str, name: str, uid: str, grace: int) -> None:
+        """The kubelet stopped a deleted pod: remove it, unless finalizers hold it (then it
+        goes when the last one is removed)."""
+        with self.store.lock:
+            pod = self.store.get(PODS.plural, ns, name)
+            if pod is None or pod["metadata"]["uid"] != uid or int(
+                    pod["metadata"].get("deletionGracePeriodSeconds") or 0) != grace:
+                return  # gone, replaced, or its grace period changed (another step runs)
+            if finalizers(pod):
+                def stopped(draft: Obj) -> None:
+                    draft["metadata"]["deletionGracePeriodSeconds"] = 0
+                self.store.mutate(PODS, ns, name, stopped, uid)
+                return
+            self._remove_any(PODS.plural, ns, name)
 
     # -- service-account tokens -------------------------------------------------------------
     @staticmethod
@@ -372,6 +495,8 @@ class Controllers:
                     pass  # the user created it first
 
     def _finalize_namespace(self, name: str, uid: str) -> None:
+        with self.store.lock:
+            self._queued.discard(name)
         if self.faults.faults.namespace_delete_hang:
             with self._hung_lock:  # stays Terminating; reconsider() retries when faults change
                 self._hung.add((name, uid))
@@ -381,9 +506,37 @@ class Controllers:
             if ns is None or ns["metadata"]["uid"] != uid or not ns["metadata"].get(
                     "deletionTimestamp"):
                 return
+            self._terminating[name] = uid
             for resource, obj_name in self.store.namespaced_keys(name):
-                self._remove_any(resource, name, obj_name)
-            self._remove_any(NAMESPACES.plural, None, name)
+                self._delete_content(resource, name, obj_name)
+            remaining = [(resource, obj) for resource, obj_name in
+                         self.store.namespaced_keys(name)
+                         if (obj := self.store.get(resource, name, obj_name)) is not None]
+            if remaining:
+                # Kept until the last object goes (on_event brings us back then).
+                def report(draft: Obj) -> None:
+                    status = draft.setdefault("status", {})
+                    status["conditions"] = remaining_conditions(
+                        remaining, list(status.get("conditions") or []))
+                self.store.mutate(NAMESPACES, None, name, report, uid)
+                return
+            try:
+                self.store.delete_or_mark(NAMESPACES, None, name, uid)
+            except errors.ApiError:
+                pass
+
+    def _delete_content(self, resource: str, ns: str, name: str) -> None:
+        """What the namespace controller's DELETE of one object does (lock held)."""
+        obj = self.store.get(resource, ns, name)
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            return  # already going
+        try:
+            if resource == PODS.plural:
+                delete_pod(self.store, self.config, self.faults, obj, None)
+            else:
+                self.store.delete_or_mark(by_plural(resource), ns, name)
+        except errors.ApiError:
+            pass
 
     def _remove_any(self, resource: str, ns: str | None, name: str) -> None:
         try:

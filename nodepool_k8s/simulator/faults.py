@@ -41,6 +41,9 @@ class Faults:
     image_pull_fail: tuple[str, ...] = ()
     unschedulable: bool = False
     namespace_delete_hang: bool = False
+    # Containers ignore SIGTERM (a shell's `sleep` as PID 1 does): a deleted pod stays for
+    # its whole grace period instead of `pod_delete_delay`. Read when a pod is deleted.
+    ignore_sigterm: bool = False
     quota_exceeded: bool | int = False
     seed: int = 0
 

@@ -100,12 +100,16 @@ RESOURCES: tuple[ResourceType, ...] = (
                  group=ADMISSION_GROUP, namespaced=False),
     ResourceType("tokenreviews", "TokenReview", group=AUTHN_GROUP, namespaced=False,
                  verbs=("create",)),
+    ResourceType("selfsubjectreviews", "SelfSubjectReview", group=AUTHN_GROUP,
+                 namespaced=False, verbs=("create",)),
 )
 
 BY_PLURAL: dict[str, ResourceType] = {r.plural: r for r in RESOURCES}
 
-# Kinds that live in the object store (tokenreviews are answered, never stored).
-STORED: tuple[str, ...] = tuple(r.plural for r in RESOURCES if r.plural != "tokenreviews")
+# Kinds answered, never stored.
+REVIEWS = ("tokenreviews", "selfsubjectreviews")
+# Kinds that live in the object store.
+STORED: tuple[str, ...] = tuple(r.plural for r in RESOURCES if r.plural not in REVIEWS)
 
 # group/version -> resources served under it
 GROUP_VERSIONS: dict[str, tuple[ResourceType, ...]] = {}

@@ -11,9 +11,14 @@ may serialize them outside the lock; callers must treat returned objects as read
 `Simulator` hands deep copies to users. Listeners (the controllers) are called under the lock
 and must only schedule work, never block.
 
-Failure modes: `ApiError` 404/409 (missing object, name taken, resourceVersion conflict) and
-410 Expired for a watch (or a list's continue token) that asks for history older than the
-retained window.
+Finalizers: `delete_or_mark` removes an object only when its `metadata.finalizers` is empty;
+otherwise it sets `deletionTimestamp` and keeps it (readable, updatable). An update of a
+deleting object that leaves `finalizers` empty removes it (one DELETED event, as the real
+registry deletes during such an update); adding a finalizer to a deleting object is refused.
+
+Failure modes: `ApiError` 404/409 (missing object, name taken, resourceVersion conflict), 422
+(a new finalizer on a deleting object) and 410 Expired for a watch (or a list's continue token)
+that asks for history older than the retained window.
 """
 
 from __future__ import annotations
@@ -45,6 +50,20 @@ _NAME_SUFFIX_ALPHABET = "bcdfghjklmnpqrstvwxz2456789"  # what the real server us
 
 def now_rfc3339() -> str:
     return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def finalizers(obj: Obj) -> list[str]:
+    """`metadata.finalizers` as a list of strings (what holds a deleted object back)."""
+    found = obj.get("metadata", {}).get("finalizers") or []
+    return [str(f) for f in found] if isinstance(found, list) else []
+
+
+def held_back(resource: str, obj: Obj) -> bool:
+    """Whether a deleting object must stay: finalizers remain, or (a pod) its kubelet has
+    not yet finished the grace period (`deletionGracePeriodSeconds` > 0)."""
+    if finalizers(obj):
+        return True
+    return resource == "pods" and bool(obj["metadata"].get("deletionGracePeriodSeconds"))
 
 
 def key_of(obj: Obj) -> Key:
@@ -245,6 +264,16 @@ class Store:
                 meta.pop("generation", None)
             if obj == old:
                 return old  # a no-op update does not bump the resourceVersion
+            if old_meta.get("deletionTimestamp"):
+                added = [f for f in finalizers(obj) if f not in finalizers(old)]
+                if added:
+                    raise errors.invalid(resource.kind, meta["name"], [(
+                        "metadata.finalizers", "FieldValueForbidden",
+                        "Forbidden: no new finalizers can be added if the object is being "
+                        f"deleted, found new finalizers {added!r}")], resource.group)
+                if not held_back(resource.plural, obj):
+                    # The last finalizer went: the update completes the deletion.
+                    return self._commit(resource.plural, DELETED, obj, old)
             self._commit(resource.plural, MODIFIED, obj, old)
             return obj
 
@@ -276,6 +305,27 @@ class Store:
             gone = clone(old)
             self._commit(resource.plural, DELETED, gone, old)
             return gone
+
+    def delete_or_mark(self, resource: ResourceType, namespace: str | None, name: str,
+                       uid: str | None = None) -> tuple[Obj, bool]:
+        """Delete an object unless finalizers hold it: then set its `deletionTimestamp`
+        (once) and keep it. (the object as stored or as removed, whether it was removed)"""
+        with self.lock:
+            current = self.get(resource.plural, namespace, name)
+            if current is None or (uid and current["metadata"]["uid"] != uid):
+                raise errors.not_found(resource.plural, name, resource.group)
+            if not finalizers(current):
+                return self.delete(resource, namespace, name, uid), True
+            if current["metadata"].get("deletionTimestamp") and not current["metadata"].get(
+                    "deletionGracePeriodSeconds"):
+                return current, False
+
+            def mark(draft: Obj) -> None:
+                draft["metadata"].setdefault("deletionTimestamp", now_rfc3339())
+                draft["metadata"]["deletionGracePeriodSeconds"] = 0
+            marked = self.mutate(resource, namespace, name, mark, uid)
+            assert marked is not None  # checked under the same lock hold
+            return marked, False
 
     def _commit(self, resource: str, kind: str, obj: Obj, old: Obj | None) -> Obj:
         self._rv += 1

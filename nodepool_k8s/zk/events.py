@@ -1,10 +1,10 @@
 """The installation's lifecycle event log, shared by every launcher, in ZooKeeper.
 
 Owns: `/nodepool_k8s/events`, a bounded log of what happened to nodes and pools (launch
-failures with their reason, failed attempts, deletions, refusals, pool pauses and resumes,
-config reloads, and successful launches). Each znode is a sequential `entry-NNNNNNNNNN`
-holding a JSON list of events (a batch); `nodepool events` and the web app's `/events`
-read them, newest last.
+failures with their reason, failed attempts, deletions, refusals, stuck deletions, pool
+pauses and resumes, config reloads, and successful launches). Each znode is a sequential
+`entry-NNNNNNNNNN` holding a JSON list of events (a batch); `nodepool events` and the web
+app's `/events` read them, newest last.
 
 Cost and bounds: a launch failure, a quota abort, a delete refusal and a config reload are
 one write at once (taking any pending batch along in the same znode); successful launches,
@@ -49,12 +49,13 @@ ATTEMPT_FAILED = "attempt-failed"
 LAUNCH_ABORTED = "launch-aborted"
 DELETED = "deleted"
 DELETE_REFUSED = "delete-refused"
+DELETE_STUCK = "delete-stuck"
 DECLINED = "declined"
 POOL_PAUSED = "pool-paused"
 POOL_RESUMED = "pool-resumed"
 CONFIG_RELOADED = "config-reloaded"
 KINDS = (LAUNCHED, LAUNCH_FAILED, ATTEMPT_FAILED, LAUNCH_ABORTED, DELETED, DELETE_REFUSED,
-         DECLINED, POOL_PAUSED, POOL_RESUMED, CONFIG_RELOADED)
+         DELETE_STUCK, DECLINED, POOL_PAUSED, POOL_RESUMED, CONFIG_RELOADED)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.config.model import (
     Config, LabelConfig, PoolConfig, PoolLabel, ProviderConfig, WebappConfig, ZkServer,
 )
+from nodepool_k8s.exceptions import ConfigError
 from nodepool_k8s.model import Resources
 from tests.config.common import SAMPLE, at, base, load
 
@@ -59,6 +60,7 @@ def test_provider_and_pool_defaults() -> None:
     assert (provider.leak_grace, provider.api_retries, provider.api_timeout) == (60.0, 5, 30.0)
     assert provider.api_backoff == (0.2, 0.5, 1.0, 2.0, 4.0)
     assert (provider.unschedulable_grace, provider.delete_timeout) == (30.0, 300.0)
+    assert (provider.terminating_grace, provider.max_pod_grace) == (120.0, 30)
     pool = provider.pools["main"]
     assert (pool.max_servers, pool.max_cores, pool.max_ram) == (math.inf,) * 3
     assert pool.priority == 100 and pool.node_attributes is None and not pool.disabled
@@ -91,6 +93,8 @@ def test_model_defaults_agree_with_the_schema_constants() -> None:
                                       S.API_TIMEOUT)
     assert (provider.unschedulable_grace, provider.delete_timeout) == (
         S.UNSCHEDULABLE_GRACE, S.DELETE_TIMEOUT)
+    assert (provider.terminating_grace, provider.max_pod_grace) == (
+        S.TERMINATING_GRACE, S.MAX_POD_GRACE)
     assert PoolConfig(name="p", provider="p", labels={}).priority == S.PRIORITY
 
 
@@ -283,3 +287,15 @@ def test_driver_timing_keys_reach_the_provider() -> None:
     data["providers"][0].update({"unschedulable-grace": 0, "delete-timeout": 12.5})
     provider = load(data).providers["k8s"]
     assert (provider.unschedulable_grace, provider.delete_timeout) == (0.0, 12.5)
+
+
+def test_stuck_namespace_keys_reach_the_provider() -> None:
+    data = base()
+    data["providers"][0].update({"terminating-grace": 5, "max-pod-grace": 0})
+    provider = load(data).providers["k8s"]
+    assert (provider.terminating_grace, provider.max_pod_grace) == (5, 0)
+    for key, bad in (("terminating-grace", -1), ("max-pod-grace", 1.5)):
+        data = base()
+        data["providers"][0][key] = bad
+        with pytest.raises(ConfigError):
+            load(data)

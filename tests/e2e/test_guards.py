@@ -332,7 +332,9 @@ def test_shipped_job_roles_match_the_driver() -> None:
     assert set(guards.CLUSTER_ROLES.values()) <= set(documents)
     bindable = next(rule for rule in documents["nodepool-launcher"]["rules"]
                     if rule["verbs"] == ["bind"])
-    assert sorted(bindable["resourceNames"]) == sorted(guards.CLUSTER_ROLES.values())
+    assert sorted(bindable["resourceNames"]) == sorted(
+        [*guards.CLUSTER_ROLES.values(), manifests.CLEANUP_CLUSTER_ROLE])
+    assert documents[manifests.CLEANUP_CLUSTER_ROLE]["rules"] == manifests.cleanup_rules()
     launcher_rules = documents["nodepool-launcher"]["rules"]
     assert not any("secrets" in rule["resources"] for rule in launcher_rules)
     assert not any(verb in rule["verbs"] for rule in launcher_rules
@@ -485,3 +487,60 @@ def test_deployment_example_applies(k8s_sim: Simulator, tmp_path: Path) -> None:
     # The example configuration in the Secret is itself valid.
     loaded = _example_config(tmp_path)
     assert loaded.providers["this-cluster"].job_role == "cluster-role"
+
+
+# -- a node namespace that stays Terminating, with the launcher's shipped rights -----------------
+
+def _released_job_node(zuul: ZuulClient) -> tuple[str, Any]:
+    request_id = zuul.submit(["k8s-namespace"])
+    body = zuul.wait(request_id, 60)
+    assert body is not None and body["state"] == "fulfilled", body
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    return str(body["nodes"][0]), nodeset
+
+
+def _hold_of(sim: Simulator, namespace: str) -> dict[str, Any]:
+    binding = sim.get("rolebindings", manifests.CLEANUP_BINDING, namespace)
+    assert binding is not None, f"no cleanup binding in {namespace}"
+    return binding
+
+
+@needs_kubectl
+def test_cluster_role_mode_clears_a_job_finalizer(launcher_account: Simulator,
+                                                  launchers: LauncherFactory,
+                                                  zuul: ZuulClient) -> None:
+    """With only the shipped rights (RBAC enforced), a finalizer the job set is removed
+    after `terminating-grace` through the launcher's own binding in that namespace."""
+    sim = launcher_account
+    launchers(config("    job-role: cluster-role\n    terminating-grace: 1"))
+    node_id, nodeset = _released_job_node(zuul)
+    namespace = f"main-{node_id}"
+    binding = _hold_of(sim, namespace)
+    assert binding["metadata"]["finalizers"] == [manifests.HOLD_FINALIZER]
+    assert binding["roleRef"]["name"] == manifests.CLEANUP_CLUSTER_ROLE
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "nodepool-launcher",
+                                    "namespace": "nodepool"}]
+    job = node_api(nodeset.nodes[0].data["connection_port"])
+    job.create_namespaced_config_map(namespace, {"metadata": {
+        "name": "held", "finalizers": ["example.com/never-removed"]}})
+    zuul.release(nodeset)
+    wait_for(lambda: sim.get("namespaces", namespace) is None, 30,
+             message="the namespace to go")
+    wait_for(lambda: zuul.get_node(node_id) is None, 30, message="the node to go")
+
+
+@needs_kubectl
+def test_cluster_role_mode_hold_does_not_delay_a_clean_deletion(
+        launcher_account: Simulator, launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    """The launcher's hold goes as soon as its binding is all that is left: a namespace the
+    job left clean goes at once, long before `terminating-grace`."""
+    sim = launcher_account
+    launchers(config("    job-role: cluster-role\n    terminating-grace: 3600"))
+    node_id, nodeset = _released_job_node(zuul)
+    namespace = f"main-{node_id}"
+    assert _hold_of(sim, namespace)["metadata"]["finalizers"] == [manifests.HOLD_FINALIZER]
+    zuul.release(nodeset)
+    wait_for(lambda: sim.get("namespaces", namespace) is None, 30,
+             message="the namespace to go")
+    wait_for(lambda: zuul.get_node(node_id) is None, 30, message="the node to go")

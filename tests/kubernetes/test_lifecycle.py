@@ -22,8 +22,10 @@ import pytest
 from kubernetes import client as k8s
 
 from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
-from nodepool_k8s.exceptions import DeletionUnderway, NotOwned, TemporaryError
+from nodepool_k8s.exceptions import (DeletionUnderway, NotOwned, QuotaExceeded,
+                                     TemporaryError)
 from nodepool_k8s.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory
@@ -425,3 +427,33 @@ def test_a_stale_watch_copy_does_not_block_the_confirmation(
     wait_for(lambda: provider._clock.monotonic() > provider._deadlines.get(name, 0.0),
              timeout=5, message="the deletion deadline to pass")
     provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)  # confirmed by a GET
+
+
+# -- job-role: cluster-role: the launcher's own hold ----------------------------------------------
+
+def test_the_hold_goes_as_soon_as_it_is_alone_for_a_waiting_delete(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # `nodepool delete --now` waits in `delete`: the launcher's cleanup binding and its
+    # finalizer must not keep that wait until `delete-timeout` (10 s here) or
+    # `terminating-grace` (120 s): the hold goes once it is all that is left.
+    provider = make_k8s_provider(sim, NS, job_role="cluster-role")
+    name = _launch(provider).external_id
+    binding = sim.get("rolebindings", manifests.CLEANUP_BINDING, name)
+    assert binding is not None
+    assert binding["metadata"]["finalizers"] == [manifests.HOLD_FINALIZER]
+    assert binding["subjects"] == [{"kind": "User", "apiGroup": manifests.RBAC_GROUP,
+                                    "name": "sim-admin"}]
+    provider.delete(name, node_id=NODE_ID)
+    assert sim.get("namespaces", name) is None
+
+
+def test_a_failed_attempt_releases_the_hold_before_its_delete(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # No job ever saw a failed attempt's namespace: the hold goes before the DELETE, and
+    # the attempt's clean-up confirms the namespace gone as before.
+    provider = make_k8s_provider(sim, POD, job_role="cluster-role")
+    sim.set_faults(quota_exceeded=True)  # the pod is refused: the attempt is discarded
+    with pytest.raises(QuotaExceeded):
+        _launch(provider, "pod-fedora")
+    assert sim.counters.get("patch rolebindings") == 1
+    assert not [n for n in sim.list("namespaces") if n["metadata"]["name"].startswith("main-")]

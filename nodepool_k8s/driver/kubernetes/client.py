@@ -228,6 +228,7 @@ class KubeClient:
         self.core = k8s.CoreV1Api(self.api_client)
         self.rbac = k8s.RbacAuthorizationV1Api(self.api_client)
         self.networking = k8s.NetworkingV1Api(self.api_client)
+        self.authentication = k8s.AuthenticationV1Api(self.api_client)
         self.credentials = Credentials(provider or str(context), configuration, context,
                                        load or _cannot_reload, self.api_client, backoff,
                                        clock, on_change)

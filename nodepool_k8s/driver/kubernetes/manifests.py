@@ -83,6 +83,15 @@ POD_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods/portforward"], "verbs": ["create", "get"]},
 ]
 
+# What the launcher may do inside a node namespace to clear it when it stays Terminating
+# (`job-role: cluster-role`; see doc/security.md): a RoleBinding there grants the shipped
+# ClusterRole CLEANUP_CLUSTER_ROLE to the launcher itself, and HOLD_FINALIZER keeps that
+# binding (and so those rights) until the launcher is done with the namespace.
+CLEANUP_BINDING = "nodepool-cleanup"
+CLEANUP_CLUSTER_ROLE = "nodepool-launcher-cleanup"
+HOLD_FINALIZER = "nodepool-k8s.zuul-ci.org/cleanup-rights"
+RBAC_GROUP = "rbac.authorization.k8s.io"
+
 _DNS_LABEL_MAX = 63
 _LABEL_VALUE_MAX = 63
 # \Z, not $: $ also matches before a trailing newline, which the API server refuses.
@@ -341,6 +350,57 @@ def role_body(namespace: str, label: PoolLabel, labels: Mapping[str, str]) -> di
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": _meta(role_name(label), labels, namespace),
             "rules": role_rules(label)}
+
+
+def job_resource_types() -> list[tuple[str, str]]:
+    """(API group, resource) of every object a job can create in its namespace, read off
+    the job Roles' rules (whatever can hold a finalizer the job set)."""
+    found: list[tuple[str, str]] = []
+    for rule in NAMESPACE_RULES_WITH_SECRETS + POD_RULES:
+        if "create" not in rule["verbs"]:
+            continue
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                if "/" not in resource and (group, resource) not in found:
+                    found.append((group, resource))
+    return found
+
+
+def cleanup_rules() -> list[dict[str, Any]]:
+    """The rules of CLEANUP_CLUSTER_ROLE: list, get and patch (to remove finalizers) the
+    job's kinds, delete pods (with a bounded grace period), and patch the binding that grants
+    all this (to remove HOLD_FINALIZER last). Bound only inside node namespaces."""
+    groups: dict[str, list[str]] = {}
+    for group, resource in job_resource_types():
+        groups.setdefault(group, []).append(resource)
+    rules: list[dict[str, Any]] = [{"apiGroups": [group], "resources": resources,
+                                    "verbs": ["get", "list", "patch"]}
+                                   for group, resources in groups.items()]
+    rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]})
+    rules.append({"apiGroups": [RBAC_GROUP], "resources": ["rolebindings"],
+                  "verbs": ["patch"], "resourceNames": [CLEANUP_BINDING]})
+    return rules
+
+
+def cleanup_binding_body(namespace: str, labels: Mapping[str, str],
+                         subject: Mapping[str, str]) -> dict[str, Any]:
+    """The RoleBinding granting the launcher (`subject`) CLEANUP_CLUSTER_ROLE in the node's
+    namespace, held by HOLD_FINALIZER until the launcher removes it."""
+    meta = _meta(CLEANUP_BINDING, labels, namespace)
+    meta["finalizers"] = [HOLD_FINALIZER]
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole",
+                        "name": CLEANUP_CLUSTER_ROLE},
+            "subjects": [dict(subject)]}
+
+
+def subject_of(username: str) -> dict[str, str]:
+    """The RBAC subject for an authenticated user name (a service account's, or a user)."""
+    parts = username.split(":")
+    if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] and all(parts[2:]):
+        return {"kind": "ServiceAccount", "name": parts[3], "namespace": parts[2]}
+    return {"kind": "User", "apiGroup": RBAC_GROUP, "name": username}
 
 
 def role_binding_body(namespace: str, label: PoolLabel,

@@ -6,11 +6,24 @@ service account, pod), the node data handed back to the core (exactly what Zuul'
 reads), deletion with an ownership proof and confirmation, and listing our namespaces for
 the leak sweeper. Waiting is delegated to two shared watches (pods, namespaces) per
 provider, both selected by our provider AND installation labels, so a namespace node with a
-quota costs seven API calls to launch and a pod node eight (one less with `job-role:
-cluster-role`, one more with a network policy), and a deletion two (a GET that proves the
+quota costs seven API calls to launch and a pod node eight (the same with `job-role:
+cluster-role`, whose cleanup RoleBinding replaces the Role, plus one SelfSubjectReview per
+provider; one more with a network policy), and a deletion two (a GET that proves the
 namespace ours, then the DELETE with `preconditions.uid`; its completion arrives through
-the shared namespace watch). No Secret is created or watched: the token is a bound,
-expiring TokenRequest token (`token-lifetime`).
+the shared namespace watch; with `job-role: cluster-role` one PATCH more, removing our hold).
+No Secret is created or watched: the token is a bound, expiring TokenRequest token
+(`token-lifetime`).
+
+Namespaces that stay Terminating: a job may leave objects with finalizers nobody removes,
+or pods with a huge grace period. A namespace of ours Terminating past `terminating-grace`
+is reported stuck once (`DeletionUnderway.stuck`, for the node's condition, event and
+metric), then cleared on the next look (`clearing`: its pods deleted with at most
+`max-pod-grace`, the finalizers of its deleting objects of the job's kinds removed), after a
+GET proved it ours again; only objects in that namespace are touched. With `job-role:
+cluster-role` the launcher's rights for that come from a RoleBinding it made in the
+namespace at launch (to the shipped ClusterRole `nodepool-launcher-cleanup`), held there by
+our finalizer: removed as soon as that binding is all that is left (the namespace watch's
+copy says so and wakes the parked deletion), or last in a clear-up.
 
 What the watches keep: only what this provider created (`_created_namespace`,
 `_created_pod`, over `manifests.created_namespace_problem` / `created_pod_problem`), as slim
@@ -46,12 +59,13 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from nodepool_k8s import conditions as cond
 from nodepool_k8s import logconfig, records
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.cancel import CancelEvent
+from nodepool_k8s.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import (CloudResource, LaunchResult, LaunchSpec, Progress,
                                       Provider)
-from nodepool_k8s.driver.kubernetes import guards, manifests, slim
+from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, slim
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
 from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
                                                    connect)
@@ -61,7 +75,7 @@ from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, metadata,
                                                    object_uid, resource_version,
                                                    wait_namespace_deleted, wait_namespace_gone)
-from nodepool_k8s.exceptions import (DeletionUnderway, LaunchCancelled, LaunchError,
+from nodepool_k8s.exceptions import (BootTimeout, DeletionUnderway, LaunchCancelled, LaunchError,
                                      NodepoolError, NotFound, NotOwned, PermanentError,
                                      ProviderUnavailable, QuotaExceeded, TemporaryError)
 from nodepool_k8s.model import Resources
@@ -87,6 +101,10 @@ MAX_TRACKED_DELETIONS = 4096
 # A deletion handed back as underway while the namespace watch cannot report its end is
 # looked at again after this many seconds.
 UNWATCHED_RECHECK = 2.0
+# Namespaces whose stuck report or failed clear-up is remembered (report and log once).
+MAX_STUCK_TRACKED = 4096
+# A cleared namespace is looked at again after the pods' bounded grace period plus this.
+CLEARED_RECHECK = 5.0
 
 
 @dataclass(frozen=True)
@@ -183,6 +201,19 @@ class KubernetesProvider:
                 manifests.pod_name(label)
             for pool in config.pools.values() for label in pool.labels.values()
             if label.type == "pod"}
+        # How long our namespaces have been Terminating (by their deletionTimestamp, judged
+        # on our monotonic clock), those reported stuck, and those whose clear-up failed
+        # (by (name, uid): each reported and logged once).
+        self._terminating = StampAges(clock)
+        self._stuck: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._clear_failed: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # Namespaces (name, uid) whose hold we removed: not asked for again.
+        self._released: OrderedDict[tuple[str, str], None] = OrderedDict()
+        # namespace -> the `on_gone` of its parked deletion: called early when only our own
+        # hold is left in it (job-role: cluster-role), so the deletion removes it at once.
+        self._wakers: dict[str, Callable[[], None]] = {}
+        # The RBAC subject the API server knows this launcher as (job-role: cluster-role).
+        self._subject: dict[str, str] | None = None
 
     @property
     def unschedulable_grace(self) -> float:
@@ -218,7 +249,8 @@ class KubernetesProvider:
                 "namespaces", client, client.core.list_namespace, selector, self._clock,
                 watch_timeout=self.settings.watch_timeout, tick=self.settings.wait_tick,
                 tombstones=NAMESPACE_TOMBSTONES, owned=self._owns, slim=slim.namespace,
-                keep=self._created_namespace)
+                keep=self._created_namespace,
+                on_change=self._namespace_changed)
             # Set before the threads start: the pod watch's predicate reads the namespaces.
             self._client, self._pods = client, watches["pods"]
             self._namespaces = watches["namespaces"]
@@ -350,8 +382,141 @@ class KubernetesProvider:
                                 self._clock)
             return
         uid = object_uid(response) if response is not None else None
+        if self._holds and uid:
+            self._release_when_alone(client, namespace, uid, deadline)
         wait_namespace_deleted(self._namespace_watch(), client, namespace, uid, deadline,
                                self._clock)
+
+    def _release_when_alone(self, client: KubeClient, namespace: str, uid: str,
+                            deadline: float) -> None:
+        """Wait (on the namespace watch) until our cleanup binding is all that is left in
+        the Terminating namespace `uid`, then remove our hold; return at once when the
+        watch no longer holds that namespace (the caller confirms it gone)."""
+        def check(obj: dict[str, Any] | None) -> bool | None:
+            if obj is None or object_uid(obj) != uid:
+                return False
+            return True if clearing.only_own_hold(obj) else None
+        try:
+            alone = self._namespace_watch().wait("", namespace, check, deadline, CancelEvent(),
+                                                 what=f"namespace {namespace} to empty")
+        except BootTimeout as exc:
+            raise TemporaryError(f"namespace {namespace} still exists after its deletion "
+                                 f"timeout ({clearing.describe(self._namespace_copy(namespace))})"
+                                 ) from exc
+        except LaunchCancelled as exc:
+            raise TemporaryError(f"stopped waiting for namespace {namespace}: {exc}") from exc
+        if alone and not self._was_released(namespace, uid):
+            clearing.release_hold(client, namespace)
+            self._remember(self._released, (namespace, uid))
+
+    def _namespace_copy(self, name: str) -> dict[str, Any]:
+        with self._lock:
+            watch = self._namespaces
+        return (watch.get("", name) if watch is not None else None) or {}
+
+    # -- namespaces that stay Terminating ----------------------------------------------------
+
+    def _namespace_changed(self, old: dict[str, Any] | None,
+                           new: dict[str, Any] | None) -> None:
+        """Namespace watch listener (its thread): a parked deletion whose namespace now
+        holds nothing but our cleanup binding is woken to remove our hold."""
+        if new is None or not self._holds or not metadata(new).get("deletionTimestamp"):
+            return
+        name = str(metadata(new).get("name") or "")
+        if not clearing.only_own_hold(new):
+            return
+        with self._lock:
+            waker = self._wakers.pop(name, None)
+        if waker is not None:
+            waker()  # hands the deletion to a deleter thread; nothing blocks here
+
+    def _was_released(self, name: str, uid: str) -> bool:
+        with self._lock:
+            return (name, uid) in self._released
+
+    def _remember(self, table: OrderedDict[tuple[str, str], None],
+                  key: tuple[str, str]) -> bool:
+        """Add `key` to a bounded table of namespaces; whether it was new."""
+        with self._lock:
+            new = key not in table
+            table[key] = None
+            while len(table) > MAX_STUCK_TRACKED:
+                table.popitem(last=False)
+            return new
+
+    def _wake_on_release(self, name: str, on_gone: Callable[[], None]) -> None:
+        """Have `on_gone` called early once only our hold is left in `name` (also when
+        that happened since this deletion looked)."""
+        with self._lock:
+            self._wakers[name] = on_gone
+        current = self._namespace_copy(name)
+        if current and clearing.only_own_hold(current):
+            with self._lock:
+                waker = self._wakers.pop(name, None)
+            if waker is not None:
+                waker()
+
+    def _judge_terminating(self, client: KubeClient, name: str, node_id: str | None,
+                           current: dict[str, Any]) -> tuple[str | None, float]:
+        """For our Terminating namespace `current`: (what holds it, on the first look
+        after it has been Terminating for `terminating-grace`, else None; when to look
+        again).
+
+        Before the grace: our hold is removed if it is all that is left. Past it, the first
+        look only reports it stuck (the caller shows that before anything is touched); every
+        later look clears it (see `clearing.clear`), raising ClearingFailed (logged once per
+        namespace) when that did not work."""
+        stamp = _parse_timestamp(metadata(current).get("deletionTimestamp"))
+        grace = float(self.config.terminating_grace)
+        age = self._terminating.age(name, stamp) if stamp is not None else 0.0
+        if age < grace:
+            uid = object_uid(current)
+            if self._holds and clearing.only_own_hold(current) \
+                    and not self._was_released(name, uid):
+                clearing.release_hold(client, name)
+                self._remember(self._released, (name, uid))
+            return None, grace - age
+        key = (name, object_uid(current))
+        stuck = (f"namespace {name} Terminating for {age:.0f}s (terminating-grace "
+                 f"{grace:.0f}s); {clearing.describe(current)}")
+        if self._remember(self._stuck, key):
+            return stuck, 0.0
+        self._clear(client, name, node_id, current)
+        return None, float(self.config.max_pod_grace) + CLEARED_RECHECK
+
+    def _clear(self, client: KubeClient, name: str, node_id: str | None,
+               current: dict[str, Any]) -> None:
+        """Prove `name` ours once more (a GET: labels, node id, the same uid, Terminating),
+        then clear what holds it."""
+        try:
+            fresh = client.call(f"read namespace {name}", client.core.read_namespace, name)
+        except NotFound:
+            return
+        problem = self._ownership_problem(fresh, node_id)
+        if problem is not None:
+            raise NotOwned(f"namespace {name} is not provably ours: {problem}")
+        uid = object_uid(current)
+        if object_uid(fresh) != uid or not metadata(fresh).get("deletionTimestamp"):
+            return  # not the namespace judged stuck: the next look judges this one
+        where = f"[node: {node_id or '?'}] namespace {name}"
+        try:
+            cleared = clearing.clear(client, name, int(self.config.max_pod_grace),
+                                     self._holds)
+        except NodepoolError as exc:
+            first = self._remember(self._clear_failed, (name, uid))
+            log.log(logging.WARNING if first else logging.DEBUG,
+                    "%s stays Terminating; clearing it failed (retried): %s", where, exc)
+            raise clearing.ClearingFailed(str(exc)) from exc
+        for kind, obj_name, finalizers in cleared.finalizers:
+            log.warning("%s: removed the finalizers %s of %s %s, which kept it Terminating",
+                        where, ", ".join(finalizers), kind, obj_name)
+        for pod, grace in cleared.pods:
+            log.warning("%s: deleted pod %s with a grace period of %ds (it had %s)", where,
+                        pod, self.config.max_pod_grace, f"{grace}s" if grace is not None
+                        else "not been deleted yet")
+        if cleared.hold_released:
+            self._remember(self._released, (name, uid))
+            log.info("%s: released the launcher's hold on it", where)
 
     # -- launch ------------------------------------------------------------------------------
 
@@ -514,6 +679,11 @@ class KubernetesProvider:
              manifests.service_account_body(namespace, labels)),
         ]
         if self.config.job_role == "cluster-role":
+            # The launcher's own rights to clear this namespace should it stay Terminating
+            # (held by our finalizer until we are done), before anything a job could hold.
+            steps.append(("rolebinding", rbac.create_namespaced_role_binding,
+                          manifests.cleanup_binding_body(namespace, labels,
+                                                         self._own_subject(client, sleep))))
             steps.append(("rolebinding", rbac.create_namespaced_role_binding,
                           guards.cluster_role_binding_body(namespace, label, labels)))
         else:
@@ -529,6 +699,32 @@ class KubernetesProvider:
                 continue
             client.call(f"create {kind} {namespace}/{body['metadata']['name']}", create,
                         namespace, body, sleep=sleep, created_ok=True)
+
+    @property
+    def _holds(self) -> bool:
+        """Whether our node namespaces carry the cleanup binding and its hold."""
+        return self.config.job_role == "cluster-role"
+
+    def _own_subject(self, client: KubeClient, sleep: Sleeper) -> dict[str, str]:
+        """Who the API server takes this launcher for (a SelfSubjectReview, asked once)."""
+        with self._lock:
+            subject = self._subject
+        if subject is not None:
+            return subject
+        review = client.call("ask who the launcher is", client.authentication
+                             .create_self_subject_review,
+                             {"apiVersion": "authentication.k8s.io/v1",
+                              "kind": "SelfSubjectReview"}, sleep=sleep)
+        status = review.get("status")
+        info = status.get("userInfo") if isinstance(status, dict) else None
+        username = info.get("username") if isinstance(info, dict) else None
+        if not isinstance(username, str) or not username:
+            raise TemporaryError("the SelfSubjectReview named no user")
+        subject = manifests.subject_of(username)
+        with self._lock:
+            self._subject = subject
+        log.info("Provider %s: the API server knows the launcher as %s", self.name, username)
+        return subject
 
     def _result(self, client: KubeClient, namespace: str, label: PoolLabel, token: Token,
                 pod: dict[str, Any] | None) -> LaunchResult:
@@ -568,9 +764,10 @@ class KubernetesProvider:
                  cancelled: bool) -> None:
         """Remove a failed attempt's namespace; never raises (the sweeper is the backstop)."""
         try:
+            # No job ever had this namespace: our hold goes before the DELETE.
             self._delete_owned(client, namespace, node_id,
                                self._clock.monotonic() + self.settings.cleanup_timeout,
-                               wait=not cancelled)
+                               wait=not cancelled, release=True)
         except NotOwned as exc:
             log.warning("Not deleting namespace %s of a failed attempt: %s", namespace, exc)
         except Exception as exc:  # noqa: BLE001 - best effort by contract
@@ -579,7 +776,8 @@ class KubernetesProvider:
 
     def _delete_owned(self, client: KubeClient, name: str, node_id: str | None,
                       deadline: float, wait: bool = True, announce: bool = False,
-                      on_gone: Callable[[], None] | None = None) -> None:
+                      on_gone: Callable[[], None] | None = None,
+                      release: bool = False) -> None:
         """Look at `name`, prove it ours, DELETE it with `preconditions.uid`, confirm it is
         gone.
 
@@ -621,6 +819,11 @@ class KubernetesProvider:
             if not uid:
                 raise TemporaryError(f"namespace {name} was read without a uid")
             response: dict[str, Any] = current
+            if release and self._holds and not metadata(current).get("deletionTimestamp"):
+                try:
+                    clearing.release_hold(client, name)
+                except NodepoolError as exc:
+                    log.info("Namespace %s keeps the launcher's hold: %s", name, exc)
             if not metadata(current).get("deletionTimestamp"):
                 if announce:
                     # Proven ours; sent before the DELETE (a Terminating namespace accepts
@@ -636,17 +839,25 @@ class KubernetesProvider:
                     continue  # replaced or Terminating: judge what is there now
             if wait and not deletion_finished(response):
                 if on_gone is not None and self._created_namespace(response):
-                    remaining = deadline - self._clock.monotonic()
                     uid = object_uid(response)
+                    remaining = deadline - self._clock.monotonic()
                     if remaining > 0 and uid:
+                        stuck, look_in = self._judge_terminating(client, name, node_id,
+                                                                 response)
                         if self._namespace_watch().notify_gone("", name, uid, on_gone):
+                            if self._holds and not self._was_released(name, uid):
+                                self._wake_on_release(name, on_gone)
                             raise DeletionUnderway(f"namespace {name} is terminating",
-                                                   recheck_in=remaining)
+                                                   recheck_in=min(remaining, look_in),
+                                                   stuck=stuck)
+                        if self._gone_per_watch(name):
+                            return  # gone already, before the notice could be registered
                         # The watch cannot tell yet (not synced, say after this provider
                         # replaced another): ask again soon rather than hold a thread.
                         raise DeletionUnderway(
                             f"namespace {name} is terminating (the namespace watch cannot"
-                            " tell yet)", recheck_in=min(remaining, UNWATCHED_RECHECK))
+                            " tell yet)", recheck_in=min(remaining, UNWATCHED_RECHECK),
+                            stuck=stuck)
                 self._wait_gone(client, name, response, deadline)
             return
         raise TemporaryError(f"namespace {name} kept changing while being deleted")
@@ -729,6 +940,8 @@ class KubernetesProvider:
                 with self._lock:
                     # Ended (gone, refused, or timed out: a retry gets a fresh deadline).
                     self._deadlines.pop(external_id, None)
+                    self._wakers.pop(external_id, None)
+                self._terminating.forget(external_id)
         log.info("Namespace %s deleted", external_id)
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:

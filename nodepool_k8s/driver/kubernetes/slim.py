@@ -110,9 +110,15 @@ def pod(obj: dict[str, Any]) -> dict[str, Any]:
 
 
 def namespace(obj: dict[str, Any]) -> dict[str, Any]:
-    """Metadata with the ownership labels (deletion proves ownership from them) and phase."""
-    return {"metadata": _metadata(obj, OWNERSHIP_LABELS),
-            "status": _pick(_obj(obj.get("status")), ("phase",))}
+    """Metadata with the ownership labels (deletion proves ownership from them), phase, and
+    the namespace controller's conditions (what still holds a Terminating namespace)."""
+    status = _obj(obj.get("status"))
+    slim_status = _pick(status, ("phase",))
+    conditions = [_pick(c, ("type", "status", "reason", "message"))
+                  for c in _objects(status.get("conditions"))]
+    if conditions:
+        slim_status["conditions"] = conditions
+    return {"metadata": _metadata(obj, OWNERSHIP_LABELS), "status": slim_status}
 
 
 def node(obj: dict[str, Any]) -> dict[str, Any]:
