@@ -38,7 +38,7 @@ import time
 import urllib.parse
 import urllib.request
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, TypeVar
 
@@ -474,10 +474,9 @@ class Stack:
 @dataclass
 class _SignalState:
     previous: dict[int, Any]
-
-
-def _raise_interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
+    # Set by the handler: a KeyboardInterrupt raised inside a library call (kazoo's, say)
+    # may surface as another error (the connection it was using closed); this tells.
+    signalled: threading.Event = field(default_factory=threading.Event)
 
 
 def watchdog(seconds: float, fired: threading.Event) -> threading.Timer:
@@ -495,16 +494,25 @@ def watchdog(seconds: float, fired: threading.Event) -> threading.Timer:
 
 class interruptible:
     """`with interruptible():` SIGTERM and SIGHUP raise KeyboardInterrupt like Ctrl-C does,
-    so `finally` blocks stop the stack. Only in the main thread; restores the old handlers."""
+    so `finally` blocks stop the stack, and `signalled` says whether one arrived. Only in
+    the main thread; restores the old handlers."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __enter__(self) -> "interruptible":
         self._state = _SignalState({})
         if threading.current_thread() is threading.main_thread():
             for sig in self.SIGNALS:
-                self._state.previous[sig] = signal.signal(sig, _raise_interrupt)
+                self._state.previous[sig] = signal.signal(sig, self._raise_interrupt)
         return self
+
+    def _raise_interrupt(self, signum: int, frame: Any) -> None:
+        self._state.signalled.set()
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    @property
+    def signalled(self) -> bool:
+        return self._state.signalled.is_set()
 
     def __exit__(self, *exc: object) -> None:
         for sig, handler in self._state.previous.items():
@@ -522,24 +530,32 @@ def run_guarded(stack: "Stack", what: str, timeout: float,
     timed_out = threading.Event()
     status, result = 1, None
     problems: list[str] = []
-    with interruptible():
+    with interruptible() as guard:
         # Every wait inside `body` is bounded already; this is the backstop.
         timer = watchdog(timeout, timed_out)
         try:
             result = body()
             status = 0
         except KeyboardInterrupt:
-            if timed_out.is_set():
-                print(f"\n{what} FAILED: over its time limit ({timeout:g}s)", file=sys.stderr)
-            else:
-                print("\ninterrupted: stopping everything", file=sys.stderr)
-                status = 130
+            status = _interrupted(what, timeout, timed_out)
         except Exception as exc:  # report whatever broke, then clean up
-            print(f"\n{what} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
-            for proc in stack.launchers:
-                print(f"--- last lines of {proc.name}'s log ---\n{proc.log_tail()}",
-                      file=sys.stderr)
+            if guard.signalled:  # the interrupt broke a library call on its way out
+                status = _interrupted(what, timeout, timed_out)
+            else:
+                print(f"\n{what} FAILED: {type(exc).__name__}: {exc}", file=sys.stderr)
+                for proc in stack.launchers:
+                    print(f"--- last lines of {proc.name}'s log ---\n{proc.log_tail()}",
+                          file=sys.stderr)
         finally:
             timer.cancel()
             problems = stack.stop()
     return status, result, problems
+
+
+def _interrupted(what: str, timeout: float, timed_out: threading.Event) -> int:
+    """Report an interrupt: the watchdog's (a failure, 1) or a signal's (130)."""
+    if timed_out.is_set():
+        print(f"\n{what} FAILED: over its time limit ({timeout:g}s)", file=sys.stderr)
+        return 1
+    print("\ninterrupted: stopping everything", file=sys.stderr)
+    return 130

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.client import KubeClient
@@ -120,9 +120,9 @@ def _request(client: KubeClient, what: str, method: str, path: str,
 
 
 def _list(client: KubeClient, group: str, resource: str,
-          namespace: str) -> list[dict[str, Any]]:
-    """Every `resource` object in `namespace` ([] when the server does not serve the kind)."""
-    items: list[dict[str, Any]] = []
+          namespace: str) -> Iterator[dict[str, Any]]:
+    """Every `resource` object in `namespace`, a page at a time (nothing when the server
+    does not serve the kind). A job may have made many big objects: only one page is held."""
     token: str | None = None
     while True:
         query: dict[str, Any] = {"limit": LIST_PAGE_SIZE}
@@ -132,11 +132,11 @@ def _list(client: KubeClient, group: str, resource: str,
             body = _request(client, f"list {resource} in {namespace}", "GET",
                             _path(group, resource, namespace), query)
         except NotFound:
-            return items  # not served by this cluster (no such kind), or the namespace went
-        items += [i for i in body.get("items") or [] if isinstance(i, dict)]
+            return  # not served by this cluster (no such kind), or the namespace went
+        yield from (i for i in body.get("items") or [] if isinstance(i, dict))
         token = metadata(body).get("continue")
         if not token:
-            return items
+            return
 
 
 def _finalizers(obj: Mapping[str, Any]) -> list[str]:
@@ -219,19 +219,17 @@ def clear(client: KubeClient, namespace: str, max_pod_grace: int, holds: bool) -
         failures.append(f"pods: {exc}")
     for group, resource in manifests.job_resource_types():
         try:
-            objects = _list(client, group, resource, namespace)
+            for obj in _list(client, group, resource, namespace):
+                try:
+                    removed = _drop_finalizers(client, group, resource, namespace, obj)
+                except NodepoolError as exc:
+                    failures.append(f"{resource}/{metadata(obj).get('name')}: {exc}")
+                    continue
+                if removed:
+                    cleared.finalizers.append(
+                        (resource, str(metadata(obj).get("name") or ""), removed))
         except NodepoolError as exc:
             failures.append(f"{resource}: {exc}")
-            continue
-        for obj in objects:
-            try:
-                removed = _drop_finalizers(client, group, resource, namespace, obj)
-            except NodepoolError as exc:
-                failures.append(f"{resource}/{metadata(obj).get('name')}: {exc}")
-                continue
-            if removed:
-                cleared.finalizers.append((resource, str(metadata(obj).get("name") or ""),
-                                           removed))
     if failures:
         raise ClearingFailed(f"clearing namespace {namespace}: " + "; ".join(failures[:5])
                              + (f" (and {len(failures) - 5} more)" if len(failures) > 5
