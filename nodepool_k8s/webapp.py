@@ -156,7 +156,9 @@ class _Connection(web.RequestHandler):
         self.limits.add(self)
 
     def data_received(self, data: bytes) -> None:
-        if not self.answering and self.peer is not None:
+        if self.peer is None:
+            return  # refused or closed by the limits: nothing more is read
+        if not self.answering:
             self.head_bytes += len(data)
             if self.head_bytes > self.limits.max_header_size:
                 self.line_seen = self.line_seen or b"\n" in data[:-(self.head_bytes
