@@ -110,7 +110,7 @@ class Params:
     launcher_requests: int = 200
     launcher_concurrency: int = 16
     quota: int = 10                 # max-servers in the several-launchers runs
-    timeout: float = 175.0
+    timeout: float = 240.0
     quick: bool = False
     profile_dir: str | None = None  # py-spy profiles of the launchers, per run
     profile_idle: bool = False      # ... including waiting threads (wall time)
