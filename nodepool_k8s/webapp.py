@@ -31,7 +31,11 @@ hurt it; the design follows from that:
 - Every answer is produced from the snapshot's shared parts, chunk by chunk (each listing's
   rows are computed once per reading, their JSON text and table cells at most once, on the
   `webapp-render` thread; `/metrics` once per reading): a flood of distinct queries keeps
-  nothing per query, and memory does not grow with the number of distinct URLs.
+  nothing per query, and memory does not grow with the number of distinct URLs. The
+  per-request work of producing chunks is held to `CPU_SHARE` of one CPU (`_CpuBudget`):
+  past it, answers come more slowly, so a flood does not take the interpreter from the
+  launcher's request handling; `/ready` and `/metrics` send prepared bytes and are never
+  slowed.
 
 Only known endpoints and parameters are answered (others: 404 / 400). No CORS header unless
 the operator names an origin. Error bodies never carry tracebacks or exception text of
@@ -54,6 +58,7 @@ import logging
 import resource
 import socket
 import threading
+import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -84,6 +89,14 @@ NODE_ID_DIGITS = 10  # node ids are zero-padded sequence numbers
 SWEEP_SECONDS = 0.25
 # Pending connections the kernel queues before the loop accepts them.
 BACKLOG = 1024
+# The share of one CPU that producing answers (the per-request part: chunks of listings)
+# may take while clients keep the web app busy: it shares the interpreter (the GIL) with
+# request handling, and an unthrottled flood of distinct queries doubled Zuul's request
+# latency. Past the share (after a burst of CPU_BURST seconds), answers come more slowly.
+# Reading snapshots and their shared parts is not counted: it happens at most once a
+# second, however many requests come.
+CPU_SHARE = 0.25
+CPU_BURST = 0.25
 
 
 @dataclass(frozen=True)
@@ -252,6 +265,22 @@ def connection_cap(wanted: int) -> int:
     return max(1, min(wanted, soft // 2))
 
 
+class _CpuBudget:
+    """A leaky bucket of CPU seconds (event loop only): `spend` says how long to pause."""
+
+    def __init__(self, share: float, burst: float) -> None:
+        self.share = share
+        self.burst = burst
+        self.debt = 0.0
+        self._at = time.monotonic()
+
+    def spend(self, seconds: float) -> float:
+        now = time.monotonic()
+        self.debt = max(0.0, self.debt - (now - self._at) * self.share) + seconds
+        self._at = now
+        return max(0.0, (self.debt - self.burst) / self.share)
+
+
 # -- reading the source -----------------------------------------------------------------------
 
 @dataclass
@@ -268,7 +297,7 @@ class _Refresher:
     """Reads the source on its own thread, one kind at a time, as the loop asks."""
 
     def __init__(self, read: Mapping[str, Callable[[], Any]],
-                 publish: Callable[[str, Any, BaseException | None], None]) -> None:
+                 publish: Callable[[str, Any, BaseException | None, float], None]) -> None:
         self._read = read
         self._publish = publish
         self._wanted: list[str] = []
@@ -295,12 +324,13 @@ class _Refresher:
                 if self._stopped:
                     return
                 kind = self._wanted.pop(0)
+            started = time.thread_time()
             try:
                 value = self._read[kind]()
             except BaseException as exc:  # noqa: BLE001 - reported to the loop, judged there
-                self._publish(kind, None, exc)
+                self._publish(kind, None, exc, time.thread_time() - started)
             else:
-                self._publish(kind, value, None)
+                self._publish(kind, value, None, time.thread_time() - started)
 
 
 # -- the app ----------------------------------------------------------------------------------
@@ -327,7 +357,9 @@ class WebApp:
         self._refresher = _Refresher(
             {"snapshot": self._read_snapshot, "events": self._read_events}, self._published)
         self.connections: _Connections | None = None
+        self._budget = _CpuBudget(CPU_SHARE, CPU_BURST)
         self.readings = 0  # completed readings of the source (snapshots and event logs)
+        self.reading_cpu = 0.0  # CPU seconds the readings took (refresh thread)
 
     @property
     def port(self) -> int:
@@ -446,16 +478,19 @@ class WebApp:
         return status_snapshot.build_event_log(getattr(self.source, "events", None),
                                                self.clock.monotonic(), self.clock.time())
 
-    def _published(self, kind: str, value: Any, error: BaseException | None) -> None:
+    def _published(self, kind: str, value: Any, error: BaseException | None,
+                   cpu: float) -> None:
         loop = self._loop
         if loop is None:
             return
         try:
-            loop.call_soon_threadsafe(self._store, kind, value, error)
+            loop.call_soon_threadsafe(self._store, kind, value, error, cpu)
         except RuntimeError:
             pass  # stopped meanwhile
 
-    def _store(self, kind: str, value: Any, error: BaseException | None) -> None:
+    def _store(self, kind: str, value: Any, error: BaseException | None,
+               cpu: float = 0.0) -> None:
+        self.reading_cpu += cpu
         slot = self._slots[kind]
         if error is None:
             slot.value, slot.error = value, None
@@ -591,9 +626,15 @@ class WebApp:
             else:
                 await response.prepare(request)
                 if request.method != "HEAD":
-                    for chunk in body:
+                    chunks = iter(body)
+                    while True:
+                        started = time.thread_time()
+                        chunk = next(chunks, None)
+                        if chunk is None:
+                            break
                         await response.write(chunk)
-                        await asyncio.sleep(0)  # a long answer lets others in between
+                        # Others get their turn between chunks; past the CPU share, later.
+                        await asyncio.sleep(self._budget.spend(time.thread_time() - started))
             await response.write_eof()
         except ConnectionError as exc:
             # The client went away or was cut off (send_timeout): not our error.

@@ -342,3 +342,10 @@ def test_past_the_connection_cap_the_oldest_idle_connections_are_closed() -> Non
         for sock in sockets:
             sock.close()
         web.stop()
+
+
+def test_the_cpu_budget_slows_answers_past_its_share() -> None:
+    budget = webapp._CpuBudget(share=0.25, burst=0.25)
+    assert budget.spend(0.1) == 0.0  # within the burst: no pause
+    pause = budget.spend(0.9)  # a second of CPU at once: 0.75 s over the burst
+    assert 2.9 <= pause <= 3.0  # paid back at a quarter of a CPU
