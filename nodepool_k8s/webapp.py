@@ -435,8 +435,8 @@ class WebApp:
         self.connections = limits = _Connections(loop, self.settings, cap)
         # aiohttp's own limits backstop ours: lines and fields no longer than the whole
         # head may be, its idle timer later than our sweep closes idle connections.
-        # A request body is never read: lingering_time 0 closes such a connection after
-        # its answer instead of reading the body.
+        # A request body is never read: lingering_time 0 closes a connection whose body
+        # has not all arrived after its answer, instead of reading the rest.
         options: dict[str, Any] = dict(
             access_log=None, max_line_size=self.settings.max_header_size + 1,
             max_field_size=self.settings.max_header_size + 1,
