@@ -2,7 +2,9 @@
 
 Owns: the page's markup, style and script, as one constant. No external assets, no build
 step: the script fetches the JSON endpoints (`/pool-list`, `/request-list`, `/events`)
-with `Accept: application/json` every few seconds and renders one card per running pool
+with `Accept: application/json`, one request at a time (each abandoned after 10 s, the next
+round planned 5 s after the last one ended, so the page never has two requests in flight),
+shows when the launcher marks its answer stale, and renders one card per running pool
 (its conditions, usage against limits, nodes by state, launches and queued requests,
 suspended labels), the request counts and the most recent lifecycle events. The JSON
 endpoints stay the source of truth; the page only shows them, and shows the error when
@@ -62,6 +64,7 @@ td, th { text-align: left; padding: .15em .3em; border-bottom: 1px solid #eee; }
 <script>
 "use strict";
 const REFRESH_MS = 5000;
+const TIMEOUT_MS = 10000;
 const EVENTS_SHOWN = 20;
 function el(tag, cls, text) {
   const e = document.createElement(tag);
@@ -69,10 +72,26 @@ function el(tag, cls, text) {
   if (text !== undefined && text !== null) e.textContent = String(text);
   return e;
 }
+let stale = "";
+// One request at a time, each given up after TIMEOUT_MS: a slow or stalled launcher never
+// collects a queue of this page's requests.
 async function getJSON(path) {
-  const r = await fetch(path, {headers: {"Accept": "application/json"}, cache: "no-store"});
-  if (!r.ok) throw new Error(path + ": " + r.status + " " + (await r.text()).trim());
-  return r.json();
+  const abort = new AbortController();
+  const timer = setTimeout(() => abort.abort(), TIMEOUT_MS);
+  try {
+    const r = await fetch(path, {headers: {"Accept": "application/json"}, cache: "no-store",
+                                 signal: abort.signal});
+    if (!r.ok) throw new Error(path + ": " + r.status + " " + (await r.text()).trim());
+    const why = r.headers.get("X-Status-Stale");
+    if (why) stale = " (stale: " + why + ", " + r.headers.get("X-Status-Age") + "s old)";
+    return await r.json();
+  } catch (e) {
+    if (e.name === "AbortError") throw new Error(path + ": no answer within " +
+                                                 TIMEOUT_MS / 1000 + "s");
+    throw e;
+  } finally {
+    clearTimeout(timer);
+  }
 }
 function ago(t) {
   if (typeof t !== "number") return "";
@@ -133,8 +152,10 @@ function poolCard(p) {
 async function refresh() {
   const err = document.getElementById("error");
   try {
-    const [pools, requests, events] = await Promise.all(
-      [getJSON("pool-list"), getJSON("request-list"), getJSON("events")]);
+    stale = "";
+    const pools = await getJSON("pool-list");
+    const requests = await getJSON("request-list");
+    const events = await getJSON("events");
     const table = document.getElementById("events");
     const header = el("tr");
     for (const h of ["Time", "Kind", "Pool", "Node", "Reason", "Message"])
@@ -155,16 +176,18 @@ async function refresh() {
     for (const r of requests) states[r.state] = (states[r.state] || 0) + 1;
     document.getElementById("summary").textContent = pools.length + " pool(s); requests: " +
       (Object.entries(states).map(([k, v]) => k + " " + v).join(", ") || "none");
-    document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+    document.getElementById("updated").textContent =
+      "updated " + new Date().toLocaleTimeString() + stale;
     err.style.display = "none";
     document.body.dataset.loaded = "1";
   } catch (e) {
     err.textContent = "Could not refresh: " + e.message;
     err.style.display = "block";
   }
+  // The next poll is planned only once this one has finished (or given up).
+  setTimeout(refresh, REFRESH_MS);
 }
 refresh();
-setInterval(refresh, REFRESH_MS);
 </script>
 </body>
 </html>

@@ -394,6 +394,8 @@ def build_config(data: Raw, sources: tuple[str, ...] = (),
                             send_timeout=webapp.get("send-timeout", S.WEBAPP_SEND_TIMEOUT),
                             max_header_size=webapp.get("max-header-size",
                                                        S.WEBAPP_MAX_HEADER_SIZE),
+                            max_connections=webapp.get("max-connections",
+                                                       S.WEBAPP_MAX_CONNECTIONS),
                             allow_origin=webapp.get("allow-origin")),
         tenant_resource_limits={t["tenant-name"]: build_tenant(t)
                                 for t in data.get("tenant-resource-limits", [])},

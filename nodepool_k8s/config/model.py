@@ -85,6 +85,7 @@ class WebappConfig:
     timeout: int = 10  # seconds
     send_timeout: int = 60  # seconds
     max_header_size: int = 16384
+    max_connections: int = 1000
     allow_origin: str | None = None
 
 

@@ -41,6 +41,8 @@ WEBAPP_THREADS = 8
 WEBAPP_TIMEOUT = 10
 WEBAPP_SEND_TIMEOUT = 60
 WEBAPP_MAX_HEADER_SIZE = 16384
+# Open connections the web app keeps; past it the oldest idle or half-sent one is closed.
+WEBAPP_MAX_CONNECTIONS = 1000
 MIN_READY = 0
 MAX_READY_AGE = 0.0  # 0 = ready nodes never expire
 MAX_HOLD_AGE = 0.0  # 0 = held nodes never expire (stored as infinity)
@@ -428,6 +430,7 @@ _WEBAPP = mapping({
     Optional("timeout"): integer(1, 3600),
     Optional("send-timeout"): integer(1, 3600),
     Optional("max-header-size"): integer(1024, 1024 * 1024),
+    Optional("max-connections"): integer(16, 65536),
     Optional("allow-origin"): string(),
 })
 _TENANT = mapping(

@@ -205,6 +205,7 @@ class LauncherService:
             settings = WebSettings(threads=web.threads, timeout=web.timeout,
                                    send_timeout=web.send_timeout,
                                    max_header_size=web.max_header_size,
+                                   max_connections=web.max_connections,
                                    allow_origin=web.allow_origin)
             self.webapp = WebApp(self.status, web.port, web.listen_address,
                                  settings=settings).start()

@@ -35,6 +35,7 @@ import math
 import os
 import platform
 import queue
+import random
 import re
 import resource
 import shlex
@@ -42,6 +43,8 @@ import statistics
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -49,6 +52,8 @@ from typing import Any, Callable, Sequence
 from nodepool_k8s.testing.stack import (REALISTIC_DELAYS, REPO, ZERO_DELAYS, LauncherProcess,
                                         SimDelays, SimulatorProcess, Stack, proc_stats,
                                         run_guarded)
+from nodepool_k8s.status import NODE_DETAIL_COLUMNS
+from nodepool_k8s.testing.zookeeper import free_port
 
 BENCH_CONFIG = REPO / "etc" / "demo" / "benchmark.yaml"
 PROVIDER = "k8s-bench"
@@ -105,12 +110,15 @@ class Params:
     launcher_requests: int = 200
     launcher_concurrency: int = 16
     quota: int = 10                 # max-servers in the several-launchers runs
-    timeout: float = 175.0
+    timeout: float = 240.0
     quick: bool = False
     profile_dir: str | None = None  # py-spy profiles of the launchers, per run
     profile_idle: bool = False      # ... including waiting threads (wall time)
     soak_rounds: int = 0            # > 0: only the soak run (RSS and threads per round)
     soak_requests: int = 60         # namespace requests per soak round
+    webflood_nodes: int = 2000      # extra nodes for the web flood runs (0 skips them)
+    webflood_requests: int = 100    # namespace builds per web flood run (idle, flooded)
+    webflood_clients: int = 4       # threads flooding the status port
 
     @classmethod
     def quick_params(cls) -> "Params":
@@ -119,8 +127,8 @@ class Params:
                                        namespace_delete=0.1),
                    burst=[10, 30], scale_nodes=1000, scale_requests=3, scale_loop_requests=20,
                    launchers=[1, 2],
-                   launcher_requests=20, launcher_concurrency=6, quota=4, timeout=90.0,
-                   quick=True)
+                   launcher_requests=20, launcher_concurrency=6, quota=4, timeout=120.0,
+                   webflood_nodes=300, webflood_requests=15, quick=True)
 
 
 def parse_mix(text: str) -> list[tuple[list[str], int]]:
@@ -800,6 +808,66 @@ class Bench:
             client.close()
         self.stop(procs + [extra])
 
+    def webflood_phase(self) -> None:
+        """Zuul's requests (namespace builds, closed loop) with the status port idle, then
+        while clients flood it with distinct valid queries: what a hostile or careless
+        status client costs request handling, and the launcher's memory."""
+        from nodepool_k8s.testing.loadtools import NodeWatcher, fill_nodes
+        n = self.p.webflood_nodes
+        log(f"webflood: {n} extra nodes; {self.p.webflood_clients} clients flooding the "
+            "status port with distinct queries")
+        sim = self.stack.start_simulator(ZERO_DELAYS, error_rate=self.p.error_rate)
+        chroot = self.stack.new_chroot("bench")
+        port = free_port()
+        proc = self.stack.start_launcher(
+            chroot, BENCH_CONFIG, dict(self.env(self.p.max_servers),
+                                       NODEPOOL_WEBAPP_PORT=str(port)), webapp=True)
+        sessions = self.stack.wait_launchers(chroot, 1, timeout=self.left(90))
+        clients = self.clients(chroot)
+        zuul = clients[0]
+        watcher = NodeWatcher(zuul.client)
+        load = Load(clients, self.left)
+        meter = Meter(self.stack, sim, [proc], sessions)
+        request_id = zuul.submit(["namespace"])
+        _wait(zuul, request_id, self.left(30))
+        nodeset = zuul.accept(request_id)
+        template = dict(nodeset.nodes[0].data)
+        zuul.use(nodeset)
+        zuul.release(nodeset)
+        watcher.wait_gone([h.id for h in nodeset.nodes], self.left(30))
+        fill_nodes(zuul.client, filler_records(template, n))
+        wait_idle(proc, self.left(60))
+        flood = WebFlood(port, n, self.p.webflood_clients)
+        flood.probe_ready()
+        before = proc.stats()
+        idle = self.measured("zero/namespace/web-idle", "zero", "namespace",
+                             [(["namespace"], 1)], self.p.webflood_requests,
+                             self.p.concurrency, meter, load, watcher)
+        flood.start()
+        try:
+            flooded = self.measured("zero/namespace/web-flood", "zero", "namespace",
+                                    [(["namespace"], 1)], self.p.webflood_requests,
+                                    self.p.concurrency, meter, load, watcher)
+        finally:
+            figures = flood.stop()
+        after = proc.stats()
+        self.results["webflood"] = w = {
+            "nodes": n, "clients": self.p.webflood_clients, **figures,
+            "idle_p50_ms": idle["latency_ms"]["p50"], "idle_p95_ms": idle["latency_ms"]["p95"],
+            "flood_p50_ms": flooded["latency_ms"]["p50"],
+            "flood_p95_ms": flooded["latency_ms"]["p95"],
+            "launcher_rss_mib_before": _round(before.rss_kib / 1024.0) if before else None,
+            "launcher_rss_mib_after": _round(after.rss_kib / 1024.0) if after else None,
+        }
+        log(f"webflood: request p50 {w['idle_p50_ms']} ms idle, {w['flood_p50_ms']} ms "
+            f"under {w['flood_requests']} status requests ({w['flood_per_s']}/s, "
+            f"{w['flood_errors']} errors); /ready max {w['ready_max_ms']} ms; RSS "
+            f"{w['launcher_rss_mib_before']} -> {w['launcher_rss_mib_after']} MiB")
+        watcher.stop()
+        for client in clients:
+            client.close()
+        self.stop([proc])
+
     def soak_phase(self) -> None:
         """Rounds of namespace builds (optionally with API errors) against one launcher;
         after each round (every node released and deleted) its RSS and thread count."""
@@ -861,11 +929,103 @@ class Bench:
             self.launchers_phase()
         if self.p.scale_nodes > 0:
             self.scale_phase()
+        if self.p.webflood_nodes > 0:
+            self.webflood_phase()
         self.results["duration_s"] = _round(time.monotonic() - started, 1)
         if self.p.nodepool_burst:
             self.results["nodepool_burst"] = read_nodepool_burst(self.p.nodepool_burst)
         self.results["targets"] = targets(self.results)
         return self.results
+
+
+class WebFlood:
+    """Clients sending the status port distinct valid queries back to back (node ids,
+    column orders, both formats, event filters, /metrics), and a probe timing `/ready`."""
+
+    def __init__(self, port: int, nodes: int, clients: int) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.nodes = max(1, nodes)
+        self.clients = clients
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._lock = threading.Lock()
+        self.requests = 0
+        self.errors = 0
+        self.ready_ms: list[float] = []
+        self._started = 0.0
+
+    def _get(self, path: str, accept: str | None = None) -> int:
+        request = urllib.request.Request(self.base + path,
+                                         headers={"Accept": accept} if accept else {})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                response.read()
+                return int(response.status)
+        except urllib.error.HTTPError as err:
+            return int(err.code)
+
+    def probe_ready(self) -> None:
+        deadline = time.monotonic() + 30
+        while self._get("/metrics") != 200:
+            if time.monotonic() > deadline:
+                raise BenchFailed("the launcher's web app did not answer /metrics")
+            time.sleep(0.2)
+
+    def _query(self, rng: random.Random, index: int) -> tuple[str, str | None]:
+        kind = index % 5
+        accept = "application/json" if rng.random() < 0.5 else None
+        if kind == 0:
+            return f"/node-list?node_id={9_000_000_000 + rng.randrange(self.nodes)}", accept
+        if kind == 1:
+            keys = [key for _, key in NODE_DETAIL_COLUMNS]
+            return "/node-list?fields=" + ",".join(rng.sample(keys, 5)), accept
+        if kind == 2:
+            return f"/events?since={rng.randrange(1, 10**6)}", accept
+        if kind == 3:
+            return "/metrics", None
+        return f"/request-list?fields={','.join(rng.sample(['id', 'state', 'nodes'], 2))}", \
+            accept
+
+    def _client(self, seed: int) -> None:
+        rng = random.Random(seed)
+        index = 0
+        while not self._stop.is_set():
+            path, accept = self._query(rng, index)
+            index += 1
+            try:
+                ok = self._get(path, accept) == 200
+            except OSError:
+                ok = False
+            with self._lock:
+                self.requests += 1
+                self.errors += 0 if ok else 1
+
+    def _probe(self) -> None:
+        while not self._stop.wait(0.5):
+            started = time.monotonic()
+            try:
+                self._get("/ready")
+            except OSError:
+                pass
+            self.ready_ms.append((time.monotonic() - started) * 1000.0)
+
+    def start(self) -> None:
+        self._started = time.monotonic()
+        self._threads = [threading.Thread(target=self._client, args=(seed,), daemon=True)
+                         for seed in range(self.clients)]
+        self._threads.append(threading.Thread(target=self._probe, daemon=True))
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> dict[str, Any]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(60)
+        elapsed = max(1e-9, time.monotonic() - self._started)
+        return {"flood_requests": self.requests, "flood_errors": self.errors,
+                "flood_per_s": _round(self.requests / elapsed, 1),
+                "ready_p50_ms": _round(percentile(self.ready_ms, 50)),
+                "ready_max_ms": _round(max(self.ready_ms, default=0.0))}
 
 
 def _wait(zuul: Any, request_id: str, timeout: float) -> tuple[dict[str, Any], float]:
@@ -1138,6 +1298,17 @@ def table(results: dict[str, Any]) -> str:
                   f"max {s['latency_ms']['max']} ms ({s['fulfilled']}/{s['requests']})",
                   f"  a launcher started now runs after {s['new_launcher_startup_s']} s "
                   f"(peak RSS {s['new_launcher_peak_rss_mib']} MiB)"]
+    w = results.get("webflood")
+    if w:
+        lines += ["", f"webflood: {w['nodes']} extra nodes, {w['clients']} clients sending "
+                  f"{w['flood_requests']} distinct status queries ({w['flood_per_s']}/s, "
+                  f"{w['flood_errors']} errors)",
+                  f"  namespace request -> fulfilled p50/p95: {w['idle_p50_ms']}/"
+                  f"{w['idle_p95_ms']} ms idle, {w['flood_p50_ms']}/{w['flood_p95_ms']} ms "
+                  "flooded",
+                  f"  /ready during the flood: p50 {w['ready_p50_ms']} ms, max "
+                  f"{w['ready_max_ms']} ms; launcher RSS {w['launcher_rss_mib_before']} -> "
+                  f"{w['launcher_rss_mib_after']} MiB"]
     lines += ["", "targets (zero simulator delay):"]
     for t in results.get("targets", []):
         mark = "n/a   " if t["met"] is None else "met   " if t["met"] else "MISSED"
@@ -1217,6 +1388,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--soak", type=int, metavar="ROUNDS", dest="soak_rounds",
                    help="run only the soak mode: ROUNDS rounds of --soak-requests namespace "
                         "requests (with --error-rate), RSS and threads after each")
+    p.add_argument("--webflood", type=int, metavar="NODES", dest="webflood_nodes",
+                   help="extra nodes for the web flood runs (Zuul's requests idle and while "
+                        "clients flood the status port), 0 skips them (default "
+                        f"{d.webflood_nodes}, --quick {Params.quick_params().webflood_nodes})")
+    p.add_argument("--webflood-requests", type=int,
+                   help=f"namespace builds per web flood run (default {d.webflood_requests})")
     p.add_argument("--soak-requests", type=int,
                    help=f"requests per soak round (default {Params.soak_requests})")
     return p
@@ -1227,7 +1404,7 @@ def params_from(args: argparse.Namespace) -> Params:
     for name in ("requests", "realistic_requests", "serial", "concurrency", "sessions",
                  "error_rate", "max_concurrency", "launcher_requests", "launcher_concurrency",
                  "quota", "scale_nodes", "scale_loop_requests", "timeout", "soak_rounds",
-                 "soak_requests"):
+                 "soak_requests", "webflood_nodes", "webflood_requests"):
         value = getattr(args, name)
         if value is not None:
             setattr(p, name, value)

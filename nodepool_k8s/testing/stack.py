@@ -241,12 +241,13 @@ class SimulatorProcess(ManagedProcess):
 
 
 class LauncherProcess(ManagedProcess):
-    """One `nodepool-launcher -c CONFIG --no-webapp` process."""
+    """One `nodepool-launcher -c CONFIG --no-webapp` process (with `webapp`: serving the
+    web app on the configuration's port)."""
 
     def __init__(self, name: str, config: Path, workdir: Path, env: Mapping[str, str],
-                 chroot: str) -> None:
+                 chroot: str, webapp: bool = False) -> None:
         argv = command("nodepool-launcher", "nodepool_k8s.cmd.launcher") + [
-            "-c", str(config), "--no-webapp"]
+            "-c", str(config)] + ([] if webapp else ["--no-webapp"])
         super().__init__(name, argv, workdir / f"{name}.log", env)
         self.config = config
         self.chroot = chroot
@@ -320,10 +321,11 @@ class Stack:
         return path
 
     def start_launcher(self, chroot: str, config: Path = DEMO_CONFIG,
-                       env: Mapping[str, str] | None = None) -> LauncherProcess:
+                       env: Mapping[str, str] | None = None,
+                       webapp: bool = False) -> LauncherProcess:
         """Start one launcher process (not waiting for it; see `wait_launchers`)."""
         launcher = LauncherProcess(f"launcher-{self._next()}", config, self.workdir,
-                                   self.config_env(chroot, env), chroot)
+                                   self.config_env(chroot, env), chroot, webapp)
         self.launchers.append(launcher)
         return launcher
 

@@ -5,25 +5,29 @@ Aspects:
 - in chromium, against a running launcher (fake driver), the page's script fetches the
   JSON endpoints and renders one card per running pool with its conditions (a tripped
   circuit breaker shows `Suspended: LabelSuspended`), usage against limits and node counts;
+- against a slow launcher the page has one request in flight at a time;
 - with NODEPOOL_K8S_SCREENSHOT=<file.png> the test also saves a phone-sized screenshot
   (how doc/status-page.png is made).
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
 import subprocess
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from nodepool_k8s.launcher.status_source import LauncherStatus
 from nodepool_k8s.stats import RecordingBackend, Stats
-from nodepool_k8s.webapp import WebApp
+from nodepool_k8s.webapp import Answer, WebApp
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
+from tests.unit.test_status_web import Source
 
 CONFIG = """
 labels:
@@ -116,5 +120,36 @@ def test_page_renders_pools_in_chromium(launchers: LauncherFactory, zuul: ZuulCl
             browser(url, tmp_path, f"--screenshot={shot}", "--window-size=412,1100",
                     "--hide-scrollbars")
             assert Path(shot).stat().st_size > 0
+    finally:
+        web.stop()
+
+
+class SlowWebApp(WebApp):
+    """A launcher that takes a while to answer its data endpoints; counts requests in flight."""
+
+    in_flight = most = served = 0
+
+    async def _answer(self, request: Any) -> Answer:
+        if request.path not in ("/pool-list", "/request-list", "/events"):
+            return await super()._answer(request)  # the page itself, a favicon
+        self.in_flight += 1
+        self.most = max(self.most, self.in_flight)
+        try:
+            await asyncio.sleep(0.3)  # the slow launcher (server side; the test waits on none)
+            return await super()._answer(request)
+        finally:
+            self.in_flight -= 1
+            self.served += 1
+
+
+def test_page_has_one_request_in_flight(tmp_path: Path) -> None:
+    """The page polled its three endpoints at once, every 5 s whether or not the previous
+    poll had ended: against a stalled launcher the requests piled up. Now one at a time."""
+    web = SlowWebApp(Source(), port=0).start()
+    try:
+        dom = browser(f"http://127.0.0.1:{web.port}/", tmp_path, "--dump-dom")
+        assert 'data-loaded="1"' in dom, dom[-3000:]
+        assert web.served >= 3
+        assert web.most == 1
     finally:
         web.stop()

@@ -1,7 +1,8 @@
 """The benchmark's smoke mode (`tools/benchmark --quick --json`).
 
 Aspects: it runs every phase against the real stack (the bursts with --quick's small
-sizes, 10 and 30), prints JSON with the documented structure, every request is fulfilled,
+sizes, 10 and 30; the web flood runs with 300 extra nodes), prints JSON with the documented
+structure, every request is fulfilled,
 the quota held with several launchers, and nothing is left behind. How fast anything was
 is not checked here (see doc/benchmark.md).
 """
@@ -63,6 +64,11 @@ def test_quick_json(tmp_path: Path) -> None:
     assert scale["nodes"] == 1000 and scale["list_rows"] >= 1000
     assert scale["fulfilled"] == scale["requests"] > 0
     assert scale["launcher_peak_rss_mib"] > 0
+    # The web flood runs: Zuul's requests idle and while clients flood the status port.
+    assert {"zero/namespace/web-idle", "zero/namespace/web-flood"} <= names
+    web = results["webflood"]
+    assert web["nodes"] == 300 and web["flood_requests"] > 0 and web["flood_errors"] == 0
+    assert web["ready_max_ms"] is not None and web["launcher_rss_mib_after"] > 0
     assert all({"name", "target", "value", "met"} <= set(t) for t in results["targets"])
     # --quick has no burst of 200 and no side-by-side file: those targets say so.
     unmeasured = {t["name"]: t for t in results["targets"] if t["met"] is None}

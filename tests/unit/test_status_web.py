@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nodepool_k8s import prometheus, status
+from nodepool_k8s import prometheus, status, webapp
 from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.model import Node, NodeRequest
@@ -47,8 +47,10 @@ class Source:
         self.fail = False
         self.fail_with: Exception = RuntimeError("zookeeper went away")
         self.bad: list[MalformedRecord] = []
+        self.reads = 0  # node_views calls: how often the web app read the source
 
     def node_views(self) -> list[status.NodeView]:
+        self.reads += 1
         if self.fail:
             raise self.fail_with
         return self.nodes
@@ -177,10 +179,23 @@ def test_web_ready_metrics_404_and_failure(web):
     assert get(base + "/nope")[0] == 404
     assert get(base + "/node-list?node_id=x")[0] == 400
     src.fail = True
-    # An unexpected error: 500 without its text (no internals in error bodies) ...
+    clock = web[2].clock
+    # A failed reading: the last snapshot is served, marked stale with its age ...
+    clock.advance(webapp.CACHE_SECONDS + 0.1)
+    code, headers, body = get(base + "/node-list?node_id=1", "application/json")
+    assert code == 200 and json.loads(body)[0]["id"] == "0000000001"
+    assert headers["X-Status-Stale"] == "Internal error"
+    assert float(headers["X-Status-Age"]) >= webapp.CACHE_SECONDS
+    assert headers["Cache-Control"] == "no-cache"
+    # ... until it is too old: an unexpected error is 500 without its text (no internals
+    # in error bodies) ...
+    clock.advance(webapp.MAX_STALE)
     code, _, body = get(base + "/node-list?node_id=1", "application/json")
     assert code == 500 and "zookeeper went away" not in body
     # ... a temporary one (our own message) 503 with the reason.
     src.fail_with = TemporaryError("the launcher has not read the nodes yet")
+    clock.advance(webapp.CACHE_SECONDS)
     code, _, body = get(base + "/node-list?node_id=2", "application/json")
+    assert code == 503 and "has not read the nodes yet" in body
+    code, _, body = get(base + "/metrics")
     assert code == 503 and "has not read the nodes yet" in body
