@@ -25,33 +25,16 @@ from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import paths
 from tests.e2e.test_ownership import record_stores
-from tests.e2e.util import admin_api, node_api
+from tests.e2e.util import admin_api, node_api, ns_config
 from tests.helpers import wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 
 FINALIZER = "example.com/never-removed"
 
-CONFIG = """
-labels:
-  - name: ns
-providers:
-  - name: k8s
-    driver: kubernetes
-    context: sim
-    api-backoff: [0.01]
-    terminating-grace: {grace}
-    max-pod-grace: 1
-    leak-grace: 0
-    pools:
-      - name: main
-        labels:
-          - name: ns
-            type: namespace
-"""
-
 
 def config(grace: float = 1) -> str:
-    return CONFIG.format(grace=grace)
+    return ns_config("api-backoff: [0.01]", f"terminating-grace: {grace}", "max-pod-grace: 1",
+                     "leak-grace: 0")
 
 
 def held_config_map(name: str = "held") -> dict[str, Any]:

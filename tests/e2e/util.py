@@ -155,24 +155,51 @@ class KubeEventLog(_AddedLog):
             return [e for e in self.added if reason is None or e["reason"] == reason]
 
 
-# The leak sweep's tests (test_leaks.py, test_ownership.py): one namespace label.
-SWEEP_INTERVAL = 10.0
-LEAK_GRACE = 30
-LEAK_CONFIG = f"""
+def ns_config(*provider_keys: str) -> str:
+    """A configuration with one provider `k8s` (the simulator's context) whose pool `main`
+    has one `namespace` label `ns`; `provider_keys` are more provider settings, each a
+    `key: value` line."""
+    extra = "".join(f"    {line}\n" for line in provider_keys)
+    return f"""
 labels:
   - name: ns
 providers:
   - name: k8s
     driver: kubernetes
     context: sim
-    leak-grace: {LEAK_GRACE}
-    api-backoff: [0.01]
-    pools:
+{extra}    pools:
       - name: main
         labels:
           - name: ns
             type: namespace
 """
+
+
+# The leak sweep's tests (test_leaks.py, test_ownership.py): one namespace label.
+SWEEP_INTERVAL = 10.0
+LEAK_GRACE = 30
+LEAK_CONFIG = ns_config(f"leak-grace: {LEAK_GRACE}", "api-backoff: [0.01]")
+
+# A launcher process with one pod label (test_process.py, test_identity.py), sweeping for
+# leaks every second.
+PROCESS_CONFIG = """
+labels:
+  - name: pod
+providers:
+  - name: k8s
+    driver: kubernetes
+    context: sim
+    leak-grace: 1
+    api-backoff: [0.05]
+    pools:
+      - name: main
+        max-servers: 10
+        labels:
+          - name: pod
+            type: pod
+            image: docker.io/fedora:40
+"""
+PROCESS_ENV = {"NODEPOOL_K8S_LEAK_SWEEP_INTERVAL": "1"}
 
 
 def zuul_kubeconfig(port: dict[str, Any]) -> tuple[dict[str, Any], str]:
