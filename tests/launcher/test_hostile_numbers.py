@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import signal
 import urllib.request
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -139,15 +138,6 @@ def write_hostile(client: KazooClient) -> dict[str, list[str]]:
     written["breaker"].append(client.create(pool_status.breaker_path("fake", "main"),
                                             BAD_BREAKER, makepath=True))
     return written
-
-
-@pytest.fixture
-def processes(zk: ZkConnection, tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(zk, tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
 
 
 def test_out_of_range_numbers_and_hostile_components_stop_nothing(

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -97,15 +97,6 @@ def write_malformed(client: KazooClient, priority: str = "100") -> tuple[list[st
         node_paths.append(client.create(paths.NODE_CREATE_PREFIX, data, sequence=True,
                                         makepath=True))
     return request_paths, node_paths
-
-
-@pytest.fixture
-def processes(zk: ZkConnection, tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(zk, tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
 
 
 def nodepool(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
