@@ -23,9 +23,8 @@ from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.stats import PROM_DELETE_STUCK
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import events as zk_events
-from nodepool_k8s.zk import paths
 from tests.e2e.test_ownership import record_stores
-from tests.e2e.util import admin_api, node_api, ns_config
+from tests.e2e.util import admin_api, node_api, ns_config, remove_node
 from tests.helpers import wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 
@@ -184,15 +183,12 @@ def test_a_hanging_leak_does_not_hold_a_deleter_thread(
     others = [job_node(zuul)[0] for _ in range(2)]
     admin_api(k8s_sim).create_namespaced_config_map(f"main-{hanging}", held_config_map())
 
-    def leak(node_id: str) -> None:
-        kazoo_client.delete(paths.node_path(node_id), recursive=True)
-
-    leak(hanging)
+    remove_node(kazoo_client, hanging)
     wait_for(lambda: ((k8s_sim.get("namespaces", f"main-{hanging}") or {}).get(
         "status") or {}).get("phase") == "Terminating", 30,
         message="the leaked namespace deleted and hanging")
     for node_id in others:
-        leak(node_id)
+        remove_node(kazoo_client, node_id)
     for node_id in others:
         wait_for(lambda: k8s_sim.get("namespaces", f"main-{node_id}") is None, 30,
                  message=f"leak {node_id} deleted by the only deleter thread")

@@ -1,6 +1,7 @@
 """Helpers for the end-to-end tests: what is left in the simulated cluster, a recorder of
-every namespace ever created, Zuul's kubeconfig built from a node's connection data, and a
-provider factory with short driver timeouts.
+every namespace ever created, Zuul's kubeconfig built from a node's connection data, a
+provider factory with short driver timeouts, removing a node's znode behind the launcher's
+back, and the shared configurations.
 
 The official `kubernetes` client is used here only as a client of the simulator (as Zuul's
 executor and an operator would use it); the launcher reaches the simulator on its own.
@@ -13,6 +14,8 @@ from typing import Any, Callable, Self
 from urllib.parse import urlsplit
 
 import kubernetes
+from kazoo.client import KazooClient
+from kazoo.exceptions import NotEmptyError
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
@@ -21,6 +24,7 @@ from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
 from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
 
 # Namespaces a fresh simulator has; everything else was made by someone.
@@ -153,6 +157,20 @@ class KubeEventLog(_AddedLog):
     def events(self, reason: str | None = None) -> list[dict[str, Any]]:
         with self._lock:
             return [e for e in self.added if reason is None or e["reason"] == reason]
+
+
+def remove_node(kazoo_client: KazooClient, node_id: str) -> None:
+    """Remove a node's znode behind the launchers' back (an operator's zkCli, a bug, a
+    restore), lock dir included. Removing the lock of a node Zuul holds invites a
+    launcher to lock it at that moment: a removal that meets a new lock contender
+    (NotEmptyError) is tried again."""
+    def removed() -> bool:
+        try:
+            kazoo_client.delete(paths.node_path(node_id), recursive=True)
+        except NotEmptyError:
+            return False
+        return True
+    wait_for(removed, message=f"node {node_id}'s znode removed")
 
 
 def ns_config(*provider_keys: str) -> str:
