@@ -21,11 +21,11 @@ from nodepool_k8s import conditions as cond
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.stats import PROM_DELETE_STUCK
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import NodeSet, ZuulClient
 from nodepool_k8s.zk import events as zk_events
 from tests.e2e.test_ownership import record_stores
 from tests.e2e.util import admin_api, node_api, ns_config, remove_node
-from tests.helpers import wait_for
+from tests.helpers import in_use, wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 
 FINALIZER = "example.com/never-removed"
@@ -40,14 +40,10 @@ def held_config_map(name: str = "held") -> dict[str, Any]:
     return {"metadata": {"name": name, "finalizers": [FINALIZER]}}
 
 
-def job_node(zuul: ZuulClient) -> tuple[str, Any]:
+def job_node(zuul: ZuulClient) -> tuple[str, NodeSet]:
     """A fulfilled ns node, accepted and in use: (node id, the node set)."""
-    request_id = zuul.submit(["ns"])
-    body = zuul.wait(request_id, 30)
-    assert body is not None and body["state"] == "fulfilled", body
-    nodeset = zuul.accept(request_id)
-    zuul.use(nodeset)
-    return str(body["nodes"][0]), nodeset
+    nodeset = in_use(zuul, ["ns"])
+    return nodeset.nodes[0].id, nodeset
 
 
 def foreign_stuck_namespace(sim: Simulator) -> dict[str, Any]:
