@@ -24,7 +24,7 @@ from kazoo.exceptions import NoNodeError
 from nodepool_k8s.zk import paths, pool_status
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.util import Processes
+from tests.launcher.util import Processes, run_builds
 
 pytestmark = pytest.mark.slow
 
@@ -113,14 +113,7 @@ def test_ordinary_traffic_is_served_beside_malformed_records(
     proc = processes.start(CONFIG)
     with ZuulClient(zk.hosts) as zuul:
         late_requests, late_nodes = write_malformed(kazoo_client, "100")
-        ids = [zuul.submit(["small"]) for _ in range(10)]
-        for request_id in ids:
-            body = zuul.wait(request_id, 60)
-            assert body is not None and body["state"] == "fulfilled", processes.logs()
-        for request_id in ids:
-            nodeset = zuul.accept(request_id)
-            zuul.use(nodeset)
-            zuul.release(nodeset)
+        run_builds(zuul, "small", 10, processes.logs)
 
     config = processes.tmp / "nodepool-0.yaml"
     listing = nodepool(config, "list", "--json")
