@@ -9,8 +9,6 @@ provider would sweep as leaks, stay: nothing in the simulated cluster is deleted
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from kazoo.client import KazooClient
 
@@ -43,11 +41,7 @@ def test_rewritten_installation_id_stops_the_launcher(
     others = [_other_namespace(k8s_sim, "0000000123"), _other_namespace(k8s_sim, "0000000124")]
     kazoo_client.set(INSTALLATION_ID_PATH, OTHER.encode())
 
-    proc = processes.start(PROCESS_CONFIG, env=PROCESS_ENV)
-    try:
-        code = proc.wait(60)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"the launcher kept running:\n{processes.logs()}") from None
+    code = processes.exit_code(processes.start(PROCESS_CONFIG, env=PROCESS_ENV))
     logs = processes.logs()
     assert code == 1, logs
     line = next((x for x in logs.splitlines()

@@ -92,6 +92,14 @@ class Processes:
         return "\n".join(p.read_text(errors="replace")[-3000:]
                          for p in sorted(self.tmp.glob("launcher-*.log")))
 
+    def exit_code(self, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+        """The exit status of `proc`, a launcher expected to stop on its own within
+        `timeout`; one still running fails the test with the logs."""
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the launcher kept running:\n{self.logs()}") from None
+
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
