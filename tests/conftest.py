@@ -19,6 +19,7 @@ from nodepool_k8s.simulator import Simulator, SimulatorConfig
 from nodepool_k8s.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection
+from tests.launcher.util import Processes
 from tests.launchers import LauncherFactory
 
 
@@ -124,6 +125,17 @@ def launchers(zk: ZkConnection) -> Iterator[LauncherFactory]:
         yield factory
     finally:
         factory.stop_all()
+
+
+@pytest.fixture
+def processes(zk: ZkConnection, tmp_path: Path) -> Iterator[Processes]:
+    """Real `nodepool-launcher` processes on the test's chroot (tests/launcher/util.py; they
+    inherit the environment, $KUBECONFIG included); always killed."""
+    procs = Processes(zk, tmp_path)
+    try:
+        yield procs
+    finally:
+        procs.stop_all()
 
 
 @pytest.fixture

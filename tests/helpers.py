@@ -1,10 +1,13 @@
-"""Small helpers shared by the tests: connection details and condition waits."""
+"""Small helpers shared by the tests: connection details, condition waits, and a build in
+progress on Zuul's side."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
+
+from nodepool_k8s.testing.zuul_client import NodeSet, ZuulClient
 
 T = TypeVar("T")
 
@@ -53,3 +56,14 @@ def replaced(text: str, old: str, new: str, count: int = 1) -> str:
     if found != count:
         raise AssertionError(f"expected {count} occurrence(s) of {old!r}, found {found}")
     return text.replace(old, new)
+
+
+def in_use(zuul: ZuulClient, labels: list[str], timeout: float = 30.0) -> NodeSet:
+    """A build in progress: its request fulfilled within `timeout`, Zuul holds the lock of
+    every node and marked them in-use."""
+    request_id = zuul.submit(labels)
+    body = zuul.wait(request_id, timeout)
+    assert body is not None and body["state"] == "fulfilled", body
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    return nodeset

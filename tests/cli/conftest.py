@@ -23,7 +23,6 @@ from nodepool_k8s.cmd.nodepoolcmd import main
 from nodepool_k8s.driver.fake import FakeProvider
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import NodeSet, ZuulClient
 from tests.helpers import ZkConnection, wait_for
 
 SCRIPT = Path(sys.executable).with_name("nodepool")
@@ -96,16 +95,6 @@ def config_file(zk: ZkConnection, tmp_path: Path) -> Path:
 @pytest.fixture
 def cli(config_file: Path, capsys: pytest.CaptureFixture[str]) -> Cli:
     return Cli(config_file, capsys)
-
-
-def in_use(zuul: ZuulClient, labels: list[str]) -> NodeSet:
-    """A build in progress: Zuul holds the lock of every node and marked them in-use."""
-    request_id = zuul.submit(labels)
-    body = zuul.wait(request_id)
-    assert body is not None and body["state"] == "fulfilled"
-    nodeset = zuul.accept(request_id)
-    zuul.use(nodeset)
-    return nodeset
 
 
 def lock_contenders(client: KazooClient, node_id: str) -> list[str]:

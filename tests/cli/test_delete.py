@@ -17,9 +17,9 @@ from nodepool_k8s.exceptions import TemporaryError
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from tests.cli.conftest import (MIN_READY, Cli, fake_provider, foreign_node, in_use,
-                                lock_contenders, node_data, node_state, ready_node, record)
-from tests.helpers import wait_for
+from tests.cli.conftest import (MIN_READY, Cli, fake_provider, foreign_node, lock_contenders,
+                                node_data, node_state, ready_node, record)
+from tests.helpers import in_use, wait_for
 from tests.launchers import LauncherFactory
 
 FAST = ("--lock-timeout", "0.2")

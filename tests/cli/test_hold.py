@@ -7,8 +7,9 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s import status
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from tests.cli.conftest import (MIN_READY, Cli, foreign_node, in_use, lock_contenders,
-                                ready_node, record)
+from tests.cli.conftest import (MIN_READY, Cli, foreign_node, lock_contenders, ready_node,
+                                record)
+from tests.helpers import in_use
 from tests.launchers import LauncherFactory
 
 DETAIL = [h for h, _ in status.NODE_DETAIL_COLUMNS]

@@ -13,7 +13,8 @@ from nodepool_k8s.cmd.nodepoolcmd import main
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk import paths
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from tests.cli.conftest import Cli, in_use
+from tests.cli.conftest import Cli
+from tests.helpers import in_use
 from tests.launchers import LauncherFactory
 
 HEADERS = [h for h, _ in status.NODE_COLUMNS]

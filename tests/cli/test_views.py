@@ -6,8 +6,8 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s import status
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from tests.cli.conftest import Cli, foreign_node, in_use, parse_table
-from tests.helpers import wait_for
+from tests.cli.conftest import Cli, foreign_node, parse_table
+from tests.helpers import in_use, wait_for
 from tests.launchers import LauncherFactory
 
 REQUEST_HEADERS = [h for h, _ in status.REQUEST_COLUMNS]

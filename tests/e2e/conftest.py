@@ -3,21 +3,19 @@
 Every test gets a fresh ZooKeeper chroot (`zk`) and a fresh simulated cluster (`k8s_sim`,
 TLS, context "sim"), and `$KUBECONFIG` points at the simulator's admin kubeconfig, which is
 where the daemon's providers read their credentials (`KubernetesProvider.start`).
-`launchers` and `zuul` are the launcher tests' fixtures (in-process `Launcher`s built from
-YAML through the real config loader; the Zuul-like client), reused here.
+`launchers`, `zuul` and `processes` are the shared fixtures of tests/conftest.py (in-process
+`Launcher`s built from YAML through the real config loader; the Zuul-like client; real
+launcher processes, which inherit `$KUBECONFIG`), reused here.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from nodepool_k8s.simulator import Simulator
 from tests.e2e.util import KubeEventLog, NamespaceLog
-from tests.helpers import ZkConnection
-from tests.launcher.util import Processes
 
 
 @pytest.fixture(autouse=True)
@@ -46,13 +44,3 @@ def namespace_log(k8s_sim: Simulator) -> Iterator[NamespaceLog]:
         yield recorder
     finally:
         recorder.stop()
-
-
-@pytest.fixture
-def processes(zk: ZkConnection, tmp_path: Path) -> Iterator[Processes]:
-    """Real `nodepool-launcher` processes (they inherit $KUBECONFIG); always killed."""
-    procs = Processes(zk, tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()

@@ -33,7 +33,7 @@ from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.simulator.resources import RESOURCES, by_plural
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.e2e.util import node_api
-from tests.helpers import wait_for
+from tests.helpers import in_use, wait_for
 from tests.launchers import LauncherFactory
 
 REPO = Path(__file__).resolve().parents[2]
@@ -491,15 +491,6 @@ def test_deployment_example_applies(k8s_sim: Simulator, tmp_path: Path) -> None:
 
 # -- a node namespace that stays Terminating, with the launcher's shipped rights -----------------
 
-def _released_job_node(zuul: ZuulClient) -> tuple[str, Any]:
-    request_id = zuul.submit(["k8s-namespace"])
-    body = zuul.wait(request_id, 60)
-    assert body is not None and body["state"] == "fulfilled", body
-    nodeset = zuul.accept(request_id)
-    zuul.use(nodeset)
-    return str(body["nodes"][0]), nodeset
-
-
 def _hold_of(sim: Simulator, namespace: str) -> dict[str, Any]:
     binding = sim.get("rolebindings", manifests.CLEANUP_BINDING, namespace)
     assert binding is not None, f"no cleanup binding in {namespace}"
@@ -514,7 +505,8 @@ def test_cluster_role_mode_clears_a_job_finalizer(launcher_account: Simulator,
     after `terminating-grace` through the launcher's own binding in that namespace."""
     sim = launcher_account
     launchers(config("    job-role: cluster-role\n    terminating-grace: 1"))
-    node_id, nodeset = _released_job_node(zuul)
+    nodeset = in_use(zuul, ["k8s-namespace"], 60)
+    node_id = nodeset.nodes[0].id
     namespace = f"main-{node_id}"
     binding = _hold_of(sim, namespace)
     assert binding["metadata"]["finalizers"] == [manifests.HOLD_FINALIZER]
@@ -537,7 +529,8 @@ def test_cluster_role_mode_hold_does_not_delay_a_clean_deletion(
     job left clean goes at once, long before `terminating-grace`."""
     sim = launcher_account
     launchers(config("    job-role: cluster-role\n    terminating-grace: 3600"))
-    node_id, nodeset = _released_job_node(zuul)
+    nodeset = in_use(zuul, ["k8s-namespace"], 60)
+    node_id = nodeset.nodes[0].id
     namespace = f"main-{node_id}"
     assert _hold_of(sim, namespace)["metadata"]["finalizers"] == [manifests.HOLD_FINALIZER]
     zuul.release(nodeset)

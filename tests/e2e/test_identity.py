@@ -9,36 +9,17 @@ provider would sweep as leaks, stay: nothing in the simulated cluster is deleted
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.zk.identity import INSTALLATION_ID_PATH
-from tests.e2e.util import admin_api
+from tests.e2e.util import PROCESS_CONFIG, PROCESS_ENV, admin_api
 from tests.launcher.util import Processes
 from tests.launchers import LauncherFactory
 
 pytestmark = pytest.mark.slow
 
-CONFIG = """
-labels:
-  - name: pod
-providers:
-  - name: k8s
-    driver: kubernetes
-    context: sim
-    leak-grace: 1
-    api-backoff: [0.05]
-    pools:
-      - name: main
-        max-servers: 10
-        labels:
-          - name: pod
-            type: pod
-            image: docker.io/fedora:40
-"""
 OTHER = "installation-b"
 
 
@@ -54,17 +35,13 @@ def _other_namespace(sim: Simulator, node_id: str) -> str:
 def test_rewritten_installation_id_stops_the_launcher(
         launchers: LauncherFactory, processes: Processes, k8s_sim: Simulator,
         kazoo_client: KazooClient) -> None:
-    first = launchers(CONFIG)
+    first = launchers(PROCESS_CONFIG)
     own = first.config.installation_id
     first.stop()
     others = [_other_namespace(k8s_sim, "0000000123"), _other_namespace(k8s_sim, "0000000124")]
     kazoo_client.set(INSTALLATION_ID_PATH, OTHER.encode())
 
-    proc = processes.start(CONFIG, env={"NODEPOOL_K8S_LEAK_SWEEP_INTERVAL": "1"})
-    try:
-        code = proc.wait(60)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"the launcher kept running:\n{processes.logs()}") from None
+    code = processes.exit_code(processes.start(PROCESS_CONFIG, env=PROCESS_ENV))
     logs = processes.logs()
     assert code == 1, logs
     line = next((x for x in logs.splitlines()

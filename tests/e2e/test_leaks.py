@@ -16,9 +16,9 @@ from kazoo.client import KazooClient
 from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.simulator import Simulator
-from nodepool_k8s.zk import paths
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from tests.e2e.util import LEAK_CONFIG, LEAK_GRACE, SWEEP_INTERVAL, admin_api, our_namespaces
+from tests.e2e.util import (LEAK_CONFIG, LEAK_GRACE, SWEEP_INTERVAL, admin_api, our_namespaces,
+                            remove_node)
 from tests.helpers import wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 
@@ -58,7 +58,7 @@ def test_leaked_namespace_swept_after_two_sightings_and_grace(
     assert our_namespaces(k8s_sim) == sorted([f"main-{keep}", leaked])
 
     # The node vanishes behind the launcher's back (an operator's kazoo, a bug, a restore).
-    kazoo_client.delete(paths.node_path(victim), recursive=True)
+    remove_node(kazoo_client, victim)
     wait_for(lambda: launcher.node_cache.get(victim) is None, message="the cache to see it")
     key = f"leak:k8s:{leaked}"
 

@@ -19,31 +19,11 @@ from kazoo.client import KazooClient
 from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.zk import paths
 from nodepool_k8s.testing.zuul_client import ZuulClient
-from tests.e2e.util import our_namespaces, wait_cluster_empty
+from tests.e2e.util import PROCESS_CONFIG, PROCESS_ENV, our_namespaces, wait_cluster_empty
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.util import Processes
 
 pytestmark = pytest.mark.slow
-
-CONFIG = """
-labels:
-  - name: pod
-providers:
-  - name: k8s
-    driver: kubernetes
-    context: sim
-    leak-grace: 1
-    api-backoff: [0.05]
-    pools:
-      - name: main
-        max-servers: 10
-        labels:
-          - name: pod
-            type: pod
-            image: docker.io/fedora:40
-"""
-
-ENV = {"NODEPOOL_K8S_LEAK_SWEEP_INTERVAL": "1"}
 
 
 def wait_logged(processes: Processes, predicate: Callable[[], object], timeout: float,
@@ -70,7 +50,7 @@ def test_sigkill_mid_launch_and_restart(processes: Processes, zk: ZkConnection,
                                         k8s_sim: Simulator,
                                         kazoo_client: KazooClient) -> None:
     k8s_sim.config.start_delay = 30.0  # pods stay ContainerCreating: launches in flight
-    victim = processes.start(CONFIG, env=ENV)
+    victim = processes.start(PROCESS_CONFIG, env=PROCESS_ENV)
     with ZuulClient(zk.hosts) as zuul:
         requests = [zuul.submit(["pod"]) for _ in range(3)]
         wait_logged(processes, lambda: len(building(kazoo_client, zuul)) == 3
@@ -83,7 +63,7 @@ def test_sigkill_mid_launch_and_restart(processes: Processes, zk: ZkConnection,
         assert victim.wait(10) == -signal.SIGKILL
         k8s_sim.config.start_delay = 0.0
 
-        processes.start(CONFIG, env=ENV)
+        processes.start(PROCESS_CONFIG, env=PROCESS_ENV)
         for request_id in requests:
             result = zuul.wait(request_id, 60)
             assert result is not None and result["state"] == "fulfilled", processes.logs()

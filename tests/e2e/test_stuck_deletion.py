@@ -21,51 +21,29 @@ from nodepool_k8s import conditions as cond
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.simulator import Simulator
 from nodepool_k8s.stats import PROM_DELETE_STUCK
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.testing.zuul_client import NodeSet, ZuulClient
 from nodepool_k8s.zk import events as zk_events
-from nodepool_k8s.zk import paths
 from tests.e2e.test_ownership import record_stores
-from tests.e2e.util import admin_api, node_api
-from tests.helpers import wait_for
+from tests.e2e.util import admin_api, node_api, ns_config, remove_node
+from tests.helpers import in_use, wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 
 FINALIZER = "example.com/never-removed"
 
-CONFIG = """
-labels:
-  - name: ns
-providers:
-  - name: k8s
-    driver: kubernetes
-    context: sim
-    api-backoff: [0.01]
-    terminating-grace: {grace}
-    max-pod-grace: 1
-    leak-grace: 0
-    pools:
-      - name: main
-        labels:
-          - name: ns
-            type: namespace
-"""
-
 
 def config(grace: float = 1) -> str:
-    return CONFIG.format(grace=grace)
+    return ns_config("api-backoff: [0.01]", f"terminating-grace: {grace}", "max-pod-grace: 1",
+                     "leak-grace: 0")
 
 
 def held_config_map(name: str = "held") -> dict[str, Any]:
     return {"metadata": {"name": name, "finalizers": [FINALIZER]}}
 
 
-def job_node(zuul: ZuulClient) -> tuple[str, Any]:
+def job_node(zuul: ZuulClient) -> tuple[str, NodeSet]:
     """A fulfilled ns node, accepted and in use: (node id, the node set)."""
-    request_id = zuul.submit(["ns"])
-    body = zuul.wait(request_id, 30)
-    assert body is not None and body["state"] == "fulfilled", body
-    nodeset = zuul.accept(request_id)
-    zuul.use(nodeset)
-    return str(body["nodes"][0]), nodeset
+    nodeset = in_use(zuul, ["ns"])
+    return nodeset.nodes[0].id, nodeset
 
 
 def foreign_stuck_namespace(sim: Simulator) -> dict[str, Any]:
@@ -201,15 +179,12 @@ def test_a_hanging_leak_does_not_hold_a_deleter_thread(
     others = [job_node(zuul)[0] for _ in range(2)]
     admin_api(k8s_sim).create_namespaced_config_map(f"main-{hanging}", held_config_map())
 
-    def leak(node_id: str) -> None:
-        kazoo_client.delete(paths.node_path(node_id), recursive=True)
-
-    leak(hanging)
+    remove_node(kazoo_client, hanging)
     wait_for(lambda: ((k8s_sim.get("namespaces", f"main-{hanging}") or {}).get(
         "status") or {}).get("phase") == "Terminating", 30,
         message="the leaked namespace deleted and hanging")
     for node_id in others:
-        leak(node_id)
+        remove_node(kazoo_client, node_id)
     for node_id in others:
         wait_for(lambda: k8s_sim.get("namespaces", f"main-{node_id}") is None, 30,
                  message=f"leak {node_id} deleted by the only deleter thread")

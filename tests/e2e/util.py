@@ -1,6 +1,7 @@
 """Helpers for the end-to-end tests: what is left in the simulated cluster, a recorder of
-every namespace ever created, Zuul's kubeconfig built from a node's connection data, and a
-provider factory with short driver timeouts.
+every namespace ever created, Zuul's kubeconfig built from a node's connection data, a
+provider factory with short driver timeouts, removing a node's znode behind the launcher's
+back, and the shared configurations.
 
 The official `kubernetes` client is used here only as a client of the simulator (as Zuul's
 executor and an operator would use it); the launcher reaches the simulator on its own.
@@ -13,6 +14,8 @@ from typing import Any, Callable, Self
 from urllib.parse import urlsplit
 
 import kubernetes
+from kazoo.client import KazooClient
+from kazoo.exceptions import NotEmptyError
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
@@ -21,6 +24,7 @@ from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
 from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
 
 # Namespaces a fresh simulator has; everything else was made by someone.
@@ -155,24 +159,65 @@ class KubeEventLog(_AddedLog):
             return [e for e in self.added if reason is None or e["reason"] == reason]
 
 
-# The leak sweep's tests (test_leaks.py, test_ownership.py): one namespace label.
-SWEEP_INTERVAL = 10.0
-LEAK_GRACE = 30
-LEAK_CONFIG = f"""
+def remove_node(kazoo_client: KazooClient, node_id: str) -> None:
+    """Remove a node's znode behind the launchers' back (an operator's zkCli, a bug, a
+    restore), lock dir included. Removing the lock of a node Zuul holds invites a
+    launcher to lock it at that moment: a removal that meets a new lock contender
+    (NotEmptyError) is tried again."""
+    def removed() -> bool:
+        try:
+            kazoo_client.delete(paths.node_path(node_id), recursive=True)
+        except NotEmptyError:
+            return False
+        return True
+    wait_for(removed, message=f"node {node_id}'s znode removed")
+
+
+def ns_config(*provider_keys: str) -> str:
+    """A configuration with one provider `k8s` (the simulator's context) whose pool `main`
+    has one `namespace` label `ns`; `provider_keys` are more provider settings, each a
+    `key: value` line."""
+    extra = "".join(f"    {line}\n" for line in provider_keys)
+    return f"""
 labels:
   - name: ns
 providers:
   - name: k8s
     driver: kubernetes
     context: sim
-    leak-grace: {LEAK_GRACE}
-    api-backoff: [0.01]
-    pools:
+{extra}    pools:
       - name: main
         labels:
           - name: ns
             type: namespace
 """
+
+
+# The leak sweep's tests (test_leaks.py, test_ownership.py): one namespace label.
+SWEEP_INTERVAL = 10.0
+LEAK_GRACE = 30
+LEAK_CONFIG = ns_config(f"leak-grace: {LEAK_GRACE}", "api-backoff: [0.01]")
+
+# A launcher process with one pod label (test_process.py, test_identity.py), sweeping for
+# leaks every second.
+PROCESS_CONFIG = """
+labels:
+  - name: pod
+providers:
+  - name: k8s
+    driver: kubernetes
+    context: sim
+    leak-grace: 1
+    api-backoff: [0.05]
+    pools:
+      - name: main
+        max-servers: 10
+        labels:
+          - name: pod
+            type: pod
+            image: docker.io/fedora:40
+"""
+PROCESS_ENV = {"NODEPOOL_K8S_LEAK_SWEEP_INTERVAL": "1"}
 
 
 def zuul_kubeconfig(port: dict[str, Any]) -> tuple[dict[str, Any], str]:

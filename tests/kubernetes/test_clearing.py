@@ -1,12 +1,18 @@
 """What the launcher reads off a Terminating namespace and what it may clear in it: the
-namespace controller's conditions, the job's kinds (from the one rule list) and the rights
-and binding of the launcher's clear-up."""
+namespace controller's conditions, the job's kinds (from the one rule list), the rights
+and binding of the launcher's clear-up, and (on the simulator) that it reads a page at a
+time."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from nodepool_k8s.driver.kubernetes import clearing, manifests
+from nodepool_k8s.simulator import Simulator
+from tests.e2e.util import admin_api
+from tests.kubernetes.conftest import ProviderFactory
 
 
 def terminating(content: str | None, finalizers: str | None) -> dict[str, Any]:
@@ -88,3 +94,25 @@ def test_cleanup_binding_names_the_launcher_and_holds() -> None:
     assert body["metadata"]["namespace"] == "main-0000000001"
     assert body["roleRef"]["name"] == manifests.CLEANUP_CLUSTER_ROLE
     assert body["subjects"] == [subject]
+
+
+def test_the_pods_of_a_namespace_are_read_a_page_at_a_time(
+        sim: Simulator, make_k8s_provider: ProviderFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # A job may fill its namespace with big pods: the clear-up holds one page of them at a
+    # time, as it does for every other kind, and still deletes them all.
+    monkeypatch.setattr(clearing, "LIST_PAGE_SIZE", 2)
+    client, _ = make_k8s_provider(sim)._connected()
+    admin = admin_api(sim)
+    admin.create_namespace({"metadata": {"name": "main-0000000001"}})
+    for i in range(5):
+        admin.create_namespaced_pod("main-0000000001", {
+            "metadata": {"name": f"p{i}", "finalizers": ["example.com/kept"]},
+            "spec": {"terminationGracePeriodSeconds": 3600,
+                     "containers": [{"name": "c", "image": "busybox"}]}})
+    sim.reset_counters()
+    cleared = clearing.clear(client, "main-0000000001", 1, holds=False)
+    assert sorted(name for name, _ in cleared.pods) == [f"p{i}" for i in range(5)]
+    assert sorted(name for _, name, _ in cleared.finalizers) == [f"p{i}" for i in range(5)]
+    # Pages of 2 + 2 + 1 pods twice: once to delete them, once to remove their finalizers.
+    assert sim.counters.get("list pods") == 6

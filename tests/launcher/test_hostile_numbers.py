@@ -14,8 +14,7 @@ from __future__ import annotations
 import json
 import signal
 import urllib.request
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -24,7 +23,7 @@ from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import events, paths, pool_state, pool_status
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.test_malformed import CONFIG
-from tests.launcher.util import Processes
+from tests.launcher.util import Processes, run_builds
 from tests.ops.conftest import free_port
 
 pytestmark = pytest.mark.slow
@@ -141,15 +140,6 @@ def write_hostile(client: KazooClient) -> dict[str, list[str]]:
     return written
 
 
-@pytest.fixture
-def processes(zk: ZkConnection, tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(zk, tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
-
-
 def test_out_of_range_numbers_and_hostile_components_stop_nothing(
         processes: Processes, zk: ZkConnection, kazoo_client: KazooClient) -> None:
     written = write_hostile(kazoo_client)
@@ -158,14 +148,7 @@ def test_out_of_range_numbers_and_hostile_components_stop_nothing(
     base = f"http://127.0.0.1:{port}"
     wait_for(lambda: _ready(base), 30, interval=0.1, message="the launcher serving")
     with ZuulClient(zk.hosts) as zuul:
-        ids = [zuul.submit(["small"]) for _ in range(5)]
-        for request_id in ids:
-            body = zuul.wait(request_id, 60)
-            assert body is not None and body["state"] == "fulfilled", processes.logs()
-        for request_id in ids:
-            nodeset = zuul.accept(request_id)
-            zuul.use(nodeset)
-            zuul.release(nodeset)
+        run_builds(zuul, "small", 5, processes.logs)
 
     # The launcher's own events are listed (batched: they come within seconds), read many
     # times: the culprits are still logged once.

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
@@ -24,7 +24,7 @@ from kazoo.exceptions import NoNodeError
 from nodepool_k8s.zk import paths, pool_status
 from nodepool_k8s.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launcher.util import Processes
+from tests.launcher.util import Processes, run_builds
 
 pytestmark = pytest.mark.slow
 
@@ -99,15 +99,6 @@ def write_malformed(client: KazooClient, priority: str = "100") -> tuple[list[st
     return request_paths, node_paths
 
 
-@pytest.fixture
-def processes(zk: ZkConnection, tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(zk, tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
-
-
 def nodepool(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     command = [str(NODEPOOL)] if NODEPOOL.exists() else [
         sys.executable, "-m", "nodepool_k8s.cmd.nodepoolcmd"]
@@ -122,14 +113,7 @@ def test_ordinary_traffic_is_served_beside_malformed_records(
     proc = processes.start(CONFIG)
     with ZuulClient(zk.hosts) as zuul:
         late_requests, late_nodes = write_malformed(kazoo_client, "100")
-        ids = [zuul.submit(["small"]) for _ in range(10)]
-        for request_id in ids:
-            body = zuul.wait(request_id, 60)
-            assert body is not None and body["state"] == "fulfilled", processes.logs()
-        for request_id in ids:
-            nodeset = zuul.accept(request_id)
-            zuul.use(nodeset)
-            zuul.release(nodeset)
+        run_builds(zuul, "small", 10, processes.logs)
 
     config = processes.tmp / "nodepool-0.yaml"
     listing = nodepool(config, "list", "--json")

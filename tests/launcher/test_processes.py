@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from pathlib import Path
-from typing import Iterator
 
 import pytest
 from kazoo.client import KazooClient
@@ -39,15 +37,6 @@ providers:
             type: namespace
             launch-delay: {delay}
 """
-
-
-@pytest.fixture
-def processes(zk: ZkConnection, tmp_path: Path) -> Iterator[Processes]:
-    procs = Processes(zk, tmp_path)
-    try:
-        yield procs
-    finally:
-        procs.stop_all()
 
 
 def pools(client: KazooClient) -> list[str]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import textwrap
 from pathlib import Path
 from typing import Any, Iterator
@@ -216,11 +215,7 @@ def test_launcher_process_with_wrong_credentials_exits(secured: Launcher, zk: Zk
     procs = Processes(zk, tmp_path)
     body = textwrap.dedent(BODY) + SECURE.format(password="guessed")
     try:
-        proc = procs.start(body)
-        try:
-            code = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"launcher kept running:\n{procs.logs()}") from None
+        code = procs.exit_code(procs.start(body))
         logs = procs.logs()
         assert code == 1, logs
         assert "nodepool-launcher: cannot use ZooKeeper: ZooKeeper refused access on" \

@@ -1,5 +1,6 @@
-"""Helpers for launcher tests: a watcher that samples node counts on every change, and
-real `nodepool-launcher` processes (always killed by their fixture)."""
+"""Helpers for launcher tests: a watcher that samples node counts on every change, real
+`nodepool-launcher` processes (always killed by their fixture), and builds run the way
+Zuul runs them."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from kazoo.client import KazooClient
 
+from nodepool_k8s.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import ZkConnection
 
@@ -90,8 +92,29 @@ class Processes:
         return "\n".join(p.read_text(errors="replace")[-3000:]
                          for p in sorted(self.tmp.glob("launcher-*.log")))
 
+    def exit_code(self, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> int:
+        """The exit status of `proc`, a launcher expected to stop on its own within
+        `timeout`; one still running fails the test with the logs."""
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"the launcher kept running:\n{self.logs()}") from None
+
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(10)
+
+
+def run_builds(zuul: ZuulClient, label: str, count: int, logs: Callable[[], str]) -> None:
+    """`count` builds of `label` as Zuul runs them: all requested at once, each fulfilled
+    within 60 s (else `logs()` is the failure's text), then accepted, used and returned."""
+    ids = [zuul.submit([label]) for _ in range(count)]
+    for request_id in ids:
+        body = zuul.wait(request_id, 60)
+        assert body is not None and body["state"] == "fulfilled", logs()
+    for request_id in ids:
+        nodeset = zuul.accept(request_id)
+        zuul.use(nodeset)
+        zuul.release(nodeset)

@@ -171,10 +171,9 @@ def _drop_finalizers(client: KubeClient, group: str, resource: str, namespace: s
 
 def _bound_pods(client: KubeClient, namespace: str, max_grace: int,
                 cleared: Cleared) -> None:
-    """Delete the pods of `namespace` whose grace period is longer than `max_grace`."""
-    body = client.call(f"list pods in {namespace}", client.core.list_namespaced_pod,
-                       namespace)
-    for pod in body.get("items") or []:
+    """Delete the pods of `namespace` whose grace period is longer than `max_grace` (read a
+    page at a time, like every other kind: a job may have made many big pods)."""
+    for pod in _list(client, "", "pods", namespace):
         meta = metadata(pod)
         grace = meta.get("deletionGracePeriodSeconds")
         if meta.get("deletionTimestamp") and isinstance(grace, int) and grace <= max_grace:
