@@ -377,6 +377,25 @@ def test_delete_with_on_gone_returns_at_once_and_tells_when_gone(
     assert sorted(notices) == sorted([name, "again"])
 
 
+def test_a_parked_deletion_nobody_finishes_leaves_nothing_behind(
+        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    # The node record of a parked deletion may be removed meanwhile (an operator, a lost
+    # race): nobody calls delete again once the namespace is gone. What the provider tracked
+    # for that deletion must go with the namespace, not stay for the process's lifetime.
+    provider = make_k8s_provider(sim, NS)
+    name = _launch(provider).external_id
+    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
+             message="the namespace watch to see the namespace")
+    sim.set_faults(namespace_delete_hang=True)
+    with pytest.raises(DeletionUnderway):
+        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+    assert len(provider._terminating) == 1
+    sim.set_faults(namespace_delete_hang=False)
+    wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
+    wait_for(lambda: len(provider._terminating) == 0 and not provider._wakers,
+             message="the provider to forget the deletion")
+
+
 def test_delete_with_on_gone_keeps_its_deadline(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     # Asking again does not restart `delete-timeout`: past it, the deletion is reported

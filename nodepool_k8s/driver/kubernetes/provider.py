@@ -419,8 +419,22 @@ class KubernetesProvider:
     def _namespace_changed(self, old: dict[str, Any] | None,
                            new: dict[str, Any] | None) -> None:
         """Namespace watch listener (its thread): a parked deletion whose namespace now
-        holds nothing but our cleanup binding is woken to remove our hold."""
-        if new is None or not self._holds or not metadata(new).get("deletionTimestamp"):
+        holds nothing but our cleanup binding is woken to remove our hold. A namespace
+        that is gone takes its entries along, also when no deletion of ours will finish
+        (its node record was removed meanwhile)."""
+        if new is None:
+            if old is not None:
+                self._forget_namespace(str(metadata(old).get("name") or ""))
+            else:  # listed afresh: what went unseen in between is gone too
+                listed = {str(metadata(o).get("name") or "")
+                          for o in self._namespace_watch().objects()}
+                with self._lock:
+                    unlisted = [n for n in self._wakers if n not in listed]
+                for name in unlisted:
+                    self._forget_namespace(name)
+                self._terminating.keep(listed)
+            return
+        if not self._holds or not metadata(new).get("deletionTimestamp"):
             return
         name = str(metadata(new).get("name") or "")
         if not clearing.only_own_hold(new):
@@ -429,6 +443,12 @@ class KubernetesProvider:
             waker = self._wakers.pop(name, None)
         if waker is not None:
             waker()  # hands the deletion to a deleter thread; nothing blocks here
+
+    def _forget_namespace(self, name: str) -> None:
+        """Drop what is tracked for a parked deletion of `name` (the namespace is gone)."""
+        with self._lock:
+            self._wakers.pop(name, None)
+        self._terminating.forget(name)
 
     def _was_released(self, name: str, uid: str) -> bool:
         with self._lock:
@@ -940,8 +960,7 @@ class KubernetesProvider:
                 with self._lock:
                     # Ended (gone, refused, or timed out: a retry gets a fresh deadline).
                     self._deadlines.pop(external_id, None)
-                    self._wakers.pop(external_id, None)
-                self._terminating.forget(external_id)
+                self._forget_namespace(external_id)
         log.info("Namespace %s deleted", external_id)
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:
