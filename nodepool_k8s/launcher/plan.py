@@ -258,14 +258,26 @@ def min_ready_shortfall(label: str, min_ready: int, nodes: Iterable[NodeFacts],
 
     Spare nodes count once whether their min-ready request still exists or not (nodes
     allocated to a min-ready request count as spares, the fulfilled request does not), so
-    a reader that sees the request deletion before the de-allocation counts the same.
+    a reader that sees the request deletion before the de-allocation counts the same. A
+    fulfilled min-ready request counts for each of its nodes that `nodes` does not hold
+    yet: the requests are read fresh, the nodes may come from a cache a moment behind, and
+    a reader that sees the fulfilment before the node would otherwise ask for it again.
     """
     if min_ready <= 0:
         return 0
     target = f"{pool[0]}/{pool[1]}" if pool is not None else None
-    spare = sum(1 for node in nodes if counts_as_spare(node, label)
-                and (pool is None or (node.provider, node.pool) == pool))
-    outstanding = sum(1 for r in requests if is_min_ready(r) and r.node_types == [label]
-                      and r.state in (model.REQUESTED, model.PENDING)
-                      and target_pool(r) == target)
+    known: set[str] = set()
+    spare = 0
+    for node in nodes:
+        known.add(node.id)
+        if counts_as_spare(node, label) and (pool is None or (node.provider, node.pool) == pool):
+            spare += 1
+    outstanding = 0
+    for r in requests:
+        if not (is_min_ready(r) and r.node_types == [label] and target_pool(r) == target):
+            continue
+        if r.state in (model.REQUESTED, model.PENDING):
+            outstanding += 1
+        elif r.state == model.FULFILLED:
+            outstanding += sum(1 for node_id in r.nodes if node_id not in known)
     return max(0, min_ready - spare - outstanding)

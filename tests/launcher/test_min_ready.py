@@ -70,7 +70,11 @@ def settle(launcher: Launcher, client: KazooClient, count: int) -> None:
             wait_for(lambda: launcher.min_ready.passes > passes, 10)
         return done()
 
-    wait_for(stable, 30, interval=0.05, message=f"{count} spares, no min-ready request")
+    try:
+        wait_for(stable, 30, interval=0.05, message=f"{count} spares, no min-ready request")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; spares {spares(client)}, min-ready requests "
+                             f"{min_ready_requests(client)}") from None
 
 
 def test_min_ready_creates_and_replenishes(launchers: LauncherFactory, zuul: ZuulClient,

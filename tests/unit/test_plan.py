@@ -172,3 +172,16 @@ def test_min_ready_shortfall_counts_spares_once() -> None:
     assert plan.min_ready_shortfall("a", 1, [spare], []) == 0
     assert plan.min_ready_shortfall("b", 1, [spare], [outstanding]) == 1
     assert plan.min_ready_shortfall("a", 0, [], []) == 0
+
+
+def test_min_ready_shortfall_counts_a_fulfilled_nodes_not_seen_yet() -> None:
+    # Requests are read fresh, nodes from a cache that may be a moment behind: a request
+    # seen fulfilled before its node must not make another launcher ask for that node again.
+    fulfilled = req("900-0000000004", requestor=model.MIN_READY_REQUESTOR,
+                    state=model.FULFILLED, nodes=["0000000001"])
+    assert plan.min_ready_shortfall("a", 3, [], [fulfilled]) == 2
+    seen = node(model.READY, allocated_to="900-0000000004")  # id 0000000001
+    assert plan.min_ready_shortfall("a", 3, [seen], [fulfilled]) == 2
+    other_pool = req("900-0000000005", requestor=model.MIN_READY_REQUESTOR,
+                     state=model.FULFILLED, nodes=["0000000009"], types=("b",))
+    assert plan.min_ready_shortfall("a", 3, [], [other_pool]) == 3
