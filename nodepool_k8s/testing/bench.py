@@ -78,6 +78,7 @@ NODEPOOL_BURST_DIVISORS = {30: 10, 200: 6}
 SOAK_WARMUP_NODES = 2000
 SOAK_TARGET_NODES = 10000
 SOAK_TARGET_MIB = 2.0
+SOAK_LOCK_DIR_AGE = 30.0
 PROFILE_HOOKS = REPO / "tools" / "profile"
 SIDE_BY_SIDE = "tools/compat/burst_side_by_side.py"
 
@@ -124,6 +125,10 @@ class Params:
     soak_requests: int = 60         # namespace requests per soak round
     soak_warmup: int = SOAK_WARMUP_NODES  # nodes before the slope is measured
     soak_tracemalloc: int = 0       # > 0: the launcher's tracemalloc report every N rounds
+    # The launcher's lock_dir_max_age in the soak (0: its default, 8 h): request-lock dirs
+    # and the launcher's record of them live that long, so a soak shorter than the age
+    # measures them filling up, not the steady state of a launcher that has run for days.
+    soak_lock_dir_age: float = SOAK_LOCK_DIR_AGE
     webflood_nodes: int = 2000      # extra nodes for the web flood runs (0 skips them)
     webflood_requests: int = 100    # namespace builds per web flood run (idle, flooded)
     webflood_clients: int = 4       # threads flooding the status port
@@ -886,6 +891,8 @@ class Bench:
             f"{p.error_rate:.0%} of Kubernetes writes failing")
         sim = self.stack.start_simulator(ZERO_DELAYS, error_rate=p.error_rate)
         env = self.env(p.max_servers)
+        if p.soak_lock_dir_age > 0:
+            env["NODEPOOL_K8S_LOCK_DIR_MAX_AGE"] = f"{p.soak_lock_dir_age:g}"
         trace_prefix = self.stack.workdir / "tracemalloc"
         if p.soak_tracemalloc:
             env["NODEPOOL_K8S_PROFILE_TRACEMALLOC"] = str(trace_prefix)
@@ -1191,6 +1198,7 @@ def soak_summary(rounds: list[dict[str, Any]], p: Params) -> dict[str, Any]:
     return {
         "rounds": rounds, "requests_per_round": p.soak_requests, "error_rate": p.error_rate,
         "warmup_nodes": p.soak_warmup,
+        "lock_dir_max_age_s": p.soak_lock_dir_age or None,
         "measured_nodes": measured,
         "rss_mib_after_warmup": after[0]["rss_mib"] if after else None,
         "rss_mib_last": after[-1]["rss_mib"] if after else None,
@@ -1343,7 +1351,9 @@ def table(results: dict[str, Any]) -> str:
     soak = results.get("soak")
     if soak and not rows:
         lines += [f"soak: {len(soak['rounds'])} rounds of {soak['requests_per_round']} "
-                  f"namespace requests, {soak['error_rate']:.0%} of Kubernetes writes failing",
+                  f"namespace requests, {soak['error_rate']:.0%} of Kubernetes writes failing"
+                  f", request-lock dirs kept {_fmt(soak['lock_dir_max_age_s'] or '8 h')}"
+                  f"{' s' if soak['lock_dir_max_age_s'] else ''}",
                   "  round  fulfilled  RSS MiB  threads"]
         lines += [f"  {r['round']:>5}  {r['fulfilled']:>5}/{r['requests']:<4} "
                   f"{_fmt(r['rss_mib']):>7}  {_fmt(r['threads']):>7}" for r in soak["rounds"]]
@@ -1500,6 +1510,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--soak-warmup", type=int, metavar="NODES",
                    help="nodes before the soak's RSS slope is measured (default "
                         f"{Params.soak_warmup})")
+    p.add_argument("--soak-lock-dir-age", type=float, metavar="SECONDS",
+                   help="soak: the launcher's NODEPOOL_K8S_LOCK_DIR_MAX_AGE (default "
+                        f"{SOAK_LOCK_DIR_AGE:g}; 0: the launcher's own 8 h, whose lock dirs "
+                        "then grow for 8 h before they level off)")
     p.add_argument("--soak-tracemalloc", type=int, metavar="N", default=0,
                    help="soak: the launcher traces its allocations (tools/profile hook) and "
                         "reports the growth by source line and its thread names after the "
@@ -1513,7 +1527,8 @@ def params_from(args: argparse.Namespace) -> Params:
     for name in ("requests", "realistic_requests", "serial", "concurrency", "sessions",
                  "error_rate", "max_concurrency", "launcher_requests", "launcher_concurrency",
                  "quota", "scale_nodes", "scale_loop_requests", "timeout", "soak_rounds",
-                 "soak_requests", "soak_warmup", "webflood_nodes", "webflood_requests"):
+                 "soak_requests", "soak_warmup", "soak_lock_dir_age", "webflood_nodes",
+                 "webflood_requests"):
         value = getattr(args, name)
         if value is not None:
             setattr(p, name, value)
