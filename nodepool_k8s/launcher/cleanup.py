@@ -7,7 +7,11 @@ Owns, for nodes of this launcher's providers (decisions in `plan.node_cleanup`):
 - de-allocating ready nodes whose request vanished (cancellation), so they are reused;
 - resetting lost requests: `pending` with nobody holding the lock goes back to `requested`
   with `nodes: []` and its nodes de-allocated (their launcher died);
-- removing node znodes without data and request-lock dirs older than 8 h with no request;
+- removing node znodes without data and request-lock dirs older than 8 h with no request
+  (`lock_dir_max_age`). Zuul deletes a request but never its lock dir, so ZooKeeper holds
+  one dir per request of the last 8 h and this worker one entry per dir (its due time and
+  first-seen age, about 0.2 KiB): a table that grows with the request rate for 8 h, then
+  stays (100,000 requests a day: about 33,000 entries, some 7 MiB);
 - reporting lock contenders that are not ephemeral (no session will release them), once
   each, and publishing what they lock (`engine.stuck_nodes`, `stuck_requests`);
 - the leak sweep (see leaks.py).

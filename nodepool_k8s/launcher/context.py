@@ -49,7 +49,7 @@ class Engine:
         self.request_cache = RequestCache(zk)
         self.components = ComponentCache(zk)
         self.registry = ComponentRegistry(zk, hostname)
-        self.guard = QuotaGuard(zk)
+        self.guard = QuotaGuard(zk, clock)
         # Operator pause/drain per provider or pool (see launcher.fleet).
         self.pool_states = PoolStateCache(zk)
         # The installation's lifecycle event log (`nodepool events`): best effort.

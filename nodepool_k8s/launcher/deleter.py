@@ -24,7 +24,8 @@ should it never come, the deadline the provider named) finishes it on a deleter 
 a gate reset that releases hundreds of nodes has every deletion in the cluster at once,
 however few deleter threads there are.
 
-Bounded: the retry table only holds work that is still wanted. A node's entry is dropped
+Bounded: `delete_workers` threads at most (started as deletions overlap, then kept); the
+retry table only holds work that is still wanted. A node's entry is dropped
 when the deletion succeeds or the node is gone (`forget`, `prune`, called by the cleanup
 worker), a leak's when the resource is no longer listed (`prune_leaks`); `next_retry` only
 names future retries of work that is not running, so the cleanup worker never wakes for a

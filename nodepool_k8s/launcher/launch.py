@@ -4,7 +4,9 @@ Owns: calling `provider.launch` for one node (attempt after attempt, up to the p
 `launch-retries`), recording the external id on the node as soon as the driver reports it
 (so a crash leaves a traceable record), classifying the outcome and reporting
 `nodepool.launch.*` stats. Launches run on a `LaunchPool`: at most `max-concurrency`
-threads per provider (or `launch_workers` when unlimited), never one thread per node.
+threads per provider (or `launch_workers` when unlimited), never one thread per node. The
+threads start as launches overlap and then stay: a launcher's thread count grows to that
+bound over its first busy minutes and never past it.
 
 Before anything else a launch collects the answer to the node's lock + `building`
 transaction, which the pool worker sent without waiting (so it could go on to the next

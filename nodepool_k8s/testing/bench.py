@@ -73,6 +73,13 @@ TARGET_BURST_SPREAD = 0.75      # "p50 well below p95": p50 <= this x p95
 # Burst size -> Nodepool 11's p50 divided by this is the target for ours (measured side by
 # side by tools/compat/burst_side_by_side.py, read with --nodepool-burst).
 NODEPOOL_BURST_DIVISORS = {30: 10, 200: 6}
+# Soak: after SOAK_WARMUP_NODES, less than SOAK_TARGET_MIB of RSS over the next
+# SOAK_TARGET_NODES nodes, and no new threads.
+SOAK_WARMUP_NODES = 2000
+SOAK_TARGET_NODES = 10000
+SOAK_TARGET_MIB = 2.0
+SOAK_LOCK_DIR_AGE = 30.0
+PROFILE_HOOKS = REPO / "tools" / "profile"
 SIDE_BY_SIDE = "tools/compat/burst_side_by_side.py"
 
 
@@ -116,6 +123,12 @@ class Params:
     profile_idle: bool = False      # ... including waiting threads (wall time)
     soak_rounds: int = 0            # > 0: only the soak run (RSS and threads per round)
     soak_requests: int = 60         # namespace requests per soak round
+    soak_warmup: int = SOAK_WARMUP_NODES  # nodes before the slope is measured
+    soak_tracemalloc: int = 0       # > 0: the launcher's tracemalloc report every N rounds
+    # The launcher's lock_dir_max_age in the soak (0: its default, 8 h): request-lock dirs
+    # and the launcher's record of them live that long, so a soak shorter than the age
+    # measures them filling up, not the steady state of a launcher that has run for days.
+    soak_lock_dir_age: float = SOAK_LOCK_DIR_AGE
     webflood_nodes: int = 2000      # extra nodes for the web flood runs (0 skips them)
     webflood_requests: int = 100    # namespace builds per web flood run (idle, flooded)
     webflood_clients: int = 4       # threads flooding the status port
@@ -870,47 +883,79 @@ class Bench:
 
     def soak_phase(self) -> None:
         """Rounds of namespace builds (optionally with API errors) against one launcher;
-        after each round (every node released and deleted) its RSS and thread count."""
+        after each round (every node released and deleted) its RSS and thread count, and
+        with `soak_tracemalloc` the launcher's own report of where its memory grew."""
         from nodepool_k8s.testing.loadtools import NodeWatcher
         p = self.p
         log(f"soak: {p.soak_rounds} rounds of {p.soak_requests} namespace requests, "
             f"{p.error_rate:.0%} of Kubernetes writes failing")
         sim = self.stack.start_simulator(ZERO_DELAYS, error_rate=p.error_rate)
-        chroot, procs, sessions = self.launch(1, p.max_servers)
+        env = self.env(p.max_servers)
+        if p.soak_lock_dir_age > 0:
+            env["NODEPOOL_K8S_LOCK_DIR_MAX_AGE"] = f"{p.soak_lock_dir_age:g}"
+        trace_prefix = self.stack.workdir / "tracemalloc"
+        if p.soak_tracemalloc:
+            env["NODEPOOL_K8S_PROFILE_TRACEMALLOC"] = str(trace_prefix)
+            env["PYTHONPATH"] = os.pathsep.join(
+                x for x in (str(PROFILE_HOOKS), os.environ.get("PYTHONPATH")) if x)
+        chroot = self.stack.new_chroot("bench")
+        procs = [self.stack.start_launcher(chroot, BENCH_CONFIG, env)]
+        self.stack.wait_launchers(chroot, 1, timeout=self.left(90))
         clients = self.clients(chroot)
         watcher = NodeWatcher(clients[0].client)
         load = Load(clients, self.left)
         rounds: list[dict[str, Any]] = []
-        del sim, sessions
+        traces: list[dict[str, Any]] = []
+        del sim
+        nodes = 0
         for index in range(1, p.soak_rounds + 1):
             plan = make_plan([(["namespace"], 1)], p.priorities, p.soak_requests)
             load.run(plan, p.concurrency)
             node_ids = [n for s in plan for n in s.nodes]
             if not watcher.wait_gone(node_ids, self.left(120)):
                 raise BenchFailed(f"soak round {index}: released nodes were not deleted")
+            nodes += len(node_ids)
             wait_idle(procs[0], self.left(30))
             stats = proc_stats(procs[0].pid)
-            row = {"round": index, "requests": len(plan),
+            row = {"round": index, "requests": len(plan), "nodes": nodes,
                    "fulfilled": sum(1 for s in plan if s.state == "fulfilled"),
                    "rss_mib": _round(stats.rss_kib / 1024 if stats else None, 1),
+                   "rss_kib": stats.rss_kib if stats else None,
                    "threads": stats.threads if stats else None}
             rounds.append(row)
             log(f"soak round {index}: {row['fulfilled']}/{row['requests']} fulfilled, "
-                f"RSS {row['rss_mib']} MiB, {row['threads']} threads")
-        half = rounds[len(rounds) // 2:]
-        self.results["soak"] = {
-            "rounds": rounds, "requests_per_round": p.soak_requests,
-            "error_rate": p.error_rate,
-            # Growth over the second half: what is left once caches and pools are warm.
-            "rss_growth_second_half_mib": _round(
-                (half[-1]["rss_mib"] or 0) - (half[0]["rss_mib"] or 0), 1) if half else None,
-            "thread_growth_second_half": (half[-1]["threads"] or 0) - (half[0]["threads"] or 0)
-            if half else None,
-        }
+                f"{nodes} nodes, RSS {row['rss_mib']} MiB, {row['threads']} threads")
+            if p.soak_tracemalloc and (index % p.soak_tracemalloc == 0 or index == 1
+                                       or index == p.soak_rounds):
+                traces.append(self.ask_tracemalloc(procs[0], trace_prefix, index))
+        self.results["soak"] = soak_summary(rounds, p)
+        if traces:
+            self.results["soak"]["tracemalloc"] = traces
+            last = traces[-1]
+            log("tracemalloc, growth since the first report:\n" + "\n".join(
+                f"  {t['size_diff_kib']:+9.1f} KiB {t['count_diff']:+7d}  {t['where']}"
+                for t in last["since_first"][:15]))
         watcher.stop()
         for client in clients:
             client.close()
         self.stop(procs)
+
+    def ask_tracemalloc(self, proc: LauncherProcess, prefix: Path,
+                        index: int) -> dict[str, Any]:
+        """Ask the launcher (tools/profile's hook) for its tracemalloc report; return it."""
+        base = f"{prefix}.{proc.pid}"
+        ask = Path(f"{base}.ask")
+        ask.write_text(str(index))
+        deadline = time.monotonic() + min(120.0, self.left(120))
+        while ask.exists():
+            proc.check_alive()
+            if time.monotonic() > deadline:
+                raise BenchFailed("the launcher did not answer the tracemalloc request "
+                                  "(tools/profile on PYTHONPATH?)")
+            time.sleep(0.1)
+        lines = Path(f"{base}.jsonl").read_text().splitlines()
+        report: dict[str, Any] = json.loads(lines[-1])
+        return report
 
     def run(self) -> dict[str, Any]:
         started = time.monotonic()
@@ -921,7 +966,7 @@ class Bench:
         if self.p.soak_rounds > 0:
             self.soak_phase()
             self.results["duration_s"] = _round(time.monotonic() - started, 1)
-            self.results["targets"] = []
+            self.results["targets"] = [self.results["soak"]["target"]]
             return self.results
         for profile in self.p.profiles:
             self.latency_phase(profile)
@@ -1131,6 +1176,58 @@ def _side_p50(sides: Any, key: str) -> float | None:
     return float(value) if math.isfinite(value) and value >= 0 else None
 
 
+def soak_summary(rounds: list[dict[str, Any]], p: Params) -> dict[str, Any]:
+    """The soak's figures: RSS slope (KiB per node, least squares over the rounds after
+    `soak_warmup` nodes), its projection over SOAK_TARGET_NODES, and threads added after the
+    warm-up; with the target judged (None when too few rounds follow the warm-up)."""
+    after = [r for r in rounds if r["nodes"] >= p.soak_warmup and r["rss_kib"] is not None]
+    slope = None
+    if len(after) >= 3:
+        xs = [float(r["nodes"]) for r in after]
+        ys = [float(r["rss_kib"]) for r in after]
+        mx, my = statistics.fmean(xs), statistics.fmean(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else None
+    measured = after[-1]["nodes"] - after[0]["nodes"] if after else 0
+    projected = slope * SOAK_TARGET_NODES / 1024 if slope is not None else None
+    threads = [r["threads"] for r in after if r["threads"] is not None]
+    new_threads = max(threads) - threads[0] if threads else None
+    met = (projected < SOAK_TARGET_MIB and new_threads == 0
+           if projected is not None and new_threads is not None else None)
+    half = rounds[len(rounds) // 2:]
+    return {
+        "rounds": rounds, "requests_per_round": p.soak_requests, "error_rate": p.error_rate,
+        "warmup_nodes": p.soak_warmup,
+        "lock_dir_max_age_s": p.soak_lock_dir_age or None,
+        "measured_nodes": measured,
+        "rss_mib_after_warmup": after[0]["rss_mib"] if after else None,
+        "rss_mib_last": after[-1]["rss_mib"] if after else None,
+        "rss_growth_measured_mib": _round((after[-1]["rss_kib"] - after[0]["rss_kib"]) / 1024,
+                                          2) if after else None,
+        "slope_kib_per_node": _round(slope, 3) if slope is not None else None,
+        # The slope over SOAK_TARGET_NODES: measured when the run was that long, else an
+        # extrapolation (`measured_nodes` says over how many nodes the slope was fitted).
+        "projected_mib_per_target_nodes": _round(projected, 2) if projected is not None
+        else None,
+        "threads_after_warmup": threads[0] if threads else None,
+        "new_threads_after_warmup": new_threads,
+        "target": {"name": f"soak: RSS over {SOAK_TARGET_NODES:,} nodes after "
+                           f"{p.soak_warmup:,} of warm-up, new threads",
+                   "target": f"< {SOAK_TARGET_MIB:g} MiB, 0",
+                   "value": None if projected is None else
+                   f"{projected:.2f} MiB, {new_threads}",
+                   "met": met,
+                   **({"note": f"extrapolated from {measured:,} measured nodes"}
+                      if 0 < measured < SOAK_TARGET_NODES else {}),
+                   **({} if after else {"note": "no round after the warm-up"})},
+        # Growth over the second half: what is left once caches and pools are warm.
+        "rss_growth_second_half_mib": _round(
+            (half[-1]["rss_mib"] or 0) - (half[0]["rss_mib"] or 0), 1) if half else None,
+        "thread_growth_second_half": (half[-1]["threads"] or 0) - (half[0]["threads"] or 0)
+        if half else None,
+    }
+
+
 def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
     """The performance targets: met True/False, or None with a `note` when not measured."""
     runs = {r["name"]: r for r in results["runs"]}
@@ -1254,12 +1351,26 @@ def table(results: dict[str, Any]) -> str:
     soak = results.get("soak")
     if soak and not rows:
         lines += [f"soak: {len(soak['rounds'])} rounds of {soak['requests_per_round']} "
-                  f"namespace requests, {soak['error_rate']:.0%} of Kubernetes writes failing",
+                  f"namespace requests, {soak['error_rate']:.0%} of Kubernetes writes failing"
+                  f", request-lock dirs kept {_fmt(soak['lock_dir_max_age_s'] or '8 h')}"
+                  f"{' s' if soak['lock_dir_max_age_s'] else ''}",
                   "  round  fulfilled  RSS MiB  threads"]
         lines += [f"  {r['round']:>5}  {r['fulfilled']:>5}/{r['requests']:<4} "
                   f"{_fmt(r['rss_mib']):>7}  {_fmt(r['threads']):>7}" for r in soak["rounds"]]
         lines.append(f"  second half: RSS {soak['rss_growth_second_half_mib']:+} MiB, "
                      f"threads {soak['thread_growth_second_half']:+}")
+        lines.append(f"  after {soak['warmup_nodes']:,} nodes of warm-up, over "
+                     f"{soak['measured_nodes']:,} nodes: RSS {_fmt(soak['rss_mib_after_warmup'])}"
+                     f" -> {_fmt(soak['rss_mib_last'])} MiB, slope "
+                     f"{_fmt(soak['slope_kib_per_node'])} KiB per node "
+                     f"({_fmt(soak['projected_mib_per_target_nodes'])} MiB per "
+                     f"{SOAK_TARGET_NODES:,} nodes), threads "
+                     f"{_fmt(soak['threads_after_warmup'])} "
+                     f"{soak['new_threads_after_warmup'] or 0:+} after the warm-up")
+        t = soak["target"]
+        mark = "n/a   " if t["met"] is None else "met   " if t["met"] else "MISSED"
+        note = f"; {t['note']}" if t.get("note") else ""
+        lines.append(f"  {mark} {t['name']}: {_fmt(t['value'])} (target {t['target']}){note}")
         return "\n".join(lines)
     widths = [max(len(_fmt(row[i])) for row in rows) for i in range(len(head))]
     for index, row in enumerate(rows):
@@ -1396,6 +1507,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"namespace builds per web flood run (default {d.webflood_requests})")
     p.add_argument("--soak-requests", type=int,
                    help=f"requests per soak round (default {Params.soak_requests})")
+    p.add_argument("--soak-warmup", type=int, metavar="NODES",
+                   help="nodes before the soak's RSS slope is measured (default "
+                        f"{Params.soak_warmup})")
+    p.add_argument("--soak-lock-dir-age", type=float, metavar="SECONDS",
+                   help="soak: the launcher's NODEPOOL_K8S_LOCK_DIR_MAX_AGE (default "
+                        f"{SOAK_LOCK_DIR_AGE:g}; 0: the launcher's own 8 h, whose lock dirs "
+                        "then grow for 8 h before they level off)")
+    p.add_argument("--soak-tracemalloc", type=int, metavar="N", default=0,
+                   help="soak: the launcher traces its allocations (tools/profile hook) and "
+                        "reports the growth by source line and its thread names after the "
+                        "first, every N-th and the last round (slows it several times; RSS "
+                        "figures are then not comparable)")
     return p
 
 
@@ -1404,11 +1527,16 @@ def params_from(args: argparse.Namespace) -> Params:
     for name in ("requests", "realistic_requests", "serial", "concurrency", "sessions",
                  "error_rate", "max_concurrency", "launcher_requests", "launcher_concurrency",
                  "quota", "scale_nodes", "scale_loop_requests", "timeout", "soak_rounds",
-                 "soak_requests", "webflood_nodes", "webflood_requests"):
+                 "soak_requests", "soak_warmup", "soak_lock_dir_age", "webflood_nodes",
+                 "webflood_requests"):
         value = getattr(args, name)
         if value is not None:
             setattr(p, name, value)
     p.profile_dir = args.profile
+    p.soak_tracemalloc = args.soak_tracemalloc
+    if p.soak_rounds > 0 and args.timeout is None:
+        # A soak round takes about 5 s on a 2-core machine; the limit follows the rounds.
+        p.timeout = max(p.timeout, 120.0 + 30.0 * p.soak_rounds)
     p.profile_idle = args.profile_idle
     if args.labels:
         p.labels = [x for x in args.labels.split(",") if x]

@@ -23,6 +23,13 @@ that loop, written once (the request handler and min-ready use it).
 Node `provider`, `pool` and `resources` never change after creation, so cached copies of
 existing nodes are exact for provider and pool usage. A node's `tenant_name` can change
 when a ready node is reused; tenant usage of such nodes is as fresh as the cache.
+
+What it holds, bounded: the nodes this process created that the cache did not show yet
+(`note_created`), for at most `CREATED_TRUST` seconds each: a node the cache has not shown
+by then (it may already be gone: created, launched, used and deleted between two
+decisions) is read like any other missing id, counted if it exists and dropped if not. So
+the table holds at most the nodes created in the last `CREATED_TRUST` seconds, and the
+remembered listing never keeps a deleted node's id for longer than that.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Protocol, Sequence, TypeVar
 
 from nodepool_k8s import quota
+from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.model import Resources
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
@@ -41,6 +49,10 @@ from nodepool_k8s.zk.txn import Txn
 
 
 R = TypeVar("R")
+
+# Seconds a node this process created is priced from its own record while the cache does
+# not show it; the cache normally shows it within milliseconds.
+CREATED_TRUST = 30.0
 
 
 class Contended(enum.Enum):
@@ -113,12 +125,14 @@ class _Known:
 
 
 class QuotaGuard:
-    def __init__(self, zk: ZkClient) -> None:
+    def __init__(self, zk: ZkClient, clock: Clock = SYSTEM_CLOCK) -> None:
         self.zk = zk
+        self.clock = clock
         # Nodes this process created that the caller's cache may not show yet (their
-        # provider, pool and resources never change): priced from here instead of being
-        # fetched again by the next decision. Pruned as the cache catches up.
-        self._created: dict[str, quota.NodeUsage] = {}
+        # provider, pool and resources never change), with when (monotonic) they were
+        # noted: priced from here instead of being fetched again by the next decision.
+        # Pruned as the cache catches up, and after CREATED_TRUST seconds regardless.
+        self._created: dict[str, tuple[quota.NodeUsage, float]] = {}
         self._created_lock = threading.Lock()
         # The guards and the listing as this process's last guarded commit left them
         # (`remember`): the next decision may start from it instead of reading (one round
@@ -183,9 +197,15 @@ class QuotaGuard:
 
     def note_created(self, nodes: Sequence[quota.NodeUsage], ids: Sequence[str]) -> None:
         """Nodes just created by a guarded transaction of this process."""
+        now = self.clock.monotonic()
         with self._created_lock:
             for node_id, node in zip(ids, nodes):
-                self._created[node_id] = node
+                self._created[node_id] = (node, now)
+
+    def created_pending(self) -> int:
+        """How many created nodes are priced from this process's own record."""
+        with self._created_lock:
+            return len(self._created)
 
     def read(self, guard_paths: list[str]) -> dict[str, int]:
         """Current versions of the guards (created on first use)."""
@@ -225,15 +245,20 @@ class QuotaGuard:
         with self._created_lock:
             created = self._created
             if created:
-                # Forget what the cache shows now, or what no longer exists.
+                # Forget what the cache shows now, what is no longer listed, and what the
+                # cache has not shown for CREATED_TRUST seconds: such a node may have come
+                # and gone between two decisions; it is read below like any missing id.
                 listed = set(ids)
-                for node_id in [i for i in created
-                                if i not in listed or cache.get(i) is not None]:
+                stale = self.clock.monotonic() - CREATED_TRUST
+                for node_id in [i for i, (_, noted) in created.items()
+                                if i not in listed or noted < stale
+                                or cache.get(i) is not None]:
                     del created[node_id]
             for node_id in ids:
                 node = cache.get(node_id)
                 if node is None:
-                    node = created.get(node_id)
+                    mine = created.get(node_id)
+                    node = mine[0] if mine is not None else None
                     if node is None:
                         # A record the cache found unusable would not count either: read
                         # at every decision, ten thousand junk znodes cost seconds each

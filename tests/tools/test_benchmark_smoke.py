@@ -81,16 +81,28 @@ def test_quick_json(tmp_path: Path) -> None:
 
 
 def test_soak_smoke(tmp_path: Path) -> None:
-    """`--soak` runs rounds against one launcher and reports RSS and threads per round
-    (whether they stay flat is recorded in doc/benchmark.md, not asserted here)."""
-    done = run_module("nodepool_k8s.testing.bench", "--soak", "2", "--soak-requests", "5",
-                      "--error-rate", "0.05", "--json", tmp=tmp_path, timeout=150)
+    """`--soak` runs rounds against one launcher and reports RSS and threads per round,
+    the slope after the warm-up judged against the target, and with `--soak-tracemalloc`
+    the launcher's own allocation reports (whether memory stays flat is recorded in
+    doc/benchmark.md, not asserted here)."""
+    done = run_module("nodepool_k8s.testing.bench", "--soak", "3", "--soak-requests", "5",
+                      "--soak-warmup", "5", "--soak-tracemalloc", "2",
+                      "--error-rate", "0.05", "--json", tmp=tmp_path, timeout=200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(done.stdout)
     soak = results["soak"]
-    assert [r["round"] for r in soak["rounds"]] == [1, 2]
+    assert [r["round"] for r in soak["rounds"]] == [1, 2, 3]
     for row in soak["rounds"]:
         assert row["requests"] == 5 and row["rss_mib"] > 0 and row["threads"] > 0
     assert soak["error_rate"] == 0.05
+    assert [r["nodes"] for r in soak["rounds"]] == [5, 10, 15]
+    assert soak["measured_nodes"] == 10 and soak["slope_kib_per_node"] is not None
+    assert soak["lock_dir_max_age_s"] == 30.0
+    assert results["targets"] == [soak["target"]] and soak["target"]["met"] in (True, False)
+    assert "extrapolated from 10 measured nodes" in soak["target"]["note"]
+    # Reports after the first, the second and the last round, from the launcher itself.
+    reports = soak["tracemalloc"]
+    assert [r["label"] for r in reports] == ["1", "2", "3"]
+    assert "MainThread" in reports[-1]["threads"] and reports[-1]["since_first"]
     assert leftovers(tmp_path) == []
     assert processes_mentioning(str(tmp_path)) == []

@@ -4,7 +4,8 @@ Aspects: after a guarded commit, the next decision may start from the versions a
 that commit left (no read); a write by anyone else to the guard makes a decision taken on
 it fail with a conflict, and the retry reads afresh and sees the other launcher's nodes;
 ids of nodes deleted since are dropped from the remembered listing once found gone; a new
-session forgets it.
+session forgets it; a node this process created and that was gone before the cache showed
+it is neither counted nor remembered past `CREATED_TRUST`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from typing import Any
 from kazoo.client import KazooClient
 
 from nodepool_k8s import model, quota
+from nodepool_k8s.clock import ManualClock
 from nodepool_k8s.model import Node
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
-from nodepool_k8s.zk.quota_guard import GuardedWrite, QuotaGuard, commit_guarded
+from nodepool_k8s.zk.quota_guard import (CREATED_TRUST, GuardedWrite, QuotaGuard,
+                                         commit_guarded)
 from nodepool_k8s.zk.txn import Txn
 
 GUARD = paths.provider_guard_path("p")
@@ -141,3 +144,33 @@ def test_a_new_session_forgets_the_remembered_listing(zkc: ZkClient) -> None:
     assert guard.known_listing([GUARD]) is not None
     zkc._epoch += 1  # what a LOST session does (a new session follows)
     assert guard.known_listing([GUARD]) is None
+
+
+def test_a_created_node_gone_before_the_cache_showed_it_is_not_kept(
+        zkc: ZkClient, kazoo_client: KazooClient) -> None:
+    """A node this process created is priced from its own record only until the cache
+    shows it or CREATED_TRUST passes: one created, used and deleted between two decisions
+    (the cache never showed it to a decision) is neither counted nor kept for ever."""
+    clock = ManualClock()
+    guard = QuotaGuard(zkc, clock)
+    for _ in range(50):
+        created, _ = create_nodes(zkc, guard, 1, use_known=True)
+        node = Node(id=created[0], state=model.INIT, state_time=1.0, type=["small"])
+        node.set(provider="p", pool="main")
+        guard.note_created([node], created)
+        kazoo_client.delete(paths.node_path(created[0]))
+        clock.advance(CREATED_TRUST / 10)
+        known = guard.known_listing([GUARD])
+        assert known is not None
+        guard.usage(NoCache(), lambda node: None, ids=known[1])
+    # At most the nodes of the last CREATED_TRUST seconds are held.
+    assert guard.created_pending() <= 11
+    known = guard.known_listing([GUARD])
+    assert known is not None and len(known[1]) <= 11
+    clock.advance(CREATED_TRUST + 1)
+    known = guard.known_listing([GUARD])
+    assert known is not None
+    assert guard.usage(NoCache(), lambda node: None, ids=known[1]) == []
+    assert guard.created_pending() == 0
+    after = guard.known_listing([GUARD])
+    assert after is not None and after[1] == []
