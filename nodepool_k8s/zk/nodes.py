@@ -14,7 +14,7 @@ Failure modes: `LockLost` (our contender is gone), `NoNodeError` (node deleted),
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from nodepool_k8s import model, records
 from nodepool_k8s.model import Node
@@ -223,30 +223,39 @@ class NodeStore:
         the node counting against quota: they are removed with the node, as Nodepool's
         recursive delete would, and logged once.
         """
-        lock_dir = paths.node_lock_path(node.id)
+        def contended() -> None:
+            if node.state != model.DELETED:
+                node.state = model.DELETED
+                self.store(node, held)
+        return self._remove_locked(node.id, held, attempts, -1, contended)
+
+    def _remove_locked(self, node_id: str, held: HeldLock, attempts: int, version: int,
+                       contended: Callable[[], None] | None) -> bool:
+        """Remove the node znode (at `version`, -1: any) and its lock dir with our lock,
+        in one transaction, up to `attempts` times; see `delete` and `delete_unreadable`.
+        `contended`: called when another client's contender kept the lock dir non-empty."""
+        node_path, lock_dir = paths.node_path(node_id), paths.node_lock_path(node_id)
         for _ in range(attempts):
             txn = Txn()
             held.release_in(txn)
             txn.delete(lock_dir)
-            txn.delete(paths.node_path(node.id))
+            txn.delete(node_path, version=version)
             try:
                 txn.commit(self.zk)
                 held.mark_released()
                 return True
             except errors.TxnFailed as exc:
                 if exc.path == held.child_path:
-                    raise errors.LockLost(f"lock on node {node.id} is no longer ours") from exc
-                if exc.path == paths.node_path(node.id) \
-                        and isinstance(exc.cause, errors.NoNodeError):
+                    raise errors.LockLost(f"lock on node {node_id} is no longer ours") from exc
+                if exc.path == node_path and isinstance(exc.cause, errors.NoNodeError):
                     held.release()
                     return True
                 if not isinstance(exc.cause, errors.NotEmptyError):
                     raise exc.cause from exc
-                if self._remove_strays(node.id, exc.path):
+                if self._remove_strays(node_id, exc.path):
                     continue
-            if node.state != model.DELETED:
-                node.state = model.DELETED
-                self.store(node, held)
+            if contended is not None:
+                contended()
         held.release()
         return False
 
@@ -281,27 +290,7 @@ class NodeStore:
         the attempt repeat. True once the znode is gone; False (our lock released) when
         contenders kept appearing. `VersionConflict` when the record was rewritten.
         """
-        node_path, lock_dir = paths.node_path(node_id), paths.node_lock_path(node_id)
-        for _ in range(attempts):
-            txn = Txn()
-            held.release_in(txn)
-            txn.delete(lock_dir)
-            txn.delete(node_path, version=version)
-            try:
-                txn.commit(self.zk)
-                held.mark_released()
-                return True
-            except errors.TxnFailed as exc:
-                if exc.path == held.child_path:
-                    raise errors.LockLost(f"lock on node {node_id} is no longer ours") from exc
-                if exc.path == node_path and isinstance(exc.cause, errors.NoNodeError):
-                    held.release()
-                    return True
-                if not isinstance(exc.cause, errors.NotEmptyError):
-                    raise exc.cause from exc
-                self._remove_strays(node_id, exc.path)
-        held.release()
-        return False
+        return self._remove_locked(node_id, held, attempts, version, None)
 
     def delete_unlocked(self, node_id: str) -> None:
         """Remove a znode that holds no usable record (empty data), with its subtree."""
