@@ -45,7 +45,10 @@ def test_demo_interrupted(tmp_path: Path) -> None:
         if "Submitting node requests" in line or time.monotonic() > deadline:
             break
     proc.send_signal(signal.SIGINT)
-    rest, _ = proc.communicate(timeout=60)
+    # Stopping waits up to 30 s for each process before it kills it (the launcher's graceful
+    # stop, the simulator, ZooKeeper): on a machine this busy a clean stop may need more than
+    # a minute, and what is asserted is that it happens and leaves nothing behind.
+    rest, _ = proc.communicate(timeout=180)
     assert proc.returncode == 130, "".join(seen) + rest
     assert "interrupted" in rest
     wait_for(lambda: not processes_mentioning(str(tmp_path)), 10,
