@@ -86,6 +86,9 @@ def test_records_naming_namespaces_not_ours_are_dropped_without_a_delete(
     for node_id in refused:
         wait_for(lambda: kazoo_client.exists(paths.node_path(node_id)) is None, 30,
                  message=f"node {node_id}'s record to be removed")
+    # The deleter reports a refusal (log line, counter) after the record is gone.
+    wait_for(lambda: launcher.deleter.refused >= len(refused), 30,
+             message="the deleter to report every refusal")
     # Not one DELETE reached the cluster; everything is still there.
     assert k8s_sim.counters.get("delete namespaces", 0) == 0, k8s_sim.counters
     assert {n["metadata"]["name"] for n in k8s_sim.list("namespaces")} == before
