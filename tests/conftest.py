@@ -14,10 +14,10 @@ from typing import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s import records
-from nodepool_k8s.simulator import Simulator, SimulatorConfig
-from nodepool_k8s.testing.zookeeper import ZooKeeperServer
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.core import records
+from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection
 from tests.launcher.util import Processes
 from tests.launchers import LauncherFactory
@@ -140,7 +140,7 @@ def processes(zk: ZkConnection, tmp_path: Path) -> Iterator[Processes]:
 
 @pytest.fixture
 def zuul(zk: ZkConnection) -> Iterator[ZuulClient]:
-    """A client speaking Zuul's half of the protocol (nodepool_k8s.testing.zuul_client)."""
+    """A client speaking Zuul's half of the protocol (nodepool_k8s.dev.testing.zuul_client)."""
     client = ZuulClient(zk.hosts)
     try:
         yield client

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, TypeVar
 
-from nodepool_k8s.testing.zuul_client import NodeSet, ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import NodeSet, ZuulClient
 
 T = TypeVar("T")
 

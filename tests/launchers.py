@@ -7,12 +7,12 @@ from __future__ import annotations
 import textwrap
 from typing import Any, Callable
 
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.config.model import Config
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.launcher.settings import EngineSettings
-from nodepool_k8s.stats import RecordingBackend, Stats
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
 from tests.helpers import ZkConnection
 
 TEST_SETTINGS = EngineSettings(cleanup_interval=5.0, leak_sweep_interval=3600.0,

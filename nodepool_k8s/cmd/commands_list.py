@@ -17,10 +17,10 @@ import sys
 from contextlib import contextmanager
 from typing import Iterator
 
-from nodepool_k8s import pool_view, status
+from nodepool_k8s.views import pools as pool_view, listing
 from nodepool_k8s.cmd import common
 from nodepool_k8s.config import fingerprint
-from nodepool_k8s.records import MalformedRecord
+from nodepool_k8s.core.records import MalformedRecord
 from nodepool_k8s.zk.pool_status import POOL_STATUS, decode_pool_status, read_all
 
 
@@ -48,12 +48,12 @@ def _list(args: argparse.Namespace) -> int:
         views = s.reader.nodes(malformed)
         hashes = fingerprint.config_hashes(s.config)
     now = common.now()
-    table = [status.node_row(view, now, hashes) for view in views]
+    table = [listing.node_row(view, now, hashes) for view in views]
     if malformed:
-        table.extend(status.malformed_node_row(m) for m in malformed)
+        table.extend(listing.malformed_node_row(m) for m in malformed)
         table.sort(key=lambda row: str(row["id"]))
         _warn_malformed(len(malformed), "node")
-    columns = status.NODE_DETAIL_COLUMNS if args.detail else status.NODE_COLUMNS
+    columns = listing.NODE_DETAIL_COLUMNS if args.detail else listing.NODE_COLUMNS
     common.emit(table, columns, args.json)
     return 0
 
@@ -64,23 +64,23 @@ def cmd_request_list(args: argparse.Namespace) -> int:
         requests = s.reader.requests(malformed)
     if malformed:
         _warn_malformed(len(malformed), "request")
-    columns = status.REQUEST_DETAIL_COLUMNS if getattr(args, "detail", False) \
-        else status.REQUEST_COLUMNS
-    common.emit(status.request_list(requests, malformed), columns, args.json)
+    columns = listing.REQUEST_DETAIL_COLUMNS if getattr(args, "detail", False) \
+        else listing.REQUEST_COLUMNS
+    common.emit(listing.request_list(requests, malformed), columns, args.json)
     return 0
 
 
 def _warn_malformed(count: int, kind: str) -> None:
     sys.stderr.write(f"{count} malformed {kind} record(s), shown in state "
-                     f"'{status.MALFORMED}' (see doc/operation.md, Malformed records)\n")
+                     f"'{listing.MALFORMED}' (see doc/operation.md, Malformed records)\n")
 
 
 def cmd_label_list(args: argparse.Namespace) -> int:
     """Labels some running pool serves right now (the union of registered pools' labels)."""
     with common.session(args) as s:
         pools = s.reader.pool_components()
-    rows = status.label_list(p.supported_labels for p in pools)
-    common.emit(rows, status.LABEL_COLUMNS, args.json)
+    rows = listing.label_list(p.supported_labels for p in pools)
+    common.emit(rows, listing.LABEL_COLUMNS, args.json)
     return 0
 
 
@@ -101,16 +101,16 @@ def _info(args: argparse.Namespace) -> int:
             f"provider {provider!r} is not in the configuration and has neither nodes nor"
             " registered pools")
     now = common.now()
-    nodes = [status.node_row(view, now) for view in views]
-    pool_rows = status.pool_list(pools)
+    nodes = [listing.node_row(view, now) for view in views]
+    pool_rows = listing.pool_list(pools)
     if args.json:
-        sys.stdout.write(status.render_json_document(
+        sys.stdout.write(listing.render_json_document(
             {"provider": provider, "nodes": nodes, "pools": pool_rows}) + "\n")
         return 0
     print("Nodes:")
-    print(status.render_table(nodes, status.PROVIDER_NODE_COLUMNS))
+    print(listing.render_table(nodes, listing.PROVIDER_NODE_COLUMNS))
     print("Pools:")
-    print(status.render_table(pool_rows, status.POOL_COLUMNS))
+    print(listing.render_table(pool_rows, listing.POOL_COLUMNS))
     return 0
 
 
@@ -119,7 +119,7 @@ def cmd_pool_list(args: argparse.Namespace) -> int:
     with common.session(args) as s:
         records = read_all(s.zk, POOL_STATUS, decode_pool_status)
     if args.json:
-        sys.stdout.write(status.render_json(pool_view.pool_records(records.values())) + "\n")
+        sys.stdout.write(listing.render_json(pool_view.pool_records(records.values())) + "\n")
     else:
         common.emit(pool_view.pool_rows(records.values()), pool_view.POOL_STATUS_COLUMNS,
                     False)

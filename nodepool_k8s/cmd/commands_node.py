@@ -37,15 +37,16 @@ import argparse
 from dataclasses import dataclass
 from typing import Callable
 
-from nodepool_k8s import model, records, status
+from nodepool_k8s.core import model, records
+from nodepool_k8s.views import listing
 from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.common import CliError, Session
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver import registry
 from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.exceptions import NodepoolError, NotFound, NotOwned
-from nodepool_k8s.launcher import deleter
-from nodepool_k8s.model import Node
+from nodepool_k8s.core.errors import NodepoolError, NotFound, NotOwned
+from nodepool_k8s.launcher.upkeep import deleter
+from nodepool_k8s.core.model import Node
 from nodepool_k8s.zk import admin, paths
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk.errors import VersionConflict
@@ -121,8 +122,8 @@ def _force_lock(s: Session, node_id: str) -> Locked:
 
 
 def _print_node(node: Node, locked: bool = False) -> None:
-    rows = [status.node_row(status.NodeView(node, locked), common.now())]
-    common.emit(rows, status.NODE_COLUMNS, as_json=False)
+    rows = [listing.node_row(listing.NodeView(node, locked), common.now())]
+    common.emit(rows, listing.NODE_COLUMNS, as_json=False)
 
 
 def _mark(node: Node, state: str) -> None:

@@ -17,10 +17,10 @@ import re
 import sys
 from typing import Any
 
-from nodepool_k8s import status, status_detail
+from nodepool_k8s.views import listing, node_detail
 from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.common import CliError
-from nodepool_k8s.model import NodeView
+from nodepool_k8s.core.model import NodeView
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import locks, paths
 
@@ -47,11 +47,11 @@ def cmd_show(args: argparse.Namespace) -> int:
             raise CliError(f"node {node_id} has an unreadable record")
         children = s.zk.get_children(paths.node_lock_path(node_id)) or []
         view = NodeView(node, bool(locks.contenders(children)))
-    detail = status_detail.node_detail(view, common.now())
+    detail = node_detail.node_detail(view, common.now())
     if args.json:
-        sys.stdout.write(status.render_json_document(detail) + "\n")
+        sys.stdout.write(listing.render_json_document(detail) + "\n")
     else:
-        sys.stdout.write(status_detail.render_node_detail(detail) + "\n")
+        sys.stdout.write(node_detail.render_node_detail(detail) + "\n")
     return 0
 
 
@@ -62,7 +62,7 @@ def cmd_events(args: argparse.Namespace) -> int:
     # `--node` was checked and zero-padded by `common.node_id_arg` (a usage error, exit 2).
     selected = zk_events.select(events, provider=args.provider, pool=args.pool, node=args.node,
                                 since=since)
-    common.emit(status_detail.event_rows(selected), status_detail.EVENT_COLUMNS, args.json)
+    common.emit(node_detail.event_rows(selected), node_detail.EVENT_COLUMNS, args.json)
     return 0
 
 

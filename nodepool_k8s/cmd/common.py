@@ -20,10 +20,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
-from nodepool_k8s import status, validate
+from nodepool_k8s.views import listing
+from nodepool_k8s.runtime import validate
 from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.config.model import Config, with_installation_id
-from nodepool_k8s.exceptions import NodepoolError
+from nodepool_k8s.core.errors import NodepoolError
 from nodepool_k8s.zk import admin
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
 from nodepool_k8s.zk.identity import InstallationIdError
@@ -116,7 +117,7 @@ def now() -> float:
 def emit(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str]],
          as_json: bool) -> None:
     """Print rows as Nodepool's table, or as the web app's JSON list."""
-    text = status.render_json(rows) if as_json else status.render_table(rows, columns)
+    text = listing.render_json(rows) if as_json else listing.render_table(rows, columns)
     sys.stdout.write(text + "\n")
 
 

@@ -35,9 +35,10 @@ import traceback
 from types import FrameType
 from typing import Callable, Sequence
 
-from nodepool_k8s import __version__, logconfig
-from nodepool_k8s import stats as stats_mod
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s import __version__
+from nodepool_k8s.runtime import logconfig
+from nodepool_k8s.runtime import stats as stats_mod
+from nodepool_k8s.core.errors import ConfigError
 
 DEFAULT_CONFIG = "/etc/nodepool/nodepool.yaml"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)

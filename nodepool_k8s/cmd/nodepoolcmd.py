@@ -30,7 +30,7 @@ from nodepool_k8s.cmd.commands_node import cmd_delete, cmd_hold
 from nodepool_k8s.cmd.commands_pool import add_parsers as _add_pool_control
 from nodepool_k8s.cmd.commands_show import add_events, add_show
 from nodepool_k8s.config.loader import load_config
-from nodepool_k8s.exceptions import ConfigError, NodepoolError
+from nodepool_k8s.core.errors import ConfigError, NodepoolError
 
 DEFAULT_CONFIG = "/etc/nodepool/nodepool.yaml"
 

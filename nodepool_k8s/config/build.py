@@ -23,7 +23,7 @@ from nodepool_k8s.config.model import (
     ProviderConfig, TenantLimit, WebappConfig,
     ZkAcl, ZkAuth, ZkGrant, ZkServer, ZkTls,
 )
-from nodepool_k8s.model import Resources
+from nodepool_k8s.core.model import Resources
 
 Raw = Mapping[str, Any]
 

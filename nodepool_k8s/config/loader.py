@@ -27,7 +27,7 @@ import yaml
 
 from nodepool_k8s.config import build, checks, schema
 from nodepool_k8s.config.model import Config
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.core.errors import ConfigError
 
 # (absolute path, st_mtime_ns, st_size) per file; None values when the file is missing.
 Fingerprint = tuple[tuple[str, int | None, int | None], ...]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from nodepool_k8s.config.schema import OBJECT_QUOTA
-from nodepool_k8s.model import Resources
+from nodepool_k8s.core.model import Resources
 
 INF = math.inf
 

@@ -28,9 +28,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
-from nodepool_k8s.conditions import Condition
+from nodepool_k8s.core.conditions import Condition
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
-from nodepool_k8s.model import Resources
+from nodepool_k8s.core.model import Resources
 
 
 @dataclass(frozen=True)

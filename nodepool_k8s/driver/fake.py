@@ -24,12 +24,12 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
-from nodepool_k8s import conditions as cond
+from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Progress
-from nodepool_k8s.exceptions import DeletionUnderway, LaunchCancelled, LaunchError, NotOwned
-from nodepool_k8s.model import Resources
+from nodepool_k8s.core.errors import DeletionUnderway, LaunchCancelled, LaunchError, NotOwned
+from nodepool_k8s.core.model import Resources
 
 FAKE_API = "https://fake-k8s.invalid:6443"
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.core.errors import ConfigError
 
 Factory = Callable[[ProviderConfig, Clock], Provider]
 

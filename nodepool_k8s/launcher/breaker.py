@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock, StampAges
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.model import PoolConfig, PoolLabel
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.pool_status import JsonDirCache, breaker_key, update_breaker

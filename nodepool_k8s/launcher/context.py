@@ -12,14 +12,14 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from nodepool_k8s import quota
-from nodepool_k8s.clock import Clock
+from nodepool_k8s.core import quota
+from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.plan import PoolInfo
 from nodepool_k8s.launcher.settings import EngineSettings
-from nodepool_k8s.model import Resources
-from nodepool_k8s.stats import Stats
+from nodepool_k8s.core.model import Resources
+from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.events import EventLog

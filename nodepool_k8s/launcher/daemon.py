@@ -29,22 +29,23 @@ import threading
 import time
 from typing import Callable
 
-from nodepool_k8s import model, records, threads
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.core import model, records
+from nodepool_k8s.runtime import threads
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import Config, ProviderConfig, with_installation_id
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.registry import make_provider
-from nodepool_k8s.exceptions import ConfigError, NodepoolError
-from nodepool_k8s.launcher.cleanup import CleanupWorker
+from nodepool_k8s.core.errors import ConfigError, NodepoolError
+from nodepool_k8s.launcher.upkeep.cleanup import CleanupWorker
 from nodepool_k8s.launcher.context import Engine
-from nodepool_k8s.launcher.deleter import NodeDeleter
-from nodepool_k8s.launcher.gauges import GaugeReporter
-from nodepool_k8s.launcher.launch import LaunchPool
-from nodepool_k8s.launcher.min_ready import MinReadyWorker
+from nodepool_k8s.launcher.upkeep.deleter import NodeDeleter
+from nodepool_k8s.launcher.reporting.gauges import GaugeReporter
+from nodepool_k8s.launcher.requests.launch import LaunchPool
+from nodepool_k8s.launcher.requests.min_ready import MinReadyWorker
 from nodepool_k8s.launcher.pool_worker import PoolWorker
 from nodepool_k8s.launcher.settings import EngineSettings
-from nodepool_k8s.model import Node
-from nodepool_k8s.stats import Stats
+from nodepool_k8s.core.model import Node
+from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ConnectionState, ZkClient, ZkSettings
 from nodepool_k8s.zk import events as zk_events

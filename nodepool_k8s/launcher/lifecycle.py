@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodepool_k8s import conditions as cond
-from nodepool_k8s.model import Node, NodeRequest
-from nodepool_k8s.stats import Stats
+from nodepool_k8s.core import conditions as cond
+from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock

@@ -25,9 +25,9 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence
 
-from nodepool_k8s import model, quota
+from nodepool_k8s.core import model, quota
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
-from nodepool_k8s.model import NodeRequest, Resources
+from nodepool_k8s.core.model import NodeRequest, Resources
 
 
 class NodeFacts(Protocol):

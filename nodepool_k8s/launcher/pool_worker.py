@@ -28,19 +28,22 @@ import math
 import threading
 from typing import Callable
 
-from nodepool_k8s import logconfig, model, quota, stats
-from nodepool_k8s.clock import wall_deadline
+from nodepool_k8s.runtime import logconfig, stats
+from nodepool_k8s.core import model, quota
+from nodepool_k8s.runtime.clock import wall_deadline
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.launcher import drift, fleet, lifecycle, maintenance, plan, pool_status
+from nodepool_k8s.launcher.upkeep import drift, fleet, maintenance
+from nodepool_k8s.launcher import lifecycle, plan
+from nodepool_k8s.launcher.reporting import pool_status
 from nodepool_k8s.launcher.breaker import PoolBreaker
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.launcher.context import Engine
-from nodepool_k8s.launcher.allocation import SlotState, check_quota, create_batch
-from nodepool_k8s.launcher.handler import PoolRef, RequestHandler
-from nodepool_k8s.launcher.launch import LaunchPool
+from nodepool_k8s.launcher.requests.allocation import SlotState, check_quota, create_batch
+from nodepool_k8s.launcher.requests.handler import PoolRef, RequestHandler
+from nodepool_k8s.launcher.requests.launch import LaunchPool
 from nodepool_k8s.launcher.worker import RefusedRequests, Worker
-from nodepool_k8s.model import NodeRequest, Resources
+from nodepool_k8s.core.model import NodeRequest, Resources
 from nodepool_k8s.zk import errors
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.pool_status import StatusWriter

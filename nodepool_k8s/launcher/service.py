@@ -31,15 +31,15 @@ from __future__ import annotations
 import logging
 import threading
 
-from nodepool_k8s import sdnotify, threads
+from nodepool_k8s.runtime import sdnotify, threads
 from nodepool_k8s.config.loader import Fingerprint, config_fingerprint, load_config
 from nodepool_k8s.config.model import Config, WebappConfig
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.core.errors import ConfigError
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.launcher.settings import EngineSettings
-from nodepool_k8s.launcher.status_source import LauncherStatus
-from nodepool_k8s.stats import Stats
-from nodepool_k8s.webapp import WebApp, WebSettings
+from nodepool_k8s.launcher.reporting.status_source import LauncherStatus
+from nodepool_k8s.runtime.stats import Stats
+from nodepool_k8s.web.app import WebApp, WebSettings
 from nodepool_k8s.zk.client import ZkSettings
 
 log = logging.getLogger("nodepool_k8s.NodePool")

@@ -16,8 +16,8 @@ import os
 from dataclasses import dataclass
 from typing import Mapping
 
-from nodepool_k8s import validate
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.runtime import validate
+from nodepool_k8s.core.errors import ConfigError
 
 ENV_PREFIX = "NODEPOOL_K8S_"
 # Fields where 0 is meaningful: no rate limit on reclaims; do not wait for launches on stop.

@@ -11,7 +11,7 @@ schedules on a wall-clock moment turns it into a monotonic deadline on every pas
 (`clock.wall_deadline`). A pass that raises is logged with its traceback (once while it
 keeps failing the same way, then a count per minute) and retried after a short backoff (a
 temporary error, such as ZooKeeper being unreachable, with a WARNING line instead); the
-loop itself runs inside the thread guard (`nodepool_k8s/threads.py`: logged, counted in
+loop itself runs inside the thread guard (`nodepool_k8s/runtime/threads.py`: logged, counted in
 stats, restarted), so the thread never dies silently.
 """
 
@@ -22,10 +22,10 @@ import math
 import threading
 from typing import Callable
 
-from nodepool_k8s import threads
-from nodepool_k8s.clock import Clock
-from nodepool_k8s.exceptions import TemporaryError
-from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.runtime import threads
+from nodepool_k8s.runtime.clock import Clock
+from nodepool_k8s.core.errors import TemporaryError
+from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.zk import paths
 
 # Upper bound of one wait, so a worker re-evaluates even if a deadline computation was off.

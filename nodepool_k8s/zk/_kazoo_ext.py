@@ -51,7 +51,7 @@ from kazoo.protocol.serialization import (Create, GetChildren, GetData, MultiHea
                                           read_string, stat_struct, write_string)
 from kazoo.protocol.states import EVENT_TYPE_MAP, EventType, ZnodeStat
 
-from nodepool_k8s.exceptions import PermanentError
+from nodepool_k8s.core.errors import PermanentError
 
 log = logging.getLogger("nodepool_k8s.zk")
 

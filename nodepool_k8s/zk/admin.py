@@ -26,7 +26,7 @@ import threading
 import uuid
 from dataclasses import dataclass
 
-from nodepool_k8s.exceptions import LockNotAcquired
+from nodepool_k8s.core.errors import LockNotAcquired
 from nodepool_k8s.zk import errors, locks, paths
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
 from nodepool_k8s.zk.locks import HeldLock

@@ -23,8 +23,8 @@ from typing import Any, Generic, TypeVar
 
 from kazoo.recipe.cache import TreeCache, TreeEvent
 
-from nodepool_k8s import model, records
-from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.core import model, records
+from nodepool_k8s.core.model import Node, NodeRequest
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.client import ZkClient

@@ -11,7 +11,7 @@ configuration (`zookeeper-auth`, `zookeeper-acl`, `zookeeper-tls`) or the ACLs m
 
 from __future__ import annotations
 
-from nodepool_k8s.exceptions import (
+from nodepool_k8s.core.errors import (
     NodepoolError, NotFound, PermanentError, TemporaryError, ZkSessionLost)
 
 __all__ = ["NodepoolError", "ZkSessionLost", "ZkConnectionError", "NoNodeError",

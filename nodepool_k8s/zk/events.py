@@ -30,8 +30,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from nodepool_k8s import records
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.core import records
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
 

@@ -37,8 +37,8 @@ import re
 import tempfile
 from dataclasses import dataclass
 
-from nodepool_k8s import records
-from nodepool_k8s.exceptions import PermanentError
+from nodepool_k8s.core import records
+from nodepool_k8s.core.errors import PermanentError
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
 

@@ -56,7 +56,7 @@ from typing import Any, Callable, Generic, TypeVar
 from kazoo import exceptions as kex
 from kazoo.protocol.states import EventType
 
-from nodepool_k8s import records
+from nodepool_k8s.core import records
 from nodepool_k8s.zk import errors, locks, multiread
 from nodepool_k8s.zk.client import ConnectionState, ZkClient
 

@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 from kazoo import exceptions as kex
 
-from nodepool_k8s import records
+from nodepool_k8s.core import records
 from nodepool_k8s.zk import _kazoo_ext
 
 log = logging.getLogger("nodepool_k8s.zk.multiread")

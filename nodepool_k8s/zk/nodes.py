@@ -16,8 +16,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from nodepool_k8s import model, records
-from nodepool_k8s.model import Node
+from nodepool_k8s.core import model, records
+from nodepool_k8s.core.model import Node
 from nodepool_k8s.zk import errors, locks, multiread, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock

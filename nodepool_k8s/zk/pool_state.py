@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Iterable
 from urllib.parse import quote, unquote
 
-from nodepool_k8s import records
+from nodepool_k8s.core import records
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.cache import MirroredCache
 from nodepool_k8s.zk.client import ZkClient

@@ -25,7 +25,7 @@ import math
 from typing import Any, Callable
 from urllib.parse import quote
 
-from nodepool_k8s import records
+from nodepool_k8s.core import records
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.cache import MirroredCache
 from nodepool_k8s.zk.client import ZkClient

@@ -39,9 +39,9 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Protocol, Sequence, TypeVar
 
-from nodepool_k8s import quota
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
-from nodepool_k8s.model import Resources
+from nodepool_k8s.core import quota
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.core.model import Resources
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import parse

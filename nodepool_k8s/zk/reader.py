@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import itertools
 
-from nodepool_k8s import records
-from nodepool_k8s.model import NodeRequest, NodeView
-from nodepool_k8s.records import MalformedRecord
+from nodepool_k8s.core import records
+from nodepool_k8s.core.model import NodeRequest, NodeView
+from nodepool_k8s.core.records import MalformedRecord
 from nodepool_k8s.zk import locks, multiread, paths
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import requests as request_codec

@@ -17,8 +17,8 @@ from __future__ import annotations
 import logging
 import uuid
 
-from nodepool_k8s import model, records
-from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.core import model, records
+from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.zk import errors, locks, paths
 from nodepool_k8s.zk.client import Stat, ZkClient
 from nodepool_k8s.zk.locks import HeldLock

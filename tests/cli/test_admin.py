@@ -11,7 +11,7 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock
 
-from nodepool_k8s.testing.zookeeper import free_port
+from nodepool_k8s.dev.testing.zookeeper import free_port
 from nodepool_k8s.zk import admin, errors, locks, paths
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
 from tests.helpers import ZkConnection, wait_for

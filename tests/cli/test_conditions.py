@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s import prometheus
+from nodepool_k8s.views import prometheus
 from nodepool_k8s.driver.base import LaunchSpec
-from nodepool_k8s.exceptions import LaunchError, TemporaryError
-from nodepool_k8s.launcher.status_source import LauncherStatus
-from nodepool_k8s.webapp import WebApp
+from nodepool_k8s.core.errors import LaunchError, TemporaryError
+from nodepool_k8s.launcher.reporting.status_source import LauncherStatus
+from nodepool_k8s.web.app import WebApp
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.cli.conftest import Cli, fake_provider
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory

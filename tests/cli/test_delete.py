@@ -9,14 +9,14 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from nodepool_k8s.clock import Clock
+from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver import registry
 from nodepool_k8s.driver.fake import FakeProvider
-from nodepool_k8s.exceptions import TemporaryError
+from nodepool_k8s.core.errors import TemporaryError
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.cli.conftest import (MIN_READY, Cli, fake_provider, foreign_node, lock_contenders,
                                 node_data, node_state, ready_node, record)
 from tests.helpers import in_use, wait_for

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s import status
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.views import listing
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.cli.conftest import (MIN_READY, Cli, foreign_node, lock_contenders, ready_node,
                                 record)
 from tests.helpers import in_use
 from tests.launchers import LauncherFactory
 
-DETAIL = [h for h, _ in status.NODE_DETAIL_COLUMNS]
+DETAIL = [h for h, _ in listing.NODE_DETAIL_COLUMNS]
 
 
 def test_hold_a_ready_node(cli: Cli, launchers: LauncherFactory,

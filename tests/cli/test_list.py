@@ -8,17 +8,17 @@ import json
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s import status
+from nodepool_k8s.views import listing
 from nodepool_k8s.cmd.nodepoolcmd import main
-from nodepool_k8s.model import Node
+from nodepool_k8s.core.model import Node
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.cli.conftest import Cli
 from tests.helpers import in_use
 from tests.launchers import LauncherFactory
 
-HEADERS = [h for h, _ in status.NODE_COLUMNS]
-DETAIL_HEADERS = [h for h, _ in status.NODE_DETAIL_COLUMNS]
+HEADERS = [h for h, _ in listing.NODE_COLUMNS]
+DETAIL_HEADERS = [h for h, _ in listing.NODE_DETAIL_COLUMNS]
 
 
 def _headers(out: str) -> list[str]:
@@ -75,8 +75,8 @@ def test_columns_locked_and_redacted(cli: Cli, launchers: LauncherFactory,
     assert items[busy_id]["locked"] == "locked" and items[ready_id]["locked"] == "unlocked"
     assert items[busy_id]["label"] == ["large"]
     # The same keys as the web app's /node-list JSON.
-    assert set(items[busy_id]) == set(status.node_row(
-        status.NodeView(Node(id="0000000000", state="ready"), False), 0.0))
+    assert set(items[busy_id]) == set(listing.node_row(
+        listing.NodeView(Node(id="0000000000", state="ready"), False), 0.0))
     # JSON always carries every key: --detail changes nothing but the table.
     detail_json = {item["id"]: item for item in cli("list", "--detail", "--json").json()}
     assert set(detail_json) == set(items)

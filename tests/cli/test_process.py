@@ -11,8 +11,8 @@ import pytest
 from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.nodepoolcmd import main
 from nodepool_k8s.config import loader
-from nodepool_k8s.testing.zookeeper import free_port
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zookeeper import free_port
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.cli.conftest import SCRIPT, Cli, config_text, parse_table
 from tests.helpers import ZkConnection, in_use
 from tests.launchers import LauncherFactory

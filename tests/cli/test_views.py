@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s import status
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.views import listing
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.cli.conftest import Cli, foreign_node, parse_table
 from tests.helpers import in_use, wait_for
 from tests.launchers import LauncherFactory
 
-REQUEST_HEADERS = [h for h, _ in status.REQUEST_COLUMNS]
+REQUEST_HEADERS = [h for h, _ in listing.REQUEST_COLUMNS]
 
 
 def test_request_list(cli: Cli, zuul: ZuulClient) -> None:
@@ -79,7 +79,7 @@ def test_info(cli: Cli, launchers: LauncherFactory, zuul: ZuulClient,
     nodes_part, pools_part = result.out.split("Pools:\n")
     assert nodes_part.startswith("Nodes:\n")
     assert parse_table(nodes_part) == [[node_id, f"main-{node_id}", "in-use", "large", "main"]]
-    pool_headers = [h for h, _ in status.POOL_COLUMNS]
+    pool_headers = [h for h, _ in listing.POOL_COLUMNS]
     pools = [dict(zip(pool_headers, r)) for r in parse_table(pools_part)]
     worker = next(iter(launcher.pool_workers.values()))
     assert pools == [{"Pool": "main", "Pool ID": worker.id, "Hostname": pools[0]["Hostname"],

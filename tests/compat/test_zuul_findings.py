@@ -23,9 +23,9 @@ import uuid
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s.model import Node
+from nodepool_k8s.core.model import Node
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory
 

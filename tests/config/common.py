@@ -12,7 +12,7 @@ import yaml
 from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.config.model import Config
 from nodepool_k8s.config.schema import format_path
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.core.errors import ConfigError
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[2]

@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 
 from nodepool_k8s.config.model import Config
 from nodepool_k8s.driver.kubernetes import guards, manifests
-from nodepool_k8s.exceptions import ConfigError
-from nodepool_k8s.simulator import admission, validation
-from nodepool_k8s.simulator.resources import by_plural
+from nodepool_k8s.core.errors import ConfigError
+from nodepool_k8s.dev.simulator import admission, validation
+from nodepool_k8s.dev.simulator.resources import by_plural
 from tests.kubernetes.factories import make_spec
 from tests.config.common import assert_problem, at, base, load, prefix, warnings
 

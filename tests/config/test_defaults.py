@@ -13,8 +13,8 @@ from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.config.model import (
     Config, LabelConfig, PoolConfig, PoolLabel, ProviderConfig, WebappConfig, ZkServer,
 )
-from nodepool_k8s.exceptions import ConfigError
-from nodepool_k8s.model import Resources
+from nodepool_k8s.core.errors import ConfigError
+from nodepool_k8s.core.model import Resources
 from tests.config.common import SAMPLE, at, base, load
 
 

@@ -12,7 +12,7 @@ from nodepool_k8s.config.loader import (
     config_fingerprint, load_config, load_config_text, mark,
 )
 from nodepool_k8s.config.model import ZkServer
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.core.errors import ConfigError
 from tests.config.common import FIXTURES, base, dump
 
 ENV = {"NODEPOOL_ZK_HOST": "zk.example.com", "NODEPOOL_ZK_PORT": "2182",

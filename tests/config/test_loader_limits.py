@@ -22,7 +22,7 @@ import pytest
 from nodepool_k8s.cmd.nodepoolcmd import main
 from nodepool_k8s.config import loader
 from nodepool_k8s.config.loader import load_config, load_config_text
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.core.errors import ConfigError
 from tests.config.common import FIXTURES
 
 MINIMAL = (FIXTURES / "minimal.yaml").read_text()

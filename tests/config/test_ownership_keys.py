@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nodepool_k8s.config import schema as S
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.core.errors import ConfigError
 from tests.config.common import at, base, load, where
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.config.model import ZkAcl, ZkAuth, ZkGrant
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.core.errors import ConfigError
 
 MAIN = "zookeeper-servers:\n  - host: zk\n"
 AUTH = "zookeeper-auth:\n  username: nodepool\n  password: s3cret\n"

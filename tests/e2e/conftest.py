@@ -14,7 +14,7 @@ from typing import Iterator
 
 import pytest
 
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from tests.e2e.util import KubeEventLog, NamespaceLog
 
 

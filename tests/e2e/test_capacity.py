@@ -22,12 +22,12 @@ import pytest
 from kubernetes import client as k8s
 
 from nodepool_k8s.cmd.nodepoolcmd import main
-from nodepool_k8s.simulator import Simulator, SimulatorConfig
-from nodepool_k8s.simulator.config import DEFAULT_NODE
-from nodepool_k8s.launcher.status_source import LauncherStatus
-from nodepool_k8s.stats import RecordingBackend, Stats
-from nodepool_k8s.webapp import WebApp
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.dev.simulator.config import DEFAULT_NODE
+from nodepool_k8s.launcher.reporting.status_source import LauncherStatus
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
+from nodepool_k8s.web.app import WebApp
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.e2e.test_pool_status import condition, get
 from tests.e2e.util import NamespaceLog, admin_api
 from tests.helpers import ZkConnection, wait_for

@@ -35,9 +35,9 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.simulator import Simulator
-from nodepool_k8s.stats import RecordingBackend, Stats
-from nodepool_k8s.testing.zuul_client import ZuulClient, ZuulError
+from nodepool_k8s.dev.simulator import Simulator
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient, ZuulError
 from nodepool_k8s.zk import paths
 from tests.e2e.util import leftovers
 from tests.helpers import ZkConnection, wait_for

@@ -27,8 +27,8 @@ from kazoo.client import KazooClient
 from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.launcher.service import LauncherService
-from nodepool_k8s.simulator import Simulator, SimulatorConfig
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.e2e.util import wait_cluster_empty
 from tests.helpers import ZkConnection, wait_for

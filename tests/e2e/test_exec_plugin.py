@@ -19,8 +19,8 @@ import pytest
 import yaml
 
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.simulator import Simulator
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.simulator import Simulator
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.credentials import ExecPlugin
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory, make_config

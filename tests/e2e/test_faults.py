@@ -26,9 +26,9 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import events as zk_events
 from tests.e2e.util import (KubeEventLog, NamespaceLog, admin_api, leftovers, our_namespaces,
                             provider_factory, wait_cluster_empty)

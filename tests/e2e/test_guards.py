@@ -29,9 +29,9 @@ from kubernetes.client.exceptions import ApiException
 from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.config.model import PoolLabel
 from nodepool_k8s.driver.kubernetes import guards, manifests
-from nodepool_k8s.simulator import Simulator
-from nodepool_k8s.simulator.resources import RESOURCES, by_plural
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.simulator import Simulator
+from nodepool_k8s.dev.simulator.resources import RESOURCES, by_plural
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.e2e.util import node_api
 from tests.helpers import in_use, wait_for
 from tests.launchers import LauncherFactory

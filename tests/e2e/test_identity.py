@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from nodepool_k8s.zk.identity import INSTALLATION_ID_PATH
 from tests.e2e.util import PROCESS_CONFIG, PROCESS_ENV, admin_api
 from tests.launcher.util import Processes

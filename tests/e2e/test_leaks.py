@@ -13,10 +13,10 @@ import time
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.simulator import Simulator
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.simulator import Simulator
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.e2e.util import (LEAK_CONFIG, LEAK_GRACE, SWEEP_INTERVAL, admin_api, our_namespaces,
                             remove_node)
 from tests.helpers import wait_for

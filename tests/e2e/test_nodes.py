@@ -27,9 +27,9 @@ from kubernetes.client.exceptions import ApiException
 
 from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.e2e.util import assert_subset, leftovers, node_api, zuul_kubeconfig
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory

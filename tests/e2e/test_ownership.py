@@ -21,13 +21,13 @@ from typing import Any, Iterable
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.model import Node
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.core.model import Node
+from nodepool_k8s.dev.simulator import Simulator
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.e2e.util import LEAK_CONFIG, LEAK_GRACE, SWEEP_INTERVAL, admin_api
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory

@@ -24,12 +24,12 @@ import pytest
 
 from nodepool_k8s.cmd.nodepoolcmd import main
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.launcher.status_source import LauncherStatus
-from nodepool_k8s.simulator import Simulator
-from nodepool_k8s.stats import RecordingBackend, Stats
-from nodepool_k8s.webapp import WebApp
+from nodepool_k8s.launcher.reporting.status_source import LauncherStatus
+from nodepool_k8s.dev.simulator import Simulator
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
+from nodepool_k8s.web.app import WebApp
 from nodepool_k8s.zk.pool_status import POOL_STATUS, read_all
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.e2e.util import NamespaceLog
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory, make_config

@@ -16,9 +16,9 @@ from typing import Callable
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.e2e.util import PROCESS_CONFIG, PROCESS_ENV, our_namespaces, wait_cluster_empty
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.util import Processes

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s import conditions as cond
+from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.simulator import Simulator
-from nodepool_k8s.stats import PROM_DELETE_STUCK
-from nodepool_k8s.testing.zuul_client import NodeSet, ZuulClient
+from nodepool_k8s.dev.simulator import Simulator
+from nodepool_k8s.runtime.stats import PROM_DELETE_STUCK
+from nodepool_k8s.dev.testing.zuul_client import NodeSet, ZuulClient
 from nodepool_k8s.zk import events as zk_events
 from tests.e2e.test_ownership import record_stores
 from tests.e2e.util import admin_api, node_api, ns_config, remove_node

@@ -19,11 +19,11 @@ from kazoo.exceptions import NotEmptyError
 from kubernetes import client as k8s
 from kubernetes import watch as k8s_watch
 
-from nodepool_k8s.clock import Clock
+from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
 

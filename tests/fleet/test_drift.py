@@ -16,14 +16,14 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s import model
+from nodepool_k8s.core import model
 from nodepool_k8s.config.fingerprint import config_hashes, drifted, label_hash
 from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.config.model import DriftBudget
 from nodepool_k8s.driver.fake import FakeProvider
-from nodepool_k8s.exceptions import TemporaryError
-from nodepool_k8s.launcher import drift
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.core.errors import TemporaryError
+from nodepool_k8s.launcher.upkeep import drift
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import ZkConnection, replaced, wait_for
 from tests.launcher.test_min_ready import settle

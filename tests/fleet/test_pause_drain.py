@@ -17,7 +17,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.cli.conftest import Cli
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.util import Processes

@@ -1,6 +1,6 @@
 """Fixtures for driver tests: a simulated cluster per test and providers connected to it.
 
-The official client always talks HTTPS to the simulator (nodepool_k8s.simulator); nothing
+The official client always talks HTTPS to the simulator (nodepool_k8s.dev.simulator); nothing
 of the client is mocked. Providers get the kubeconfig path explicitly, so tests never
 depend on the process environment.
 """
@@ -11,10 +11,10 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
-from nodepool_k8s.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
 from tests.helpers import wait_for
 from tests.kubernetes.factories import make_provider
 

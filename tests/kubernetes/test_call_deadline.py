@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client as k8s
 
 from nodepool_k8s.driver.kubernetes.client import KubeClient, RetryPolicy
-from nodepool_k8s.exceptions import TemporaryError
+from nodepool_k8s.core.errors import TemporaryError
 
 BODY = b'{"kind":"Namespace","metadata":{"name":"x"}}'
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from nodepool_k8s.driver.kubernetes import clearing, manifests
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from tests.e2e.util import admin_api
 from tests.kubernetes.conftest import ProviderFactory
 

@@ -40,14 +40,14 @@ import kubernetes
 import pytest
 from kubernetes import client as k8s
 
-from nodepool_k8s import exceptions
-from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.core import errors as exceptions
+from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.credentials import (ReloadPolicy, credential_problem,
                                                         trust_change)
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
-from nodepool_k8s.exceptions import LaunchError, TemporaryError
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.core.errors import LaunchError, TemporaryError
+from nodepool_k8s.dev.simulator import Simulator
 from tests.credentials import ExecPlugin
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory

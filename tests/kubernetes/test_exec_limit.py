@@ -17,8 +17,8 @@ from typing import Any, Callable
 
 import pytest
 
-from nodepool_k8s import exceptions
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.core import errors
+from nodepool_k8s.dev.simulator import Simulator
 from tests.credentials import ExecPlugin
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import ProviderFactory
@@ -84,7 +84,7 @@ def test_hanging_plugin_is_killed_and_only_its_provider_waits(
         assert served.result.external_id == "main-0000000002"
 
         refused.wait("the launch whose plugin hangs")
-        assert isinstance(refused.error, exceptions.ProviderUnavailable), refused.error
+        assert isinstance(refused.error, errors.ProviderUnavailable), refused.error
         assert refused.error.reason == "Unauthorized"
         assert any("did not finish within 1s" in r.getMessage() for r in caplog.records)
         pids = plugin.hanging_pids

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from nodepool_k8s.cancel import CancelEvent
-from nodepool_k8s.clock import ManualClock
-from nodepool_k8s.conditions import LAUNCHED, Condition
-from nodepool_k8s.exceptions import LaunchCancelled, LaunchError, QuotaExceeded, TemporaryError
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.runtime.cancel import CancelEvent
+from nodepool_k8s.runtime.clock import ManualClock
+from nodepool_k8s.core.conditions import LAUNCHED, Condition
+from nodepool_k8s.core.errors import LaunchCancelled, LaunchError, QuotaExceeded, TemporaryError
+from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory
 from tests.kubernetes.factories import make_label, make_spec

@@ -21,12 +21,11 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
-from nodepool_k8s.exceptions import (DeletionUnderway, NotOwned, QuotaExceeded,
-                                     TemporaryError)
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.core.errors import DeletionUnderway, NotOwned, QuotaExceeded, TemporaryError
+from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory
 from tests.kubernetes.factories import make_label, make_spec

@@ -22,8 +22,8 @@ from kubernetes.client.exceptions import ApiException
 
 from nodepool_k8s.driver.kubernetes.errors import Conflict
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
-from nodepool_k8s.exceptions import LaunchError, NotOwned
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.core.errors import LaunchError, NotOwned
+from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import ProviderFactory
 from tests.kubernetes.factories import make_label, make_spec

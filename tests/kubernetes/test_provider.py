@@ -19,12 +19,12 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
-from nodepool_k8s.conditions import INITIALIZED, LAUNCHED, REGISTERED, TRUE, Condition
+from nodepool_k8s.core.conditions import INITIALIZED, LAUNCHED, REGISTERED, TRUE, Condition
 from nodepool_k8s.driver.base import RequestInfo
 from nodepool_k8s.driver.kubernetes import guards, manifests
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
-from nodepool_k8s.exceptions import TemporaryError
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.core.errors import TemporaryError
+from nodepool_k8s.dev.simulator import Simulator
 from tests.e2e.util import node_api
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import ProviderFactory

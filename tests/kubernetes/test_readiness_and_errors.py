@@ -11,12 +11,12 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from nodepool_k8s.clock import ManualClock
+from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.driver.kubernetes import errors
 from nodepool_k8s.driver.kubernetes.client import RetryPolicy
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
-from nodepool_k8s.exceptions import (LaunchError, NotFound, PermanentError, QuotaExceeded,
-                                     TemporaryError)
+from nodepool_k8s.core.errors import (LaunchError, NotFound, PermanentError, QuotaExceeded,
+                                      TemporaryError)
 
 
 # -- token -------------------------------------------------------------------------------------

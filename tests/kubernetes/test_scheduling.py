@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from nodepool_k8s.clock import ManualClock
-from nodepool_k8s.exceptions import LaunchError
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.runtime.clock import ManualClock
+from nodepool_k8s.core.errors import LaunchError
+from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import ProviderFactory
 from tests.kubernetes.factories import make_label, make_spec

@@ -15,14 +15,14 @@ from typing import Any, Iterator
 
 import pytest
 
-from nodepool_k8s.cancel import CancelEvent
-from nodepool_k8s.clock import SYSTEM_CLOCK, ManualClock
+from nodepool_k8s.runtime.cancel import CancelEvent
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, ManualClock
 from nodepool_k8s.driver.kubernetes import client as kclient
 from nodepool_k8s.driver.kubernetes import waiter
 from nodepool_k8s.driver.kubernetes.errors import Gone
 from nodepool_k8s.driver.kubernetes import slim
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch, iter_events, wait_namespace_deleted
-from nodepool_k8s.exceptions import LaunchCancelled, LaunchError, NotFound, TemporaryError
+from nodepool_k8s.core.errors import LaunchCancelled, LaunchError, NotFound, TemporaryError
 from tests.helpers import wait_for
 
 

@@ -34,14 +34,14 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from nodepool_k8s.clock import SYSTEM_CLOCK, ManualClock
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, ManualClock
 from nodepool_k8s.config.schema import OBJECT_QUOTA
 from nodepool_k8s.driver.kubernetes import manifests, slim
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch
-from nodepool_k8s.exceptions import LaunchError
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.core.errors import LaunchError
+from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory
 from tests.kubernetes.factories import make_label, make_provider, make_spec
@@ -75,7 +75,7 @@ def sim_process(tmp_path: Path) -> Iterator[Path]:
     kubeconfig, ready = tmp_path / "sim-kubeconfig", tmp_path / "sim-ready"
     with open(tmp_path / "sim.log", "wb") as output:
         process = subprocess.Popen(
-            [sys.executable, "-m", "nodepool_k8s.simulator", "--kubeconfig", str(kubeconfig),
+            [sys.executable, "-m", "nodepool_k8s.dev.simulator", "--kubeconfig", str(kubeconfig),
              "--ready-file", str(ready), "--enforce-rbac", "--watch-history", "20000"],
             stdout=output, stderr=subprocess.STDOUT)
     try:

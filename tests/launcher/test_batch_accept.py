@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory, small_pool

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 
 from nodepool_k8s.driver.base import LaunchSpec
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.launchers import LauncherFactory
 
 

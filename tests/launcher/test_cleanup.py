@@ -17,12 +17,12 @@ import time
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s import model
-from nodepool_k8s.clock import ManualClock
-from nodepool_k8s.exceptions import LaunchError, TemporaryError
+from nodepool_k8s.core import model
+from nodepool_k8s.runtime.clock import ManualClock
+from nodepool_k8s.core.errors import LaunchError, TemporaryError
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 from tests.sessions import expire_session
@@ -293,8 +293,8 @@ def test_retry_of_a_vanished_node_is_forgotten(launchers: LauncherFactory, zuul:
 
 
 def test_cleanup_never_returns_a_past_deadline(launchers: LauncherFactory) -> None:
-    from nodepool_k8s.launcher.cleanup import MIN_PASS_GAP
-    from nodepool_k8s.launcher.deleter import Retry
+    from nodepool_k8s.launcher.upkeep.cleanup import MIN_PASS_GAP
+    from nodepool_k8s.launcher.upkeep.deleter import Retry
     clock = ManualClock(start=time.time())
     launcher = launchers(body(), clock=clock)
     launcher.cleanup.stop()

@@ -27,12 +27,12 @@ from typing import Any, Callable
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s.clock import ManualClock
-from nodepool_k8s.exceptions import LaunchError, QuotaExceeded, TemporaryError
-from nodepool_k8s.launcher import drift
+from nodepool_k8s.runtime.clock import ManualClock
+from nodepool_k8s.core.errors import LaunchError, QuotaExceeded, TemporaryError
+from nodepool_k8s.launcher.upkeep import drift
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.launcher.worker import Worker
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
 from tests.launcher.test_cleanup import body, fulfilled, hold, idle_node

@@ -8,10 +8,10 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s import model
+from nodepool_k8s.core import model
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory, make_config
 

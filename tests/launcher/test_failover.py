@@ -19,10 +19,10 @@ from kazoo.exceptions import KazooException
 
 from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.stats import RecordingBackend, Stats
-from nodepool_k8s.testing.zookeeper import ZooKeeperEnsemble
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
+from nodepool_k8s.dev.testing.zookeeper import ZooKeeperEnsemble
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import TEST_SETTINGS
 

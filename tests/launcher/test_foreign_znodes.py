@@ -14,9 +14,9 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl
 
-from nodepool_k8s import records
+from nodepool_k8s.core import records
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
 from tests.launchers import BASIC, LauncherFactory

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import events, paths, pool_state, pool_status
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.test_malformed import CONFIG

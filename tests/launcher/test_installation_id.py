@@ -23,9 +23,9 @@ from kazoo.security import OPEN_ACL_UNSAFE
 
 from nodepool_k8s.cmd import common
 from nodepool_k8s.config.loader import load_config_text
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.core.errors import ConfigError
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.stats import RecordingBackend, Stats
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.identity import INSTALLATION_ID_PATH, InstallationIdError
 from tests.helpers import ZkConnection

@@ -18,9 +18,9 @@ import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.driver.base import LaunchSpec
-from nodepool_k8s.launcher.launch import LaunchOutcome, LaunchPool, READY
+from nodepool_k8s.launcher.requests.launch import LaunchOutcome, LaunchPool, READY
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory, small_pool
 

@@ -12,11 +12,11 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 from kazoo.recipe.lock import Lock
 
-from nodepool_k8s import model
+from nodepool_k8s.core import model
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.launcher.min_ready import MinReadyWorker
+from nodepool_k8s.launcher.requests.min_ready import MinReadyWorker
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 from tests.launcher.util import NodeCounter

@@ -15,8 +15,8 @@ import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.driver.base import LaunchSpec
-from nodepool_k8s.model import Node
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.core.model import Node
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.nodes import NodeStore, PendingLock
 from tests.launchers import LauncherFactory

@@ -8,9 +8,9 @@ publishes its status, with the values of the published record.
 
 from __future__ import annotations
 
-from nodepool_k8s import stats
-from nodepool_k8s.stats import RecordingBackend, Stats
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.runtime import stats
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 

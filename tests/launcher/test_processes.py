@@ -17,7 +17,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.util import NodeCounter, Processes
 

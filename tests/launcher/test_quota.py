@@ -9,8 +9,8 @@ import threading
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s.exceptions import QuotaExceeded
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.core.errors import QuotaExceeded
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import replaced, wait_for
 from tests.launchers import LauncherFactory
 from tests.launcher.util import NodeCounter

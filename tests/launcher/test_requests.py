@@ -15,7 +15,7 @@ import threading
 from kazoo.client import KazooClient
 
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
 from tests.helpers import replaced, wait_for
 from tests.launchers import LauncherFactory
 

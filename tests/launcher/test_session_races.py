@@ -19,12 +19,12 @@ from typing import Callable
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s.clock import Clock
+from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s.driver.fake import FakeProvider
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.model import Resources
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.core.model import Resources
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.client import ConnectionState
 from tests.helpers import ZkConnection, wait_for

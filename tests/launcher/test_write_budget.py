@@ -12,9 +12,9 @@ import re
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s.testing.zookeeper import four_letter
+from nodepool_k8s.dev.testing.zookeeper import four_letter
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory
 

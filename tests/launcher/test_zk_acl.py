@@ -21,9 +21,9 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_ac
 from nodepool_k8s.cmd.nodepoolcmd import main as nodepool_main
 from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.stats import RecordingBackend, Stats
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launcher.util import Processes
 from tests.launchers import TEST_SETTINGS

@@ -14,7 +14,7 @@ from typing import Callable, Mapping
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import ZkConnection
 

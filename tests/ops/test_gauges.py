@@ -24,11 +24,12 @@ from typing import Any
 
 import pytest
 
-from nodepool_k8s import model, sdnotify, stats
+from nodepool_k8s.core import model
+from nodepool_k8s.runtime import sdnotify, stats
 from nodepool_k8s.config.loader import load_config_text
-from nodepool_k8s.launcher import gauges
-from nodepool_k8s.launcher.gauges import GaugeReporter, config_gauges, global_gauges
-from nodepool_k8s.model import NodeRequest
+from nodepool_k8s.launcher.reporting import gauges
+from nodepool_k8s.launcher.reporting.gauges import GaugeReporter, config_gauges, global_gauges
+from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.zk.cache import Component
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory

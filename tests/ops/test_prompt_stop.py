@@ -16,10 +16,10 @@ from typing import Iterator
 
 import pytest
 
-from nodepool_k8s.simulator import Simulator, SimulatorConfig
-from nodepool_k8s.testing.zookeeper import ZooKeeperServer
+from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.ops.conftest import LauncherProcess, LauncherProcesses
 

@@ -23,7 +23,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.ops.conftest import (BASE, LAUNCHER, STOP_SIGNALS, LauncherProcesses,
                                 NotifySocket, config_text)

@@ -18,11 +18,11 @@ import signal
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s import model
-from nodepool_k8s.launcher.gauges import MIN_INTERVAL
-from nodepool_k8s.stats import RecordingBackend, Stats
+from nodepool_k8s.core import model
+from nodepool_k8s.launcher.reporting.gauges import MIN_INTERVAL
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
 from nodepool_k8s.zk import paths
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory
 from tests.ops.conftest import BASE, LauncherProcesses, StatsdListener

@@ -21,10 +21,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from nodepool_k8s.launcher.status_source import LauncherStatus
-from nodepool_k8s.stats import RecordingBackend, Stats
-from nodepool_k8s.webapp import Answer, WebApp
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.launcher.reporting.status_source import LauncherStatus
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
+from nodepool_k8s.web.app import Answer, WebApp
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 from tests.unit.test_status_web import Source

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.launcher.service import LauncherService
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import TEST_SETTINGS
 from tests.ops.conftest import BASE, config_text, free_port

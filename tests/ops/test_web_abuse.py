@@ -29,13 +29,13 @@ from typing import Any, Iterator
 
 import pytest
 
-from nodepool_k8s import webapp
+from nodepool_k8s.web import app
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.launcher.status_source import LauncherStatus
-from nodepool_k8s.stats import RecordingBackend, Stats
-from nodepool_k8s.testing.zookeeper import ZooKeeperServer
-from nodepool_k8s.testing.zuul_client import ZuulClient
-from nodepool_k8s.webapp import WebApp, WebSettings
+from nodepool_k8s.launcher.reporting.status_source import LauncherStatus
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
+from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
+from nodepool_k8s.web.app import WebApp, WebSettings
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import BASIC, TEST_SETTINGS, LauncherFactory, make_config
 
@@ -138,7 +138,7 @@ def test_events_and_metrics_floods_read_zookeeper_once_per_refresh(
         assert set(codes) == {200}
         elapsed = time.monotonic() - started
         # At most one reading per refresh interval (plus the one under way at each end).
-        bound = elapsed / webapp.CACHE_SECONDS + 2
+        bound = elapsed / app.CACHE_SECONDS + 2
         assert source.event_reads - events <= bound, (source.event_reads - events, elapsed)
         assert source.node_reads - nodes <= bound, (source.node_reads - nodes, elapsed)
     finally:
@@ -168,7 +168,7 @@ def test_zookeeper_stall_leaves_every_endpoint_answering(
         # Once the snapshots are older than the refresh interval, every request asks for a
         # new reading that ZooKeeper does not answer.
         taken = time.monotonic()
-        wait_for(lambda: time.monotonic() - taken > webapp.CACHE_SECONDS, 5,
+        wait_for(lambda: time.monotonic() - taken > app.CACHE_SECONDS, 5,
                  message="the snapshot to age")
         for path in paths + ["/ready", "/"]:
             for accept in ("application/json", None):
@@ -182,13 +182,13 @@ def test_zookeeper_stall_leaves_every_endpoint_answering(
                 elif path == "/events":  # read from ZooKeeper itself: it cannot be fresh
                     assert code == 503 or "X-Status-Stale" in headers, (path, code, headers)
                     if code == 200:
-                        assert float(headers["X-Status-Age"]) >= webapp.CACHE_SECONDS
+                        assert float(headers["X-Status-Age"]) >= app.CACHE_SECONDS
                 else:
                     # From the launcher's caches: unchanged nodes are not read again, so a
                     # reading may finish without ZooKeeper; if it needs it, stale or 503.
                     assert code in (200, 503), (path, code, headers)
                     if "X-Status-Stale" in headers:
-                        assert float(headers["X-Status-Age"]) >= webapp.CACHE_SECONDS
+                        assert float(headers["X-Status-Age"]) >= app.CACHE_SECONDS
         code, _, body = get(web, "/metrics")
         assert code == 503 or "nodepool_status_age_seconds" in body
     finally:

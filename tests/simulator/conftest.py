@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import pytest
 from kubernetes import client, config
 
-from nodepool_k8s.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
 
 
 @dataclass

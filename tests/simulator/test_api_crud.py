@@ -8,7 +8,7 @@ import json
 import pytest
 from kubernetes.client import ApiException
 
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.simulator.conftest import Kube, existing, pod_body, token_secret_body
 

@@ -9,9 +9,9 @@ import pytest
 import urllib3
 from kubernetes.client import ApiException
 
-from nodepool_k8s.simulator import Faults, Simulator
-from nodepool_k8s.simulator.api import Api
-from nodepool_k8s.simulator.faults import FaultInjector
+from nodepool_k8s.dev.simulator import Faults, Simulator
+from nodepool_k8s.dev.simulator.api import Api
+from nodepool_k8s.dev.simulator.faults import FaultInjector
 from tests.helpers import wait_for
 from tests.simulator.conftest import Kube, pod_body
 

@@ -10,7 +10,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client import ApiException
 
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.simulator.conftest import Kube, pod_body
 

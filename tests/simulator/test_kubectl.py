@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from nodepool_k8s.simulator import Simulator
+from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.simulator.conftest import existing
 

@@ -17,7 +17,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client import ApiException
 
-from nodepool_k8s.simulator import policy
+from nodepool_k8s.dev.simulator import policy
 from tests.simulator.conftest import Kube
 
 

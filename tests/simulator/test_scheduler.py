@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodepool_k8s.simulator import scheduler
+from nodepool_k8s.dev.simulator import scheduler
 from tests.helpers import wait_for
 
 

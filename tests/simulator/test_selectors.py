@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from kubernetes.client import ApiException
 
-from nodepool_k8s.simulator import errors
-from nodepool_k8s.simulator.resources import by_plural
-from nodepool_k8s.simulator.selectors import field_matcher, label_matcher
+from nodepool_k8s.dev.simulator import errors
+from nodepool_k8s.dev.simulator.resources import by_plural
+from nodepool_k8s.dev.simulator.selectors import field_matcher, label_matcher
 from tests.helpers import wait_for
 from tests.simulator.conftest import Kube, pod_body
 

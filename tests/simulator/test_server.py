@@ -19,7 +19,7 @@ import pytest
 import yaml
 from kubernetes.client import ApiException
 
-from nodepool_k8s.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
 from tests.helpers import wait_for
 from tests.simulator.conftest import Kube, connect
 
@@ -245,7 +245,7 @@ def test_server_survives_garbage(k8s_sim: Simulator, kube: Kube) -> None:
 def test_cli_runs_until_sigterm(tmp_path: Path) -> None:
     kubeconfig, ready = tmp_path / "kc.yaml", tmp_path / "ready"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "nodepool_k8s.simulator", "--kubeconfig", str(kubeconfig),
+        [sys.executable, "-m", "nodepool_k8s.dev.simulator", "--kubeconfig", str(kubeconfig),
          "--ready-file", str(ready), "--start-delay", "0", "--error-rate", "0"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"})

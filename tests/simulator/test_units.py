@@ -7,9 +7,9 @@ import threading
 
 import pytest
 
-from nodepool_k8s.simulator import errors, patch, protobuf
-from nodepool_k8s.simulator.timers import Scheduler
-from nodepool_k8s.simulator.validation import parse_quantity
+from nodepool_k8s.dev.simulator import errors, patch, protobuf
+from nodepool_k8s.dev.simulator.timers import Scheduler
+from nodepool_k8s.dev.simulator.validation import parse_quantity
 
 
 def test_merge_patch() -> None:

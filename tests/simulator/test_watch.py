@@ -14,8 +14,8 @@ import pytest
 from kubernetes import watch
 from kubernetes.client import ApiException
 
-from nodepool_k8s.simulator import Simulator
-from nodepool_k8s.simulator import watch as sim_watch
+from nodepool_k8s.dev.simulator import Simulator
+from nodepool_k8s.dev.simulator import watch as sim_watch
 from tests.helpers import wait_for
 from tests.simulator.conftest import Kube
 

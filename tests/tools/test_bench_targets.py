@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from nodepool_k8s.testing import bench
-from nodepool_k8s.testing.bench import Sample
+from nodepool_k8s.dev.testing import bench
+from nodepool_k8s.dev.testing.bench import Sample
 
 SIDE = "tools/compat/burst_side_by_side.py"
 

@@ -27,7 +27,7 @@ BURST_KEYS = {"size", "submit_span_ms", "created_span_ms", "duration_ms", "p50_o
 
 
 def test_quick_json(tmp_path: Path) -> None:
-    done = run_module("nodepool_k8s.testing.bench", "--quick", "--json", tmp=tmp_path,
+    done = run_module("nodepool_k8s.dev.testing.bench", "--quick", "--json", tmp=tmp_path,
                       timeout=150)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(done.stdout)
@@ -85,7 +85,7 @@ def test_soak_smoke(tmp_path: Path) -> None:
     the slope after the warm-up judged against the target, and with `--soak-tracemalloc`
     the launcher's own allocation reports (whether memory stays flat is recorded in
     doc/benchmark.md, not asserted here)."""
-    done = run_module("nodepool_k8s.testing.bench", "--soak", "3", "--soak-requests", "5",
+    done = run_module("nodepool_k8s.dev.testing.bench", "--soak", "3", "--soak-requests", "5",
                       "--soak-warmup", "5", "--soak-tracemalloc", "2",
                       "--error-rate", "0.05", "--json", tmp=tmp_path, timeout=200)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

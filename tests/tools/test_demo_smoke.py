@@ -1,4 +1,4 @@
-"""The demo (`bash tools/demo.sh` runs `python -m nodepool_k8s.testing.demo`).
+"""The demo (`bash tools/demo.sh` runs `python -m nodepool_k8s.dev.testing.demo`).
 
 Aspects: it runs to the end on the local stack (real ZooKeeper, simulator, launcher
 process), exits 0 and reports the fulfilled requests and the namespaces created and
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
-    done = run_module("nodepool_k8s.testing.demo", "--timeout", "90", tmp=tmp_path)
+    done = run_module("nodepool_k8s.dev.testing.demo", "--timeout", "90", tmp=tmp_path)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "3 requests fulfilled, 5 namespaces created and removed" in done.stdout
     assert "nodepool-launcher stopped cleanly" in done.stdout
@@ -34,7 +34,7 @@ def test_demo_runs_and_cleans_up(tmp_path: Path) -> None:
 
 def test_demo_interrupted(tmp_path: Path) -> None:
     env = dict(os.environ, TMPDIR=str(tmp_path))
-    proc = subprocess.Popen([sys.executable, "-m", "nodepool_k8s.testing.demo"], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "nodepool_k8s.dev.testing.demo"], cwd=REPO,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, stdin=subprocess.DEVNULL)
     assert proc.stdout is not None

@@ -1,4 +1,4 @@
-"""The local stack (`nodepool_k8s.testing.stack`) and the simulator's counters endpoint.
+"""The local stack (`nodepool_k8s.dev.testing.stack`) and the simulator's counters endpoint.
 
 Aspects: the simulator in its own process answers `/debug/counters` to the admin (not
 counted itself, no faults) and refuses other methods; `Stack.stop()` stops every child and
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from nodepool_k8s.testing.stack import Stack, StackError
+from nodepool_k8s.dev.testing.stack import Stack, StackError
 from tests.tools.conftest import REPO
 
 
@@ -63,8 +63,8 @@ def test_stop_after_a_launcher_died(tmp_path: Path) -> None:
 
 
 def test_tool_scripts() -> None:
-    for name, module in (("demo.sh", "nodepool_k8s.testing.demo"),
-                         ("benchmark", "nodepool_k8s.testing.bench")):
+    for name, module in (("demo.sh", "nodepool_k8s.dev.testing.demo"),
+                         ("benchmark", "nodepool_k8s.dev.testing.bench")):
         path = REPO / "tools" / name
         assert os.access(path, os.X_OK), path
         text = path.read_text()

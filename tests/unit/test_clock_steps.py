@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import pytest
 
-from nodepool_k8s.clock import ManualClock, StampAges, wall_deadline
+from nodepool_k8s.runtime.clock import ManualClock, StampAges, wall_deadline
 from nodepool_k8s.launcher import breaker
 from nodepool_k8s.launcher import worker as worker_module
 from nodepool_k8s.launcher.worker import Worker

@@ -7,12 +7,12 @@ from typing import Any
 
 import pytest
 
-from nodepool_k8s import conditions as cond
-from nodepool_k8s import status
+from nodepool_k8s.core import conditions as cond
+from nodepool_k8s.views import listing
 from nodepool_k8s.config import quantity
 from nodepool_k8s.config.loader import load_config_text
 from nodepool_k8s.launcher import lifecycle, plan
-from nodepool_k8s.model import Node
+from nodepool_k8s.core.model import Node
 
 
 def test_transition_time_moves_only_with_the_status() -> None:
@@ -61,8 +61,8 @@ def test_node_accessors_keep_conditions_in_an_extra_key() -> None:
     node.set_condition(cond.Condition(cond.READY, cond.TRUE, "HandedToZuul", "", 4.0))
     data = node.to_dict()
     assert [c["type"] for c in data["conditions"]] == ["Launched", "Ready"]
-    assert status.failure_reason(data["conditions"]) == "Forbidden"
-    assert status.failure_reason(None) is None
+    assert listing.failure_reason(data["conditions"]) == "Forbidden"
+    assert listing.failure_reason(None) is None
 
 
 @pytest.mark.parametrize("message,code", [

@@ -9,14 +9,14 @@ import threading
 
 import pytest
 
-from nodepool_k8s import stats
-from nodepool_k8s.conditions import INITIALIZED, LAUNCHED, REGISTERED, TRUE, Condition
+from nodepool_k8s.runtime import stats
+from nodepool_k8s.core.conditions import INITIALIZED, LAUNCHED, REGISTERED, TRUE, Condition
 from nodepool_k8s.cmd import launcher as launcher_cmd
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver import registry
 from nodepool_k8s.driver.base import LaunchSpec, RequestInfo
 from nodepool_k8s.driver.fake import FakeProvider
-from nodepool_k8s.exceptions import ConfigError, LaunchError, TemporaryError
+from nodepool_k8s.core.errors import ConfigError, LaunchError, TemporaryError
 from nodepool_k8s.launcher.settings import EngineSettings
 
 
@@ -172,7 +172,7 @@ def test_launcher_command_rejects_bad_config(tmp_path: object,
 def test_stats_keys_are_sanitised() -> None:
     """Names from configuration and from requestors cannot break the statsd line protocol
     (`name:value|type`, one per line) or add key levels through `:`/`|`/newlines."""
-    from nodepool_k8s import stats as st
+    from nodepool_k8s.runtime import stats as st
     keys = st.launch_keys("prov|x\nnodepool.evil:1|c", "zuul\n|c:5", "ready")
     keys += [st.label_nodes_key("lab|el\n", "ready"), st.provider_nodes_key("p:x", "used"),
              st.addressable_requests_key("p\r", "po|ol"), st.tenant_limit_key("t.x\n", "ram"),

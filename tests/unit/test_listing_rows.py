@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from nodepool_k8s import model, status
+from nodepool_k8s.core import model
+from nodepool_k8s.views import listing
 from nodepool_k8s.zk import nodes as node_codec
 
 NOW = 1_700_000_000.0
@@ -38,11 +39,11 @@ RECORDS = [
 def test_rows_of_decoded_records(record: dict, locked: bool) -> None:
     node = node_codec.parse("0000000001", json.dumps(record).encode())
     assert node is not None
-    row = status.node_row(status.NodeView(node, locked), NOW)
+    row = listing.node_row(listing.NodeView(node, locked), NOW)
     assert row["id"] == "0000000001" and row["state"] == record["state"]
     assert row["locked"] == ("locked" if locked else "unlocked")
     port = row["connection_port"]
-    assert port is None or isinstance(port, int) or port == status.REDACTED
+    assert port is None or isinstance(port, int) or port == listing.REDACTED
     assert "secret" not in json.dumps(row)
     types = record.get("type")
     assert row["label"] == ([types] if isinstance(types, str) else list(types or []))
@@ -100,7 +101,7 @@ def test_cache_summary_is_the_same_record_type_kept_small() -> None:
 
 def test_render_table_layout() -> None:
     rows = [{"a": "x", "b": None}, {"a": "longer", "b": ["p", "q"]}]
-    text = status.render_table(rows, (("A", "a"), ("Bee", "b")))
+    text = listing.render_table(rows, (("A", "a"), ("Bee", "b")))
     assert text.splitlines() == [
         "+--------+-----+",
         "| A      | Bee |",
@@ -109,7 +110,7 @@ def test_render_table_layout() -> None:
         "| longer | p,q |",
         "+--------+-----+",
     ]
-    assert status.render_table([], (("A", "a"),)).splitlines() == [
+    assert listing.render_table([], (("A", "a"),)).splitlines() == [
         "+---+", "| A |", "+---+", "+---+"]
 
 
@@ -118,10 +119,10 @@ def test_one_long_cell_does_not_widen_every_row() -> None:
     2,000 made `nodepool list --detail` and the web app's text node list 96 MiB."""
     rows = [{"id": f"{i:010d}", "comment": "short"} for i in range(2000)]
     rows[7]["comment"] = "x" * 50_000
-    table = status.render_table(rows, [("ID", "id"), ("Comment", "comment")])
+    table = listing.render_table(rows, [("ID", "id"), ("Comment", "comment")])
     lines = table.splitlines()
     assert len(lines) == 2000 + 4
-    assert max(map(len, lines)) <= status.MAX_CELL + 20
-    assert ("x" * (status.MAX_CELL - 3) + "...") in lines[7 + 3]
+    assert max(map(len, lines)) <= listing.MAX_CELL + 20
+    assert ("x" * (listing.MAX_CELL - 3) + "...") in lines[7 + 3]
     # Cells that fit are untouched.
     assert "| 0000000000 | short " in lines[3]

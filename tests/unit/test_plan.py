@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from nodepool_k8s import model
+from nodepool_k8s.core import model
 from nodepool_k8s.config.model import (Config, LabelConfig, PoolConfig, PoolLabel,
                                        ProviderConfig, ZkServer)
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.plan import PoolInfo, Verdict
-from nodepool_k8s.model import Node, NodeRequest
+from nodepool_k8s.core.model import Node, NodeRequest
 
 NOW = 1_700_000_000.0
 

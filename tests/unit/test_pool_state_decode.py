@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from nodepool_k8s import records
+from nodepool_k8s.core import records
 from nodepool_k8s.zk import pool_state
 from nodepool_k8s.zk.pool_state import PoolState, decode
 

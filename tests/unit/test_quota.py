@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import math
 
-from nodepool_k8s import quota
+from nodepool_k8s.core import quota
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig, TenantLimit
-from nodepool_k8s.model import Resources
+from nodepool_k8s.core.model import Resources
 
 
 def pool(**kw: object) -> PoolConfig:

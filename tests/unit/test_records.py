@@ -1,4 +1,4 @@
-"""The strict record decoders (`nodepool_k8s.records` and every decoder built on it).
+"""The strict record decoders (`nodepool_k8s.core.records` and every decoder built on it).
 
 Aspects: each malformed kind (types, states, nesting, encoding, size, node-type count) is
 `Malformed` with a reason naming the key; records Zuul 14 and Nodepool 11 write decode and
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nodepool_k8s import records
-from nodepool_k8s.records import Malformed, MalformedLog
+from nodepool_k8s.core import records
+from nodepool_k8s.core.records import Malformed, MalformedLog
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import requests as request_codec

@@ -12,8 +12,8 @@ import logging
 
 import pytest
 
-from nodepool_k8s import stats
-from nodepool_k8s.exceptions import ConfigError
+from nodepool_k8s.runtime import stats
+from nodepool_k8s.core.errors import ConfigError
 
 
 @pytest.mark.parametrize("env, message", [
@@ -32,7 +32,7 @@ def test_values_that_can_never_work_are_config_errors(env: dict[str, str],
 
 def test_an_unresolvable_host_means_no_metrics_not_no_launcher(
         caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.ERROR, logger="nodepool_k8s.stats")
+    caplog.set_level(logging.ERROR, logger="nodepool_k8s.runtime.stats")
     facade = stats.from_env({"STATSD_HOST": "statsd.invalid", "STATSD_PORT": "8125"})
     assert isinstance(facade, stats.Stats)
     assert any("running without statsd metrics" in r.getMessage() for r in caplog.records)

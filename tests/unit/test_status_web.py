@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from nodepool_k8s import prometheus, status, webapp
-from nodepool_k8s.clock import ManualClock
-from nodepool_k8s.exceptions import TemporaryError
-from nodepool_k8s.model import Node, NodeRequest
-from nodepool_k8s.records import MalformedRecord
-from nodepool_k8s.webapp import WebApp
+from nodepool_k8s.views import prometheus, listing
+from nodepool_k8s.web import app as webapp
+from nodepool_k8s.runtime.clock import ManualClock
+from nodepool_k8s.core.errors import TemporaryError
+from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.core.records import MalformedRecord
+from nodepool_k8s.web.app import WebApp
 
 NOW = 1_700_000_000.0
 
@@ -40,8 +41,8 @@ def request(req_id: str = "200-0000000003", rel: int = 0) -> NodeRequest:
 
 class Source:
     def __init__(self) -> None:
-        self.nodes = [status.NodeView(k8s_node(), locked=True),
-                      status.NodeView(k8s_node("0000000002", "building"), locked=False)]
+        self.nodes = [listing.NodeView(k8s_node(), locked=True),
+                      listing.NodeView(k8s_node("0000000002", "building"), locked=False)]
         self.reqs = [request(), request("100-0000000009", rel=2)]
         self.is_ready = True
         self.fail = False
@@ -49,7 +50,7 @@ class Source:
         self.bad: list[MalformedRecord] = []
         self.reads = 0  # node_views calls: how often the web app read the source
 
-    def node_views(self) -> list[status.NodeView]:
+    def node_views(self) -> list[listing.NodeView]:
         self.reads += 1
         if self.fail:
             raise self.fail_with
@@ -72,12 +73,12 @@ class Source:
 
 
 def test_age_format():
-    assert status.age(NOW - 93784, NOW) == "01:02:03:04"
-    assert status.age(None, NOW) == ""
+    assert listing.age(NOW - 93784, NOW) == "01:02:03:04"
+    assert listing.age(None, NOW) == ""
 
 
 def test_node_row_redacts_token_and_keeps_nodepool_keys():
-    row = status.node_row(status.NodeView(k8s_node(), True), NOW)
+    row = listing.node_row(listing.NodeView(k8s_node(), True), NOW)
     assert row["connection_port"] == "redacted"
     assert "s3cr3t" not in json.dumps(row)
     for key in ("id", "provider", "label", "server_id", "public_ipv4", "ipv6", "state", "age",
@@ -89,17 +90,17 @@ def test_node_row_redacts_token_and_keeps_nodepool_keys():
 
 
 def test_render_table_and_field_selection():
-    rows = status.node_list(Source().nodes, NOW)
-    text = status.render_table(rows, status.NODE_COLUMNS)
+    rows = listing.node_list(Source().nodes, NOW)
+    text = listing.render_table(rows, listing.NODE_COLUMNS)
     lines = text.splitlines()
     assert lines[1].startswith("| ID ") and "Locked" in lines[1]
     assert "0000000001" in text and "pod-fedora" in text
-    cols = status.select_columns(status.NODE_DETAIL_COLUMNS, ["id", "Allocated To"])
+    cols = listing.select_columns(listing.NODE_DETAIL_COLUMNS, ["id", "Allocated To"])
     assert [h for h, _ in cols] == ["ID", "Allocated To"]
 
 
 def test_request_list_orders_by_priority():
-    rows = status.request_list(Source().reqs)
+    rows = listing.request_list(Source().reqs)
     assert [r["id"] for r in rows] == ["100-0000000009", "200-0000000003"]
 
 

@@ -1,4 +1,4 @@
-"""The thread guard (nodepool_k8s/threads.py).
+"""The thread guard (nodepool_k8s/runtime/threads.py).
 
 Aspects: a crashing body is logged with the thread's name and reported, then restarted
 (RESTART), ends the daemon (STOP) or ends its thread (END); a body that returns is not
@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from nodepool_k8s import threads
-from nodepool_k8s.stats import PROM_THREAD_CRASHES, Stats
+from nodepool_k8s.runtime import threads
+from nodepool_k8s.runtime.stats import PROM_THREAD_CRASHES, Stats
 
 
 def test_restart_after_a_crash_is_logged_and_counted(
@@ -29,7 +29,7 @@ def test_restart_after_a_crash_is_logged_and_counted(
             raise ValueError("boom")
         done.set()
 
-    with caplog.at_level(logging.ERROR, logger="nodepool_k8s.threads"):
+    with caplog.at_level(logging.ERROR, logger="nodepool_k8s.runtime.threads"):
         thread = threads.start("t-restart", body, on_crash=threads.Crash.RESTART,
                                report=stats.thread_crashed, backoff=0)
         assert done.wait(10)

@@ -25,10 +25,11 @@ from typing import Iterator
 
 import pytest
 
-from nodepool_k8s.clock import ManualClock
-from nodepool_k8s.records import MalformedRecord
-from nodepool_k8s import status, webapp
-from nodepool_k8s.webapp import WebApp, WebSettings
+from nodepool_k8s.runtime.clock import ManualClock
+from nodepool_k8s.core.records import MalformedRecord
+from nodepool_k8s.views import listing
+from nodepool_k8s.web import app as webapp
+from nodepool_k8s.web.app import WebApp, WebSettings
 from tests.unit.test_status_web import NOW, Source, k8s_node
 
 THREADS = 3
@@ -232,7 +233,7 @@ def test_json_answers_never_hold_nan_or_infinity(app: tuple[Source, WebApp]) -> 
         assert "NaN" not in text and "Infinity" not in text
     rows = json.loads(get(web, "/node-list", "application/json")[2])
     assert rows[0]["resources"] == {"cores": None, "ram": None}
-    assert status.render_json_document({"a": [1.5, math.nan]}) == \
+    assert listing.render_json_document({"a": [1.5, math.nan]}) == \
         '{\n  "a": [\n    1.5,\n    null\n  ]\n}'
 
 
@@ -273,7 +274,7 @@ def test_a_slow_reader_is_cut_off_after_send_timeout() -> None:
     11 MB node list at 256 KB/s: 26 s with the defaults). Now the whole answer has
     `send_timeout` seconds."""
     src = Source()
-    src.nodes = [status.NodeView(k8s_node(f"{index:010d}"), locked=False)
+    src.nodes = [listing.NodeView(k8s_node(f"{index:010d}"), locked=False)
                  for index in range(16)]
     for view in src.nodes:
         view.node.set(comment="c" * 1_000_000)  # JSON answers are whole: 16 MB
@@ -323,10 +324,10 @@ def test_a_distinct_query_flood_keeps_memory_flat(monkeypatch: pytest.MonkeyPatc
     # several times its CPU, and the budget would stretch the test to minutes.
     monkeypatch.setattr(webapp, "CPU_SHARE", 1000.0)
     src = Source()
-    src.nodes = [status.NodeView(k8s_node(f"{index:010d}"), locked=False)
+    src.nodes = [listing.NodeView(k8s_node(f"{index:010d}"), locked=False)
                  for index in range(2000)]
     web = WebApp(src, port=0, clock=ManualClock(NOW)).start()
-    detail = [key for _, key in status.NODE_DETAIL_COLUMNS]
+    detail = [key for _, key in listing.NODE_DETAIL_COLUMNS]
     try:
         # The snapshot and its shared parts (JSON rows, every column) exist before measuring.
         assert get(web, "/node-list", "application/json")[0] == 200

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 
-from nodepool_k8s.clock import SYSTEM_CLOCK
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK
 from nodepool_k8s.launcher.worker import Worker
 from tests.helpers import wait_for
 

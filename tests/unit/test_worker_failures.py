@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from nodepool_k8s.clock import SYSTEM_CLOCK, ManualClock
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, ManualClock
 from nodepool_k8s.launcher import worker as worker_module
 from nodepool_k8s.launcher.worker import REPEAT_LOG_INTERVAL, Worker
 from tests.helpers import wait_for

@@ -12,8 +12,8 @@ from kazoo.exceptions import NoAuthError
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, Id, Permissions, make_digest_acl_credential
 
 from nodepool_k8s.config.model import ZkAcl, ZkAuth, ZkGrant, ZkTls
-from nodepool_k8s.exceptions import PermanentError, TemporaryError
-from nodepool_k8s.testing.zookeeper import ZooKeeperServer
+from nodepool_k8s.core.errors import PermanentError, TemporaryError
+from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.zk import errors, locks, paths
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
 from nodepool_k8s.zk.election import Election, Term

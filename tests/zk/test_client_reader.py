@@ -19,7 +19,7 @@ from kazoo.recipe.lock import Lock
 from kazoo.security import make_digest_acl
 
 from nodepool_k8s.config.model import ZkTls
-from nodepool_k8s.testing.zookeeper import free_port
+from nodepool_k8s.dev.testing.zookeeper import free_port
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
 from nodepool_k8s.zk.reader import ZkReader

@@ -6,7 +6,7 @@ import threading
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s.testing.zookeeper import four_letter
+from nodepool_k8s.dev.testing.zookeeper import four_letter
 from tests.helpers import ZkConnection, wait_for
 
 

@@ -73,7 +73,7 @@ def test_self_test_passes_on_the_installed_kazoo() -> None:
 
 
 def test_unsupported_kazoo_fails_with_its_version(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nodepool_k8s.exceptions import PermanentError
+    from nodepool_k8s.core.errors import PermanentError
     from nodepool_k8s.zk import _kazoo_ext
     from nodepool_k8s.zk.client import ZkClient, ZkSettings
     monkeypatch.setattr(_kazoo_ext, "installed_version", lambda: "2.12.1")

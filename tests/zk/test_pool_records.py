@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s import records
+from nodepool_k8s.core import records
 from nodepool_k8s.zk import pool_status
 from nodepool_k8s.zk.client import ZkClient
 
@@ -39,7 +39,7 @@ def fresh_reports() -> None:
 def test_unusable_entries_are_dropped_and_reported_once(
         caplog: pytest.LogCaptureFixture) -> None:
     raw = json.dumps({"good": GOOD, **BAD}).encode()
-    with caplog.at_level(logging.WARNING, logger="nodepool_k8s.records"):
+    with caplog.at_level(logging.WARNING, logger="nodepool_k8s.core.records"):
         for _ in range(3):
             assert pool_status.decode_breakers("fake.main", raw, None) == {"good": GOOD}
     messages = [r.getMessage() for r in caplog.records]
@@ -130,7 +130,7 @@ def test_the_cli_listing_leaves_malformed_status_out_and_says_so_once(
     bad = pool_status.status_path("bad")
     kazoo_client.create(good, json.dumps(GOOD_STATUS).encode(), makepath=True)
     kazoo_client.create(bad, json.dumps({**GOOD_STATUS, "suspended": 5}).encode())
-    with caplog.at_level(logging.WARNING, logger="nodepool_k8s.records"):
+    with caplog.at_level(logging.WARNING, logger="nodepool_k8s.core.records"):
         for _ in range(2):
             found = pool_status.read_all(zkc, pool_status.POOL_STATUS,
                                          pool_status.decode_pool_status)

@@ -14,9 +14,9 @@ from typing import Any
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s import model, quota
-from nodepool_k8s.clock import ManualClock
-from nodepool_k8s.model import Node
+from nodepool_k8s.core import model, quota
+from nodepool_k8s.runtime.clock import ManualClock
+from nodepool_k8s.core.model import Node
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore

@@ -13,14 +13,14 @@ import json
 import pytest
 from kazoo.client import KazooClient
 
-from nodepool_k8s import model
-from nodepool_k8s.model import Node
+from nodepool_k8s.core import model
+from nodepool_k8s.core.model import Node
 from nodepool_k8s.zk import errors, locks, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.requests import RequestStore, encode
-from nodepool_k8s.testing.zuul_client import ZuulClient
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk.txn import Txn
 
 

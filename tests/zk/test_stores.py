@@ -17,14 +17,14 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock
 
-from nodepool_k8s import model
-from nodepool_k8s.model import Node
+from nodepool_k8s.core import model
+from nodepool_k8s.core.model import Node
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.requests import RequestStore, min_ready_request
-from nodepool_k8s.testing.zookeeper import ZooKeeperServer
-from nodepool_k8s.testing.zuul_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
+from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
+from nodepool_k8s.dev.testing.zuul_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import ZkConnection, wait_for
 from tests.zk.conftest import client_for

@@ -74,9 +74,9 @@ from zuul.lib import tracing  # noqa: E402
 from zuul.zk.vendor.client import ZuulKazooClient  # noqa: E402
 
 import nodepool_k8s  # noqa: E402
-from nodepool_k8s.testing.bench import percentile  # noqa: E402
-from nodepool_k8s.testing.loadtools import NodeWatcher  # noqa: E402
-from nodepool_k8s.testing.stack import ZERO_DELAYS, SimulatorProcess  # noqa: E402
+from nodepool_k8s.dev.testing.bench import percentile  # noqa: E402
+from nodepool_k8s.dev.testing.loadtools import NodeWatcher  # noqa: E402
+from nodepool_k8s.dev.testing.stack import ZERO_DELAYS, SimulatorProcess  # noqa: E402
 
 NP_PYTHON = NODEPOOL_ENV / "bin" / "python"
 NP_LAUNCHER = NODEPOOL_ENV / "bin" / "nodepool-launcher"

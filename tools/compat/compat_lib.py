@@ -30,9 +30,9 @@ from typing import Any, Callable, Iterator, TypeVar
 
 from kazoo.client import KazooClient
 
-from nodepool_k8s.simulator import Simulator, SimulatorConfig
-from nodepool_k8s.testing.stack import SimDelays, SimulatorProcess
-from nodepool_k8s.testing.zookeeper import ZooKeeperServer
+from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.dev.testing.stack import SimDelays, SimulatorProcess
+from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
 
 T = TypeVar("T")
 ROOT = Path(__file__).resolve().parents[2]

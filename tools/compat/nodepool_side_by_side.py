@@ -6,7 +6,7 @@ Run with the compat venv (tools/compat/setup.sh builds it, Nodepool in its own e
     .compat-venv/bin/python tools/compat/nodepool_side_by_side.py [--keep]
 
 Both launchers use the Kubernetes driver against the same simulated cluster
-(nodepool_k8s.simulator, RBAC enforced) over TLS ZooKeeper (mandatory for Nodepool). Nodepool
+(nodepool_k8s.dev.simulator, RBAC enforced) over TLS ZooKeeper (mandatory for Nodepool). Nodepool
 serves `np-only`, `np-pod`, `np-spare` (min-ready 1) and `shared`; we serve `ours-only`,
 `ours-pod`, `ours-spare` (min-ready 1) and `shared`. Requests are made with Zuul 14.3.0's own
 scheduler/executor code (see zuul_client_check.py). Checks:

@@ -41,13 +41,13 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
-from nodepool_k8s.clock import Clock
+from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.config.model import PoolLabel
 from nodepool_k8s.driver.kubernetes import manifests, slim
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch
-from nodepool_k8s.model import Resources
-from nodepool_k8s.quota import tightest
+from nodepool_k8s.core.model import Resources
+from nodepool_k8s.core.quota import tightest
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.errors import Conflict
 from nodepool_k8s.driver.kubernetes.waiter import metadata, object_uid, resource_version
-from nodepool_k8s.exceptions import DeletionBlocked, NodepoolError, NotFound, TemporaryError
+from nodepool_k8s.core.errors import DeletionBlocked, NodepoolError, NotFound, TemporaryError
 
 log = logging.getLogger(__name__)
 

@@ -37,13 +37,13 @@ from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.kubernetes.credentials import Credentials, LiveConfiguration, Loader
 from nodepool_k8s.driver.kubernetes.errors import (Conflict, Unauthorized, is_retryable,
                                                    map_api_error)
-from nodepool_k8s.exceptions import LaunchError, NodepoolError, TemporaryError
+from nodepool_k8s.core.errors import LaunchError, NodepoolError, TemporaryError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -51,9 +51,9 @@ from typing import Any, Callable
 from kubernetes import client as k8s
 from kubernetes.client import rest
 
-from nodepool_k8s.clock import Clock
+from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.driver.kubernetes.errors import Unauthorized
-from nodepool_k8s.exceptions import NodepoolError
+from nodepool_k8s.core.errors import NodepoolError
 
 log = logging.getLogger(__name__)
 

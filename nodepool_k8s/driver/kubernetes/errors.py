@@ -3,7 +3,7 @@
 Owns: `map_api_error`, the single place that looks at HTTP status codes, Status bodies and
 urllib3 exceptions, plus the few driver-local error types the shared taxonomy lacks
 (`Conflict`, `Forbidden`, `Invalid`, `Unauthorized`, `Gone`). Every error this package
-raises to its callers is a `nodepool_k8s.exceptions` type; the official client's exceptions
+raises to its callers is a `nodepool_k8s.core.errors` type; the official client's exceptions
 are kept as `__cause__` only. Messages never include response bodies verbatim beyond the
 Status `message` (a Status never carries a token).
 
@@ -32,9 +32,9 @@ from typing import Any
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from nodepool_k8s.exceptions import (NodepoolError, NotFound, PermanentError,
-                                     ProviderUnavailable, QuotaExceeded, TemporaryError)
-from nodepool_k8s.records import clip
+from nodepool_k8s.core.errors import (NodepoolError, NotFound, PermanentError, ProviderUnavailable,
+                                      QuotaExceeded, TemporaryError)
+from nodepool_k8s.core.records import clip
 
 
 class Conflict(PermanentError):

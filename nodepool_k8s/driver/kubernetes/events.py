@@ -22,7 +22,7 @@ import threading
 from datetime import datetime, timezone
 from typing import Any
 
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 
 log = logging.getLogger(__name__)

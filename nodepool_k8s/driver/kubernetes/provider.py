@@ -57,10 +57,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from nodepool_k8s import conditions as cond
-from nodepool_k8s import logconfig, records
-from nodepool_k8s.cancel import CancelEvent
-from nodepool_k8s.clock import SYSTEM_CLOCK, Clock, StampAges
+from nodepool_k8s.core import conditions as cond
+from nodepool_k8s.runtime import logconfig
+from nodepool_k8s.core import records
+from nodepool_k8s.runtime.cancel import CancelEvent
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import (CloudResource, LaunchResult, LaunchSpec, Progress,
@@ -75,10 +76,10 @@ from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, metadata,
                                                    object_uid, resource_version,
                                                    wait_namespace_deleted, wait_namespace_gone)
-from nodepool_k8s.exceptions import (BootTimeout, DeletionUnderway, LaunchCancelled, LaunchError,
-                                     NodepoolError, NotFound, NotOwned, PermanentError,
-                                     ProviderUnavailable, QuotaExceeded, TemporaryError)
-from nodepool_k8s.model import Resources
+from nodepool_k8s.core.errors import (BootTimeout, DeletionUnderway, LaunchCancelled, LaunchError,
+                                      NodepoolError, NotFound, NotOwned, PermanentError,
+                                      ProviderUnavailable, QuotaExceeded, TemporaryError)
+from nodepool_k8s.core.model import Resources
 
 log = logging.getLogger(__name__)
 

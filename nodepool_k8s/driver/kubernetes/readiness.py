@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from nodepool_k8s import records
-from nodepool_k8s.clock import Clock
+from nodepool_k8s.core import records
+from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.config.schema import UNSCHEDULABLE_GRACE
-from nodepool_k8s.exceptions import LaunchError
+from nodepool_k8s.core.errors import LaunchError
 
 # Waiting reasons that do not heal by themselves within a boot timeout (or do so only
 # after a registry/config fix that no retry of ours brings about).

@@ -49,14 +49,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Protocol, TypeVar
 
-from nodepool_k8s import records
-from nodepool_k8s.cancel import CancelEvent
-from nodepool_k8s.clock import Clock
+from nodepool_k8s.core import records
+from nodepool_k8s.runtime.cancel import CancelEvent
+from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.errors import Gone, map_api_error
 from nodepool_k8s.driver.kubernetes.slim import encoded_size
-from nodepool_k8s.exceptions import (BootTimeout, LaunchCancelled, LaunchError, NotFound,
-                                     ProviderUnavailable, TemporaryError)
+from nodepool_k8s.core.errors import (BootTimeout, LaunchCancelled, LaunchError, NotFound,
+                                      ProviderUnavailable, TemporaryError)
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,253 @@
+"""Pool status: the conditions and counts one pool worker publishes for operators.
+
+Owns: computing, after each pass of a pool worker, the pool's conditions (each with
+`status` True/False/Unknown, `reason`, `message` and `last_transition`), usage against
+limits and counts, and publishing them (`zk.pool_status.StatusWriter`) only when they
+changed, rate-limited:
+
+- `Validated`: Valid / Disabled / LabelExceedsLimits (a label that can never fit);
+- `AtTarget`: TargetMet / UnderTarget / OverTarget against the pool-level and global
+  `min-ready` of the pool's labels (spares as min-ready counts them: not the ready records
+  it found cannot be handed out), Draining while a disabled pool still has nodes;
+- `Quota`: Under / AtLimit, naming the binding limit (pool, provider, cloud, tenant) and
+  usage vs limit per resource;
+- `Capacity`: Sufficient / Constrained / NoneAvailable from the provider's view of the
+  cluster (capacity awareness), Unknown when the provider does not read it;
+- `Suspended`: True with reason LabelSuspended while the circuit breaker holds a label;
+- `Credentials`: Accepted / Rejected, the provider's view of its own credentials (a
+  Kubernetes provider whose API server refuses them, 401, even after loading them again:
+  launches wait, nothing fails), Unknown when the provider does not report them.
+
+A change of any condition's (status, reason) or of the suspended labels is written at
+once; a change of counts or usage only, at most once per `pool_status_interval`: the
+budget of ZooKeeper writes per node (tools/benchmark) is not touched by busy pools.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any, Iterable, Mapping
+
+from nodepool_k8s.core import quota
+from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
+from nodepool_k8s.launcher import breaker as breakers
+from nodepool_k8s.launcher import plan
+from nodepool_k8s.core.model import Resources
+
+TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended", "Credentials")
+MODEL_VERSION = 1
+_BREAKER_FIELDS = ("reason", "message", "failures", "trips", "until", "state")
+
+
+def _cond(status: str, reason: str, message: str = "") -> dict[str, Any]:
+    return {"status": status, "reason": reason, "message": message}
+
+
+def _num(value: float) -> float | int | None:
+    if math.isinf(value):
+        return None
+    return int(value) if float(value).is_integer() else round(value, 3)
+
+
+def validated(pool: PoolConfig, provider: ProviderConfig,
+              cloud: Resources | None) -> dict[str, Any]:
+    if pool.disabled:
+        return _cond(FALSE, "Disabled", "max-servers is 0: the pool takes no requests")
+    bad = []
+    for name in sorted(pool.labels):
+        verdict = quota.never_fits(quota.demand([name], pool), pool, provider, cloud)
+        if not verdict:
+            bad.append(f"{name} ({verdict.describe()})")
+    if bad:
+        return _cond(FALSE, "LabelExceedsLimits",
+                     "label(s) never fit even in an empty pool: " + ", ".join(bad))
+    return _cond(TRUE, "Valid", f"{len(pool.labels)} label(s)")
+
+
+def spares(nodes: Iterable[Any], label: str, provider: str | None = None,
+           pool: str | None = None) -> int:
+    return sum(1 for n in nodes if plan.counts_as_spare(n, label)
+               and (provider is None or n.provider == provider)
+               and (pool is None or n.pool == pool))
+
+
+def at_target(pool: PoolConfig, config: Config, nodes: list[Any],
+              pool_node_count: int) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+    """The AtTarget condition and, per label with a target, wanted vs spare."""
+    targets: dict[str, dict[str, int]] = {}
+    for name, label in sorted(pool.labels.items()):
+        if label.min_ready > 0:
+            targets[name] = {"scope": 0, "wanted": label.min_ready,
+                             "spare": spares(nodes, name, pool.provider, pool.name)}
+        glob = config.labels.get(name)
+        if glob is not None and glob.min_ready > 0 and name not in targets:
+            targets[name] = {"scope": 1, "wanted": glob.min_ready,
+                             "spare": spares(nodes, name)}
+    if pool.disabled:
+        if pool_node_count:
+            return _cond(FALSE, "Draining", f"{pool_node_count} node(s) left"), _public(targets)
+        return _cond(TRUE, "TargetMet", "disabled and empty"), _public(targets)
+    under = [f"{n} {t['spare']}/{t['wanted']}" for n, t in targets.items()
+             if t["spare"] < t["wanted"]]
+    over = [f"{n} {t['spare']}/{t['wanted']}" for n, t in targets.items()
+            if t["spare"] > t["wanted"]]
+    if under:
+        return _cond(FALSE, "UnderTarget", "spare/wanted: " + ", ".join(under)), \
+            _public(targets)
+    if over:
+        return _cond(TRUE, "OverTarget", "spare/wanted: " + ", ".join(over)), _public(targets)
+    if not targets:
+        return _cond(TRUE, "TargetMet", "no min-ready target"), {}
+    return _cond(TRUE, "TargetMet", ", ".join(
+        f"{n} {t['spare']}/{t['wanted']}" for n, t in targets.items())), _public(targets)
+
+
+def _public(targets: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    return {n: {"wanted": t["wanted"], "spare": t["spare"],
+                "pool_level": int(t["scope"] == 0)} for n, t in targets.items()}
+
+
+def usage_rows(pool: PoolConfig, provider: ProviderConfig, cloud: Resources,
+               pool_usage: Resources, provider_usage: Resources) -> list[dict[str, Any]]:
+    """Usage vs limit per (scope, resource) for every finite limit."""
+    rows = []
+    for scope, limits, used in (("pool", pool.limits(), pool_usage),
+                                ("provider", provider.limits(), provider_usage),
+                                ("cloud", cloud, provider_usage)):
+        for key in sorted(set(limits)):
+            if math.isinf(limits[key]):
+                continue
+            rows.append({"scope": scope, "resource": key, "used": _num(used[key]),
+                         "limit": _num(limits[key])})
+    return rows
+
+
+def quota_condition(rows: list[dict[str, Any]], blocked: str | None) -> dict[str, Any]:
+    full = [r for r in rows if r["limit"] is not None and r["used"] is not None
+            and r["used"] >= r["limit"]]
+    if blocked is not None or full:
+        names = [f"{r['scope']} {r['resource']} {r['used']}/{r['limit']}" for r in full]
+        scope = blocked or full[0]["scope"]
+        message = f"{scope} limit binds" + (": " + ", ".join(names) if names else "")
+        return _cond(FALSE, "AtLimit", message)
+    if not rows:
+        return _cond(TRUE, "Under", "no limits set")
+    return _cond(TRUE, "Under", ", ".join(
+        f"{r['scope']} {r['resource']} {r['used']}/{r['limit']}" for r in rows))
+
+
+def suspended_condition(suspended: Mapping[str, Mapping[str, Any]],
+                        now: float) -> dict[str, Any]:
+    if not suspended:
+        return _cond(FALSE, "NoneSuspended")
+    parts = []
+    for name, entry in sorted(suspended.items()):
+        state = entry.get("state")
+        until = float(entry.get("until", now))
+        when = f"probe in {max(0, int(until - now))}s" if state == breakers.OPEN \
+            else "probing"
+        parts.append(f"{name}: {entry.get('reason', '?')} after"
+                     f" {entry.get('failures', 0)} failures, {when}")
+    return _cond(TRUE, "LabelSuspended", "; ".join(parts))
+
+
+class StatusBuilder:
+    """Keeps transition times across passes and decides when to publish."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._conditions: dict[str, dict[str, Any]] = {}
+        self._published: dict[str, Any] | None = None
+        self._published_at = -math.inf
+        self._significant: Any = None
+
+    def conditions(self, fresh: Mapping[str, dict[str, Any]],
+                   now: float) -> list[dict[str, Any]]:
+        out = []
+        for ctype in CONDITIONS:
+            cond = dict(fresh[ctype])
+            old = self._conditions.get(ctype)
+            same = old is not None and old["status"] == cond["status"] \
+                and old["reason"] == cond["reason"]
+            if old is not None and same:
+                cond["last_transition"] = old["last_transition"]
+            else:
+                cond["last_transition"] = now
+            self._conditions[ctype] = cond
+            out.append({"type": ctype, **cond})
+        return out
+
+    def due(self, data: dict[str, Any], now: float) -> tuple[bool, float | None]:
+        """(write now?, when to look again if something waits for the interval). `now`
+        and the answer are monotonic: the rate limit is this process's own."""
+        significant = ([(c["type"], c["status"], c["reason"]) for c in data["conditions"]],
+                       sorted(data["suspended"]))
+        if self._published is None or significant != self._significant:
+            return True, None
+        if _without_time(data) == _without_time(self._published):
+            return False, None
+        at = self._published_at + self.interval
+        return (True, None) if now >= at else (False, at)
+
+    def published(self, data: dict[str, Any], now: float) -> None:
+        """`now`: monotonic, as for `due`."""
+        self._published, self._published_at = data, now
+        self._significant = (
+            [(c["type"], c["status"], c["reason"]) for c in data["conditions"]],
+            sorted(data["suspended"]))
+
+
+def _without_time(data: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in data.items() if k not in ("time", "conditions")} | {
+        "conditions": [{k: v for k, v in c.items()
+                        if k != "message" or c["type"] != "Suspended"}
+                       for c in data["conditions"]]}
+
+
+def node_counts(nodes: Iterable[Any], provider: str, pool: str) -> dict[str, int]:
+    counts = Counter(n.state for n in nodes if n.provider == provider and n.pool == pool)
+    return {state: counts[state] for state in sorted(counts)}
+
+
+def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderConfig,
+          config: Config, nodes: list[Any], records: list[quota.UsageRecord],
+          cloud: Resources, capacity: dict[str, Any] | None, blocked: str | None,
+          launching: int, queued: int, pending: int,
+          suspended: Mapping[str, Mapping[str, Any]], now: float,
+          unhandable: frozenset[str] = frozenset(),
+          credentials: dict[str, Any] | None = None) -> tuple[
+              dict[str, dict[str, Any]], dict[str, Any]]:
+    """Fresh conditions (without transition times) and the rest of the status record."""
+    counts = node_counts(nodes, provider.name, pool.name)
+    rows = usage_rows(pool, provider, cloud,
+                      quota.total(records, provider=provider.name, pool=pool.name),
+                      quota.total(records, provider=provider.name))
+    countable = [n for n in nodes if n.id not in unhandable] if unhandable else nodes
+    target, targets = at_target(pool, config, countable, sum(counts.values()))
+    cap = capacity or _cond(UNKNOWN, "Unknown", "capacity awareness is off")
+    creds = credentials or _cond(UNKNOWN, "Unknown", "the provider does not report them")
+    fresh = {
+        "Validated": validated(pool, provider, cloud),
+        "AtTarget": target,
+        "Quota": quota_condition(rows, blocked),
+        "Capacity": {"status": cap.get("status", UNKNOWN), "reason": cap.get("reason", ""),
+                     "message": cap.get("message", "")},
+        "Suspended": suspended_condition(suspended, now),
+        "Credentials": {"status": creds.get("status", UNKNOWN),
+                        "reason": creds.get("reason", ""),
+                        "message": creds.get("message", "")},
+    }
+    rest = {
+        "model": MODEL_VERSION, "id": pool_id, "hostname": hostname,
+        "provider": provider.name, "pool": pool.name, "priority": pool.priority,
+        "labels": sorted(pool.labels), "nodes": counts,
+        "launches_in_progress": launching, "requests_queued": queued,
+        "requests_handled": pending, "usage": rows, "targets": targets,
+        "suspended": {name: {k: entry.get(k) for k in _BREAKER_FIELDS}
+                      for name, entry in sorted(suspended.items())},
+        "capacity": {k: v for k, v in (capacity or {}).items()
+                     if k not in ("status", "reason", "message")},
+    }
+    return fresh, rest

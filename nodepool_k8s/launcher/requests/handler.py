@@ -1,0 +1,601 @@
+"""One accepted request, from `pending` to `fulfilled` (or declined), as a re-entrant state
+machine driven by its pool worker's passes.
+
+Owns: the nodes of one request. Each slot (one per entry of `node_types`, order kept, so
+`nodes` lines up with `node_types`) is satisfied by reusing a ready node of the pool or by
+creating a node (both in `allocation.py`: quota check and guarded create) and launching
+it; the handler pauses at quota and resumes when capacity frees; it finishes with exactly
+one transaction that writes every node and the request and releases every lock
+(fulfilled, declined, or the request was cancelled).
+
+ZooKeeper writes per new node: the guarded create (one transaction for all nodes of the
+request), lock + `building` (one transaction), the external id (driver progress) and a
+share of the final transaction.
+
+Failure modes: a launch that fails after its retries declines the request for this pool
+(`failed` once every registered pool declined); the cloud refusing for quota, or the
+provider being unable to act at all (its credentials refused), aborts the node and pauses
+(launching again after the engine's `quota_retry`), counting nothing against the label;
+a vanished request releases the nodes unallocated for reuse; a lost session abandons
+everything without writing (locks vanished with it; cleanup and the lost-request reset of
+any launcher recover).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import logging
+import threading
+from typing import Callable
+
+from nodepool_k8s.runtime import logconfig
+from nodepool_k8s.core import model, quota
+from nodepool_k8s.runtime.cancel import CancelEvent
+from nodepool_k8s.config.model import PoolConfig, ProviderConfig
+from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.launcher.requests import launch as launching
+from nodepool_k8s.launcher import lifecycle
+from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.requests.allocation import CONTENTION, Allocator, Slot, SlotState
+from nodepool_k8s.launcher.requests.allocation import PoolRef as PoolRef
+from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import events as zk_events
+from nodepool_k8s.zk import locks as zk_locks
+from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.txn import Txn
+
+
+class Final(enum.Enum):
+    """Outcomes of the final transaction."""
+
+    DONE = "done"  # written (or found applied after a lost reply), or abandoned
+    GONE = "gone"  # the request vanished
+    RETRY = "retry"  # adopted a newer version or replaced a node: write again next pass
+
+
+DONE, GONE, RETRY = Final.DONE, Final.GONE, Final.RETRY
+
+
+class RequestHandler:
+    def __init__(self, engine: Engine, ref: PoolRef, provider: Provider,
+                 launches: launching.LaunchPool, request: NodeRequest, lock: HeldLock,
+                 registered_ids: Callable[[], set[str]], wake: Callable[[], None]) -> None:
+        self.engine = engine
+        self.ref = ref
+        self.provider = provider
+        self.launches = launches
+        self.request = request
+        self.lock = lock
+        self.registered_ids = registered_ids
+        self.wake = wake
+        self.cancel = CancelEvent()  # wakes a waiting driver when set
+        self.slots = [Slot(i, label) for i, label in enumerate(request.node_types)]
+        self.paused = False
+        self.done = False
+        self.retry_at: float | None = None  # monotonic
+        # Why the last launch was aborted (QuotaExceeded, or the provider's Unauthorized):
+        # what the wait until `retry_at` is for.
+        self.aborted_for: str | None = None
+        # Which limit keeps a paused handler waiting ("pool", "provider", "tenant", ...).
+        self.blocked_scope: str | None = None
+        # Set by the pool worker (circuit breaker): why the request must not be launched
+        # here any more (declined then), and who hears of each finished launch (label,
+        # None on success or the failure's error text).
+        self.refuse: Callable[[NodeRequest], str | None] = lambda request: None
+        self.on_launch_done: Callable[[str, str | None], None] = lambda label, error: None
+        # Held by whoever advances this handler: its pool worker, or the launch thread whose
+        # launch was the last to return (see `_returned`), or the shutdown.
+        self._mutex = threading.Lock()
+        base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
+        self.log = logconfig.annotate(base, request.event_id, request.id)
+        self.allocator = Allocator(engine, ref, provider, request, lock, self.log,
+                                   self._node_log)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def advance(self, may_allocate: bool = True) -> bool:
+        """Move forward as far as possible; True while waiting for capacity."""
+        with self._mutex:
+            return self._advance(may_allocate)
+
+    def _advance(self, may_allocate: bool) -> bool:
+        try:
+            return self._advance_once(may_allocate)
+        except errors.LockLost as exc:
+            self._give_up(exc)
+            return False
+
+    def _give_up(self, exc: errors.LockLost) -> None:
+        """A lock the next write needs is no longer ours (e.g. released after an ambiguous
+        commit): the write can never succeed. Raising instead failed every pass of the
+        pool worker at this handler, so the pool served nothing more. Every lock still
+        ours is released: the request, if still `pending`, is reset by the lost-request
+        cleanup and served again; our unlocked nodes are cleaned up."""
+        for slot in self.slots:
+            if slot.lock is not None:
+                slot.lock.release()
+        self.lock.release()
+        self.abandon(f"a lock is no longer ours ({exc})")
+
+    def _advance_once(self, may_allocate: bool) -> bool:
+        if self.done:
+            return False
+        if not self.lock.valid:
+            self.abandon("the ZooKeeper session expired")
+            return False
+        self._collect()
+        if any(s.state is SlotState.LAUNCHING for s in self.slots):
+            return False
+        if self._request_gone():
+            self._finish_cancelled()
+            return False
+        failed = [s for s in self.slots if s.state is SlotState.FAILED]
+        if failed:
+            node = failed[0].node
+            self._decline("a node launch failed", node.failure_reason if node else None)
+            return False
+        needed = [s for s in self.slots if s.state is SlotState.NEED]
+        if not needed:
+            self._fulfil()
+            return False
+        configs = self._configs()
+        if configs is None:
+            # The pool left the configuration: the reload that removed it stops this
+            # worker next and hands the request back (`shutdown`) for the pools that
+            # remain. Declining here, in that window, failed requests another pool serves.
+            return False
+        provider_cfg, pool_cfg = configs
+        reason = plan.decline_reason(self.request, pool_cfg, provider_cfg,
+                                     self.provider.cloud_limits()) or self.refuse(self.request)
+        if reason:
+            self._decline(reason)
+            return False
+        if not may_allocate or (self.retry_at is not None
+                                and self.engine.clock.monotonic() < self.retry_at):
+            self.paused = True
+            return True
+        self.retry_at = None
+        verdict = self._allocate(needed, provider_cfg, pool_cfg)
+        if verdict:
+            if self.paused:
+                self.log.info("Resuming: %s", "capacity is available"
+                              if self.aborted_for in (None, "QuotaExceeded")
+                              else f"launching again after {self.aborted_for}")
+            self.aborted_for = None
+            self.paused = False
+            if not any(s.state is SlotState.NEED or s.state is SlotState.LAUNCHING
+                       for s in self.slots):
+                self._fulfil()
+            return False
+        if verdict.scope == CONTENTION:
+            self.wake()
+            return False
+        if plan.is_min_ready(self.request):
+            self._decline(f"at quota ({verdict.describe()})")
+            return False
+        if not self.paused:
+            self.log.info("Pausing: %s", verdict.describe())
+        self.paused = True
+        self.blocked_scope = verdict.scope
+        return True
+
+    def launch_created(self) -> None:
+        """Start the launches of the nodes a batched create (`allocation.create_batch`)
+        made for this freshly accepted handler; from here on it is like one that created
+        them itself."""
+        with self._mutex:
+            configs = self._configs()
+            created = [s for s in self.slots
+                       if s.state is SlotState.NEED and s.node is not None]
+            if configs is not None and created:
+                self._start_launches(created, *configs)
+
+    @property
+    def finishable(self) -> bool:
+        """Every launch has returned, and none was aborted: advancing only writes the final
+        transaction (fulfil or decline) and allocates nothing, so it may happen outside the
+        pool worker's pass without changing the priority order of allocation."""
+        if self.done:
+            return False
+        running = [s for s in self.slots if s.state is SlotState.LAUNCHING]
+        if not running or any(s.state is SlotState.NEED for s in self.slots):
+            return False
+        for slot in running:
+            future = slot.future
+            if future is None or not future.done():
+                return False
+            try:
+                if future.result().kind in (launching.ABORTED, launching.UNLOCKED):
+                    return False  # the slot needs a new node: allocation is the worker's
+            except Exception:
+                continue  # collected as a failure
+        return True
+
+    def abandon(self, why: str) -> None:
+        """Stop without writing: our locks are gone with the session."""
+        self.cancel.set()
+        if not self.done:
+            self.log.warning("Abandoning request: %s", why)
+        self.done = True
+
+    def shutdown(self, timeout: float) -> None:
+        """Graceful stop: cancel launches, put the request back to `requested`, unlock.
+
+        A node whose launch returned cancelled or failed has no cloud resource left (the
+        driver removed it, or labelled it for the leak sweeper): its record is removed
+        here, so a stop leaves nothing for another launcher's cleanup. A node whose launch
+        did not return in time, or finished, is unlocked in `building`; cleanup deletes it.
+        """
+        self.cancel.set()
+        with self._mutex:  # a launch thread may be writing the final transaction
+            self._shutdown(timeout)
+
+    def _shutdown(self, timeout: float) -> None:
+        discarded: list[Slot] = []
+        clock = self.engine.clock
+        deadline = clock.monotonic() + timeout
+        for slot in self.slots:
+            if slot.future is not None:
+                try:
+                    outcome = slot.future.result(max(0.0, deadline - clock.monotonic()))
+                except Exception:
+                    outcome = None
+                # Returned or not: if its launch took the node's lock, release it with the
+                # rest (a node whose launch did not return stays `building`; cleanup
+                # deletes it).
+                self._take_launch_lock(slot)
+                if outcome is None:
+                    continue
+                if outcome.kind in (launching.CANCELLED, launching.FAILED) and not slot.reused:
+                    discarded.append(slot)
+        if self.done or not self.lock.valid:
+            self.done = True
+            return
+        for slot in discarded:
+            if slot.node is None or slot.lock is None or not slot.lock.valid:
+                continue
+            try:
+                if self.engine.nodes.delete(slot.node, slot.lock):
+                    self._node_log(slot.node).info("Removed the node of a cancelled launch")
+            except Exception as exc:  # cleanup of any launcher removes it later
+                self._node_log(slot.node).warning("Could not remove node on shutdown: %s", exc)
+        txn = Txn()
+        held: list[HeldLock] = []
+        for slot in self.slots:
+            if slot.node is None or slot.lock is None or not slot.lock.valid:
+                continue
+            if slot.reused:
+                slot.node.set(allocated_to=None)
+                self.engine.nodes.add_store(txn, slot.node, slot.lock, release=True)
+            else:
+                slot.lock.release_in(txn)
+            held.append(slot.lock)
+        self.request.state = model.REQUESTED
+        self.request.state_time = self.engine.clock.time()
+        self.request.nodes = []
+        try:
+            self.engine.requests.add_store(txn, self.request, self.lock, release=True)
+            txn.commit(self.engine.zk)
+            self.log.info("Returned request to the queue on shutdown")
+        except Exception as exc:
+            self.log.warning("Could not return request on shutdown: %s", exc)
+            for lock in held + [self.lock]:
+                lock.release()
+        for lock in held + [self.lock]:
+            lock.mark_released()
+        self.done = True
+
+    @property
+    def next_deadline(self) -> float | None:
+        """When (monotonic) a paused handler tries again after the cloud's refusal."""
+        return self.retry_at
+
+    # -- internals ------------------------------------------------------------------------
+    def _configs(self) -> tuple[ProviderConfig, PoolConfig] | None:
+        provider = self.engine.provider_config(self.ref.provider)
+        pool = provider.pools.get(self.ref.pool) if provider else None
+        return (provider, pool) if provider and pool else None
+
+    def _request_gone(self) -> bool:
+        if self.request.id in self.engine.request_cache:
+            return False
+        return not self.engine.requests.exists(self.request.id)
+
+    def _node_log(self, node: Node) -> logging.LoggerAdapter[logging.Logger]:
+        return logconfig.annotate(self.log.logger, self.request.event_id, self.request.id,
+                                  node.id)
+
+    def _collect(self) -> None:
+        for slot in self.slots:
+            if slot.state is not SlotState.LAUNCHING or slot.future is None \
+                    or not slot.future.done():
+                continue
+            try:
+                outcome = slot.future.result()
+            except Exception as exc:  # run() catches everything; be defensive anyway
+                outcome = launching.LaunchOutcome(launching.FAILED, error=repr(exc))
+            # The future (and so the outcome) is dropped only once the outcome is applied:
+            # if writing the node's final state fails (ZooKeeper unreachable), the next
+            # advance collects the same outcome again instead of waiting forever.
+            if outcome.kind is launching.UNLOCKED:
+                if slot.node is not None:
+                    self._node_log(slot.node).warning(
+                        "Could not lock our new node (%s); replacing it", outcome.error)
+                slot.state, slot.node, slot.lock = SlotState.NEED, None, None
+                slot.future = slot.job = None
+                continue
+            self._take_launch_lock(slot)
+            if outcome.kind in (launching.READY, launching.FAILED):
+                self._launch_done(slot.label, outcome)
+            if outcome.kind is launching.READY:
+                slot.state, slot.result = SlotState.READY, outcome.result
+            elif outcome.kind is launching.ABORTED:
+                if slot.node is not None:
+                    lifecycle.record_outcome(self.engine.events, slot.node,
+                                             zk_events.LAUNCH_ABORTED, outcome.reason,
+                                             outcome.error)
+                self._finish_node(slot, model.ABORTED)
+                slot.state, slot.node, slot.lock = SlotState.NEED, None, None
+                self.retry_at = self.engine.clock.monotonic() + self.engine.settings.quota_retry
+                self.aborted_for = outcome.reason
+            else:
+                if outcome.kind is launching.CANCELLED and not self.lock.valid:
+                    return  # advance() abandons on the next check
+                self._finish_node(slot, model.FAILED)
+                slot.state = SlotState.FAILED
+                assert slot.node is not None
+                lifecycle.record_outcome(self.engine.events, slot.node,
+                                         zk_events.LAUNCH_FAILED, outcome.reason,
+                                         outcome.error)
+                self._node_log(slot.node).warning("Launch failed: %s", outcome.error)
+            slot.future = slot.job = None
+
+    @staticmethod
+    def _take_launch_lock(slot: Slot) -> None:
+        """The node's lock, which its launch takes first (see `launch.NodeLaunch`)."""
+        if slot.job is not None and slot.job.lock is not None:
+            slot.lock = slot.job.lock
+
+    def _launch_done(self, label: str, outcome: launching.LaunchOutcome) -> None:
+        try:
+            self.on_launch_done(label, None if outcome.kind == launching.READY
+                                else outcome.error)
+        except Exception as exc:  # the breaker's bookkeeping never blocks the request
+            self.log.warning("Could not record the launch outcome: %s", exc)
+
+    def _finish_node(self, slot: Slot, state: str) -> None:
+        """Write a node's final state and unlock it (cleanup deletes it later)."""
+        node, lock = slot.node, slot.lock
+        if node is None or lock is None or not lock.valid:
+            return
+        node.state, node.state_time = state, self.engine.clock.time()
+        try:
+            self.engine.nodes.store_and_release(node, lock)
+        except (errors.LockLost, errors.NoNodeError, errors.VersionConflict) as exc:
+            self._node_log(node).warning("Could not mark node %s: %s", state, exc)
+            lock.release()
+
+    def _allocate(self, needed: list[Slot], provider_cfg: ProviderConfig,
+                  pool_cfg: PoolConfig) -> quota.Verdict:
+        created = [s for s in needed if s.node is not None]
+        if created:
+            # Created by a batch whose launches could not all be started (`launch_created`
+            # raised part way): launch them now instead of creating others.
+            self._start_launches(created, provider_cfg, pool_cfg)
+            needed = [s for s in needed if s.node is None]
+            if not needed:
+                return quota.FITS
+        if self.request.reuse:
+            self.allocator.reuse(needed)
+        remaining = [s for s in needed if s.state is SlotState.NEED]
+        if not remaining:
+            return quota.FITS
+        try:
+            verdict = self.allocator.create(remaining, provider_cfg, pool_cfg)
+        except errors.LockLost:
+            self.abandon("the request's lock vanished before its nodes were created")
+            return quota.Verdict(False, CONTENTION, ())
+        if verdict:
+            self._start_launches(remaining, provider_cfg, pool_cfg)
+        return verdict
+
+    def _start_launches(self, slots: list[Slot], provider_cfg: ProviderConfig,
+                        pool_cfg: PoolConfig) -> None:
+        for slot in slots:
+            node = slot.node
+            assert node is not None
+            # Lock + `building` is sent now and its answer collected by the launch thread:
+            # in a burst the pool worker goes on to the next request meanwhile.
+            # Not sent when this raises (ZooKeeper unreachable): the node is still `init`
+            # and unlocked, and stays with its slot; the next pass launches it.
+            pending = self.engine.nodes.lock_new_async(node, model.BUILDING,
+                                                       self.engine.clock.time())
+            slot.state = SlotState.LAUNCHING
+            job = launching.NodeLaunch(
+                provider=self.provider, provider_config=provider_cfg, pool=pool_cfg,
+                label=pool_cfg.labels[slot.label], request=self.request, node=node,
+                pending_lock=pending, nodes=self.engine.nodes, cancel=self.cancel,
+                stats=self.engine.stats, log=self._node_log(node), clock=self.engine.clock,
+                on_attempt_failed=functools.partial(lifecycle.record_attempt_failed,
+                                                    self.engine.events, node))
+            self._node_log(node).info("Launching %s node", slot.label)
+            slot.job = job
+            slot.future = self.launches.submit(job.run, self._returned)
+
+    def _returned(self) -> None:
+        """A launch returned (called in its launch thread). If that completes the request,
+        write the final transaction here: the pool worker may be busy accepting a burst,
+        and a request whose node is ready should not wait until the queue is through.
+        Anything else (an aborted launch, a request with launches still running) is the
+        pool worker's, which is woken either way."""
+        try:
+            if not self.cancel.is_set() and self.finishable \
+                    and self._mutex.acquire(blocking=False):
+                try:
+                    if self.finishable:  # re-checked under the mutex
+                        self._advance(may_allocate=False)
+                finally:
+                    self._mutex.release()
+        except Exception as exc:  # the pool worker's next pass tries again
+            self.log.warning("Could not finish the request in its launch thread: %s", exc)
+        finally:
+            self.wake()
+
+    def _final_txn(self, *, allocated: bool) -> tuple[Txn, list[HeldLock]]:
+        """Every ready node: written `ready` (allocated or not) and unlocked."""
+        txn = Txn()
+        locks: list[HeldLock] = []
+        now = self.engine.clock.time()
+        for slot in self.slots:
+            if slot.state is not SlotState.READY or slot.node is None or slot.lock is None:
+                continue
+            node = slot.node
+            if not slot.reused and slot.result is not None:
+                launching.apply_result(node, slot.result)
+                node.state, node.state_time = model.READY, now
+                lifecycle.mark_ready(node, now)
+            if not allocated:
+                node.set(allocated_to=None)
+            self.engine.nodes.add_store(txn, node, slot.lock, release=True)
+            locks.append(slot.lock)
+        return txn, locks
+
+    def _commit_final(self, txn: Txn, locks: list[HeldLock], with_request: bool) -> Final:
+        """Commit the final transaction: DONE, GONE (request vanished) or RETRY."""
+        try:
+            txn.commit(self.engine.zk)
+        except errors.TxnFailed as exc:
+            return self._final_failed(exc, locks)
+        except errors.ZkAuthError as exc:
+            if not with_request or exc.path != paths.request_path(self.request.id):
+                raise
+            # The requestor's ACL no longer lets us write its request: as good as gone.
+            # Raising instead failed every pass of the pool worker, and no other request
+            # of the pool was served any more.
+            self.log.warning("Giving the request up: %s", exc)
+            return GONE
+        except errors.ZkConnectionError:
+            # Ambiguous: the reply was lost. If the request carries exactly what we wrote,
+            # the whole transaction was applied (it is atomic): nothing to do again.
+            if not with_request or not self._final_write_applied():
+                raise
+        for lock in locks:
+            lock.mark_released()
+        if with_request:
+            self.lock.mark_released()
+        return DONE
+
+    def _final_write_applied(self) -> bool:
+        outcome = zk_locks.reconcile_write(self.engine.zk, paths.request_path(self.request.id),
+                                           request_codec.encode(self.request),
+                                           self.request.version)
+        if outcome is None:
+            return False
+        self.request.version = outcome[0]
+        self.log.info("The final write was applied although its reply was lost")
+        return True
+
+    def _final_failed(self, exc: errors.TxnFailed, locks: list[HeldLock]) -> Final:
+        if exc.path == paths.request_path(self.request.id):
+            if isinstance(exc.cause, errors.NoNodeError):
+                return GONE
+            if isinstance(exc.cause, errors.VersionConflict):
+                # Nobody should write a request we hold locked; adopt what is there
+                # (keeping our decision) and write it again on the next pass.
+                fresh = self.engine.requests.get(self.request.id)
+                if fresh is None:
+                    return GONE
+                self.request.version = fresh.version
+                self.request.relative_priority = fresh.relative_priority
+                self.request.extra = fresh.extra
+                self.wake()
+                return RETRY
+        for slot in self.slots:
+            if slot.node is not None and exc.path == paths.node_path(slot.node.id) \
+                    and isinstance(exc.cause, errors.VersionConflict):
+                # We hold this node's lock, so the newer version is a write of ours whose
+                # reply was lost (or someone ignoring the lock): our decision stands, so
+                # write it over that version on the next pass instead of failing forever.
+                stat = self.engine.zk.exists(exc.path)
+                if stat is None:
+                    break
+                self._node_log(slot.node).warning(
+                    "Node changed under our lock (version %d, expected %d); writing again",
+                    stat.version, slot.node.version)
+                slot.node.version = stat.version
+                self.wake()
+                return RETRY
+        for slot in self.slots:
+            if slot.node is not None and exc.path == paths.node_path(slot.node.id) \
+                    and isinstance(exc.cause, errors.NoNodeError):
+                # Someone removed a node we held (e.g. an operator): replace it.
+                self._node_log(slot.node).warning("Node vanished while locked; replacing it")
+                if slot.lock is not None:
+                    slot.lock.release()
+                slot.state, slot.node, slot.lock = SlotState.NEED, None, None
+                slot.result, slot.reused = None, False
+                self.wake()
+                return RETRY
+        if exc.path.endswith(tuple(lock.node for lock in locks + [self.lock])):
+            self.abandon("a lock vanished before the final write")
+            return DONE
+        raise exc.cause from exc
+
+    def _fulfil(self) -> None:
+        txn, locks = self._final_txn(allocated=True)
+        self.request.nodes = [s.node.id for s in self.slots if s.node is not None]
+        self.request.state = model.FULFILLED
+        self.request.state_time = self.engine.clock.time()
+        self.engine.requests.add_store(txn, self.request, self.lock, release=True)
+        outcome = self._commit_final(txn, locks, with_request=True)
+        if self._settle(outcome, "Fulfilled request with nodes %s",
+                        self.request.nodes) is RETRY:
+            self.request.state = model.PENDING
+        elif outcome == DONE:
+            for slot in self.slots:
+                if slot.node is not None and not slot.reused:
+                    lifecycle.report_ready(self.engine.stats, slot.node)
+                    lifecycle.record_ready(self.engine.events, slot.node)
+
+    def _decline(self, reason: str, code: str | None = None) -> None:
+        txn, locks = self._final_txn(allocated=False)
+        saved = (list(self.request.declined_by), self.request.state, list(self.request.nodes))
+        lifecycle.note_decline(self.request, self.ref.pool_id, reason, code)
+        registered = self.registered_ids() | {self.ref.pool_id}
+        state = plan.record_decline(self.request, self.ref.pool_id, registered,
+                                    self.engine.clock.time())
+        self.engine.requests.add_store(txn, self.request, self.lock, release=True)
+        if self._settle(self._commit_final(txn, locks, with_request=True),
+                        "Declined request (%s); request is now %s", reason, state) is RETRY:
+            self.request.declined_by, self.request.state, self.request.nodes = saved
+
+    def _settle(self, outcome: Final, message: str, *args: object) -> Final:
+        """Act on the outcome of the final transaction (see `_commit_final`)."""
+        if outcome is GONE:
+            self._finish_cancelled()
+        elif outcome is DONE and not self.done:
+            self.done = True
+            self.log.info(message, *args)
+        return outcome
+
+    def _finish_cancelled(self) -> None:
+        """The requestor deleted the request: keep its ready nodes, unallocated, for reuse.
+
+        Only called once no launch is running: launches of a cancelled request finish,
+        so their nodes can serve the next request.
+        """
+        txn, locks = self._final_txn(allocated=False)
+        try:
+            if len(txn):
+                self._commit_final(txn, locks, with_request=False)
+        finally:
+            for slot in self.slots:
+                if slot.lock is not None and not slot.lock.released:
+                    slot.lock.release()
+            self.lock.release()
+        self.done = True
+        self.log.info("Request was cancelled; released %d ready node(s) for reuse",
+                      len(locks))

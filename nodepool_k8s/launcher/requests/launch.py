@@ -1,0 +1,271 @@
+"""Running node launches: a bounded thread pool per provider and the retry policy.
+
+Owns: calling `provider.launch` for one node (attempt after attempt, up to the provider's
+`launch-retries`), recording the external id on the node as soon as the driver reports it
+(so a crash leaves a traceable record), classifying the outcome and reporting
+`nodepool.launch.*` stats. Launches run on a `LaunchPool`: at most `max-concurrency`
+threads per provider (or `launch_workers` when unlimited), never one thread per node. The
+threads start as launches overlap and then stay: a launcher's thread count grows to that
+bound over its first busy minutes and never past it.
+
+Before anything else a launch collects the answer to the node's lock + `building`
+transaction, which the pool worker sent without waiting (so it could go on to the next
+request of a burst): only a node locked by us is launched.
+
+Outcomes (`Outcome`): READY (with the LaunchResult), FAILED (every attempt failed, or a
+non-retryable error), ABORTED (the cloud refused for quota, or the provider cannot act at
+all now, `ProviderUnavailable`, e.g. its credentials are refused: not a failure, counted
+against no label, the request waits), CANCELLED (shutdown or session loss set the cancel
+event), UNLOCKED (the node could not be locked: nothing was launched, the handler
+replaces the node). This module writes only the external id; the request handler writes
+every other state change.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from nodepool_k8s.core import conditions as cond
+from nodepool_k8s.runtime import stats
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
+from nodepool_k8s.driver.base import LaunchResult, LaunchSpec, Provider, RequestInfo
+from nodepool_k8s.core.errors import LaunchError, ProviderUnavailable, QuotaExceeded, TemporaryError
+from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.nodes import NodeStore, PendingLock
+
+
+class Outcome(enum.Enum):
+    READY = "ready"
+    FAILED = "failed"
+    ABORTED = "aborted"
+    CANCELLED = "cancelled"
+    UNLOCKED = "unlocked"  # the new node could not be locked: nothing was launched
+
+
+READY, FAILED, ABORTED, CANCELLED, UNLOCKED = (Outcome.READY, Outcome.FAILED, Outcome.ABORTED,
+                                               Outcome.CANCELLED, Outcome.UNLOCKED)
+
+
+@dataclass(frozen=True)
+class LaunchOutcome:
+    kind: Outcome
+    result: LaunchResult | None = None
+    error: str = ""
+    attempts: int = 0
+    # The type of the last attempt's exception (FAILED, ABORTED): stats tell a driver's
+    # LaunchError from anything unexpected by type, never by the error text.
+    error_type: type[BaseException] | None = None
+    reason: str = ""  # one of conditions.REASONS for failed and aborted outcomes
+
+
+class LaunchPool:
+    """The bounded set of launch threads of one provider (shared by its pools)."""
+
+    def __init__(self, provider: str, workers: int) -> None:
+        self.provider = provider
+        self.workers = workers
+        self._executor = ThreadPoolExecutor(max_workers=workers,
+                                            thread_name_prefix=f"launch-{provider}")
+        self._lock = threading.Lock()
+        self._in_flight = 0
+
+    @property
+    def in_flight(self) -> int:
+        with self._lock:
+            return self._in_flight
+
+    def submit(self, fn: Callable[[], LaunchOutcome],
+               done: Callable[[], None]) -> "Future[LaunchOutcome]":
+        with self._lock:
+            self._in_flight += 1
+
+        def run() -> LaunchOutcome:
+            try:
+                return fn()
+            finally:
+                with self._lock:
+                    self._in_flight -= 1
+
+        future = self._executor.submit(run)
+        # `done` (the pool worker's wake) must run once the future reports done: called
+        # from inside `run` it could wake the worker before the result is set, the worker
+        # would see the launch still running and sleep until some unrelated event.
+        future.add_done_callback(lambda _future: done())
+        return future
+
+    def shutdown(self, wait: bool = True) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=False)
+
+
+def apply_result(node: Node, result: LaunchResult) -> None:
+    """Copy what the driver reported onto the node record (written at fulfilment)."""
+    node.set(external_id=result.external_id, connection_type=result.connection_type,
+             connection_port=result.connection_port, interface_ip=result.interface_ip,
+             host_id=result.host_id, cloud=result.cloud, python_path=result.python_path,
+             shell_type=result.shell_type, driver_data=result.driver_data)
+    if result.resources:
+        node.set(resources=dict(result.resources))
+    if result.hostname:
+        node.set(hostname=result.hostname)
+    if result.username:
+        node.set(username=result.username)
+    if result.extra:
+        node.extra.update(result.extra)
+
+
+def request_info(request: NodeRequest) -> RequestInfo:
+    return RequestInfo(id=request.id, labels=tuple(request.node_types),
+                       requestor=request.requestor, requestor_data=request.requestor_data,
+                       relative_priority=request.relative_priority,
+                       event_id=request.event_id, created_time=request.created_time,
+                       tenant_name=request.tenant_name)
+
+
+@dataclass
+class NodeLaunch:
+    """Everything one launch needs; `run` executes on a LaunchPool thread.
+
+    The node's lock + `building` transaction was sent by the pool worker (`pending_lock`),
+    which went on to its next request instead of waiting for the answer: the launch
+    collects it first, and reports UNLOCKED (nothing launched) if it did not get the lock.
+    """
+
+    provider: Provider
+    provider_config: ProviderConfig
+    pool: PoolConfig
+    label: PoolLabel
+    request: NodeRequest
+    node: Node
+    pending_lock: PendingLock
+    nodes: NodeStore
+    cancel: threading.Event
+    stats: stats.Stats
+    log: logging.LoggerAdapter[logging.Logger]
+    # Told of every failed attempt (attempt, reason, message): the event log.
+    on_attempt_failed: Callable[[int, str, str], None] | None = None
+    clock: Clock = SYSTEM_CLOCK
+    # Set by `run` once the pending lock is ours: the handler takes it from here.
+    lock: HeldLock | None = None
+
+    def _attempt_failed(self, attempt: int, reason: str, error: str) -> None:
+        if self.on_attempt_failed is not None:
+            try:
+                self.on_attempt_failed(attempt, reason, error)
+            except Exception as exc:  # best effort: never fails a launch
+                self.log.debug("Could not record the failed attempt: %s", exc)
+
+    def _progress(self, external_id: str, *updates: cond.Condition) -> None:
+        # Condition updates ride along with the next write (the external id's now, or the
+        # handler's final one): no write of their own.
+        for update in updates:
+            self.node.set_condition(update)
+        if self.node.external_id == external_id:
+            return
+        self.node.set(external_id=external_id)
+        lock = self.lock
+        assert lock is not None  # progress is reported only after `run` took the lock
+        try:
+            self.nodes.store(self.node, lock)
+        except Exception as exc:
+            # Without the lock nothing we do for this node counts any more: stop early.
+            self.log.warning("Could not record external id %s: %s", external_id, exc)
+            if not lock.valid:
+                self.cancel.set()
+
+    def run(self) -> LaunchOutcome:
+        try:
+            lock = self.pending_lock.result()
+        except Exception as exc:
+            self.log.warning("Could not lock the new node: %s", exc)
+            return LaunchOutcome(UNLOCKED, error=f"{type(exc).__name__}: {exc}")
+        if lock is None:
+            return LaunchOutcome(UNLOCKED, error="someone else locked the new node")
+        self.lock = lock
+        return self._run_locked(lock)
+
+    def _run_locked(self, lock: HeldLock) -> LaunchOutcome:
+        started = time.monotonic()
+        outcome = self._attempts()
+        result = {READY: stats.RESULT_READY, ABORTED: stats.RESULT_QUOTA}.get(outcome.kind)
+        if outcome.kind is ABORTED and outcome.error_type is not None \
+                and issubclass(outcome.error_type, ProviderUnavailable):
+            result = stats.RESULT_UNAVAILABLE
+        if result is None:
+            if outcome.kind is CANCELLED:
+                result = stats.RESULT_ZKSESSION if not lock.valid \
+                    else stats.RESULT_UNKNOWN
+            else:
+                failed_by_driver = outcome.error_type is not None \
+                    and issubclass(outcome.error_type, LaunchError)
+                result = stats.RESULT_NODEPOOL if failed_by_driver else stats.RESULT_UNKNOWN
+        self.stats.launch(self.provider_config.name, self.request.requestor, result,
+                          (time.monotonic() - started) * 1000.0)
+        if outcome.kind in (FAILED, ABORTED):
+            self.node.conditions = cond.fail(self.node.conditions, outcome.reason,
+                                             outcome.error, self.clock.time())
+            self.stats.launch_error(self.provider_config.name, outcome.reason)
+        return outcome
+
+    def _attempts(self) -> LaunchOutcome:
+        attempts = max(1, self.provider_config.launch_retries)
+        error = ""
+        error_type: type[BaseException] | None = None
+        reason = "Unknown"
+        if not self.node.conditions:
+            self.node.conditions = cond.initial(self.clock.time())
+        for attempt in range(1, attempts + 1):
+            if self.cancel.is_set():
+                return LaunchOutcome(CANCELLED, attempts=attempt - 1)
+            if attempt > 1:
+                self.node.conditions = cond.restart(
+                    self.node.conditions, self.clock.time(),
+                    f"attempt {attempt}/{attempts} after {reason}: {error}")
+            spec = LaunchSpec(node_id=self.node.id, provider=self.provider_config,
+                              pool=self.pool, label=self.label,
+                              request=request_info(self.request), attempt=attempt)
+            try:
+                result = self.provider.launch(spec, self.cancel, self._progress)
+                self.log.info("Node launched as %s (attempt %d)", result.external_id, attempt)
+                return LaunchOutcome(READY, result, attempts=attempt)
+            except QuotaExceeded as exc:
+                self.log.info("Cloud refused the launch for quota: %s", exc)
+                return LaunchOutcome(ABORTED, error=f"QuotaExceeded: {exc}",
+                                     attempts=attempt, error_type=type(exc),
+                                     reason="QuotaExceeded")
+            except ProviderUnavailable as exc:
+                # The provider's trouble (its credentials refused, say), not the label's:
+                # no further attempt now, no failure; the request waits and is retried.
+                # The driver reports the cause once; this is one line per node.
+                self.log.info("Provider cannot launch now; the request waits: %s", exc)
+                reason = cond.reason(exc.reason)
+                return LaunchOutcome(ABORTED, error=f"{reason}: {exc}", attempts=attempt,
+                                     error_type=type(exc), reason=reason)
+            except LaunchError as exc:
+                if self.cancel.is_set():
+                    return LaunchOutcome(CANCELLED, attempts=attempt)
+                error, error_type = f"LaunchError({exc.reason}): {exc}", type(exc)
+                reason = cond.reason(exc.reason)
+                self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
+                if not exc.retryable:
+                    self._attempt_failed(attempt, reason, error)
+                    break
+            except TemporaryError as exc:
+                error, error_type = f"{type(exc).__name__}: {exc}", type(exc)
+                reason = "ApiError"
+                self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
+            except Exception as exc:
+                error, error_type = f"{type(exc).__name__}: {exc}", type(exc)
+                reason = "Unknown"
+                self.log.exception("Launch attempt %d/%d failed unexpectedly", attempt,
+                                   attempts)
+            self._attempt_failed(attempt, reason, error)
+        return LaunchOutcome(FAILED, error=error, attempts=attempts, error_type=error_type,
+                             reason=reason)

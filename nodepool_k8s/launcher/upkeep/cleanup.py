@@ -1,0 +1,497 @@
+"""Cleanup: everything that returns resources and requests after someone stopped caring.
+
+Owns, for nodes of this launcher's providers (decisions in `plan.node_cleanup`):
+- deleting unlocked nodes in used / in-use / building / failed / deleting / deleted /
+  aborted, stale `init` nodes, ready nodes past `max-ready-age`, held nodes past
+  min(`hold_expiration`, `max-hold-age`) (through the deleter);
+- de-allocating ready nodes whose request vanished (cancellation), so they are reused;
+- resetting lost requests: `pending` with nobody holding the lock goes back to `requested`
+  with `nodes: []` and its nodes de-allocated (their launcher died);
+- removing node znodes without data and request-lock dirs older than 8 h with no request
+  (`lock_dir_max_age`). Zuul deletes a request but never its lock dir, so ZooKeeper holds
+  one dir per request of the last 8 h and this worker one entry per dir (its due time and
+  first-seen age, about 0.2 KiB): a table that grows with the request rate for 8 h, then
+  stays (100,000 requests a day: about 33,000 entries, some 7 MiB);
+- reporting lock contenders that are not ephemeral (no session will release them), once
+  each, and publishing what they lock (`engine.stuck_nodes`, `stuck_requests`);
+- the leak sweep (see leaks.py).
+
+Event-driven: node changes (data or lock contenders) mark that node dirty and wake the
+worker; a request deletion dirties the nodes allocated to it; a component disappearing
+(another launcher died) triggers the lost-request check. A full pass runs at
+`cleanup_interval`, and timed work (expiries, retries, sweeps) sets the next deadline. All
+steps are idempotent; each is isolated so one failing step does not stop the others.
+
+Time: the passes, retries and sweeps are scheduled on monotonic time. The ages that decide
+an expiry (a node's `state_time`, an empty node's or a request-lock dir's mtime, taken by
+other machines' clocks) are judged by `clock.StampAges`: wall time when this launcher first
+looks, monotonic time after, so a step of the wall clock neither deletes a node early (a
+forward step of a day does not expire every hold) nor stalls a deletion (a backward step
+of an hour does not keep a node past its `max-ready-age` for an hour).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Callable, Protocol
+
+from nodepool_k8s.runtime import logconfig
+from nodepool_k8s.core import model
+from nodepool_k8s.core.errors import TemporaryError
+from nodepool_k8s.runtime.clock import Clock, StampAges
+from nodepool_k8s.config.model import Config
+from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.upkeep.deleter import NodeDeleter
+from nodepool_k8s.launcher.upkeep.leaks import LeakDeps, LeakSweeper
+from nodepool_k8s.launcher.worker import PASS_COALESCE, RefusedRequests, Worker
+from nodepool_k8s.core.model import Node
+from nodepool_k8s.runtime.stats import Stats
+from nodepool_k8s.zk import errors, locks, paths
+from nodepool_k8s.zk.cache import CacheEvent, RequestCache
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.requests import RequestStore
+from nodepool_k8s.zk.txn import Txn
+
+# The earliest a timed cleanup pass follows the previous one (seconds).
+MIN_PASS_GAP = 0.5
+# Node states in which the launcher itself holds node locks (launching, deleting).
+OWN_LOCK_STATES = frozenset({model.INIT, model.BUILDING, model.DELETING, model.DELETED,
+                             model.ABORTED, model.FAILED})
+
+
+class CleanupDeps(LeakDeps, Protocol):
+    """What cleanup uses of the launcher's shared state (`context.Engine` is one)."""
+
+    @property
+    def zk(self) -> ZkClient: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def acting(self) -> bool: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
+
+    @property
+    def request_cache(self) -> RequestCache: ...
+
+    @property
+    def requests(self) -> RequestStore: ...
+
+    # Written by the persistent-lock check, read by min-ready and the pool workers.
+    stuck_nodes: frozenset[str]
+    stuck_requests: frozenset[str]
+
+    def wake_all(self) -> None: ...
+
+
+class CleanupWorker(Worker):
+    def __init__(self, engine: CleanupDeps, deleter: NodeDeleter) -> None:
+        super().__init__("CleanupWorker", engine.clock, engine.stats.thread_crashed,
+                         coalesce=PASS_COALESCE)
+        self.engine = engine
+        self.deleter = deleter
+        self.leaks = LeakSweeper(engine, deleter)
+        self._dirty: set[str] = set()
+        self._dirty_lock = threading.Lock()
+        # Monotonic times of the next full pass and of the next node (or empty znode) that
+        # may become due.
+        self._next_full = -math.inf
+        self._next_recheck = math.inf
+        self._lost_due = True
+        # Ages of nodes in their state, of empty node znodes and of request-lock dirs.
+        self._node_ages = StampAges(engine.clock)
+        self._empty_ages = StampAges(engine.clock)
+        self._lock_dir_ages = StampAges(engine.clock)
+        # Request-lock dir -> monotonic time before which it cannot be old enough to go.
+        self._lock_dir_due: dict[str, float] = {}
+        self._orphans_seen: set[str] = set()
+        # Persistent lock contenders (`_persistent_locks`): what the last full pass saw.
+        self._held_before: set[str] = set()
+        self._waiting_before: set[str] = set()
+        self._judged: dict[str, bool] = {}  # contender path -> not ephemeral
+        self._refused = RefusedRequests(self.log)
+        # Empty node znodes we may not remove (a child another client's ACL keeps): said
+        # once, tried again on full passes only.
+        self._empty_refused: set[str] = set()
+        self.orphans_released = 0
+
+    # -- cache listeners (quick, on the cache thread) -------------------------------------
+    def on_node_event(self, kind: CacheEvent, node_id: str) -> None:
+        if kind in (CacheEvent.CHANGED, CacheEvent.LOCK, CacheEvent.REMOVED):
+            with self._dirty_lock:
+                self._dirty.add(node_id)
+            self.wake()
+
+    def on_request_event(self, kind: CacheEvent, request_id: str) -> None:
+        if kind is CacheEvent.REMOVED:
+            nodes = self.engine.node_cache.allocated_to(request_id)
+            if nodes:
+                with self._dirty_lock:
+                    self._dirty.update(nodes)
+                self.wake()
+
+    def on_component_event(self, kind: CacheEvent, key: str) -> None:
+        if kind is CacheEvent.REMOVED:
+            self._lost_due = True
+            self.wake()
+
+    def request_full_pass(self) -> None:
+        self._next_full = -math.inf
+        self._lost_due = True
+        self.wake()
+
+    # -- the pass -------------------------------------------------------------------------
+    def run_once(self) -> float | None:
+        if not self.engine.acting:
+            return None
+        now = self.clock.monotonic()
+        full = now >= self._next_full or now >= self._next_recheck
+        if full:
+            self._next_full = now + self.engine.settings.cleanup_interval
+        with self._dirty_lock:
+            dirty, self._dirty = self._dirty, set()
+        dirty.update(self.deleter.due_retries())
+        self.deleter.resume_due()
+        ids = self.engine.node_cache.ids() if full else list(dirty)
+        self._step("nodes", lambda: self._nodes(ids, now, full))
+        self._step("empty nodes", lambda: self._empty_nodes(now, full))
+        if full or self._lost_due:
+            self._lost_due = False
+            self._step("lost requests", self._lost_requests)
+        if full:
+            self._step("request-lock dirs", lambda: self._lock_dirs(now))
+            self._step("orphaned locks", self._orphaned_locks)
+            self._step("persistent locks", self._persistent_locks)
+        self._step("leak sweep", lambda: self.leaks.sweep_due(now))
+        due = min(self._next_full, self._next_recheck, self.deleter.next_retry(),
+                  self.leaks.next_due())
+        # Everything due was acted on in this pass; a deadline still in the past means
+        # nothing will act on it, and re-running at once would only spin. Events (cache
+        # changes, finished deletions) still wake the worker immediately.
+        return max(due, self.clock.monotonic() + MIN_PASS_GAP)
+
+    def _step(self, name: str, fn: Callable[[], None]) -> None:
+        """Run one cleanup task; a failure is logged and does not stop the others."""
+        try:
+            fn()
+        except TemporaryError as exc:  # ZooKeeper unreachable or the session lost
+            self.log.warning("Cleanup step %s interrupted: %s", name, exc)
+        except Exception:
+            self.log.exception("Cleanup step %s failed", name)
+
+    def _age(self, node: plan.NodeFacts) -> float:
+        """How long `node` has been in its state, step-proof (see the module docstring)."""
+        stamp = node.state_time
+        if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
+            return 0.0
+        return self._node_ages.age(node.id, float(stamp))
+
+    def _verdict(self, node: plan.NodeFacts, locked: bool) -> plan.NodeVerdict:
+        allocated = node.allocated_to
+        exists = not (node.state == model.READY and allocated
+                      and allocated not in self.engine.request_cache)
+        return plan.node_cleanup(node, age=self._age(node), locked=locked,
+                                 config=self.engine.config, request_exists=exists,
+                                 stale_init_age=self.engine.settings.stale_init_age)
+
+    def _nodes(self, ids: list[str], now: float, full: bool) -> None:
+        """`now`: monotonic."""
+        ours = set(self.engine.config.providers)
+        cache = self.engine.node_cache
+        next_check = math.inf
+        candidates: list[str] = []
+        for node_id in ids:
+            node = cache.get(node_id)
+            if node is None:
+                self.deleter.forget(node_id)  # gone: a pending retry has nothing to do
+                self._node_ages.forget(node_id)
+                continue
+            if node.provider not in ours or self.deleter.busy(node_id):
+                continue
+            verdict = self._verdict(node, locked=False)
+            next_check = min(next_check, now + verdict.recheck_in)
+            # Between full passes trust the cache's lock view (its events tell us when a
+            # node is unlocked); a full pass checks every candidate against ZooKeeper.
+            if verdict.action is not plan.CleanupAction.NONE \
+                    and (full or not cache.is_locked(node_id)):
+                candidates.append(node_id)
+        # The cache shows a node and its lock contenders as separate znodes, so it can
+        # briefly look unlocked: read both fresh (batched) before spending a lock attempt.
+        for node_id, fresh, locked in self.engine.nodes.read_with_locks(candidates):
+            if fresh is None:
+                continue
+            verdict = self._verdict(fresh, locked)
+            if verdict.action is plan.CleanupAction.DELETE:
+                self.deleter.submit(node_id, verdict.reason, self._still_deletable)
+            elif verdict.action is plan.CleanupAction.DEALLOCATE:
+                self._deallocate(node_id)
+        if full:
+            self._next_recheck = next_check
+            self._reconcile()
+            live = set(cache.ids())
+            self.deleter.prune(live)
+            self._node_ages.keep(live)
+        else:
+            self._next_recheck = min(self._next_recheck, next_check)
+
+    def _orphaned_locks(self) -> None:
+        """Release locks our own session holds for work that no longer exists.
+
+        A lock whose holder vanished inside this process (an ambiguous commit, a crashed
+        handler) would otherwise be held until the session ends: the request is never
+        reset, the node never cleaned. Only where the launcher itself takes locks is
+        looked at (pending requests; nodes being built or deleted), and a contender must be
+        seen orphaned on two full passes in a row (a lock being taken right now is not).
+        """
+        engine = self.engine
+        dirs = [paths.request_lock_path(r.id) for r in engine.request_cache.requests()
+                if r.state == model.PENDING]
+        dirs += [paths.node_lock_path(n.id) for n in engine.node_cache.nodes()
+                 if n.state in OWN_LOCK_STATES]
+        found = set(locks.orphaned_contenders(engine.zk, dirs))
+        for path in sorted(found & self._orphans_seen):
+            try:
+                engine.zk.delete(path)
+            except errors.NoNodeError:
+                continue
+            self.orphans_released += 1
+            self.log.warning("Released lock %s: held by this launcher's session but by no "
+                             "live work", path)
+            self.wake()
+        self._orphans_seen = found - self._orphans_seen
+
+    def _persistent_locks(self) -> None:
+        """Report lock contenders that are not ephemeral, once each, and tell the other
+        workers which nodes and requests they keep locked (`engine.stuck_*`).
+
+        Such a contender (left by a tool or a hand edit) is released by no session: what
+        it locks stays locked for ever, as with Nodepool, which said nothing. Only
+        contenders seen on two full passes in a row are looked at, with one batched stat
+        each, once in their life; a request's lock dir is listed (batched) from its second
+        full pass as `requested` or `pending` on. Lock events and lock attempts cost nothing
+        more.
+        """
+        engine = self.engine
+        owners: dict[str, tuple[str, str]] = {}  # contender path -> ("node"|"request", id)
+        for node_id, names in engine.node_cache.held().items():
+            lock_dir = paths.node_lock_path(node_id)
+            for name in names:
+                owners[f"{lock_dir}/{name}"] = ("node", node_id)
+        requests = {r.id: r for r in engine.request_cache.requests()
+                    if r.state in (model.REQUESTED, model.PENDING)}
+        waited = sorted(set(requests) & self._waiting_before)
+        dirs = {paths.request_lock_path(i): i for i in waited}
+        self._waiting_before = set(requests)
+        for lock_dir, listed in locks.contenders_of(engine.zk, list(dirs)).items():
+            for name in listed:
+                owners[f"{lock_dir}/{name}"] = ("request", dirs[lock_dir])
+        fresh = [p for p in owners if p in self._held_before and p not in self._judged]
+        persistent = set(locks.not_ephemeral(engine.zk, fresh))
+        for path in fresh:
+            self._judged[path] = path in persistent
+            if path not in persistent:
+                continue
+            kind, key = owners[path]
+            if kind == "node":
+                node = engine.node_cache.get(key)
+                self.log.warning(
+                    "Lock contender %s is not ephemeral: no ZooKeeper session will ever "
+                    "release it, so node %s (%s) stays locked; remove it with `nodepool "
+                    "delete --force %s` or a ZooKeeper client", path, key,
+                    node.state if node is not None else "?", key)
+            else:
+                self.log.warning(
+                    "Lock contender %s is not ephemeral: no ZooKeeper session will ever "
+                    "release it, so request %s (%s) stays locked and is not served; "
+                    "remove it with a ZooKeeper client", path, key, requests[key].state)
+        self._judged = {p: v for p, v in self._judged.items() if p in owners}
+        self._held_before = set(owners)
+        stuck = [owners[p] for p, persistent_one in self._judged.items() if persistent_one]
+        nodes = frozenset(key for kind, key in stuck if kind == "node")
+        held_requests = frozenset(key for kind, key in stuck if kind == "request")
+        changed = (nodes, held_requests) != (engine.stuck_nodes, engine.stuck_requests)
+        engine.stuck_nodes, engine.stuck_requests = nodes, held_requests
+        if changed:  # min-ready counts spares anew; a request freed by hand is served
+            engine.wake_all()
+
+    def _reconcile(self) -> None:
+        """Evict cache entries ZooKeeper no longer has (a safety net for missed events)."""
+        engine = self.engine
+        for cache, store, path in ((engine.node_cache, engine.nodes, paths.node_path),
+                                   (engine.request_cache, engine.requests,
+                                    paths.request_path)):
+            present = set(store.ids())
+            for key in [k for k in cache.ids() if k not in present]:
+                if engine.zk.exists(path(key)) is None:
+                    self.log.warning("Evicting %s from the cache: it no longer exists", key)
+                    cache.evict(key)
+
+    def _still_deletable(self, node: Node) -> bool:
+        """Re-check under the lock (we hold it, so `locked` is False for this purpose)."""
+        verdict = plan.node_cleanup(node, age=self._age(node), locked=False,
+                                    config=self.engine.config, request_exists=True,
+                                    stale_init_age=self.engine.settings.stale_init_age)
+        return verdict.action is plan.CleanupAction.DELETE
+
+    def _deallocate(self, node_id: str) -> None:
+        engine = self.engine
+        cached = engine.node_cache.get(node_id)
+        if cached is None or not cached.allocated_to \
+                or engine.requests.exists(cached.allocated_to):
+            return
+        got = engine.nodes.lock_and_read(node_id)
+        if got is None:
+            return
+        lock, node = got
+        try:
+            request_id = node.allocated_to
+            if node.state != model.READY or not request_id \
+                    or engine.requests.exists(request_id):
+                return
+            node.set(allocated_to=None)
+            engine.nodes.store_and_release(node, lock)
+            logconfig.annotate(self.log, node_id=node_id).info(
+                "De-allocated ready node: request %s is gone", request_id)
+        finally:
+            if not lock.released:
+                lock.release()
+
+    def _empty_nodes(self, now: float, full: bool) -> None:
+        """`now`: monotonic. An empty znode's age is ZooKeeper's mtime judged by
+        `StampAges` (the server's clock, then ours)."""
+        empty = self.engine.node_cache.empty_ids()
+        self._empty_refused &= set(empty)
+        self._empty_ages.keep(set(empty))
+        limit = self.engine.settings.empty_node_age
+        for node_id in empty:
+            if node_id in self._empty_refused and not full:
+                continue
+            found = self.engine.zk.get(paths.node_path(node_id))
+            if found is None or found[0]:
+                continue
+            age = self._empty_ages.age(node_id, found[1].mtime)
+            if age < limit:
+                self._next_recheck = min(self._next_recheck, now + limit - age)
+                continue
+            try:
+                self.engine.nodes.delete_unlocked(node_id)
+            except errors.ZkAuthError as exc:
+                # Raising failed this step on every pass (each node event makes one), with
+                # a traceback each time, and left the empty nodes after it alone.
+                if node_id not in self._empty_refused:
+                    self._empty_refused.add(node_id)
+                    self.log.warning("Leaving node znode %s without data: %s", node_id, exc)
+                continue
+            self.log.info("Removed node znode %s without data", node_id)
+
+    def _lost_requests(self) -> None:
+        engine = self.engine
+        requests = engine.request_cache.requests()
+        if self._refused:
+            self._refused.keep_only({r.id for r in requests})
+        for request in requests:
+            if request.state != model.PENDING or engine.stopping.is_set() \
+                    or self._refused.skip(request):
+                continue
+            try:
+                self._reset_if_lost(request)
+            except errors.ZkAuthError as exc:
+                self._refused.refuse(request, exc)
+
+    def _reset_if_lost(self, request: model.NodeRequest) -> None:
+        engine = self.engine
+        if engine.requests.lock_contenders(request.id):
+            return  # somebody is working on it
+        got = engine.requests.lock_and_read(request.id)
+        if got is None:
+            return
+        lock, fresh = got
+        try:
+            if fresh.state == model.PENDING:
+                self._reset(fresh, lock)
+        finally:
+            if not lock.released:
+                lock.release()
+
+    def _reset(self, request: model.NodeRequest, lock: HeldLock) -> None:
+        engine = self.engine
+        txn = Txn()
+        node_locks: list[HeldLock] = []
+        try:
+            node_ids = set(engine.node_cache.allocated_to(request.id)) | set(request.nodes)
+            for node_id in sorted(node_ids):
+                got = engine.nodes.lock_and_read(node_id)
+                if got is None:
+                    continue
+                node_lock, node = got
+                node_locks.append(node_lock)
+                if node.allocated_to == request.id and node.state == model.INIT:
+                    node.state, node.state_time = model.DELETING, self.clock.time()
+                elif node.allocated_to == request.id and node.state == model.READY:
+                    node.set(allocated_to=None)
+                else:
+                    # Building etc.: unlocked, so the node cleanup deletes it anyway.
+                    node_lock.release_in(txn)
+                    continue
+                engine.nodes.add_store(txn, node, node_lock, release=True)
+            request.state, request.state_time = model.REQUESTED, self.clock.time()
+            request.nodes = []
+            engine.requests.add_store(txn, request, lock, release=True)
+            try:
+                txn.commit(engine.zk)
+            except errors.TxnFailed as exc:
+                if exc.path != paths.request_path(request.id) \
+                        or not isinstance(exc.cause, errors.NoNodeError):
+                    raise
+                # Zuul deleted it meanwhile (a cancel needs no lock): nothing to reset. Its
+                # nodes are de-allocated or removed by the node cleanup like any others.
+                logconfig.annotate(self.log, request.event_id, request.id).info(
+                    "Lost request was deleted before its reset")
+                return
+            lock.mark_released()
+            for node_lock in node_locks:
+                node_lock.mark_released()
+            logconfig.annotate(self.log, request.event_id, request.id).info(
+                "Reset lost request to requested")
+        finally:
+            for node_lock in node_locks:
+                if not node_lock.released:
+                    node_lock.release()
+
+    def _lock_dirs(self, now: float) -> None:
+        """`now`: monotonic. A dir's age is ZooKeeper's mtime judged by `StampAges`."""
+        engine = self.engine
+        max_age = engine.settings.lock_dir_max_age
+        present = set(engine.requests.lock_dir_ids())
+        for request_id in [r for r in self._lock_dir_due if r not in present]:
+            del self._lock_dir_due[request_id]
+        self._lock_dir_ages.keep(present)
+        for request_id in present:
+            if request_id in engine.request_cache:
+                continue
+            # Stat each dir once; look again only when it may have become old enough.
+            if now < self._lock_dir_due.get(request_id, -math.inf):
+                continue
+            stat = engine.zk.exists(paths.request_lock_path(request_id))
+            if stat is None:
+                continue
+            age = self._lock_dir_ages.age(request_id, stat.mtime)
+            if age < max_age:
+                self._lock_dir_due[request_id] = now + max_age - age
+                continue
+            # Removed only if unchanged since it was judged old (its mtime).
+            if engine.requests.delete_orphan_lock_dir(request_id, stat.mtime):
+                self._lock_dir_due.pop(request_id, None)
+                self._lock_dir_ages.forget(request_id)
+                self.log.info("Removed orphaned request-lock dir %s", request_id)

@@ -1,0 +1,583 @@
+"""Deleting nodes and leaked cloud resources, on a bounded pool of threads.
+
+Owns: the node deletion protocol and its retries. For a node: lock it (non-blocking),
+re-read, re-check that it should still go (`check`), write `deleting`, have the provider
+delete the resource and confirm it is gone, then remove the znode with its lock in
+one transaction (`deleted` is written first only when another contender waits). A node
+whose resource could not be confirmed gone keeps its znode and is retried later with
+backoff: nothing is forgotten. A node whose record names a resource that is not provably
+ours (`NotOwned`: e.g. `kube-system`, or another installation's namespace) gets the reason
+written as `delete_refused`, one WARNING, `nodepool.provider.<p>.delete_refused`, and its
+znode removed; the cloud is not touched. Leaked resources (no node) go through `delete_leak`.
+A deletion the provider reports stuck (`DeletionUnderway.stuck`: a namespace Terminating
+past `terminating-grace`) is shown once per node or leak: the `Deleting` condition False with
+reason `DeletionStuck`, a `delete-stuck` event and `nodepool.provider.<p>.delete_stuck`.
+
+Idempotent: a node already being deleted by this process is not submitted twice; another
+launcher holding the lock simply makes this attempt a no-op.
+
+No thread waits for a resource to go: when the provider hands a deletion back as underway
+(`DeletionUnderway`: a namespace Terminating), the node is parked with its lock still held
+(a leak's deletion is parked the same way, without a lock) and the thread goes on to other
+work; the provider's notice that the resource is gone (or,
+should it never come, the deadline the provider named) finishes it on a deleter thread. So
+a gate reset that releases hundreds of nodes has every deletion in the cluster at once,
+however few deleter threads there are.
+
+Bounded: `delete_workers` threads at most (started as deletions overlap, then kept); the
+retry table only holds work that is still wanted. A node's entry is dropped
+when the deletion succeeds or the node is gone (`forget`, `prune`, called by the cleanup
+worker), a leak's when the resource is no longer listed (`prune_leaks`); `next_retry` only
+names future retries of work that is not running, so the cleanup worker never wakes for a
+deadline that nothing will act on.
+
+Retries and a parked deletion's next look are due on monotonic time: a backward step of
+the wall clock by an hour used to hold every failed deletion for that hour.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Protocol
+
+from nodepool_k8s.core import conditions as cond
+from nodepool_k8s.runtime import logconfig
+from nodepool_k8s.core import model, records
+from nodepool_k8s.core.errors import (DeletionBlocked, DeletionUnderway, NotOwned,
+                                      ProviderUnavailable, TemporaryError, ZkSessionLost)
+from nodepool_k8s.launcher import lifecycle
+from nodepool_k8s.runtime.clock import Clock
+from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.launcher.settings import EngineSettings, next_backoff
+from nodepool_k8s.core.model import Node
+from nodepool_k8s.zk.errors import ZkAuthError, ZkConnectionError
+from nodepool_k8s.runtime.stats import Stats
+from nodepool_k8s.zk.events import EventLog
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.nodes import NodeStore
+
+log = logging.getLogger("nodepool_k8s.NodeDeleter")
+
+# The `Deleting` condition's reason while the provider reports the deletion stuck.
+STUCK_REASON = "DeletionStuck"
+
+Check = Callable[[Node], bool]
+
+
+@dataclass(frozen=True)
+class LeakKey:
+    """A leaked cloud resource in the retry table (node deletions are keyed by node id)."""
+
+    provider: str
+    external_id: str
+
+
+RetryKey = str | LeakKey
+
+
+@dataclass(frozen=True)
+class Retry:
+    due: float  # monotonic
+    delay: float
+
+
+class Removal(enum.Enum):
+    """How `delete_locked` ended."""
+
+    DELETED = "deleted"  # the resource (if any) is gone and so is the znode
+    REFUSED = "refused"  # the resource is not ours: left alone; the znode is gone
+    CONTENDED = "contended"  # the resource is handled; the znode stays (state deleted)
+
+
+@dataclass(frozen=True)
+class Deletion:
+    removal: Removal
+    refused: str | None = None  # why the resource was not touched (`NotOwned`)
+
+
+class Outcome(enum.Enum):
+    """How one pass of the deleter over a node or leak ended."""
+
+    DONE = "done"  # nothing more to do (deleted, refused, gone, not ours to act on)
+    FAILED = "failed"  # retried later with back-off
+    # (A pass may also end in `Parked`: the resource is going, the node waits locked.)
+
+
+@dataclass
+class Parked:
+    """A deletion underway with no thread waiting: a node's (its lock held) or a leaked
+    resource's (`node` and `lock` None)."""
+
+    node: Node | None
+    lock: HeldLock | None
+    reason: str
+    due: float  # ask the provider again by then (monotonic), even without its notice
+
+
+@dataclass(frozen=True)
+class GoneNotice:
+    """The `on_gone` of a deletion (node id or LeakKey): equal for the same key and
+    deleter, so the provider keeps one notice per deletion however often it is asked."""
+
+    deleter: "NodeDeleter"
+    key: RetryKey
+
+    def __call__(self) -> None:
+        self.deleter._gone(self.key)
+
+
+class NodeWrites(Protocol):
+    """The node store's writes the deletion protocol makes (`zk.nodes.NodeStore`)."""
+
+    def store(self, node: Node, held: HeldLock) -> None: ...
+
+    def delete(self, node: Node, held: HeldLock, attempts: int = ...) -> bool: ...
+
+
+class ResourceDeleter(Protocol):
+    """Deletes a node's cloud resource (`driver.base.Provider.delete`): returns once it is
+    gone, raises `NotOwned` for a resource that is not provably ours (untouched), and with
+    `on_gone` may raise `DeletionUnderway` instead of waiting."""
+
+    def delete(self, external_id: str, node_id: str | None = None,
+               on_gone: Callable[[], None] | None = None) -> None: ...
+
+
+def delete_locked(nodes: NodeWrites, node: Node, lock: HeldLock,
+                  resource: ResourceDeleter | None, *, now: Callable[[], float],
+                  reason: str, on_gone: Callable[[], None] | None = None) -> Deletion:
+    """The node deletion protocol, for a node we hold locked (freshly read): the launcher's
+    deleter and `nodepool delete --now` both run it.
+
+    With `resource` (the node's provider): write `deleting` (with the `Deleting` condition)
+    unless already there, delete the resource, on `NotOwned` write the reason as
+    `delete_refused` (and `Deleting` False/NotOwned) and leave the resource alone. Then remove
+    the znode with its lock. Without `resource` only the znode is removed. Errors of the
+    resource deletion (`TemporaryError`: not confirmed gone) propagate with the node left in
+    `deleting`; the caller decides about retries. With `on_gone`, `DeletionUnderway`
+    propagates the same way: the caller keeps the lock and calls again after the notice.
+    """
+    refused: str | None = None
+    if resource is not None:
+        if node.state != model.DELETING:
+            # Recorded first, so a failure below leaves a node its launcher finishes.
+            node.state, node.state_time = model.DELETING, now()
+            lifecycle.mark_deleting(node, node.state_time, reason)
+            nodes.store(node, lock)
+        if node.external_id:
+            try:
+                resource.delete(node.external_id, node_id=node.id, on_gone=on_gone)
+            except NotOwned as exc:
+                refused = str(exc)
+                node.extra["delete_refused"] = refused
+                node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, "NotOwned",
+                                                  refused, now()))
+                nodes.store(node, lock)
+    if not nodes.delete(node, lock):
+        return Deletion(Removal.CONTENDED, refused)
+    return Deletion(Removal.DELETED if refused is None else Removal.REFUSED, refused)
+
+
+class DeleterDeps(Protocol):
+    """What the deleter uses of the launcher's shared state (`context.Engine` is one)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def settings(self) -> EngineSettings: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
+
+    @property
+    def acting(self) -> bool: ...
+
+    @property
+    def nodes(self) -> NodeStore: ...
+
+    @property
+    def providers(self) -> Mapping[str, Provider]: ...
+
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def events(self) -> EventLog: ...
+
+
+class NodeDeleter:
+    def __init__(self, engine: DeleterDeps, workers: int,
+                 on_done: Callable[[], None] = lambda: None) -> None:
+        self.engine = engine
+        self._executor = ThreadPoolExecutor(max_workers=workers,
+                                            thread_name_prefix="deleter")
+        self._lock = threading.Lock()
+        self._in_flight: set[RetryKey] = set()
+        self._retry: dict[RetryKey, Retry] = {}
+        # Deletions whose resource is going (no thread waiting), by node id (the node
+        # locked) or LeakKey.
+        self._parked: dict[RetryKey, Parked] = {}
+        # The provider's notice came while the pass that parks the deletion still ran.
+        self._early_gone: set[RetryKey] = set()
+        self.deleted = 0
+        self.leaks_deleted = 0
+        self.refused = 0
+        # Called after a deletion completed or failed (the cleanup worker re-evaluates).
+        self.on_done = on_done
+        # Nodes ZooKeeper would not let us lock, write or remove (another client's ACL):
+        # said once; their retries (with backoff) are quiet.
+        self._refused: set[str] = set()
+        # Leaked resources whose stuck deletion was reported (once each).
+        self._stuck_leaks: set[LeakKey] = set()
+
+    # -- scheduling -----------------------------------------------------------------------
+    def _claim(self, key: RetryKey) -> bool:
+        with self._lock:
+            if key in self._in_flight or key in self._parked:
+                return False
+            retry = self._retry.get(key)
+            if retry is not None and retry.due > self.engine.clock.monotonic():
+                return False
+            self._in_flight.add(key)
+            return True
+
+    def _release(self, key: RetryKey, result: Outcome | Parked) -> None:
+        settings = self.engine.settings
+        # A notice may have overtaken the pass that parks.
+        parked = result if isinstance(result, Parked) else None
+        with self._lock:
+            resume = parked is not None and key in self._early_gone
+            self._early_gone.discard(key)
+            if not resume:
+                self._in_flight.discard(key)
+                if parked is not None:
+                    self._parked[key] = parked
+            if result is Outcome.FAILED:
+                last = self._retry[key].delay if key in self._retry else 0.0
+                delay = next_backoff(last, settings.delete_retry, settings.delete_retry_max)
+                self._retry[key] = Retry(self.engine.clock.monotonic() + delay, delay)
+            elif result is Outcome.DONE:
+                self._retry.pop(key, None)
+            # Parked: a back-off entry stays for the next failure (not due while parked).
+        if resume and parked is not None:
+            self._finish_later(key, parked)  # gone already: it stays in flight
+        self.on_done()
+
+    def _waiting_retries(self) -> list[tuple[str, Retry]]:
+        """Node retries that nothing is working on (lock held)."""
+        return [(k, r) for k, r in self._retry.items() if isinstance(k, str)
+                and k not in self._in_flight and k not in self._parked]
+
+    def busy(self, node_id: str) -> bool:
+        with self._lock:
+            return node_id in self._in_flight or node_id in self._parked
+
+    def next_retry(self) -> float:
+        """When (monotonic) a node deletion is next due for a retry or a parked deletion
+        (a node's or a leak's) for another look (leak retries follow the sweep)."""
+        with self._lock:
+            return min([r.due for _, r in self._waiting_retries()]
+                       + [p.due for p in self._parked.values()], default=math.inf)
+
+    def due_retries(self) -> list[str]:
+        now = self.engine.clock.monotonic()
+        with self._lock:
+            return [k for k, r in self._waiting_retries() if r.due <= now]
+
+    def resume_due(self) -> None:
+        """Look again at parked deletions whose provider notice is overdue (the cleanup
+        pass calls this; `next_retry` wakes it in time)."""
+        now = self.engine.clock.monotonic()
+        with self._lock:
+            due = [(k, p) for k, p in self._parked.items() if p.due <= now]
+            for key, _ in due:
+                del self._parked[key]
+                self._in_flight.add(key)
+        for key, parked in due:
+            self._finish_later(key, parked)
+
+    def parked(self) -> int:
+        """Deletions underway with no thread waiting (for tests and the status)."""
+        with self._lock:
+            return len(self._parked)
+
+    def forget(self, node_id: str) -> None:
+        """The node is gone (deleted by another launcher, or by hand): no retry."""
+        with self._lock:
+            parked = self._parked.pop(node_id, None)
+            if node_id not in self._in_flight:
+                self._retry.pop(node_id, None)
+                self._refused.discard(node_id)
+        if parked is not None and parked.lock is not None:
+            parked.lock.release()
+
+    def prune(self, live_node_ids: Iterable[str]) -> None:
+        """Drop node retries (and parked deletions) of nodes that no longer exist."""
+        live = set(live_node_ids)
+        with self._lock:
+            for key in [k for k in self._retry if isinstance(k, str)
+                        and k not in live and k not in self._in_flight]:
+                del self._retry[key]
+            self._refused &= live
+            gone = [self._parked.pop(k) for k in list(self._parked)
+                    if isinstance(k, str) and k not in live]
+        for parked in gone:
+            if parked.lock is not None:
+                parked.lock.release()
+
+    def prune_leaks(self, provider_name: str, listed: Iterable[str]) -> None:
+        """Drop leak retries (and parked leak deletions) of a provider's resources that
+        are no longer listed."""
+        present = set(listed)
+        with self._lock:
+            for key in [k for k in self._retry if isinstance(k, LeakKey)
+                        and k.provider == provider_name and k.external_id not in present
+                        and k not in self._in_flight]:
+                del self._retry[key]
+            for key in [k for k in self._parked if isinstance(k, LeakKey)
+                        and k.provider == provider_name and k.external_id not in present]:
+                del self._parked[key]
+            self._stuck_leaks = {k for k in self._stuck_leaks
+                                 if k.provider != provider_name or k.external_id in present}
+
+    def retry_entries(self) -> int:
+        """Size of the retry table (bounded by the work still wanted; for tests)."""
+        with self._lock:
+            return len(self._retry)
+
+    def submit(self, node_id: str, reason: str, check: Check | None = None) -> bool:
+        """Delete node `node_id` in the background; False if already in progress/backoff."""
+        if not self._claim(node_id):
+            return False
+        self._executor.submit(self._delete_node, node_id, reason, check)
+        return True
+
+    def delete_leak(self, provider_name: str, external_id: str) -> bool:
+        key = LeakKey(provider_name, external_id)
+        if not self._claim(key):
+            return False
+        self._executor.submit(self._delete_leak, key, provider_name, external_id)
+        return True
+
+    def shutdown(self, wait: bool) -> None:
+        self._executor.shutdown(wait=wait, cancel_futures=True)
+        with self._lock:
+            # Their nodes stay `deleting`; the locks go with the session the launcher is
+            # about to close (releasing each here could wait for a ZooKeeper that is down),
+            # and whoever runs next finishes them.
+            self._parked.clear()
+
+    # -- the provider's notice ------------------------------------------------------------
+    def _gone(self, key: RetryKey) -> None:
+        """The provider saw the resource of `key` (a node id or a leak) go, or asks to be
+        asked again. Runs on the provider's watch thread under its lock: hand the rest to
+        a deleter thread, nothing else."""
+        with self._lock:
+            parked = self._parked.pop(key, None)
+            if parked is None:
+                if key in self._in_flight:
+                    self._early_gone.add(key)  # `_release` finishes it
+                return
+            self._in_flight.add(key)
+        self._finish_later(key, parked)
+
+    def _finish_later(self, key: RetryKey, parked: Parked) -> None:
+        try:
+            if isinstance(key, LeakKey):
+                self._executor.submit(self._delete_leak, key, key.provider, key.external_id)
+            else:
+                self._executor.submit(self._finish, key, parked)
+        except RuntimeError:  # shut down meanwhile: the lock goes with the session
+            with self._lock:
+                self._in_flight.discard(key)
+
+    # -- work -----------------------------------------------------------------------------
+    def _delete_node(self, node_id: str, reason: str, check: Check | None) -> None:
+        self._run(node_id, lambda: self._delete_node_locked(node_id, reason, check))
+
+    def _finish(self, node_id: str, parked: Parked) -> None:
+        def proceed() -> Outcome | Parked:
+            assert parked.node is not None and parked.lock is not None  # a node's
+            if not parked.lock.valid:
+                # The session that held the lock ended: start over like any node.
+                log.info("[node: %s] Lost the lock while %s was being deleted; will retry",
+                         node_id, records.clip(parked.node.external_id or ""))
+                parked.lock.release()
+                return Outcome.FAILED
+            # The provider now configured under that name: a reload may have replaced the
+            # one that took the deletion (its watch's stop is what woke us).
+            provider = self.engine.providers.get(parked.node.provider or "")
+            if provider is None:
+                parked.lock.release()
+                return Outcome.DONE  # not one of ours any more
+            return self._proceed(parked.node, parked.lock, provider, parked.reason)
+        self._run(node_id, proceed)
+
+    def _run(self, node_id: str, fn: Callable[[], "Outcome | Parked"]) -> None:
+        result: Outcome | Parked = Outcome.FAILED
+        try:
+            result = fn()
+        except (ZkSessionLost, ZkConnectionError) as exc:
+            if not self.engine.stopping.is_set():
+                log.warning("[node: %s] Deletion interrupted: %s", node_id, exc)
+        except ZkAuthError as exc:
+            with self._lock:
+                first = node_id not in self._refused
+                self._refused.add(node_id)
+            log.log(logging.WARNING if first else logging.DEBUG,
+                    "[node: %s] Cannot delete the node: %s; will retry", node_id, exc)
+        except Exception:
+            log.exception("[node: %s] Unexpected error while deleting", node_id)
+        finally:
+            self._release(node_id, result)
+
+    def _delete_node_locked(self, node_id: str, reason: str,
+                            check: Check | None) -> "Outcome | Parked":
+        engine = self.engine
+        if not engine.acting:
+            return Outcome.DONE
+        got = engine.nodes.lock_and_read(node_id)
+        if got is None:
+            return Outcome.DONE  # gone, or someone else holds it
+        lock, node = got
+        handed_on = False
+        try:
+            if check is not None and not check(node):
+                return Outcome.DONE
+            if node.state == model.DELETED or node.provider is None:
+                return Outcome.DONE if engine.nodes.delete(node, lock) else Outcome.FAILED
+            provider = engine.providers.get(node.provider)
+            if provider is None:
+                return Outcome.DONE  # not one of ours (any more)
+            handed_on = True
+            return self._proceed(node, lock, provider, reason)
+        finally:
+            if not handed_on and not lock.released:
+                lock.release()
+
+    def _proceed(self, node: Node, lock: HeldLock, provider: Provider,
+                 reason: str) -> "Outcome | Parked":
+        """Delete a locked node's resource and then the node; Parked (the lock kept) when
+        the provider hands the deletion back as underway."""
+        engine = self.engine
+        nlog = logconfig.annotate(log, node_id=node.id)
+        keep_lock = False
+        try:
+            try:
+                done = delete_locked(engine.nodes, node, lock, provider,
+                                     now=engine.clock.time, reason=reason,
+                                     on_gone=GoneNotice(self, node.id))
+            except DeletionUnderway as exc:
+                keep_lock = True
+                nlog.debug("Deletion of %s underway: %s", records.clip(node.external_id or ""),
+                           exc)
+                if exc.stuck is not None:
+                    self._stuck(node, lock, provider.name, exc.stuck)
+                return Parked(node, lock, reason,
+                              due=engine.clock.monotonic() + max(exc.recheck_in, 0.0))
+            except (ZkSessionLost, ZkConnectionError):
+                raise  # ZooKeeper, not the resource: interrupted (see _run)
+            except TemporaryError as exc:
+                # Refused credentials are the provider's, reported once by the driver, and
+                # so is a deletion blocked by what the provider could not clear: not a
+                # WARNING per node and retry.
+                level = logging.INFO if isinstance(exc, (ProviderUnavailable, DeletionBlocked)) \
+                    else logging.WARNING
+                nlog.log(level, "Could not delete %s yet (%s); will retry",
+                         records.clip(node.external_id or ""), exc)
+                lifecycle.note_delete_failed(engine.nodes, node, lock, str(exc),
+                                             engine.clock.time())
+                return Outcome.FAILED
+            refused = done.refused is not None
+            if refused:
+                # Never retried and never deleted: the record is dropped, the reason kept.
+                nlog.warning("Refusing to delete %s of provider %s (%s); removing the node"
+                             " record only", records.clip(node.external_id or ""),
+                             node.provider, done.refused)
+                engine.stats.delete_refused(provider.name)
+            if done.removal is Removal.CONTENDED:
+                nlog.info("Node is contended; left in state deleted for the next pass")
+                return Outcome.FAILED
+            with self._lock:
+                self.deleted += 1
+                self.refused += int(refused)
+            lifecycle.record_deleted(engine.events, node, reason, done.refused)
+            if not refused:
+                lifecycle.report_deleted(engine.stats, engine.events, node)
+            if refused:
+                nlog.info("Removed the node record; %s was left alone (%s)",
+                          records.clip(node.external_id or ""), reason)
+            else:
+                nlog.info("Deleted node %s (%s)", node.external_id or "", reason)
+            return Outcome.DONE
+        finally:
+            if not keep_lock and not lock.released:
+                lock.release()
+
+    def _stuck(self, node: Node, lock: HeldLock, provider: str, what: str) -> None:
+        """A node's resource has been going for longer than its provider allows: shown
+        once per node (condition, event, metric) before the provider clears what holds it."""
+        current = cond.find(node.conditions, cond.DELETING)
+        if current is not None and current.reason == STUCK_REASON:
+            return
+        engine = self.engine
+        logconfig.annotate(log, node_id=node.id).warning(
+            "Deletion of %s is stuck: %s", records.clip(node.external_id or ""), what)
+        node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, STUCK_REASON, what,
+                                          engine.clock.time()))
+        try:
+            engine.nodes.store(node, lock)
+        except Exception as exc:  # noqa: BLE001 - the node stays parked either way
+            log.info("[node: %s] Could not record the stuck deletion: %s", node.id, exc)
+        lifecycle.record_stuck(engine.events, provider, what, node=node)
+        engine.stats.delete_stuck(provider)
+
+    def _delete_leak(self, key: LeakKey, provider_name: str, external_id: str) -> None:
+        result: Outcome | Parked = Outcome.DONE
+        try:
+            provider = self.engine.providers.get(provider_name)
+            if provider is not None:
+                try:
+                    provider.delete(external_id, on_gone=GoneNotice(self, key))
+                except NotOwned as exc:
+                    # Listed as ours, not ours on a closer look (labels changed): leave it.
+                    log.warning("Not deleting resource %s of provider %s: %s", external_id,
+                                provider_name, exc)
+                    return
+                except DeletionUnderway as exc:
+                    # Going: no thread waits for it (the provider's notice resumes it).
+                    if exc.stuck is not None and self._first_stuck(key):
+                        log.warning("Deletion of leaked resource %s of provider %s is stuck:"
+                                    " %s", external_id, provider_name, exc.stuck)
+                        lifecycle.record_stuck(self.engine.events, provider_name, exc.stuck,
+                                               external_id=external_id)
+                        self.engine.stats.delete_stuck(provider_name)
+                    result = Parked(None, None, "leaked", due=self.engine.clock.monotonic()
+                                    + max(exc.recheck_in, 0.0))
+                    return
+                self.engine.stats.leaked_nodes(provider_name)
+                with self._lock:
+                    self.leaks_deleted += 1
+                log.info("Deleted leaked resource %s of provider %s", external_id,
+                         provider_name)
+        except Exception as exc:
+            log.warning("Could not delete leaked resource %s of provider %s: %s",
+                        external_id, provider_name, exc)
+            result = Outcome.FAILED
+        finally:
+            if not isinstance(result, Parked):
+                with self._lock:
+                    self._stuck_leaks.discard(key)
+            self._release(key, result)
+
+    def _first_stuck(self, key: LeakKey) -> bool:
+        with self._lock:
+            first = key not in self._stuck_leaks
+            self._stuck_leaks.add(key)
+            return first

@@ -1,0 +1,381 @@
+"""statsd reporting: one facade, every metric name in one place.
+
+Owns: the statsd client (configured from `STATSD_HOST` / `STATSD_PORT` like Nodepool, no
+prefix), the names of every metric the launcher emits (Nodepool's keys, so existing
+dashboards keep working) and the in-process counters the web app's `/metrics` exposes in
+Prometheus form. When `STATSD_HOST` is unset the facade is a null client, so callers never
+check for None; the Prometheus counters are kept either way. Sending is fire-and-forget
+UDP: a broken statsd never raises into the engine (errors are logged at debug level).
+
+Names are sanitised (`.` and `:` become `_`) exactly where Nodepool does it: requestor,
+tenant and tenant-limit names. Provider, pool and label names are used as they are, as in
+Nodepool (a `.` in them adds a level to the key).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import os
+import threading
+from typing import Any, Mapping, Protocol
+
+from nodepool_k8s.core.errors import ConfigError
+
+log = logging.getLogger("nodepool_k8s.runtime.stats")
+
+# Launch results, as in Nodepool (`nodepool.launch.<result>`).
+RESULT_READY = "ready"
+RESULT_ZKSESSION = "error.zksession"
+RESULT_QUOTA = "error.quota"
+RESULT_UNKNOWN = "error.unknown"
+RESULT_NODEPOOL = "error.nodepool"
+# The provider could not act at all (its credentials refused): aborted, not a failure.
+RESULT_UNAVAILABLE = "error.unavailable"
+
+
+# Anything else would break the statsd line protocol (`:`, `|`, `@`, `#`, newlines) or make
+# an unreadable key; names come from configuration and from requestors (other programs).
+_UNSAFE = re.compile(r"[^A-Za-z0-9_./\-]")
+
+
+def key_part(name: str) -> str:
+    """A provider, pool or label name as a key component: unsafe characters become `_`.
+    Dots are kept, as Nodepool keeps them in these names (dashboards rely on the keys)."""
+    return _UNSAFE.sub("_", name) or "_"
+
+
+def sanitize(name: str) -> str:
+    """A requestor or tenant name as one key component (dots replaced too, as Nodepool
+    does for requestors)."""
+    return key_part(name).replace(".", "_")
+
+
+def launch_keys(provider: str, requestor: str | None, result: str) -> list[str]:
+    provider = key_part(provider)
+    keys = [f"nodepool.launch.{result}", f"nodepool.launch.provider.{provider}.{result}"]
+    if requestor:
+        keys.append(f"nodepool.launch.requestor.{sanitize(requestor)}.{result}")
+    return keys
+
+
+def pool_status_gauges(record: Mapping[str, Any]) -> dict[str, float]:
+    """statsd gauges of one published pool status (see launcher/reporting/pool_status.py), in
+    Nodepool's naming style: `nodepool.pool.<provider>.<pool>.` + `condition.<Type>` (1 when
+    True), `usage.<scope>.<resource>`, `limit.<scope>.<resource>`, `nodes.<state>`,
+    `requests_queued`. Odd entries of the record are skipped."""
+    prefix = (f"nodepool.pool.{key_part(str(record.get('provider', '')))}"
+              f".{key_part(str(record.get('pool', '')))}")
+    out: dict[str, float] = {}
+    for cond in record.get("conditions") or []:
+        if isinstance(cond, dict) and cond.get("type"):
+            out[f"{prefix}.condition.{key_part(str(cond['type']))}"] = \
+                1.0 if cond.get("status") == "True" else 0.0
+    for row in record.get("usage") or []:
+        if not isinstance(row, dict):
+            continue
+        where = f"{key_part(str(row.get('scope', '')))}.{key_part(str(row.get('resource', '')))}"
+        for kind, value in (("usage", row.get("used")), ("limit", row.get("limit"))):
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[f"{prefix}.{kind}.{where}"] = float(value)
+    nodes = record.get("nodes")
+    if isinstance(nodes, dict):
+        for state, count in nodes.items():
+            if isinstance(count, (int, float)) and not isinstance(count, bool):
+                out[f"{prefix}.nodes.{key_part(str(state))}"] = float(count)
+    queued = record.get("requests_queued")
+    if isinstance(queued, (int, float)) and not isinstance(queued, bool):
+        out[f"{prefix}.requests_queued"] = float(queued)
+    return out
+
+
+def launch_error_key(provider: str, reason: str) -> str:
+    """A failed (or quota-aborted) launch by reason (`conditions.REASONS`, bounded)."""
+    return f"nodepool.launch.provider.{key_part(provider)}.error.{key_part(reason)}"
+
+
+def phase_keys(provider: str, pool: str, label: str, phase: str) -> list[str]:
+    """Timers of one lifecycle phase (`conditions.PHASES`) per provider, pool and label."""
+    prefix = f"nodepool.launch.provider.{key_part(provider)}"
+    return [f"{prefix}.phase.{phase}",
+            f"{prefix}.pool.{key_part(pool)}.phase.{phase}",
+            f"nodepool.launch.label.{key_part(label)}.phase.{phase}"]
+
+
+def leaked_nodes_key(provider: str) -> str:
+    return f"nodepool.provider.{key_part(provider)}.leaked.nodes"
+
+
+def delete_refused_key(provider: str) -> str:
+    return f"nodepool.provider.{key_part(provider)}.delete_refused"
+
+
+def delete_stuck_key(provider: str) -> str:
+    return f"nodepool.provider.{key_part(provider)}.delete_stuck"
+
+
+def malformed_key(kind: str) -> str:
+    return f"nodepool.malformed.{key_part(kind)}"
+
+
+def thread_crash_key(thread: str) -> str:
+    return f"nodepool.launcher.thread_crash.{sanitize(thread)}"
+
+
+# Gauges the stats leader reports for the whole system (see launcher/reporting/gauges.py).
+def nodes_key(state: str) -> str:
+    return f"nodepool.nodes.{key_part(state)}"
+
+
+def provider_nodes_key(provider: str, state: str) -> str:
+    return f"nodepool.provider.{key_part(provider)}.nodes.{key_part(state)}"
+
+
+def label_nodes_key(label: str, state: str) -> str:
+    return f"nodepool.label.{key_part(label)}.nodes.{key_part(state)}"
+
+
+def addressable_requests_key(provider: str, pool: str) -> str:
+    return (f"nodepool.provider.{key_part(provider)}.pool.{key_part(pool)}"
+            ".addressable_requests")
+
+
+# Gauges every launcher reports for its own configuration.
+def max_servers_key(provider: str) -> str:
+    return f"nodepool.provider.{key_part(provider)}.max_servers"
+
+
+def tenant_limit_key(tenant: str, limit: str) -> str:
+    return f"nodepool.tenant_limits.{sanitize(tenant)}.{sanitize(limit)}"
+
+
+# Prometheus counter families kept in process (rendered by prometheus.py for /metrics).
+PROM_LAUNCHES = "nodepool_launch_total"
+PROM_LEAKED = "nodepool_leaked_nodes_total"
+PROM_GAUGE_REPORTS = "nodepool_stats_gauge_reports_total"
+PROM_MALFORMED = "nodepool_malformed_records_total"
+PROM_DELETE_REFUSED = "nodepool_delete_refused_total"
+PROM_DELETE_STUCK = "nodepool_delete_stuck_total"
+PROM_THREAD_CRASHES = "nodepool_thread_crashes_total"
+PROM_LAUNCH_ERRORS = "nodepool_launch_errors_total"
+PROM_PHASE_SECONDS = "nodepool_node_phase_seconds"
+# Histogram buckets (seconds) of the lifecycle phases: image pulls take minutes.
+PHASE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+
+CounterKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+class Histogram:
+    """Cumulative bucket counts and the sum of observations, as Prometheus wants them."""
+
+    __slots__ = ("buckets", "counts", "total", "count")
+
+    def __init__(self, buckets: tuple[float, ...]) -> None:
+        self.buckets = buckets
+        self.counts = [0] * len(buckets)
+        self.total = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.count += 1
+
+    def copy(self) -> "Histogram":
+        other = Histogram(self.buckets)
+        other.counts, other.total, other.count = list(self.counts), self.total, self.count
+        return other
+
+
+class StatsBackend(Protocol):
+    def timing(self, stat: str, delta: float) -> None: ...
+
+    def incr(self, stat: str, count: int = 1) -> None: ...
+
+    def gauge(self, stat: str, value: float) -> None: ...
+
+
+class NullBackend:
+    def timing(self, stat: str, delta: float) -> None:
+        pass
+
+    def incr(self, stat: str, count: int = 1) -> None:
+        pass
+
+    def gauge(self, stat: str, value: float) -> None:
+        pass
+
+
+class RecordingBackend:
+    """Keeps what was sent, for tests: `(kind, key, value)` tuples."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, float]] = []
+        self._lock = threading.Lock()
+
+    def timing(self, stat: str, delta: float) -> None:
+        with self._lock:
+            self.sent.append(("timing", stat, delta))
+
+    def incr(self, stat: str, count: int = 1) -> None:
+        with self._lock:
+            self.sent.append(("incr", stat, count))
+
+    def gauge(self, stat: str, value: float) -> None:
+        with self._lock:
+            self.sent.append(("gauge", stat, value))
+
+    def keys(self, kind: str | None = None) -> list[str]:
+        with self._lock:
+            return [k for (t, k, _) in self.sent if kind is None or t == kind]
+
+
+class Stats:
+    """What the engine reports. Wraps a backend; never raises."""
+
+    def __init__(self, backend: StatsBackend | None = None) -> None:
+        self.backend: StatsBackend = backend or NullBackend()
+        self._counts: dict[CounterKey, float] = {}
+        self._histograms: dict[CounterKey, Histogram] = {}
+        self._counts_lock = threading.Lock()
+
+    def _safe(self, fn: str, key: str, value: float) -> None:
+        try:
+            getattr(self.backend, fn)(key, value)
+        except Exception as exc:  # statsd must never take the launcher down
+            log.debug("statsd %s %s failed: %s", fn, key, exc)
+
+    def count(self, name: str, amount: float = 1, **labels: str) -> None:
+        """Add to an in-process (Prometheus) counter only; nothing is sent to statsd."""
+        key = (name, tuple(sorted(labels.items())))
+        with self._counts_lock:
+            self._counts[key] = self._counts.get(key, 0) + amount
+
+    def counters(self) -> dict[CounterKey, float]:
+        """A snapshot of the in-process counters, for Prometheus (`/metrics`)."""
+        with self._counts_lock:
+            return dict(self._counts)
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        """Add to an in-process (Prometheus) histogram of `PHASE_BUCKETS`."""
+        key = (name, tuple(sorted(labels.items())))
+        with self._counts_lock:
+            histogram = self._histograms.get(key)
+            if histogram is None:
+                histogram = self._histograms[key] = Histogram(PHASE_BUCKETS)
+            histogram.observe(value)
+
+    def histograms(self) -> dict[CounterKey, Histogram]:
+        """A snapshot of the in-process histograms, for Prometheus (`/metrics`)."""
+        with self._counts_lock:
+            return {k: h.copy() for k, h in self._histograms.items()}
+
+    def launch_error(self, provider: str, reason: str) -> None:
+        """A launch that failed (or was aborted for quota), by bounded reason."""
+        self._safe("incr", launch_error_key(provider, reason), 1)
+        self.count(PROM_LAUNCH_ERRORS, provider=provider, reason=reason)
+
+    def phases(self, provider: str, pool: str, label: str,
+               seconds: Mapping[str, float]) -> None:
+        """Lifecycle phase durations of one node (`conditions.timings`)."""
+        for phase, value in seconds.items():
+            for key in phase_keys(provider, pool, label, phase):
+                self._safe("timing", key, value * 1000.0)
+            self.observe(PROM_PHASE_SECONDS, value, provider=provider, pool=pool,
+                         label=label, phase=phase)
+
+    def launch(self, provider: str, requestor: str | None, result: str,
+               duration_ms: float) -> None:
+        for key in launch_keys(provider, requestor, result):
+            self._safe("timing", key, duration_ms)
+            self._safe("incr", key, 1)
+        self.count(PROM_LAUNCHES, provider=provider, result=result)
+
+    def leaked_nodes(self, provider: str, count: int = 1) -> None:
+        self._safe("incr", leaked_nodes_key(provider), count)
+        self.count(PROM_LEAKED, count, provider=provider)
+
+    def delete_refused(self, provider: str) -> None:
+        """A node's resource was not provably ours: the record was dropped, nothing deleted."""
+        self._safe("incr", delete_refused_key(provider), 1)
+        self.count(PROM_DELETE_REFUSED, provider=provider)
+
+    def delete_stuck(self, provider: str) -> None:
+        """A deletion (a node's or a leak's) stayed underway past the provider's grace
+        (a namespace Terminating past `terminating-grace`); counted once per deletion."""
+        self._safe("incr", delete_stuck_key(provider), 1)
+        self.count(PROM_DELETE_STUCK, provider=provider)
+
+    def malformed(self, kind: str) -> None:
+        """A malformed record (`node`, `request`) was seen for the first time."""
+        self._safe("incr", malformed_key(kind), 1)
+        self.count(PROM_MALFORMED, kind=kind)
+
+    def thread_crashed(self, thread: str) -> None:
+        """A long-lived thread's body raised (see nodepool_k8s/runtime/threads.py)."""
+        self._safe("incr", thread_crash_key(thread), 1)
+        self.count(PROM_THREAD_CRASHES, thread=thread)
+
+    def gauges(self, values: Mapping[str, float]) -> int:
+        """Send many gauges, batched into few packets when the client can; returns how many.
+
+        Infinite values are skipped: statsd has no way to carry them (an unlimited
+        `max_servers` is simply not reported).
+        """
+        finite = {k: v for k, v in values.items() if not math.isinf(v) and not math.isnan(v)}
+        if not finite or isinstance(self.backend, NullBackend):
+            return 0
+        backend: Any = self.backend
+        pipe = None
+        try:
+            # statsd's pipeline packs gauges into datagrams of up to 512 bytes: a few hundred
+            # gauges cost a handful of packets instead of one each.
+            pipe = backend.pipeline() if hasattr(backend, "pipeline") else None
+        except Exception as exc:
+            log.debug("statsd pipeline unavailable: %s", exc)
+        target = pipe if pipe is not None else backend
+        for key, value in sorted(finite.items()):
+            try:
+                target.gauge(key, value)
+            except Exception as exc:
+                log.debug("statsd gauge %s failed: %s", key, exc)
+        if pipe is not None:
+            try:
+                pipe.send()
+            except Exception as exc:
+                log.debug("statsd pipeline send failed: %s", exc)
+        return len(finite)
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Stats:
+    """A statsd-backed facade when STATSD_HOST is set, else a null one.
+
+    ConfigError for a value that can never work (a port that is not 1-65535, a host that
+    is not valid UTF-8). A host that does not resolve now (DNS trouble) is logged as an
+    ERROR and the launcher runs without metrics rather than not at all."""
+    env = os.environ if env is None else env
+    host = env.get("STATSD_HOST")
+    if not host:
+        return Stats()
+    try:
+        host.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("STATSD_HOST: not valid UTF-8") from None
+    raw_port = env.get("STATSD_PORT", "8125")
+    try:
+        port = int(raw_port)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"STATSD_PORT: {raw_port[:40]!r} is not a port (1-65535)")
+    import statsd  # imported only when configured
+
+    try:
+        return Stats(statsd.StatsClient(host, port))
+    except (OSError, UnicodeError) as exc:
+        log.error("statsd at %s:%d is unusable (%s): running without statsd metrics",
+                  host[:100], port, exc)
+        return Stats()

@@ -1,0 +1,102 @@
+"""Read-only views of one node's lifecycle and of the event log, as text or JSON.
+
+Owns: what `nodepool show NODE_ID` and the web app's `/node/<id>` show (the node's row,
+its conditions as a table, the phase timings, the failure reason), and the rows of
+`nodepool events` / `/events`. Pure functions over records already read; nothing here
+fails on odd data (missing fields render empty). Secrets stay redacted (the row comes
+from `listing.node_row`).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any, Iterable, Mapping
+
+from nodepool_k8s.core import conditions as cond
+from nodepool_k8s.views import listing
+from nodepool_k8s.core.model import NodeView
+
+CONDITION_COLUMNS = (("Type", "type"), ("Status", "status"), ("Reason", "reason"),
+                     ("Since", "since"), ("Message", "message"))
+TIMING_COLUMNS = (("Phase", "phase"), ("Seconds", "seconds"))
+EVENT_COLUMNS = (("Time", "when"), ("Kind", "kind"), ("Provider", "provider"),
+                 ("Pool", "pool"), ("Node", "node"), ("Label", "label"),
+                 ("Reason", "reason"), ("Message", "message"))
+# The node row's keys `nodepool show` prints above the tables, in this order.
+SHOWN_KEYS = (("ID", "id"), ("State", "state"), ("Age", "age"), ("Provider", "provider"),
+              ("Pool", "pool"), ("Label", "label"), ("Server ID", "server_id"),
+              ("Host ID", "host_id"), ("Connection", "connection_type"),
+              ("Allocated To", "allocated_to"), ("Locked", "locked"),
+              ("Launcher", "launcher"), ("Reason", "reason"))
+
+
+def stamp(when: Any) -> str:
+    """Epoch seconds as ISO 8601 UTC with milliseconds; empty when unset or odd."""
+    if isinstance(when, bool) or not isinstance(when, (int, float)):
+        return ""
+    try:
+        moment = datetime.fromtimestamp(when, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return ""
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def node_detail(view: NodeView, now: float) -> dict[str, Any]:
+    """The JSON of `nodepool show --json` and `/node/<id>`."""
+    node = view.node
+    conditions = node.conditions
+    failed = cond.failure(conditions)
+    return {
+        "node": listing.node_row(view, now),
+        "conditions": cond.serialise(conditions),
+        "timings": {k: round(v, 3) for k, v in
+                    cond.timings(conditions, node.created_time).items()},
+        "failure": failed.to_dict() if failed else None,
+        "delete_refused": node.extra.get("delete_refused"),
+    }
+
+
+def render_node_detail(detail: Mapping[str, Any]) -> str:
+    row = detail.get("node") or {}
+    width = max(len(h) for h, _ in SHOWN_KEYS)
+    lines = [f"{header.ljust(width)}  {listing._cell(row.get(key))}"
+             for header, key in SHOWN_KEYS]
+    rows = []
+    for c in detail.get("conditions") or []:
+        when = c.get("last_transition_time")
+        rows.append({"type": c.get("type"), "status": c.get("status"),
+                     "reason": c.get("reason"), "since": stamp(when),
+                     "message": c.get("message")})
+    lines.append("")
+    lines.append("Conditions:")
+    lines.append(listing.render_table(rows, CONDITION_COLUMNS) if rows else "  (none recorded)")
+    timings = detail.get("timings") or {}
+    lines.append("")
+    lines.append("Timings:")
+    if timings:
+        order = [name for name, _, _ in cond.PHASES]
+        trows = [{"phase": name, "seconds": f"{timings[name]:.3f}"} for name in order
+                 if name in timings]
+        lines.append(listing.render_table(trows, TIMING_COLUMNS))
+    else:
+        lines.append("  (no completed phase)")
+    # Every False condition with what to do (a failed launch, then e.g. a stuck deletion).
+    for c in detail.get("conditions") or []:
+        if c.get("status") != cond.FALSE:
+            continue
+        advice = cond.REASONS.get(str(c.get("reason")), "")
+        lines += ["", f"{c.get('type')} failed: {c.get('reason')}: {c.get('message')}",
+                  f"What to do: {advice}"]
+    if detail.get("delete_refused"):
+        lines += ["", f"Delete refused: {detail['delete_refused']}"]
+    return "\n".join(lines)
+
+
+def event_rows(events: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Event log entries (oldest first) as table rows; JSON keeps every stored key."""
+    rows = []
+    for e in events:
+        row = dict(e)
+        row["when"] = stamp(e.get("time"))
+        rows.append(row)
+    return rows

@@ -1,0 +1,169 @@
+"""Prometheus exposition of the facts the statsd gauges carry, plus process metrics.
+
+Owns: which metric families `/metrics` has and their labels. The text format itself (escaping,
+number formatting, HELP/TYPE lines) is prometheus_client's: each scrape builds a registry
+with one collector over what the web app has read, the launcher's in-process counters, and
+prometheus_client's process collector (CPU, memory, open files of the launcher). Pure apart
+from reading `/proc/self`; nothing here can fail on odd data (label values are escaped by
+the library).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
+                                    HistogramMetricFamily)
+from prometheus_client.metrics_core import Metric
+
+from nodepool_k8s.core.model import NODE_STATES, REQUEST_STATES, NodeRequest
+from nodepool_k8s.runtime.stats import Histogram
+from nodepool_k8s.views.listing import NodeView
+
+CounterValues = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
+HistogramValues = Mapping[tuple[str, tuple[tuple[str, str], ...]], Histogram]
+
+
+def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
+             counters: CounterValues | None = None) -> list[Metric]:
+    """The launcher's own metric families for one scrape."""
+    views = list(views)
+    out: list[Metric] = []
+
+    nodes = GaugeMetricFamily("nodepool_nodes", "Nodes by state (all providers).",
+                              labels=["state"])
+    by_state = Counter(v.node.state for v in views)
+    for state in NODE_STATES:
+        nodes.add_metric([state], by_state.get(state, 0))
+    out.append(nodes)
+
+    provider_nodes = GaugeMetricFamily("nodepool_provider_nodes",
+                                       "Nodes by provider and state.",
+                                       labels=["provider", "state"])
+    by_provider = Counter((v.node.provider or "", v.node.state) for v in views)
+    for (provider, state), count in sorted(by_provider.items()):
+        provider_nodes.add_metric([str(provider), state], count)
+    out.append(provider_nodes)
+
+    label_nodes = GaugeMetricFamily("nodepool_label_nodes", "Nodes by label and state.",
+                                    labels=["label", "state"])
+    by_label: Counter[tuple[str, str]] = Counter()
+    for v in views:
+        for label in v.node.type:
+            by_label[(label, v.node.state)] += 1
+    for (label, state), count in sorted(by_label.items()):
+        label_nodes.add_metric([label, state], count)
+    out.append(label_nodes)
+
+    request_family = GaugeMetricFamily("nodepool_requests", "Node requests by state.",
+                                       labels=["state"])
+    req_states = Counter(r.state for r in requests)
+    for state in sorted(REQUEST_STATES):
+        request_family.add_metric([state], req_states.get(state, 0))
+    out.append(request_family)
+
+    out.append(GaugeMetricFamily("nodepool_launcher_ready",
+                                 "1 once the launcher finished starting.",
+                                 value=1 if ready else 0))
+
+    by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
+    for (name, pairs), value in sorted((counters or {}).items()):
+        by_name.setdefault(name, []).append((pairs, value))
+    for name, samples in by_name.items():
+        label_names = sorted({k for pairs, _ in samples for k, _ in pairs})
+        family = CounterMetricFamily(name, name.replace("_", " "), labels=label_names)
+        for pairs, value in samples:
+            values = dict(pairs)
+            family.add_metric([values.get(k, "") for k in label_names], value)
+        out.append(family)
+    return out
+
+
+class _Snapshot:
+    """A collector that yields families computed beforehand (one scrape's data)."""
+
+    def __init__(self, metrics: list[Metric]) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.metrics)
+
+
+def histogram_families(histograms: HistogramValues) -> list[Metric]:
+    """In-process histograms (`Stats.observe`), e.g. the lifecycle phase durations."""
+    by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], Histogram]]] = {}
+    for (name, pairs), histogram in sorted(histograms.items(), key=lambda kv: kv[0]):
+        by_name.setdefault(name, []).append((pairs, histogram))
+    out: list[Metric] = []
+    for name, samples in by_name.items():
+        label_names = sorted({k for pairs, _ in samples for k, _ in pairs})
+        family = HistogramMetricFamily(name, name.replace("_", " "), labels=label_names)
+        for pairs, histogram in samples:
+            values = dict(pairs)
+            buckets = [(_bound(b), float(c)) for b, c in zip(histogram.buckets,
+                                                             histogram.counts)]
+            buckets.append(("+Inf", float(histogram.count)))
+            family.add_metric([values.get(k, "") for k in label_names], buckets,
+                              histogram.total)
+        out.append(family)
+    return out
+
+
+def _bound(value: float) -> str:
+    return repr(float(value))
+
+
+def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """Per running pool worker: its conditions (1 = status True), usage and limits."""
+    condition = GaugeMetricFamily(
+        "nodepool_pool_condition", "Pool conditions (1 when the condition's status is True).",
+        labels=["provider", "pool", "pool_id", "condition", "reason"])
+    usage = GaugeMetricFamily("nodepool_pool_usage", "Pool usage per limited resource.",
+                              labels=["provider", "pool", "pool_id", "scope", "resource"])
+    limit = GaugeMetricFamily("nodepool_pool_limit", "Pool limit per limited resource.",
+                              labels=["provider", "pool", "pool_id", "scope", "resource"])
+    nodes = GaugeMetricFamily("nodepool_pool_nodes", "Nodes of the pool by state.",
+                              labels=["provider", "pool", "pool_id", "state"])
+    queued = GaugeMetricFamily("nodepool_pool_requests_queued",
+                               "Requests the pool holds while paused.",
+                               labels=["provider", "pool", "pool_id"])
+    for record in pools:
+        key = [str(record.get("provider", "")), str(record.get("pool", "")),
+               str(record.get("id", ""))]
+        for cond in record.get("conditions") or []:
+            if isinstance(cond, dict):
+                condition.add_metric(key + [str(cond.get("type", "")),
+                                            str(cond.get("reason", ""))],
+                                     1 if cond.get("status") == "True" else 0)
+        for row in record.get("usage") or []:
+            if not isinstance(row, dict):
+                continue
+            labels = key + [str(row.get("scope", "")), str(row.get("resource", ""))]
+            if isinstance(row.get("used"), (int, float)):
+                usage.add_metric(labels, row["used"])
+            if isinstance(row.get("limit"), (int, float)):
+                limit.add_metric(labels, row["limit"])
+        for state, count in sorted((record.get("nodes") or {}).items()):
+            if isinstance(count, (int, float)):
+                nodes.add_metric(key + [str(state)], count)
+        if isinstance(record.get("requests_queued"), (int, float)):
+            queued.add_metric(key, record["requests_queued"])
+    return [condition, usage, limit, nodes, queued]
+
+
+def render(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
+           counters: CounterValues | None = None, process: bool = True,
+           histograms: HistogramValues | None = None,
+           pools: Iterable[Mapping[str, Any]] = ()) -> str:
+    """The /metrics body (text format 0.0.4). `counters` maps (metric name, sorted label
+    pairs) to a value, `histograms` to a `stats.Histogram`; `process` adds
+    prometheus_client's process_* metrics."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(families(views, requests, ready, counters)
+                                + histogram_families(histograms or {})
+                                + pool_families(pools)))
+    if process:
+        ProcessCollector(registry=registry)
+    return generate_latest(registry).decode("utf8")
