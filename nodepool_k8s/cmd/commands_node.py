@@ -34,6 +34,7 @@ configuration (`--now`) and a resource that could not be deleted (the node then 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 from typing import Callable
 
@@ -133,46 +134,61 @@ def _mark(node: Node, state: str) -> None:
 # -- delete ------------------------------------------------------------------------------------
 
 def cmd_delete(args: argparse.Namespace) -> int:
-    node_id = common.node_id(args.id)
+    """Delete each node given; one failure is reported and the others are still done."""
+    ids = [common.node_id(i) for i in args.id]
+    failed = 0
     with common.session(args) as s:
-        unreadable = _unreadable(s, node_id)
-        if unreadable is not None:
-            if not args.now:
-                raise CliError(
-                    f"node {node_id} has an unreadable record ({records.clip(unreadable[0])});"
-                    " nothing in it can be trusted, so no launcher will delete it: use"
-                    f" `nodepool delete --now {node_id}` to remove the record (only the"
-                    " record: nothing in the cluster is touched)")
-            return _remove_unreadable(s, node_id, args)
+        for node_id in dict.fromkeys(ids):  # once each, in the order given
+            try:
+                _delete(s, node_id, args)
+            except NodepoolError as exc:
+                if len(ids) == 1:
+                    raise
+                print(f"nodepool delete: {node_id}: {exc}", file=sys.stderr)
+                failed += 1
+    return 1 if failed else 0
+
+
+def _delete(s: Session, node_id: str, args: argparse.Namespace) -> None:
+    unreadable = _unreadable(s, node_id)
+    if unreadable is not None:
+        if not args.now:
+            raise CliError(
+                f"node {node_id} has an unreadable record ({records.clip(unreadable[0])});"
+                " nothing in it can be trusted, so no launcher will delete it: use"
+                f" `nodepool delete --now {node_id}` to remove the record (only the"
+                " record: nothing in the cluster is touched)")
+        _remove_unreadable(s, node_id, args)
+        return
+    if args.now:
+        # Only a deletion in the cluster needs to know which installation is ours.
+        s = common.with_identity(s)
+    seen = _require_node(s, node_id)
+    if args.now:
+        # Refuse before touching the node when the resource could not be deleted here.
+        _provider_config(s, seen)
+    locked = _lock(s, node_id, args.lock_timeout)
+    if locked is None:
+        if not args.force:
+            raise CliError(f"{_locked_by_other(node_id)}; use --force to delete it anyway")
+        locked = _force_lock(s, node_id)
+    try:
+        node = locked.node
         if args.now:
-            # Only a deletion in the cluster needs to know which installation is ours.
-            s = common.with_identity(s)
-        seen = _require_node(s, node_id)
-        if args.now:
-            # Refuse before touching the node when the resource could not be deleted here.
-            _provider_config(s, seen)
-        locked = _lock(s, node_id, args.lock_timeout)
-        if locked is None:
-            if not args.force:
-                raise CliError(f"{_locked_by_other(node_id)}; use --force to delete it anyway")
-            locked = _force_lock(s, node_id)
-        try:
-            node = locked.node
-            if args.now:
-                _delete_now(s, locked)
-            elif node.state not in GONE_STATES:  # else already on its way: no write
-                _mark(node, model.DELETING)
-                s.nodes.store_and_release(node, locked.lock)
-        finally:
-            locked.lock.release()
+            _delete_now(s, locked)
+        elif node.state not in GONE_STATES:  # else already on its way: no write
+            _mark(node, model.DELETING)
+            s.nodes.store_and_release(node, locked.lock)
+    finally:
+        locked.lock.release()
     _print_node(node)
-    return 0
 
 
 def _provider_config(s: Session, node: Node) -> ProviderConfig | None:
     """The configured provider whose resource `--now` must delete (None: nothing to delete)."""
     if node.provider is None or not node.external_id or node.state == model.DELETED:
         return None
+    common.require_full(s, "--now")
     provider = s.config.providers.get(node.provider)
     if provider is None:
         raise CliError(

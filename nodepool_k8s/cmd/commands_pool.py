@@ -143,7 +143,7 @@ def _show(args: argparse.Namespace, s: common.Session, only: list[PoolConfig] | 
 
 
 def _set(args: argparse.Namespace, action: str) -> int:
-    with common.session(args) as s:
+    with common.session(args, full=True) as s:
         target, pools = _target(s.config, args.target)
         PoolStateStore(s.zk).set(target, action, args.reason or "", _who(), common.now())
         _show(args, s, pools)
@@ -159,7 +159,7 @@ def cmd_drain(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    with common.session(args) as s:
+    with common.session(args, full=True) as s:
         target, pools = _target(s.config, args.target)
         if not PoolStateStore(s.zk).clear(target):
             common.warn(f"{target} was neither paused nor drained by an operator")
@@ -168,7 +168,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_state(args: argparse.Namespace) -> int:
-    with common.session(args) as s:
+    with common.session(args, full=True) as s:
         pools = _target(s.config, args.target)[1] if args.target else None
         _show(args, s, pools)
     return 0

@@ -2,7 +2,13 @@
 
 Owns: opening one short-lived ZooKeeper session from `-c/-s` (the configuration's
 `zookeeper-servers`, `zookeeper-tls` and chroot), node id normalisation, and printing
-results as a table or as JSON (the same views and keys as the web app, from `status`).
+results as a table or as JSON (the same views and keys as the web app, from `views`).
+
+A command that only needs ZooKeeper works with a configuration that has errors elsewhere
+(`config.loader.load_connection`): it warns once with the first problem and goes on with
+the ZooKeeper keys alone; a command that needs providers or pools (`session(full=True)`,
+or `require_full`) refuses with the whole file's problems. A ZooKeeper root that holds no
+Nodepool data gets a warning (usually a wrong chroot), not a silent empty listing.
 
 How it fails: a problem the operator must fix raises `CliError` (a `NodepoolError`) whose
 message is the one line `nodepool` prints before exiting 1. An invalid configuration raises
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 from contextlib import contextmanager
@@ -22,10 +29,10 @@ from typing import Any, Iterator, Sequence
 
 from nodepool_k8s.views import listing
 from nodepool_k8s.runtime import validate
-from nodepool_k8s.config.loader import load_config
+from nodepool_k8s.config.loader import load_config, load_connection
 from nodepool_k8s.config.model import Config, with_installation_id
-from nodepool_k8s.core.errors import NodepoolError
-from nodepool_k8s.zk import admin
+from nodepool_k8s.core.errors import ConfigError, NodepoolError
+from nodepool_k8s.zk import admin, paths
 from nodepool_k8s.zk.client import ZkClient, ZkSettings
 from nodepool_k8s.zk.identity import InstallationIdError
 from nodepool_k8s.zk.identity import settle as settle_installation_id
@@ -52,17 +59,38 @@ class Session:
     zk: ZkClient
     reader: ZkReader
     nodes: NodeStore
+    # The whole file's problems when only its ZooKeeper keys could be used.
+    config_error: ConfigError | None = None
 
 
 @contextmanager
-def session(args: argparse.Namespace) -> Iterator[Session]:
-    """Load `-c/-s`, connect (bounded), yield, and always close the session."""
-    config = load_config(args.config, args.secure)
+def session(args: argparse.Namespace, full: bool = False) -> Iterator[Session]:
+    """Load `-c/-s`, connect (bounded), yield, and always close the session.
+
+    `full`: the command needs the providers and pools, so the whole file must be valid."""
+    env = getattr(args, "env", None) or os.environ
+    if full:
+        config, problem = load_config(args.config, args.secure, env=env), None
+    else:
+        config, problem = load_connection(args.config, args.secure, env=env)
+        if problem is not None:
+            first = str(problem).splitlines()
+            warn(f"the configuration has errors ({first[0] if first else problem}); using"
+                 " only its ZooKeeper settings (see `nodepool config-validate`)")
     client = admin.connect(ZkSettings.from_config(config), CONNECT_TIMEOUT)
     try:
-        yield Session(config, client, ZkReader(client), NodeStore(client))
+        if client.exists(paths.ROOT) is None:
+            warn(f"ZooKeeper {config.zk_hosts()} holds no Nodepool data (no {paths.ROOT}):"
+                 " check the chroot of zookeeper-servers")
+        yield Session(config, client, ZkReader(client), NodeStore(client), problem)
     finally:
         client.stop()
+
+
+def require_full(s: Session, what: str) -> None:
+    """Refuse `what` when the session runs on the ZooKeeper keys of a broken configuration."""
+    if s.config_error is not None:
+        raise CliError(f"{what} needs a valid configuration:\n{s.config_error}")
 
 
 def with_identity(s: Session) -> Session:

@@ -2,8 +2,10 @@
 
 Owns: argument parsing, logging set-up (`-l`), loading the configuration once before
 anything starts, and turning signals into requests to `launcher.service.LauncherService`
-(which owns the process: web app, reloads, sd_notify). There is no daemonizing and no pid
-file: systemd (`Type=notify`) or a container runtime supervises.
+(which owns the process: web app, reloads, sd_notify). There is no daemonizing: systemd
+(`Type=notify`) or a container runtime supervises. `-f` (Nodepool's "foreground") is
+accepted and changes nothing; `-p PIDFILE` writes the process id at start and removes it at
+exit (runtime/pidfile.py), as Nodepool's launcher does.
 
 Signals: SIGTERM, SIGINT (and SIGUSR1, as in Nodepool) stop gracefully (stop taking
 work, cancel in-flight launches and remove what they created, hand accepted requests back,
@@ -33,12 +35,18 @@ import sys
 import threading
 import traceback
 from types import FrameType
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, NoReturn, Sequence
 
 from nodepool_k8s import __version__
-from nodepool_k8s.runtime import logconfig
+from nodepool_k8s.runtime import logconfig, pidfile
 from nodepool_k8s.runtime import stats as stats_mod
 from nodepool_k8s.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from nodepool_k8s.config.loader import Fingerprint
+    from nodepool_k8s.config.model import Config
+    from nodepool_k8s.launcher.settings import EngineSettings
+    from nodepool_k8s.runtime.stats import Stats
 
 DEFAULT_CONFIG = "/etc/nodepool/nodepool.yaml"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
@@ -58,9 +66,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-webapp", action="store_true",
                         help="do not serve the web app")
     parser.add_argument("-d", "--debug", action="store_true", help="debug logging")
-    # Nodepool's "stay in the foreground": always so here; accepted so old units still work.
-    parser.add_argument("-f", "--foreground", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--version", action="version", version=__version__)
+    parser.add_argument("-f", "--foreground", action="store_true",
+                        help="stay in the foreground (always so; accepted for Nodepool's"
+                             " units and container commands)")
+    parser.add_argument("-p", "--pidfile", default=None, metavar="PIDFILE",
+                        help="write the process id to PIDFILE (removed at exit; refused"
+                             " while another live process holds it)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
 
@@ -160,10 +172,7 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
         print(f"nodepool-launcher: {exc}", file=sys.stderr)
         return 1
     from nodepool_k8s.config.loader import config_fingerprint, load_config
-    from nodepool_k8s.launcher.service import LauncherService
     from nodepool_k8s.launcher.settings import EngineSettings
-    from nodepool_k8s.zk.errors import ZkAuthError
-    from nodepool_k8s.zk.identity import InstallationIdError
 
     try:
         fingerprint = config_fingerprint(args.config, args.secure)
@@ -173,6 +182,25 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
     except ConfigError as exc:
         print(f"nodepool-launcher: invalid configuration:\n{exc}", file=sys.stderr)
         return 1
+    if args.pidfile is not None:
+        try:
+            pidfile.claim(args.pidfile)
+        except pidfile.PidFileError as exc:
+            print(f"nodepool-launcher: {exc}", file=sys.stderr)
+            return 1
+    try:
+        return _serve(args, relay, config, fingerprint, settings, stats)
+    finally:
+        if args.pidfile is not None:
+            pidfile.release(args.pidfile)
+
+
+def _serve(args: argparse.Namespace, relay: SignalRelay, config: Config,
+           fingerprint: Fingerprint, settings: EngineSettings, stats: Stats) -> int:
+    from nodepool_k8s.launcher.service import LauncherService
+    from nodepool_k8s.zk.errors import ZkAuthError
+    from nodepool_k8s.zk.identity import InstallationIdError
+
     for warning in config.warnings:
         log.warning("%s", warning)
 
@@ -182,8 +210,7 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
     def stop(signum: int) -> None:
         if service.stopping:
             log.warning("Received signal %d while stopping: exiting at once", signum)
-            logging.shutdown()
-            os._exit(1)
+            _exit(args, 1)
         log.info("Received signal %d: stopping gracefully", signum)
         service.request_stop()
 
@@ -198,13 +225,11 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
     except ZkAuthError as exc:
         log.error("Cannot use ZooKeeper: %s", exc)
         print(f"nodepool-launcher: cannot use ZooKeeper: {exc}", file=sys.stderr)
-        logging.shutdown()
-        os._exit(1)
+        _exit(args, 1)
     except InstallationIdError as exc:
         log.error("Not starting: %s", exc)
         print(f"nodepool-launcher: installation id: {exc}", file=sys.stderr)
-        logging.shutdown()
-        os._exit(1)
+        _exit(args, 1)
     except Exception:
         log.exception("The launcher failed")
         return 1
@@ -212,6 +237,13 @@ def _run(args: argparse.Namespace, relay: SignalRelay) -> int:
     # deletion threads may still be blocked on an unreachable API or ZooKeeper, and the
     # interpreter would join them at exit (concurrent.futures does, daemonic or not),
     # waiting for their retries to run out: end the process now.
+    _exit(args, status)
+
+
+def _exit(args: argparse.Namespace, status: int) -> NoReturn:
+    """End the process at once (no thread joins), the pid file removed first."""
+    if args.pidfile is not None:
+        pidfile.release(args.pidfile)
     logging.shutdown()
     os._exit(status)
 

@@ -1,8 +1,9 @@
 """The `nodepool` command-line tool: operator commands against a running installation.
 
-Owns: argument parsing (global `-c/--config`, `-s/--secure`, `--debug`, `--version`) and the
-subcommand table. Each subcommand is one `_add_<name>(subparsers)` function that registers its
-parser and sets `func` to a `cmd_<name>(args) -> int` handler; add new ones to `SUBCOMMANDS`.
+Owns: argument parsing (global `-c/--config`, `-s/--secure`, `-l/--logconfig`,
+`--env-file`, `--debug`, `--version`) and the subcommand table. Each subcommand is one
+`_add_<name>(subparsers)` function that registers its parser and sets `func` to a
+`cmd_<name>(args) -> int` handler; add new ones to `SUBCOMMANDS`.
 
 The handlers of the ZooKeeper commands live in `commands_list` (list, request-list,
 label-list, info: read-only) and `commands_node` (delete, hold); `common` opens the session.
@@ -20,7 +21,7 @@ import logging
 import os
 import sys
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from nodepool_k8s import __version__
 from nodepool_k8s.cmd import common
@@ -31,8 +32,13 @@ from nodepool_k8s.cmd.commands_pool import add_parsers as _add_pool_control
 from nodepool_k8s.cmd.commands_show import add_events, add_show
 from nodepool_k8s.config.loader import load_config
 from nodepool_k8s.core.errors import ConfigError, NodepoolError
+from nodepool_k8s.runtime import envfile, logconfig
 
 DEFAULT_CONFIG = "/etc/nodepool/nodepool.yaml"
+# What the systemd unit (etc/nodepool-launcher.service) runs the launcher with: the CLI finds
+# the same files without retyping them.
+DEFAULT_SECURE = "/etc/nodepool/secure.conf"
+DEFAULT_ENV_FILE = "/etc/default/nodepool-launcher"
 
 Subparsers = Any  # argparse's _SubParsersAction is private
 
@@ -40,7 +46,7 @@ Subparsers = Any  # argparse's _SubParsersAction is private
 def cmd_config_validate(args: argparse.Namespace) -> int:
     """Load the configuration exactly as the launcher would; problems to stderr, exit 1."""
     try:
-        config = load_config(args.config, args.secure)
+        config = load_config(args.config, args.secure, env=args.env)
     except ConfigError as exc:
         for line in str(exc).splitlines():
             print(line, file=sys.stderr)
@@ -76,12 +82,14 @@ def _add_list(subparsers: Subparsers) -> None:
 
 def _add_delete(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
-        "delete", help="delete a node",
+        "delete", help="delete nodes",
         description="Mark a node 'deleting' (its launcher deletes it), or with --now delete"
                     " its resource and record here. Nodes locked by another client (Zuul"
                     " holds the lock while a job runs) are refused unless --force is given.")
-    parser.add_argument("id", type=common.node_id_arg,
-                        help="node id (digits; leading zeros may be omitted)")
+    parser.add_argument("id", type=common.node_id_arg, nargs="+",
+                        help="node id (digits; leading zeros may be omitted); several may be"
+                             " given: each is deleted, a failure is reported and the rest go"
+                             " on (exit 1 if any failed)")
     parser.add_argument("--now", action="store_true",
                         help="delete the resource through the configured provider and remove"
                              " the node record, in the foreground")
@@ -171,10 +179,20 @@ SUBCOMMANDS: list[Callable[[Subparsers], None]] = [
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nodepool",
                                      description="Operate a nodepool_k8s installation.")
-    parser.add_argument("-c", "--config", default=DEFAULT_CONFIG,
-                        help=f"main configuration file (default: {DEFAULT_CONFIG})")
+    parser.add_argument("-c", "--config", default=None,
+                        help="main configuration file (default: $NODEPOOL_CONFIG, else"
+                             f" {DEFAULT_CONFIG})")
     parser.add_argument("-s", "--secure", default=None,
-                        help="secure file overriding zookeeper-servers and zookeeper-tls")
+                        help="secure file overriding the ZooKeeper keys (default:"
+                             f" $NODEPOOL_SECURE, else {DEFAULT_SECURE} if it exists)")
+    parser.add_argument("-l", "--logconfig", default=None,
+                        help="logging configuration (.yaml/.json dictConfig or INI), as the"
+                             " launcher's -l")
+    parser.add_argument("--env-file", default=None, metavar="FILE",
+                        help="KEY=VALUE lines (systemd EnvironmentFile syntax) whose NODEPOOL_*"
+                             " values the configuration may substitute; the environment wins"
+                             f" (default: $NODEPOOL_ENV_FILE, else {DEFAULT_ENV_FILE} if it"
+                             " exists)")
     parser.add_argument("--debug", action="store_true", help="log debug messages to stderr")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -186,15 +204,44 @@ def build_parser() -> argparse.ArgumentParser:
     for sub in subparsers.choices.values():
         sub.add_argument("-c", "--config", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         sub.add_argument("-s", "--secure", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        sub.add_argument("-l", "--logconfig", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        sub.add_argument("--env-file", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         sub.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                          help=argparse.SUPPRESS)
     return parser
 
 
+def resolve_files(args: argparse.Namespace, env: Mapping[str, str]) -> None:
+    """Fill in `-c`, `-s` and `--env-file` from the environment and the unit's defaults;
+    `args.env` becomes `env` with the env file's NODEPOOL_* values added (set ones win)."""
+    args.env = dict(env)
+    if args.config is None:
+        args.config = env.get("NODEPOOL_CONFIG") or DEFAULT_CONFIG
+    if args.secure is None:
+        args.secure = env.get("NODEPOOL_SECURE") or (
+            DEFAULT_SECURE if os.path.exists(DEFAULT_SECURE) else None)
+    path = args.env_file or env.get("NODEPOOL_ENV_FILE")
+    if path is None and os.path.exists(DEFAULT_ENV_FILE):
+        path = DEFAULT_ENV_FILE
+    if path is None:
+        return
+    for key, value in envfile.read(path).items():
+        if key.startswith("NODEPOOL_"):
+            args.env.setdefault(key, value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.logconfig is not None:
+            logconfig.setup(args.logconfig, debug=args.debug)
+        else:
+            logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                                format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        resolve_files(args, os.environ)
+    except ConfigError as exc:
+        print(f"nodepool: {exc}", file=sys.stderr)
+        return 1
     with _quiet_connection_logs(not args.debug):
         try:
             return int(args.func(args))

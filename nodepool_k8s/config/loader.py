@@ -87,6 +87,12 @@ def _unset_problem(name: str, line: int, path: tuple[Any, ...]) -> str:
     return f"{place}: {why} (line {line})"
 
 
+# What a command that only talks to ZooKeeper needs of the main file (`load_connection`).
+CONNECTION_KEYS = frozenset({"zookeeper-servers", "zookeeper-tls", "zookeeper-auth",
+                             "zookeeper-acl", "zookeeper-timeout", "installation-id",
+                             "installation-id-file"})
+
+
 def load_config(path: str, secure: str | None = None,
                 env: Mapping[str, str] = os.environ) -> Config:
     """Load and validate the main file (and the secure file, if given)."""
@@ -94,6 +100,29 @@ def load_config(path: str, secure: str | None = None,
     secure_text = _read(secure) if secure is not None else None
     sources = (os.path.abspath(path),) + ((os.path.abspath(secure),) if secure else ())
     return _load(text, path, secure_text, secure or "<secure>", env, sources)
+
+
+def load_connection(path: str, secure: str | None = None,
+                    env: Mapping[str, str] = os.environ) -> tuple[Config, ConfigError | None]:
+    """The whole configuration if it is valid; else one built from its ZooKeeper keys alone
+    (no providers, no labels) and the error the whole file gave.
+
+    For the CLI's commands that only read or mark records: an operator recovering from a
+    bad configuration push keeps `list`, `hold` and `delete`. The file must still be
+    readable YAML and its ZooKeeper keys valid; otherwise the whole file's error is raised.
+    """
+    text = _read(path)
+    secure_text = _read(secure) if secure is not None else None
+    sources = (os.path.abspath(path),) + ((os.path.abspath(secure),) if secure else ())
+    try:
+        return _load(text, path, secure_text, secure or "<secure>", env, sources), None
+    except ConfigError as whole:
+        try:
+            config = _load(text, path, secure_text, secure or "<secure>", env, sources,
+                           only=CONNECTION_KEYS)
+        except ConfigError:
+            raise whole from None
+        return config, whole
 
 
 def load_config_text(text: str, path: str = "<string>", secure_text: str | None = None,
@@ -319,10 +348,13 @@ def _parse(text: str, path: str, env: Mapping[str, str]) -> Any:
 
 
 def _load(text: str, path: str, secure_text: str | None, secure_path: str,
-          env: Mapping[str, str], sources: tuple[str, ...]) -> Config:
+          env: Mapping[str, str], sources: tuple[str, ...],
+          only: frozenset[str] | None = None) -> Config:
     data = _parse(text, path, env)
     if data is None:
         data = {}  # an empty file; the schema then says what is missing
+    if only is not None and isinstance(data, dict):
+        data = {key: value for key, value in data.items() if key in only}
     warnings: list[str] = []
     override: dict[str, Any] = {}
     if secure_text is not None:

@@ -216,3 +216,19 @@ def test_not_ready_until_connected(launcher_process: LauncherProcesses,
     assert proc.wait(15) == 0, proc.log()
     notify_socket.wait_field("STOPPING", "1")
     assert not [f for f in notify_socket.fields() if "READY" in f]
+
+
+def test_nodepool_style_foreground_and_pid_file(launcher_process: LauncherProcesses,
+                                                tmp_path: Path) -> None:
+    pid_path = tmp_path / "run" / "launcher.pid"
+    pid_path.parent.mkdir()
+    proc = launcher_process(args=("--no-webapp", "-f", "-p", str(pid_path)))
+    assert pid_path.read_text() == f"{proc.pid}\n"
+    second = launcher_process(args=("--no-webapp", "-f", "-p", str(pid_path)),
+                              wait_ready=False)
+    assert second.wait(60) == 1
+    assert f"process {proc.pid} is running with this pid file" in second.log()
+    assert pid_path.read_text() == f"{proc.pid}\n"  # the refused one left it alone
+    proc.signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, proc.log()[-4000:]
+    assert not pid_path.exists()
