@@ -27,8 +27,10 @@ BURST_KEYS = {"size", "submit_span_ms", "created_span_ms", "duration_ms", "p50_o
 
 
 def test_quick_json(tmp_path: Path) -> None:
-    done = run_module("nodepool_k8s.dev.testing.bench", "--quick", "--json", tmp=tmp_path,
-                      timeout=150)
+    # --quick gives up after 120 s by itself; on a busy machine that is not a failure of
+    # what this test checks (the phases and the JSON), so the limit is only a hang guard.
+    done = run_module("nodepool_k8s.dev.testing.bench", "--quick", "--json", "--timeout", "900",
+                      tmp=tmp_path, timeout=960)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(done.stdout)
     assert results["ok"] is True and results["problems"] == []
