@@ -91,16 +91,27 @@ def pool_status_gauges(record: Mapping[str, Any]) -> dict[str, float]:
 
 
 def launch_error_key(provider: str, reason: str) -> str:
-    """A failed (or quota-aborted) launch by reason (`conditions.REASONS`, bounded)."""
-    return f"nodepool.launch.provider.{key_part(provider)}.error.{key_part(reason)}"
+    """A failed (or quota-aborted) launch by reason (`conditions.REASONS`, bounded).
+
+    Its own branch (`reason.`), not beside Nodepool's `error.<result>` keys: the same
+    failure is already counted there once, and `sumSeries(...error.*)` must not count it
+    twice."""
+    return f"nodepool.launch.provider.{key_part(provider)}.reason.{key_part(reason)}"
+
+
+# The whole launch, from the node's creation to ready: a timer of its own, so that the
+# phase timers add up to it instead of including it.
+TOTAL_PHASE = "total"
 
 
 def phase_keys(provider: str, pool: str, label: str, phase: str) -> list[str]:
-    """Timers of one lifecycle phase (`conditions.PHASES`) per provider, pool and label."""
+    """Timers of one lifecycle phase (`conditions.PHASES`) per provider, pool and label;
+    the whole launch (`TOTAL_PHASE`) is `...ready_time` instead of a phase."""
     prefix = f"nodepool.launch.provider.{key_part(provider)}"
-    return [f"{prefix}.phase.{phase}",
-            f"{prefix}.pool.{key_part(pool)}.phase.{phase}",
-            f"nodepool.launch.label.{key_part(label)}.phase.{phase}"]
+    leaf = "ready_time" if phase == TOTAL_PHASE else f"phase.{phase}"
+    return [f"{prefix}.{leaf}",
+            f"{prefix}.pool.{key_part(pool)}.{leaf}",
+            f"nodepool.launch.label.{key_part(label)}.{leaf}"]
 
 
 def leaked_nodes_key(provider: str) -> str:
@@ -160,6 +171,28 @@ PROM_DELETE_STUCK = "nodepool_delete_stuck_total"
 PROM_THREAD_CRASHES = "nodepool_thread_crashes_total"
 PROM_LAUNCH_ERRORS = "nodepool_launch_errors_total"
 PROM_PHASE_SECONDS = "nodepool_node_phase_seconds"
+PROM_LAUNCH_SECONDS = "nodepool_node_launch_seconds"
+
+# HELP texts of the in-process counters and histograms (`/metrics`), with their units.
+HELP = {
+    PROM_LAUNCHES: "Launches finished by this launcher, by provider and Nodepool result"
+                   " (ready, error.quota, error.unknown, ...).",
+    PROM_LEAKED: "Cluster resources of this installation found without a node record and"
+                 " deleted.",
+    PROM_GAUGE_REPORTS: "Times this launcher, as stats leader, sent the global gauges.",
+    PROM_MALFORMED: "Records in ZooKeeper that could not be decoded, by kind (each logged once"
+                    " with its path).",
+    PROM_DELETE_REFUSED: "Deletions refused because the resource is not provably this"
+                         " installation's.",
+    PROM_DELETE_STUCK: "Deletions still not finished after terminating-grace.",
+    PROM_THREAD_CRASHES: "Launcher threads that raised and were restarted, by thread.",
+    PROM_LAUNCH_ERRORS: "Failed or quota-aborted launches by provider and reason code; each is"
+                        " also one of nodepool_launch_total's error results.",
+    PROM_PHASE_SECONDS: "Seconds each launch phase took (launch, register, initialize, ready,"
+                        " deletion); the phases of one node add up to"
+                        " nodepool_node_launch_seconds.",
+    PROM_LAUNCH_SECONDS: "Seconds from a node's creation to ready.",
+}
 # Histogram buckets (seconds) of the lifecycle phases: image pulls take minutes.
 PHASE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
@@ -284,8 +317,12 @@ class Stats:
         for phase, value in seconds.items():
             for key in phase_keys(provider, pool, label, phase):
                 self._safe("timing", key, value * 1000.0)
-            self.observe(PROM_PHASE_SECONDS, value, provider=provider, pool=pool,
-                         label=label, phase=phase)
+            if phase == TOTAL_PHASE:
+                self.observe(PROM_LAUNCH_SECONDS, value, provider=provider, pool=pool,
+                             label=label)
+            else:
+                self.observe(PROM_PHASE_SECONDS, value, provider=provider, pool=pool,
+                             label=label, phase=phase)
 
     def launch(self, provider: str, requestor: str | None, result: str,
                duration_ms: float) -> None:

@@ -18,8 +18,11 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 from prometheus_client.metrics_core import Metric
 
+import platform
+
+from nodepool_k8s import __version__
 from nodepool_k8s.core.model import NODE_STATES, REQUEST_STATES, NodeRequest
-from nodepool_k8s.runtime.stats import Histogram
+from nodepool_k8s.runtime.stats import HELP, Histogram
 from nodepool_k8s.views.listing import NodeView
 
 CounterValues = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -67,13 +70,18 @@ def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: 
     out.append(GaugeMetricFamily("nodepool_launcher_ready",
                                  "1 once the launcher finished starting.",
                                  value=1 if ready else 0))
+    build = GaugeMetricFamily("nodepool_build_info",
+                              "Always 1; the labels say which nodepool_k8s and Python run.",
+                              labels=["version", "python"])
+    build.add_metric([__version__, platform.python_version()], 1)
+    out.append(build)
 
     by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
     for (name, pairs), value in sorted((counters or {}).items()):
         by_name.setdefault(name, []).append((pairs, value))
     for name, samples in by_name.items():
         label_names = sorted({k for pairs, _ in samples for k, _ in pairs})
-        family = CounterMetricFamily(name, name.replace("_", " "), labels=label_names)
+        family = CounterMetricFamily(name, _help(name), labels=label_names)
         for pairs, value in samples:
             values = dict(pairs)
             family.add_metric([values.get(k, "") for k in label_names], value)
@@ -99,7 +107,7 @@ def histogram_families(histograms: HistogramValues) -> list[Metric]:
     out: list[Metric] = []
     for name, samples in by_name.items():
         label_names = sorted({k for pairs, _ in samples for k, _ in pairs})
-        family = HistogramMetricFamily(name, name.replace("_", " "), labels=label_names)
+        family = HistogramMetricFamily(name, _help(name), labels=label_names)
         for pairs, histogram in samples:
             values = dict(pairs)
             buckets = [(_bound(b), float(c)) for b, c in zip(histogram.buckets,
@@ -111,46 +119,81 @@ def histogram_families(histograms: HistogramValues) -> list[Metric]:
     return out
 
 
+def _help(name: str) -> str:
+    return HELP.get(name) or name.removeprefix("nodepool_").replace("_", " ") + "."
+
+
 def _bound(value: float) -> str:
     return repr(float(value))
 
 
 def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
-    """Per running pool worker: its conditions (1 = status True), usage and limits."""
+    """Per running pool worker: its conditions (1 = status True), usage and limits.
+
+    A pool worker is named by its provider, pool and `launcher` (the launcher's host name,
+    `host/2`, `host/3` for further workers of the same pool on the same host, in the order
+    of their ids): labels that stay the same across restarts, unlike the worker's
+    per-process id. A condition's reason is not a label (it changes with every transition
+    and would make a new series each time): `nodepool pool-list` and `/pool-list` show it."""
     condition = GaugeMetricFamily(
         "nodepool_pool_condition", "Pool conditions (1 when the condition's status is True).",
-        labels=["provider", "pool", "pool_id", "condition", "reason"])
-    usage = GaugeMetricFamily("nodepool_pool_usage", "Pool usage per limited resource.",
-                              labels=["provider", "pool", "pool_id", "scope", "resource"])
-    limit = GaugeMetricFamily("nodepool_pool_limit", "Pool limit per limited resource.",
-                              labels=["provider", "pool", "pool_id", "scope", "resource"])
+        labels=["provider", "pool", "launcher", "condition"])
+    usage = GaugeMetricFamily("nodepool_pool_usage",
+                              "Pool usage per limited resource (servers: nodes, cores: CPUs,"
+                              " ram: MiB, others in their own unit).",
+                              labels=["provider", "pool", "launcher", "scope", "resource"])
+    limit = GaugeMetricFamily("nodepool_pool_limit",
+                              "Pool limit per limited resource (units as nodepool_pool_usage).",
+                              labels=["provider", "pool", "launcher", "scope", "resource"])
     nodes = GaugeMetricFamily("nodepool_pool_nodes", "Nodes of the pool by state.",
-                              labels=["provider", "pool", "pool_id", "state"])
+                              labels=["provider", "pool", "launcher", "state"])
+    launching = GaugeMetricFamily("nodepool_pool_launches_in_progress",
+                                  "Launches of the pool worker not finished yet.",
+                                  labels=["provider", "pool", "launcher"])
     queued = GaugeMetricFamily("nodepool_pool_requests_queued",
                                "Requests the pool holds while paused.",
-                               labels=["provider", "pool", "pool_id"])
-    for record in pools:
-        key = [str(record.get("provider", "")), str(record.get("pool", "")),
-               str(record.get("id", ""))]
+                               labels=["provider", "pool", "launcher"])
+    for key, record in _named(pools):
         for cond in record.get("conditions") or []:
             if isinstance(cond, dict):
-                condition.add_metric(key + [str(cond.get("type", "")),
-                                            str(cond.get("reason", ""))],
+                condition.add_metric(key + [str(cond.get("type", ""))],
                                      1 if cond.get("status") == "True" else 0)
         for row in record.get("usage") or []:
             if not isinstance(row, dict):
                 continue
             labels = key + [str(row.get("scope", "")), str(row.get("resource", ""))]
-            if isinstance(row.get("used"), (int, float)):
+            if _number(row.get("used")):
                 usage.add_metric(labels, row["used"])
-            if isinstance(row.get("limit"), (int, float)):
+            if _number(row.get("limit")):
                 limit.add_metric(labels, row["limit"])
         for state, count in sorted((record.get("nodes") or {}).items()):
-            if isinstance(count, (int, float)):
+            if _number(count):
                 nodes.add_metric(key + [str(state)], count)
-        if isinstance(record.get("requests_queued"), (int, float)):
+        if _number(record.get("launches_in_progress")):
+            launching.add_metric(key, record["launches_in_progress"])
+        if _number(record.get("requests_queued")):
             queued.add_metric(key, record["requests_queued"])
-    return [condition, usage, limit, nodes, queued]
+    return [condition, usage, limit, nodes, launching, queued]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _named(pools: Iterable[Mapping[str, Any]]) -> list[tuple[list[str], Mapping[str, Any]]]:
+    """Each record with its stable labels [provider, pool, launcher] (see pool_families)."""
+    ordered = sorted((r for r in pools if isinstance(r, Mapping)),
+                     key=lambda r: (str(r.get("provider", "")), str(r.get("pool", "")),
+                                    str(r.get("hostname", "")), str(r.get("id", ""))))
+    seen: Counter[tuple[str, str, str]] = Counter()
+    out = []
+    for record in ordered:
+        base = (str(record.get("provider", "")), str(record.get("pool", "")),
+                str(record.get("hostname", "")))
+        seen[base] += 1
+        launcher = base[2] if seen[base] == 1 else f"{base[2]}/{seen[base]}"
+        out.append(([base[0], base[1], launcher], record))
+    return out
 
 
 def render(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,

@@ -74,17 +74,26 @@ def test_ready_node_conditions_show_and_timers(launchers: LauncherFactory, zuul:
     # Timers per provider/pool/label, and the Prometheus histogram.
     # Reported just after the fulfilling commit, which Zuul may see first: wait for them.
     backend = launcher.engine.stats.backend
-    wait_for(lambda: "nodepool.launch.label.large.phase.total"
+    wait_for(lambda: "nodepool.launch.label.large.ready_time"
              in backend.keys("timing"), 10,  # type: ignore[attr-defined]
              message="the phase timers")
     timings = backend.keys("timing")  # type: ignore[attr-defined]
-    for phase in ("launch", "register", "initialize", "ready", "total"):
+    for phase in ("launch", "register", "initialize", "ready"):
         assert f"nodepool.launch.provider.fake.phase.{phase}" in timings
         assert f"nodepool.launch.provider.fake.pool.main.phase.{phase}" in timings
         assert f"nodepool.launch.label.large.phase.{phase}" in timings
+    # The whole launch is a timer of its own, so the phases add up to it.
+    assert not [k for k in timings if k.endswith(".phase.total")]
+    for key in ("nodepool.launch.provider.fake.ready_time",
+                "nodepool.launch.provider.fake.pool.main.ready_time",
+                "nodepool.launch.label.large.ready_time"):
+        assert key in timings
     text = prometheus.render([], [], True, {}, process=False,
                              histograms=launcher.engine.stats.histograms())
-    assert 'nodepool_node_phase_seconds_count{label="large",phase="total",pool="main",' \
+    assert 'phase="total"' not in text
+    assert 'nodepool_node_phase_seconds_count{label="large",phase="ready",pool="main",' \
+           'provider="fake"} 1.0' in text
+    assert 'nodepool_node_launch_seconds_count{label="large",pool="main",' \
            'provider="fake"} 1.0' in text
 
     shown = cli("show", node_id)
@@ -154,8 +163,11 @@ def test_failed_launch_keeps_its_reason(launchers: LauncherFactory, zuul: ZuulCl
     assert "the registry said no" in by_type["Registered"]["message"]
     assert by_type["Initialized"]["status"] == "Unknown"
     assert by_type["Deleting"]["reason"] == "DeleteFailed"
-    assert "nodepool.launch.provider.fake.error.ErrImagePull" in \
-        launcher.engine.stats.backend.keys("incr")  # type: ignore[attr-defined]
+    increments = launcher.engine.stats.backend.keys("incr")  # type: ignore[attr-defined]
+    # The reason in its own branch; Nodepool's error.* keys count the failure once.
+    assert "nodepool.launch.provider.fake.reason.ErrImagePull" in increments
+    assert len([k for k in increments
+                if k.startswith("nodepool.launch.provider.fake.error.")]) == 1
 
     shown = cli("show", node_id)
     assert "What to do:" in shown.out and "ErrImagePull" in shown.out

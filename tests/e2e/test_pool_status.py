@@ -148,9 +148,15 @@ def test_breaker_trips_moves_work_and_resets(
             r["id"] for r in read_all(first.zk, POOL_STATUS).values())
         assert len(web_pools) == 4
         metrics = get(f"{base}/metrics", json_body=False)
-        assert any(line.startswith("nodepool_pool_condition{") and 'condition="Suspended"'
-                   in line and 'pool="a"' in line and 'reason="LabelSuspended"' in line
-                   and line.endswith(" 1.0") for line in metrics.splitlines())
+        suspended = [line for line in metrics.splitlines()
+                     if line.startswith("nodepool_pool_condition{")
+                     and 'condition="Suspended"' in line]
+        # One series per pool worker, named by stable labels (no per-process id, no reason).
+        assert len(suspended) == 4 and not any("pool_id=" in line or "reason=" in line
+                                               for line in suspended)
+        assert sorted(line.rsplit(" ", 1)[1] for line in suspended if 'pool="a"' in line) \
+            == ["1.0", "1.0"]
+        assert len({line.rsplit(" ", 1)[0] for line in suspended}) == 4
 
         # The image fixed in config: the breaker resets; the preferred pool a serves again.
         for launcher in (first, second):

@@ -89,7 +89,8 @@ def test_soak_smoke(tmp_path: Path) -> None:
     doc/benchmark.md, not asserted here)."""
     done = run_module("nodepool_k8s.dev.testing.bench", "--soak", "3", "--soak-requests", "5",
                       "--soak-warmup", "5", "--soak-tracemalloc", "2",
-                      "--error-rate", "0.05", "--json", tmp=tmp_path, timeout=200)
+                      "--error-rate", "0.05", "--json", "--timeout", "900", tmp=tmp_path,
+                      timeout=960)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads(done.stdout)
     soak = results["soak"]
