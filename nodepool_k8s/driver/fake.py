@@ -78,11 +78,9 @@ class FakeProvider:
         # notices to send when `finish_deletions` lets them finish.
         self._deferred: dict[str, list[Callable[[], None]]] | None = None
         self._early_notice = False
-        # Deferred deletions: external id -> when first asked (monotonic), and those
-        # reported stuck (`stuck_after`, once each).
+        # Deferred deletions: external id -> when first asked (monotonic).
         self._going: dict[str, float] = {}
         self._stuck_after: float | None = None
-        self._reported_stuck: set[str] = set()
 
     # -- test controls --------------------------------------------------------------------
     def defer_deletions(self, early_notice: bool = False,
@@ -90,8 +88,8 @@ class FakeProvider:
         """Deletions are answered as underway (a namespace Terminating) until
         `finish_deletions`, which sends their wake-ups. With `early_notice` a deletion
         finishes and sends its wake-up before it is answered (a namespace that went at
-        once). With `stuck_after` the first call that many seconds (on the provider's
-        clock) after the first answer reports the deletion stuck."""
+        once). With `stuck_after` every call that many seconds (on the provider's clock)
+        after the first answer reports the deletion stuck."""
         with self._lock:
             self._deferred, self._early_notice = {}, early_notice
             self._stuck_after = stuck_after
@@ -101,7 +99,6 @@ class FakeProvider:
         with self._lock:
             deferred, self._deferred = self._deferred or {}, None
             self._going.clear()
-            self._reported_stuck.clear()
         with self.cloud.lock:
             for external_id in deferred:
                 self.cloud.resources.pop(external_id, None)
@@ -231,7 +228,7 @@ class FakeProvider:
                wake: Callable[[], None] | None = None, verify: bool = False) -> Deletion:
         """Gone at once, unless a test deferred deletions (`defer_deletions`): then the
         first call marks the resource deleting and every call until `finish_deletions`
-        answers `Underway` (stuck, once, past the deferral's `stuck_after`)."""
+        answers `Underway` (stuck past the deferral's `stuck_after`)."""
         self._record("delete", external_id)
         injected = self._injected("delete", node_id)
         if injected is not None:
@@ -265,12 +262,10 @@ class FakeProvider:
         return Gone()
 
     def _stuck_report(self, external_id: str, started: float, now: float) -> str | None:
-        """What holds a deferred deletion, on the first call past `stuck_after` (lock
-        held)."""
-        if self._stuck_after is None or now - started < self._stuck_after \
-                or external_id in self._reported_stuck:
+        """What holds a deferred deletion, on every call past `stuck_after`: showing it
+        once is the caller's part."""
+        if self._stuck_after is None or now - started < self._stuck_after:
             return None
-        self._reported_stuck.add(external_id)
         return f"{external_id} deleting for {now - started:.0f}s"
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:

@@ -1,14 +1,15 @@
 """Deletion, listing for the leak sweeper, and the shared watches' resilience.
 
-Aspects: delete_and_confirm confirms the namespace is gone (missing = success, Terminating = just wait),
-a hanging deletion raises TemporaryError after its timeout and succeeds once it completes,
-API errors on delete are raised, not swallowed; list_resources returns only this provider's
-namespaces with node id, creation time and deleting flag; the shared watches survive a
-history compaction (410), broken watch requests and keep one stream per kind; deletions are
-confirmed through the shared namespace watch (one API call each), also after it re-lists, and
-a namespace without our labels through a watch on its name; `delete` is a reconcile step: a
-Terminating namespace is answered as underway at once, the wake-up comes when the watch sees
-it go, calling again is safe (one DELETE), and the provider keeps no deadline of its own.
+Aspects: delete_and_confirm confirms the namespace is gone (missing = success, Terminating =
+just wait), a hanging deletion raises TemporaryError after its timeout and succeeds once it
+completes, API errors on delete are raised, not swallowed; list_resources returns only this
+provider's namespaces with node id, creation time and deleting flag; the shared watches
+survive a history compaction (410), broken watch requests and keep one stream per kind;
+deletions are confirmed through the shared namespace watch (one API call each), also after
+it re-lists, and a namespace without our labels through a watch on its name; `delete` is a
+reconcile step: a Terminating namespace is answered as underway at once, the wake-up comes
+when the watch sees it go, calling again is safe (one DELETE), and the provider keeps no
+deadline of its own.
 """
 
 from __future__ import annotations
