@@ -207,7 +207,7 @@ class KubernetesProvider:
         self._clear_failed: OrderedDict[tuple[str, str], None] = OrderedDict()
         # Namespaces (name, uid) whose hold we removed: not asked for again.
         self._released: OrderedDict[tuple[str, str], None] = OrderedDict()
-        # namespace -> the `on_gone` of its parked deletion: called early when only our own
+        # namespace -> the `wake` of its parked deletion: called early when only our own
         # hold is left in it (job-role: cluster-role), so the deletion removes it at once.
         self._wakers: dict[str, Callable[[], None]] = {}
         # The RBAC subject the API server knows this launcher as (job-role: cluster-role).
@@ -462,11 +462,11 @@ class KubernetesProvider:
                 table.popitem(last=False)
             return new
 
-    def _wake_on_release(self, name: str, on_gone: Callable[[], None]) -> None:
-        """Have `on_gone` called early once only our hold is left in `name` (also when
+    def _wake_on_release(self, name: str, wake: Callable[[], None]) -> None:
+        """Have `wake` called early once only our hold is left in `name` (also when
         that happened since this deletion looked)."""
         with self._lock:
-            self._wakers[name] = on_gone
+            self._wakers[name] = wake
         current = self._namespace_copy(name)
         if current and clearing.only_own_hold(current):
             with self._lock:
