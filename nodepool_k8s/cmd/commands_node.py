@@ -44,7 +44,7 @@ from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.common import CliError, Session
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver import registry
-from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.driver.base import Deletion, Gone, Provider, delete_and_wait
 from nodepool_k8s.core.errors import NodepoolError, NotFound, NotOwned
 from nodepool_k8s.launcher.upkeep import deleter
 from nodepool_k8s.core.model import Node
@@ -210,6 +210,9 @@ def _delete_now(s: Session, locked: Locked) -> None:
     finally:
         if resource is not None:
             resource.stop()
+    if not isinstance(done, deleter.Removed):  # `_Resource` waits: not expected
+        raise CliError(f"node {node.id}: {done.detail}; the node stays in state deleting and"
+                       " its launcher finishes it")
     if done.refused is not None:
         common.warn(f"node {node.id}: NOT deleting {node.external_id} of provider"
                     f" {node.provider}: {done.refused}; only the node record is removed")
@@ -272,21 +275,24 @@ class _Resource:
         self._started = False
 
     def delete(self, external_id: str, node_id: str | None = None,
-               on_gone: Callable[[], None] | None = None) -> None:
-        # `on_gone` is never passed here: the command waits until the resource is gone.
+               wake: Callable[[], None] | None = None, verify: bool = False) -> Deletion:
+        # The command waits until the resource is gone (within the provider's
+        # `delete-timeout`): never `Underway`.
         if self._provider is None:
             self._provider = registry.make_provider(self._config)
         try:
             if not self._started:
                 self._started = True
                 self._provider.start()
-            self._provider.delete(external_id, node_id=node_id)
+            delete_and_wait(self._provider, external_id, node_id,
+                            timeout=float(self._config.delete_timeout))
         except NotOwned:
             raise
         except NodepoolError as exc:  # the driver contract: TemporaryError (or config error)
             raise CliError(f"could not delete {external_id} of node {self._node_id} ({exc});"
                            " the node stays in state deleting and its launcher retries"
                            ) from exc
+        return Gone()
 
     def stop(self) -> None:
         if self._provider is not None:

@@ -47,24 +47,6 @@ class NotOwned(PermanentError):
     """
 
 
-class DeletionUnderway(NodepoolError):
-    """The cloud accepted a deletion that is still running (a namespace Terminating).
-
-    Raised by `Provider.delete` only when the caller passed `on_gone`: the provider calls it
-    once it sees the resource gone, and the caller asks again then (or after `recheck_in`
-    seconds at the latest, should that notice never come). Not a failure: nothing is
-    logged or retried with back-off for it.
-
-    `stuck`: set once the resource has been going for longer than the provider allows
-    (a namespace Terminating past `terminating-grace`): what holds it, for the caller to
-    show (node condition, event, metric) before the provider clears it on a later call."""
-
-    def __init__(self, message: str, recheck_in: float, stuck: str | None = None) -> None:
-        super().__init__(message)
-        self.recheck_in = recheck_in
-        self.stuck = stuck
-
-
 class DeletionBlocked(TemporaryError):
     """A deletion is held up by something the provider tried and failed to remove (a
     namespace's leftover finalizers, say). The provider has logged it (once per resource);

@@ -14,11 +14,15 @@ Error contract:
   request waiting; `TemporaryError` for API trouble that outlived the driver's own retries.
   On any of these the driver has already removed what it created for that attempt, or left
   it labelled so the leak sweeper finds it.
-- `delete` returns only once the resource is gone; a missing resource is success. It raises
-  `TemporaryError` when deletion could not be confirmed (the core retries later, and keeps
-  the node record until then: nothing is forgotten), and `NotOwned` when the resource is not
+- `delete` is a reconcile step: it looks at the resource, acts (the first call asks the
+  cloud to delete it; later calls look again and, past the provider's grace, clear what
+  holds it) and returns `Gone` (a missing resource is gone) or `Underway` (look again by
+  `recheck_at`), without waiting. Calling it again is always safe. It raises
+  `TemporaryError` when it could not look or act (the core retries later, and keeps the
+  node record until then: nothing is forgotten), and `NotOwned` when the resource is not
   provably this installation's (and, given `node_id`, that node's): nothing was deleted and
-  the core must not retry (it drops the record and says why).
+  the core must not retry (it drops the record and says why). The caller keeps every
+  deadline (`delete-timeout`); the provider keeps none.
 - `list_resources` raises `TemporaryError` when the cloud cannot be listed (no sweep then).
 """
 
@@ -30,7 +34,9 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from nodepool_k8s.core.conditions import Condition
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
+from nodepool_k8s.core.errors import TemporaryError
 from nodepool_k8s.core.model import Resources
+from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,31 @@ class CloudResource:
     metadata: Mapping[str, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Gone:
+    """`Provider.delete`: the resource is gone (or never was)."""
+
+
+@dataclass(frozen=True)
+class Underway:
+    """`Provider.delete`: the cloud is deleting the resource (a namespace Terminating).
+
+    `recheck_at` (the provider's monotonic clock) is when to call `delete` again even if no
+    wake-up came: the next step is due then (the grace runs out, a cleared namespace should
+    have emptied, an unwatched one should be looked at). `stuck` is set on the call that
+    first finds the resource going for longer than the provider allows (past
+    `terminating-grace`): what holds it, for the caller to show before a later call clears
+    it. Not a failure: nothing is logged or retried with back-off for it."""
+
+    recheck_at: float
+    detail: str
+    stuck: str | None = None
+
+
+Deletion = Gone | Underway
+"""What one `Provider.delete` call found: gone, or underway with a time to look again."""
+
+
 class Progress(Protocol):
     """The core's progress callback: `progress(external_id, *conditions)`.
 
@@ -124,16 +155,17 @@ class Provider(Protocol):
         """
 
     def delete(self, external_id: str, node_id: str | None = None,
-               on_gone: Callable[[], None] | None = None) -> None:
-        """Delete the resource and wait until it is gone (missing = success).
+               wake: Callable[[], None] | None = None, verify: bool = False) -> Deletion:
+        """One reconcile step of deleting the resource (missing = `Gone`); never waits.
 
         Only a resource carrying this installation's ownership labels (and node `node_id`'s,
         when given) is deleted; anything else raises `NotOwned` without being touched.
 
-        With `on_gone` the provider may, instead of waiting, raise `DeletionUnderway` once
-        the deletion is accepted and call `on_gone()` (once, from one of its own threads;
-        it must not block) when it sees the resource gone; the caller then calls `delete`
-        again to confirm. A provider that cannot tell may ignore `on_gone` and wait.
+        `wake()` may be called (from one of the provider's threads; it must not block) when
+        calling again is worth it before `recheck_at`: the resource left, or the next step
+        is possible now. It is only a hint: it decides nothing, and the caller may ignore
+        it. With `verify` the provider asks the cloud itself, never a cache of its own (the
+        caller's deadline passed: a watch that stopped working keeps an old copy).
         """
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:
@@ -156,3 +188,28 @@ class Provider(Protocol):
 
 
 ProviderFactory = Callable[[ProviderConfig], Provider]
+
+
+def delete_and_wait(provider: Provider, external_id: str, node_id: str | None,
+                    timeout: float, clock: Clock = SYSTEM_CLOCK) -> None:
+    """Call `provider.delete` until the resource is gone, for a caller that must wait (a
+    command in the foreground): between calls it sleeps until the provider's `recheck_at`
+    or its wake-up, whichever comes first. Past `timeout` one verifying call decides;
+    still underway then raises TemporaryError. NotOwned and the provider's errors pass."""
+    woken = threading.Event()
+    deadline = clock.monotonic() + timeout
+    verify = False
+    while True:
+        woken.clear()
+        result = provider.delete(external_id, node_id=node_id, wake=woken.set,
+                                 verify=verify)
+        if isinstance(result, Gone):
+            return
+        if verify:
+            raise TemporaryError(f"{external_id} still exists after {timeout:g}s:"
+                                 f" {result.detail}")
+        now = clock.monotonic()
+        if now >= deadline:
+            verify = True
+            continue
+        woken.wait(max(min(result.recheck_at, deadline) - now, 0.0))

@@ -6,12 +6,13 @@ retries), reports its external id through `progress` at once, then waits the lab
 `launch-delay` (seconds) on the cancel event (never sleep-polling) and succeeds, unless the
 label has `fail: true` or an error was injected with `fail_next`. Every call is recorded.
 
-`delete` refuses (NotOwned) a resource it does not hold that another provider of the shared
-cloud holds, or one whose node id differs from the node being deleted, and any name in
-`foreign` (tests add e.g. `kube-system` there), as the Kubernetes driver's ownership check
-does; a name nobody holds is simply gone (success). `ownership_problem` (hand-out,
-min-ready spares) refuses the same, and a name nobody here holds unless it is a name made
-for that node (another in-process launcher's FakeCloud may hold it).
+`delete` (a reconcile step, see `driver.base`) refuses (NotOwned) a resource it does not
+hold that another provider of the shared cloud holds, or one whose node id differs from the
+node being deleted, and any name in `foreign` (tests add e.g. `kube-system` there), as the
+Kubernetes driver's ownership check does; a name nobody holds is simply `Gone`.
+`ownership_problem` (hand-out, min-ready spares) refuses the same, and a name nobody here
+holds unless it is a name made for that node (another in-process launcher's FakeCloud may
+hold it).
 
 State is per instance unless a `FakeCloud` is shared (two in-process launchers can then see
 the same resources, e.g. for leak tests). Nothing here persists across processes.
@@ -27,11 +28,14 @@ from typing import Any, Callable, Sequence
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolLabel, ProviderConfig
 from nodepool_k8s.core import conditions as cond
-from nodepool_k8s.driver.base import CloudResource, LaunchResult, LaunchSpec, Progress
-from nodepool_k8s.core.errors import DeletionUnderway, LaunchCancelled, LaunchError, NotOwned
+from nodepool_k8s.driver.base import (CloudResource, Deletion, Gone, LaunchResult, LaunchSpec,
+                                      Progress, Underway)
+from nodepool_k8s.core.errors import LaunchCancelled, LaunchError, NotOwned
 from nodepool_k8s.core.model import Resources
 
 FAKE_API = "https://fake-k8s.invalid:6443"
+# A deferred deletion asks to be looked at again after this long (monotonic seconds).
+DEFERRED_RECHECK = 60.0
 
 
 @dataclass
@@ -74,19 +78,27 @@ class FakeProvider:
         # notices to send when `finish_deletions` lets them finish.
         self._deferred: dict[str, list[Callable[[], None]]] | None = None
         self._early_notice = False
+        # Deferred deletions: external id -> when first asked (monotonic).
+        self._going: dict[str, float] = {}
+        self._stuck_after: float | None = None
 
     # -- test controls --------------------------------------------------------------------
-    def defer_deletions(self, early_notice: bool = False) -> None:
-        """Deletions asked for with `on_gone` are handed back as underway (a namespace
-        Terminating) until `finish_deletions`. With `early_notice` a deletion finishes and
-        sends its notice before it is handed back (a namespace that went at once)."""
+    def defer_deletions(self, early_notice: bool = False,
+                        stuck_after: float | None = None) -> None:
+        """Deletions are answered as underway (a namespace Terminating) until
+        `finish_deletions`, which sends their wake-ups. With `early_notice` a deletion
+        finishes and sends its wake-up before it is answered (a namespace that went at
+        once). With `stuck_after` every call that many seconds (on the provider's clock)
+        after the first answer reports the deletion stuck."""
         with self._lock:
             self._deferred, self._early_notice = {}, early_notice
+            self._stuck_after = stuck_after
 
     def finish_deletions(self) -> None:
         """Let every deferred deletion finish, send their notices, stop deferring."""
         with self._lock:
             deferred, self._deferred = self._deferred or {}, None
+            self._going.clear()
         with self.cloud.lock:
             for external_id in deferred:
                 self.cloud.resources.pop(external_id, None)
@@ -213,18 +225,21 @@ class FakeProvider:
             self.cloud.resources.pop(external_id, None)
 
     def delete(self, external_id: str, node_id: str | None = None,
-               on_gone: Callable[[], None] | None = None) -> None:
-        """Finishes at once, unless a test deferred deletions (`defer_deletions`)."""
+               wake: Callable[[], None] | None = None, verify: bool = False) -> Deletion:
+        """Gone at once, unless a test deferred deletions (`defer_deletions`): then the
+        first call marks the resource deleting and every call until `finish_deletions`
+        answers `Underway` (stuck past the deferral's `stuck_after`)."""
         self._record("delete", external_id)
         injected = self._injected("delete", node_id)
         if injected is not None:
             raise injected
+        now = self.clock.monotonic()
         with self.cloud.lock:
             if external_id in self.cloud.foreign:
                 raise NotOwned(f"{external_id} is not ours (foreign)")
             resource = self.cloud.resources.get(external_id)
             if resource is None:
-                return
+                return Gone()
             if resource.provider != self.name:
                 raise NotOwned(f"{external_id} belongs to provider {resource.provider}")
             if node_id is not None and resource.node_id not in (None, node_id):
@@ -232,15 +247,26 @@ class FakeProvider:
                                f" {node_id}")
             with self._lock:
                 deferred, early = self._deferred, self._early_notice
-                if on_gone is not None and deferred is not None and not early:
+                if deferred is not None and not early:
                     resource.deleting = True
-                    deferred.setdefault(external_id, []).append(on_gone)
-                    raise DeletionUnderway(f"{external_id} is being deleted",
-                                           recheck_in=60.0)
+                    started = self._going.setdefault(external_id, now)
+                    wakes = deferred.setdefault(external_id, [])
+                    if wake is not None and wake not in wakes:
+                        wakes.append(wake)
+                    return Underway(now + DEFERRED_RECHECK, f"{external_id} is being deleted",
+                                    stuck=self._stuck_report(external_id, started, now))
             del self.cloud.resources[external_id]
-        if on_gone is not None and deferred is not None:
-            on_gone()  # early: the notice overtakes the hand-back
-            raise DeletionUnderway(f"{external_id} is being deleted", recheck_in=60.0)
+        if deferred is not None and wake is not None:
+            wake()  # early: the wake-up overtakes the answer
+            return Underway(now + DEFERRED_RECHECK, f"{external_id} is being deleted")
+        return Gone()
+
+    def _stuck_report(self, external_id: str, started: float, now: float) -> str | None:
+        """What holds a deferred deletion, on every call past `stuck_after`: showing it
+        once is the caller's part."""
+        if self._stuck_after is None or now - started < self._stuck_after:
+            return None
+        return f"{external_id} deleting for {now - started:.0f}s"
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:
         with self.cloud.lock:

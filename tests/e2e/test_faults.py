@@ -355,10 +355,11 @@ def test_quota_refusal_pauses_until_capacity(launchers: LauncherFactory, zuul: Z
 
 def test_hanging_namespace_deletion(launchers: LauncherFactory, zuul: ZuulClient,
                                     k8s_sim: Simulator, kazoo_client: KazooClient) -> None:
-    """The driver waits `delete_timeout` (a tunable; 1 s here) for the namespace to go, then
-    raises TemporaryError; the engine keeps the node `deleting` (Deleting False,
-    DeleteFailed, with the count of tries on the record) and retries."""
-    launchers(CONFIG, provider_factory=provider_factory(delete_timeout=1.0),
+    """The deleter gives the namespace `delete-timeout` (1 s here) to go, then counts a
+    failed try; the engine keeps the node `deleting` (Deleting False, DeleteFailed, with
+    the count of tries on the record) and retries."""
+    launchers(CONFIG.replace("boot-timeout: 600", "boot-timeout: 600\n    delete-timeout: 1"),
+              provider_factory=provider_factory(delete_timeout=1.0),
               settings=TEST_SETTINGS.replace(delete_retry=0.2, delete_retry_max=1.0))
     request_id = zuul.submit(["pod"])
     body = zuul.wait(request_id, 30)
@@ -459,7 +460,7 @@ def test_a_stuck_deletion_keeps_one_notice_per_namespace(
         launchers: LauncherFactory, zuul: ZuulClient, k8s_sim: Simulator,
         kazoo_client: KazooClient) -> None:
     """A namespace that stays Terminating past `delete-timeout` (a stuck finalizer) makes
-    the deleter ask again and again, each time with a fresh `on_gone`: the namespace watch
+    the deleter ask again and again, each time with a fresh `wake`: the namespace watch
     holds one notice for it, not one more per round (they piled up for as long as the
     namespace stayed, then all fired at once)."""
     launcher = launchers(CONFIG.replace("boot-timeout: 600",

@@ -111,7 +111,7 @@ def test_one_request_per_attempt_when_refused_with_retry_after(
     with pytest.raises(TemporaryError):
         provider.ownership_problem("main-0000000099", "0000000099")
     with pytest.raises(TemporaryError):
-        provider.delete(result.external_id, node_id="0000000000")
+        provider.delete_and_confirm(result.external_id, node_id="0000000000")
     # 1 + api-retries each, no more.
     assert sim.counters["get namespaces"] == 2
     assert sim.counters["delete namespaces"] == 2
@@ -195,7 +195,8 @@ def test_an_answer_that_is_not_an_object_is_a_temporary_error(
     assert provider.ownership_problem(result.external_id, "0000000099") is not None
     assert provider.ownership_problem(result.external_id, "0000000000") is None
     sim.rewrite_next("delete", "namespaces", lambda body: answer)
-    provider.delete(result.external_id, node_id="0000000000")  # the retry meets 404: gone
+    # The retry meets 404: gone.
+    provider.delete_and_confirm(result.external_id, node_id="0000000000")
     assert sim.get("namespaces", result.external_id) is None
 
 
@@ -501,7 +502,7 @@ def test_tokens_never_logged(sim: Simulator, make_k8s_provider: ProviderFactory,
     ns_result = _launch(provider, "k8s-namespace")
     pod_result = _launch(provider, "pod-fedora", node_id="0000000001")
     logging.getLogger("test").info("result %s %r", pod_result, ns_result)
-    provider.delete(ns_result.external_id)
+    provider.delete_and_confirm(ns_result.external_id)
     tokens = [r.connection_port["token"] for r in (ns_result, pod_result)]
     secrets = [s["data"]["token"] for s in sim.list("secrets", label_selector=OURS)]
     text = caplog.text + "".join(str(r.__dict__) for r in caplog.records)

@@ -1,14 +1,15 @@
 """Deletion, listing for the leak sweeper, and the shared watches' resilience.
 
-Aspects: delete confirms the namespace is gone (missing = success, Terminating = just wait),
-a hanging deletion raises TemporaryError after its timeout and succeeds once it completes,
-API errors on delete are raised, not swallowed; list_resources returns only this provider's
-namespaces with node id, creation time and deleting flag; the shared watches survive a
-history compaction (410), broken watch requests and keep one stream per kind; deletions are
-confirmed through the shared namespace watch (one API call each), also after it re-lists, and
-a namespace without our labels through a watch on its name; with `on_gone` a Terminating
-namespace is handed back as underway at once, the notice comes when the watch sees it go, and
-its `delete-timeout` runs across the calls.
+Aspects: delete_and_confirm confirms the namespace is gone (missing = success, Terminating =
+just wait), a hanging deletion raises TemporaryError after its timeout and succeeds once it
+completes, API errors on delete are raised, not swallowed; list_resources returns only this
+provider's namespaces with node id, creation time and deleting flag; the shared watches
+survive a history compaction (410), broken watch requests and keep one stream per kind;
+deletions are confirmed through the shared namespace watch (one API call each), also after
+it re-lists, and a namespace without our labels through a watch on its name; `delete` is a
+reconcile step: a Terminating namespace is answered as underway at once, the wake-up comes
+when the watch sees it go, calling again is safe (one DELETE), and the provider keeps no
+deadline of its own.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from kubernetes import client as k8s
 from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.driver.kubernetes import manifests
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
-from nodepool_k8s.core.errors import DeletionUnderway, NotOwned, QuotaExceeded, TemporaryError
+from nodepool_k8s.core.errors import NotOwned, QuotaExceeded, TemporaryError
+from nodepool_k8s.driver.base import Gone, Underway
 from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory
@@ -52,7 +54,7 @@ def test_delete_waits_until_gone(make_sim: Any, make_k8s_provider: ProviderFacto
     sim = make_sim(namespace_delete_delay=0.3)
     provider = make_k8s_provider(sim, NS)
     result = _launch(provider)
-    provider.delete(result.external_id)
+    provider.delete_and_confirm(result.external_id)
     assert sim.get("namespaces", result.external_id) is None
     assert sim.list("secrets") == []  # no Secret is ever made (TokenRequest tokens)
 
@@ -60,7 +62,7 @@ def test_delete_waits_until_gone(make_sim: Any, make_k8s_provider: ProviderFacto
 def test_delete_missing_namespace_is_success(sim: Simulator,
                                              make_k8s_provider: ProviderFactory) -> None:
     provider = make_k8s_provider(sim, NS)
-    provider.delete("main-9999999999")
+    provider.delete_and_confirm("main-9999999999")
 
 
 def test_concurrent_deletes_both_wait(make_sim: Any,
@@ -72,7 +74,7 @@ def test_concurrent_deletes_both_wait(make_sim: Any,
     finished: list[str] = []
 
     def run() -> None:
-        provider.delete(result.external_id)
+        provider.delete_and_confirm(result.external_id)
         finished.append(result.external_id)
 
     threads = [threading.Thread(target=run) for _ in range(2)]
@@ -97,7 +99,7 @@ def test_hanging_deletion_raises_then_succeeds(sim: Simulator,
 
     def run() -> None:
         try:
-            provider.delete(result.external_id)
+            provider.delete_and_confirm(result.external_id)
             outcome.append(None)
         except BaseException as exc:  # noqa: BLE001 - checked below
             outcome.append(exc)
@@ -116,7 +118,7 @@ def test_hanging_deletion_raises_then_succeeds(sim: Simulator,
     assert isinstance(error, TemporaryError) and "deletion timeout" in str(error), error
     assert sim.get("namespaces", result.external_id)["status"]["phase"] == "Terminating"
     sim.set_faults(namespace_delete_hang=False)
-    provider.delete(result.external_id)
+    provider.delete_and_confirm(result.external_id)
     assert sim.get("namespaces", result.external_id) is None
 
 
@@ -126,12 +128,12 @@ def test_delete_errors_are_raised_not_swallowed(sim: Simulator,
     result = _launch(provider)
     sim.fail_next("delete", "namespaces", count=2, code=500)
     with pytest.raises(TemporaryError):
-        provider.delete(result.external_id)
+        provider.delete_and_confirm(result.external_id)
     assert sim.get("namespaces", result.external_id)["status"]["phase"] == "Active"
     sim.fail_next("delete", "namespaces", count=1, code=403)
     with pytest.raises(TemporaryError):
-        provider.delete(result.external_id)
-    provider.delete(result.external_id)
+        provider.delete_and_confirm(result.external_id)
+    provider.delete_and_confirm(result.external_id)
     assert sim.get("namespaces", result.external_id) is None
 
 
@@ -141,7 +143,7 @@ def _delete_in_thread(provider: KubernetesProvider,
 
     def run() -> None:
         try:
-            provider.delete(name)
+            provider.delete_and_confirm(name)
             outcome.append(None)
         except BaseException as exc:  # noqa: BLE001 - checked by the caller
             outcome.append(exc)
@@ -212,7 +214,7 @@ def test_delete_of_a_namespace_without_our_labels_is_refused(
         {"metadata": {"name": "main-0000000042", "labels": {"team": "x"}}})
     sim.reset_counters()
     with pytest.raises(NotOwned, match="nodepool_provider_name"):
-        provider.delete("main-0000000042")
+        provider.delete_and_confirm("main-0000000042")
     assert sim.get("namespaces", "main-0000000042") is not None
     assert sim.counters.get("delete namespaces", 0) == 0
 
@@ -266,7 +268,7 @@ def test_list_resources_flags_terminating(make_sim: Any,
                                  settings=dataclasses.replace(FAST, delete_timeout=0.2))
     result = _launch(provider)
     with pytest.raises(TemporaryError):
-        provider.delete(result.external_id)
+        provider.delete_and_confirm(result.external_id)
     [resource] = provider.list_resources()
     assert resource.deleting
 
@@ -341,12 +343,12 @@ def test_stop_ends_watch_threads(sim: Simulator, make_k8s_provider: ProviderFact
     wait_for(lambda: sim.open_watches == 0, message="the watches to close")
 
 
-# -- deletion handed back as underway (no thread waits) ------------------------------------
+# -- deletion as a reconcile step (no thread waits) -------------------------------------------
 
-def test_delete_with_on_gone_returns_at_once_and_tells_when_gone(
+def test_delete_returns_underway_at_once_and_wakes_when_gone(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
-    # With `on_gone` a Terminating namespace is not waited for: DeletionUnderway at once,
-    # the notice once the shared watch sees it go, and asking again costs no API call.
+    # A Terminating namespace is not waited for: Underway at once, the wake-up once the
+    # shared watch sees it go, and asking again costs no API call.
     provider = make_k8s_provider(sim, NS)
     result = _launch(provider)
     name = result.external_id
@@ -355,25 +357,53 @@ def test_delete_with_on_gone_returns_at_once_and_tells_when_gone(
     sim.set_faults(namespace_delete_hang=True)
     sim.reset_counters()
     notices: list[str] = []
-    with pytest.raises(DeletionUnderway) as underway:
-        provider.delete(name, node_id=NODE_ID, on_gone=lambda: notices.append(name))
-    assert 0 < underway.value.recheck_in <= provider.delete_timeout
+    underway = provider.delete(name, node_id=NODE_ID, wake=lambda: notices.append(name))
+    assert isinstance(underway, Underway), underway
+    assert underway.recheck_at > provider._clock.monotonic() and underway.stuck is None
     assert sim.get("namespaces", name)["status"]["phase"] == "Terminating"
     assert notices == []
     # Asked again while still Terminating: underway again, from the watch's copy.
     wait_for(lambda: (provider._namespace_watch().get("", name) or {}).get(
         "metadata", {}).get("deletionTimestamp"), message="the watch to see Terminating")
-    with pytest.raises(DeletionUnderway):
-        provider.delete(name, node_id=NODE_ID, on_gone=lambda: notices.append("again"))
+    again = provider.delete(name, node_id=NODE_ID, wake=lambda: notices.append("again"))
+    assert isinstance(again, Underway), again
     sim.set_faults(namespace_delete_hang=False)
     wait_for(lambda: sorted(notices) == sorted([name, "again"]), timeout=10,
-             message="each notice, once")
-    provider.delete(name, node_id=NODE_ID, on_gone=lambda: notices.append("third"))
+             message="each wake-up, once")
+    assert isinstance(provider.delete(name, node_id=NODE_ID,
+                                      wake=lambda: notices.append("third")), Gone)
     assert sim.get("namespaces", name) is None
     # One DELETE; no read: the proof, the Terminating copy and the confirmation were all
     # the shared watch's.
     assert _per_node(sim) == {"delete namespaces": 1}, sim.counters
     assert sorted(notices) == sorted([name, "again"])
+
+
+def test_delete_called_again_is_safe(sim: Simulator,
+                                     make_k8s_provider: ProviderFactory) -> None:
+    # Calls in a row, right after the first (the watch may still hold the copy from before
+    # the DELETE: a DELETE from it is refused by its preconditions), while Terminating and
+    # once gone: every call answers without waiting, the namespace is deleted once, a
+    # Terminating one gets no further DELETE and a gone one stays gone (no error).
+    provider = make_k8s_provider(sim, NS)
+    name = _launch(provider).external_id
+    uid = sim.get("namespaces", name)["metadata"]["uid"]
+    sim.set_faults(namespace_delete_hang=True)
+    answers = [provider.delete(name, node_id=NODE_ID) for _ in range(3)]
+    assert all(isinstance(a, Underway) for a in answers), answers
+    current = sim.get("namespaces", name)
+    assert current["status"]["phase"] == "Terminating" and current["metadata"]["uid"] == uid
+    wait_for(lambda: (provider._namespace_watch().get("", name) or {}).get(
+        "metadata", {}).get("deletionTimestamp"), message="the watch to see Terminating")
+    sim.reset_counters()
+    for verify in (False, True):
+        assert isinstance(provider.delete(name, node_id=NODE_ID, verify=verify), Underway)
+    assert "delete namespaces" not in sim.counters, sim.counters
+    sim.set_faults(namespace_delete_hang=False)
+    wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
+    for verify in (True, False):
+        assert isinstance(provider.delete(name, node_id=NODE_ID, verify=verify), Gone)
+    assert "delete namespaces" not in sim.counters, sim.counters
 
 
 def test_a_parked_deletion_nobody_finishes_leaves_nothing_behind(
@@ -386,8 +416,7 @@ def test_a_parked_deletion_nobody_finishes_leaves_nothing_behind(
     wait_for(lambda: provider._namespace_watch().get("", name) is not None,
              message="the namespace watch to see the namespace")
     sim.set_faults(namespace_delete_hang=True)
-    with pytest.raises(DeletionUnderway):
-        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+    assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Underway)
     assert len(provider._terminating) == 1
     sim.set_faults(namespace_delete_hang=False)
     wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
@@ -395,45 +424,45 @@ def test_a_parked_deletion_nobody_finishes_leaves_nothing_behind(
              message="the provider to forget the deletion")
 
 
-def test_delete_with_on_gone_keeps_its_deadline(
+def test_delete_keeps_no_deadline_and_verify_asks_the_api(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
-    # Asking again does not restart `delete-timeout`: past it, the deletion is reported
-    # as not done (TemporaryError), and a later retry gets a fresh deadline.
-    provider = make_k8s_provider(sim, NS,
+    # The caller owns `delete-timeout`: asked again long after it, the provider still
+    # answers from what is there (underway), never a timeout of its own; `verify` makes it
+    # read the namespace from the API instead of the watch's copy.
+    clock = ManualClock()
+    provider = make_k8s_provider(sim, NS, clock=clock,
                                  settings=dataclasses.replace(FAST, delete_timeout=0.5))
-    result = _launch(provider)
-    name = result.external_id
+    name = _launch(provider).external_id
     wait_for(lambda: provider._namespace_watch().get("", name) is not None,
              message="the namespace watch to see the namespace")
     sim.set_faults(namespace_delete_hang=True)
-    with pytest.raises(DeletionUnderway) as underway:
-        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
-    wait_for(lambda: provider._clock.monotonic() > provider._deadlines.get(name, 0.0),
-             timeout=5, message="the deletion deadline to pass")
-    assert underway.value.recheck_in <= 0.5
-    with pytest.raises(TemporaryError, match="deletion timeout"):
-        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
-    with pytest.raises(DeletionUnderway):  # a fresh deadline
-        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+    assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Underway)
+    wait_for(lambda: (provider._namespace_watch().get("", name) or {}).get(
+        "metadata", {}).get("deletionTimestamp"), message="the watch to see Terminating")
+    clock.advance(60.0)  # far past delete-timeout, within terminating-grace
+    sim.reset_counters()
+    assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Underway)
+    assert _per_node(sim) == {}, sim.counters  # the watch's copy
+    assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None,
+                                      verify=True), Underway)
+    assert _per_node(sim) == {"get namespaces": 1}, sim.counters
     sim.set_faults(namespace_delete_hang=False)
     wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
-    provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+    assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Gone)
 
 
 def test_a_stale_watch_copy_does_not_block_the_confirmation(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     # The namespace watch breaks for good after it saw the namespace Terminating (every new
     # list and watch fails), so its copy stays Terminating after the namespace is gone.
-    # Past the deletion's deadline the provider asks the API itself instead of trusting it.
-    provider = make_k8s_provider(sim, NS,
-                                 settings=dataclasses.replace(FAST, delete_timeout=0.5))
+    # The deleter's verifying call (past its deadline) asks the API instead of trusting it.
+    provider = make_k8s_provider(sim, NS)
     name = _launch(provider).external_id
     watch = provider._namespace_watch()
     wait_for(lambda: watch.get("", name) is not None,
              message="the namespace watch to see the namespace")
     sim.set_faults(namespace_delete_hang=True)
-    with pytest.raises(DeletionUnderway):
-        provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)
+    assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Underway)
     wait_for(lambda: (watch.get("", name) or {}).get("metadata", {}).get(
         "deletionTimestamp"), message="the watch to see Terminating")
     sim.fail_next("list", "namespaces", count=10**6, code=500)
@@ -442,9 +471,9 @@ def test_a_stale_watch_copy_does_not_block_the_confirmation(
     sim.set_faults(namespace_delete_hang=False)
     wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
     assert watch.get("", name) is not None  # stale
-    wait_for(lambda: provider._clock.monotonic() > provider._deadlines.get(name, 0.0),
-             timeout=5, message="the deletion deadline to pass")
-    provider.delete(name, node_id=NODE_ID, on_gone=lambda: None)  # confirmed by a GET
+    assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Underway)
+    assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None,
+                                      verify=True), Gone)  # confirmed by a GET
 
 
 # -- job-role: cluster-role: the launcher's own hold ----------------------------------------------
@@ -461,7 +490,7 @@ def test_the_hold_goes_as_soon_as_it_is_alone_for_a_waiting_delete(
     assert binding["metadata"]["finalizers"] == [manifests.HOLD_FINALIZER]
     assert binding["subjects"] == [{"kind": "User", "apiGroup": manifests.RBAC_GROUP,
                                     "name": "sim-admin"}]
-    provider.delete(name, node_id=NODE_ID)
+    provider.delete_and_confirm(name, node_id=NODE_ID)
     assert sim.get("namespaces", name) is None
 
 

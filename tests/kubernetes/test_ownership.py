@@ -74,14 +74,14 @@ def test_delete_refuses_namespaces_that_are_not_ours(make_sim: Any,
              (other_node, "0000000007")]
     for name, node_id in cases:
         with pytest.raises(NotOwned) as info:
-            mine.delete(name, node_id=node_id)
+            mine.delete_and_confirm(name, node_id=node_id)
         assert name in str(info.value)
     assert sim.counters.get("delete namespaces", 0) == 0, sim.counters
     for name in ("kube-system", "main-0000000003", foreign, other_node):
         assert sim.get("namespaces", name) is not None, name
     # The rightful owner still deletes its own (with the node id check passing).
-    mine.delete(other_node, node_id="0000000001")
-    theirs.delete(foreign, node_id="0000000002")
+    mine.delete_and_confirm(other_node, node_id="0000000001")
+    theirs.delete_and_confirm(foreign, node_id="0000000002")
     assert sim.get("namespaces", other_node) is None and sim.get("namespaces", foreign) is None
 
 
@@ -93,7 +93,7 @@ def test_names_that_are_no_namespace_name_are_refused_without_a_call(
     provider = make_k8s_provider(sim, NS)
     sim.reset_counters()
     with pytest.raises(NotOwned) as info:
-        provider.delete(name, node_id="0000000000")
+        provider.delete_and_confirm(name, node_id="0000000000")
     assert len(str(info.value)) < 200
     assert provider.ownership_problem(name, "0000000000") is not None
     assert sum(sim.counters.values()) == 0, sim.counters
@@ -133,7 +133,7 @@ def test_uid_precondition_mismatch_is_not_a_delete(sim: Simulator,
         provider._delete_uid(provider._connected()[0], name, "not-" + uid, None)
     now = sim.get("namespaces", name)
     assert now is not None and "deletionTimestamp" not in now["metadata"]
-    provider.delete(name, node_id="0000000000")
+    provider.delete_and_confirm(name, node_id="0000000000")
     assert sim.get("namespaces", name) is None
 
 
@@ -144,7 +144,7 @@ def test_delete_proves_ownership_from_the_watch_without_a_get(
     wait_for(lambda: provider._namespace_watch().get("", name) is not None,
              message="the namespace watch to see the namespace")
     sim.reset_counters()
-    provider.delete(name, node_id="0000000000")
+    provider.delete_and_confirm(name, node_id="0000000000")
     assert sim.get("namespaces", name) is None
     assert sim.counters.get("get namespaces", 0) == 0, sim.counters
     assert sim.counters.get("delete namespaces", 0) == 1, sim.counters
@@ -165,7 +165,7 @@ def test_a_stale_watch_copy_never_deletes_a_namespace_changed_since(
     admin.patch_namespace(name, {"metadata": {"labels": {"nodepool_installation_id": None}}})
     sim.reset_counters()
     with pytest.raises(NotOwned):
-        provider.delete(name, node_id="0000000000")
+        provider.delete_and_confirm(name, node_id="0000000000")
     now = sim.get("namespaces", name)
     assert now is not None and "deletionTimestamp" not in now["metadata"]
     assert sim.counters.get("get namespaces", 0) == 1, sim.counters

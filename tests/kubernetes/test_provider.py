@@ -230,7 +230,7 @@ def test_api_calls_per_node(sim: Simulator, make_k8s_provider: ProviderFactory) 
     wait_for(lambda: provider._namespace_watch().get("", result.external_id) is not None,
              message="the namespace watch to see the namespace")
     sim.reset_counters()
-    provider.delete(result.external_id)
+    provider.delete_and_confirm(result.external_id)
     assert _launch_calls(sim) == {"delete namespaces": 1}, sim.counters
 
 

@@ -245,7 +245,7 @@ def test_deleting_a_labelled_namespace_the_watch_does_not_keep_is_confirmed(
         {"metadata": {"name": "scratch", "labels": labels}})
     # Ours by its labels, so it may be deleted; not kept by the watch (not a node's name),
     # so its end is confirmed by a watch on that name, not waited for on the shared one.
-    provider.delete("scratch", node_id="0000000005")
+    provider.delete_and_confirm("scratch", node_id="0000000005")
     assert sim.get("namespaces", "scratch") is None
 
 

@@ -16,7 +16,7 @@ No Secret is created or watched: the token is a bound, expiring TokenRequest tok
 
 Namespaces that stay Terminating: a job may leave objects with finalizers nobody removes,
 or pods with a huge grace period. A namespace of ours Terminating past `terminating-grace`
-is reported stuck once (`DeletionUnderway.stuck`, for the node's condition, event and
+is reported stuck once (`Underway.stuck`, for the node's condition, event and
 metric), then cleared on the next look (`clearing`: its pods deleted with at most
 `max-pod-grace`, the finalizers of its deleting objects of the job's kinds removed), after a
 GET proved it ours again; only objects in that namespace are touched. With `job-role:
@@ -41,9 +41,11 @@ LaunchError (with `reason`), QuotaExceeded, or TemporaryError. Refused credentia
 still refused after loading them again, see `credentials`) raise `errors.Unauthorized`, a
 ProviderUnavailable: the provider's trouble, not the label's; `credentials_condition` shows
 it and `reload_credentials` reads them again when the operator reloads the configuration.
-`delete` raises NotOwned when the namespace is not provably ours (nothing is sent),
-TemporaryError until the namespace is confirmed gone. `list_resources` raises
-TemporaryError when listing fails.
+`delete` is one reconcile step (`Gone`, or `Underway` with when to look again; it never
+waits and keeps no deadline: the caller owns `delete-timeout`); it raises NotOwned when the
+namespace is not provably ours (nothing is sent) and TemporaryError when it cannot look or
+act. `delete_and_confirm` waits for the namespace to go, within `delete-timeout`.
+`list_resources` raises TemporaryError when listing fails.
 """
 
 from __future__ import annotations
@@ -64,8 +66,8 @@ from nodepool_k8s.runtime.cancel import CancelEvent
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
-from nodepool_k8s.driver.base import (CloudResource, LaunchResult, LaunchSpec, Progress,
-                                      Provider)
+from nodepool_k8s.driver.base import (CloudResource, Deletion, Gone, LaunchResult,
+                                      LaunchSpec, Progress, Provider, Underway)
 from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, slim
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
 from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
@@ -76,7 +78,7 @@ from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, metadata,
                                                    object_uid, resource_version,
                                                    wait_namespace_deleted, wait_namespace_gone)
-from nodepool_k8s.core.errors import (BootTimeout, DeletionUnderway, LaunchCancelled, LaunchError,
+from nodepool_k8s.core.errors import (BootTimeout, LaunchCancelled, LaunchError,
                                       NodepoolError, NotFound, NotOwned, PermanentError,
                                       ProviderUnavailable, QuotaExceeded, TemporaryError)
 from nodepool_k8s.core.model import Resources
@@ -97,9 +99,7 @@ NAMESPACE_TOMBSTONES = 1024
 DELETE_ROUNDS = 3
 # (namespace, node) pairs remembered as not ours (`ownership_problem`).
 MAX_REFUSED = 1024
-# Terminating namespaces whose deletion deadline is remembered between `delete` calls.
-MAX_TRACKED_DELETIONS = 4096
-# A deletion handed back as underway while the namespace watch cannot report its end is
+# A deletion answered as underway while the namespace watch cannot report its end is
 # looked at again after this many seconds.
 UNWATCHED_RECHECK = 2.0
 # Namespaces whose stuck report or failed clear-up is remembered (report and log once).
@@ -189,9 +189,6 @@ class KubernetesProvider:
         # (namespace, node id) -> why it is not that node's: such a namespace never becomes
         # one (names are unique per node and attempt), so a forged record costs one look.
         self._refused: OrderedDict[tuple[str, str], str] = OrderedDict()
-        # namespace -> monotonic deadline of a deletion handed back as underway: asking
-        # again does not restart its `delete-timeout`.
-        self._deadlines: OrderedDict[str, float] = OrderedDict()
         # namespace -> the name of the pod a launch of this process creates there (until
         # the launch returns): its pod is known before the namespace watch has the namespace.
         self._launching: dict[str, str] = {}
@@ -210,7 +207,7 @@ class KubernetesProvider:
         self._clear_failed: OrderedDict[tuple[str, str], None] = OrderedDict()
         # Namespaces (name, uid) whose hold we removed: not asked for again.
         self._released: OrderedDict[tuple[str, str], None] = OrderedDict()
-        # namespace -> the `on_gone` of its parked deletion: called early when only our own
+        # namespace -> the `wake` of its parked deletion: called early when only our own
         # hold is left in it (job-role: cluster-role), so the deletion removes it at once.
         self._wakers: dict[str, Callable[[], None]] = {}
         # The RBAC subject the API server knows this launcher as (job-role: cluster-role).
@@ -465,11 +462,11 @@ class KubernetesProvider:
                 table.popitem(last=False)
             return new
 
-    def _wake_on_release(self, name: str, on_gone: Callable[[], None]) -> None:
-        """Have `on_gone` called early once only our hold is left in `name` (also when
+    def _wake_on_release(self, name: str, wake: Callable[[], None]) -> None:
+        """Have `wake` called early once only our hold is left in `name` (also when
         that happened since this deletion looked)."""
         with self._lock:
-            self._wakers[name] = on_gone
+            self._wakers[name] = wake
         current = self._namespace_copy(name)
         if current and clearing.only_own_hold(current):
             with self._lock:
@@ -786,44 +783,38 @@ class KubernetesProvider:
         """Remove a failed attempt's namespace; never raises (the sweeper is the backstop)."""
         try:
             # No job ever had this namespace: our hold goes before the DELETE.
-            self._delete_owned(client, namespace, node_id,
-                               self._clock.monotonic() + self.settings.cleanup_timeout,
-                               wait=not cancelled, release=True)
+            if cancelled:  # no waiting: the DELETE only
+                self._prove_and_delete(client, namespace, node_id,
+                                       self._watched_namespace(namespace, node_id),
+                                       release=True)
+            else:
+                self._delete_and_confirm(
+                    client, namespace, node_id,
+                    self._clock.monotonic() + self.settings.cleanup_timeout, release=True)
         except NotOwned as exc:
             log.warning("Not deleting namespace %s of a failed attempt: %s", namespace, exc)
         except Exception as exc:  # noqa: BLE001 - best effort by contract
             log.warning("Namespace %s of a failed attempt may remain (labelled for the leak "
                         "sweeper): %s", namespace, exc)
 
-    def _delete_owned(self, client: KubeClient, name: str, node_id: str | None,
-                      deadline: float, wait: bool = True, announce: bool = False,
-                      on_gone: Callable[[], None] | None = None,
-                      release: bool = False) -> None:
-        """Look at `name`, prove it ours, DELETE it with `preconditions.uid`, confirm it is
-        gone.
+    def _prove_and_delete(self, client: KubeClient, name: str, node_id: str | None,
+                          watched: dict[str, Any] | None, announce: bool = False,
+                          release: bool = False) -> dict[str, Any] | None:
+        """Look at `name`, prove it ours and, unless it is Terminating already, DELETE it
+        with `preconditions.uid`: one step, no waiting. Returns the namespace as last seen
+        (the DELETE's answer, or the Terminating copy), None when it is gone.
 
-        The first look is the shared namespace watch's copy, if it has one that is provably
-        ours (the watch selects our labels, and the copy's labels are checked again); else,
+        The first look is `watched` (the shared namespace watch's copy, provably ours: the
+        watch selects our labels, and the copy's labels were checked again), if given; else,
         and after any 409, a GET. Either way the DELETE carries the uid and resourceVersion
         of the very copy that was proven ours as preconditions, so it removes nothing that
         was replaced or changed since (say, relabelled) that copy was taken. Missing =
-        success. Raises NotOwned (nothing was sent), TemporaryError, or another
-        NodepoolError from the API. A 409 (the preconditions failed, or the namespace is
-        already Terminating) is never a delete: it is looked at again from a GET.
-
-        With `on_gone`, a namespace that is Terminating and on the shared watch is not
-        waited for: DeletionUnderway is raised and the watch calls `on_gone` once it is
-        gone. Asked again, the watch answers without a GET: gone (a confirmed tombstone,
-        no copy) or still Terminating (its copy), until the deletion's deadline; after
-        it a GET decides (a watch that broke keeps an old copy).
+        gone. Raises NotOwned (nothing was sent), TemporaryError, or another NodepoolError
+        from the API. A 409 (the preconditions failed, or the namespace is already
+        Terminating) is never a delete: it is looked at again from a GET. With `announce`
+        a `Deleting` event goes before the DELETE; with `release` our hold is removed first
+        (a failed attempt's namespace, which no job ever had).
         """
-        watched = self._watched_namespace(name, node_id)
-        if watched is None and on_gone is not None:
-            if self._gone_per_watch(name):
-                return
-            if deadline > self._clock.monotonic():
-                # Past the deadline a GET decides: the watch may be stuck on an old copy.
-                watched = self._watched_namespace(name, node_id, terminating=True)
         for _ in range(DELETE_ROUNDS):
             if watched is not None:
                 current, watched = watched, None
@@ -832,56 +823,82 @@ class KubernetesProvider:
                     current = client.call(f"read namespace {name}",
                                           client.core.read_namespace, name)
                 except NotFound:
-                    return
+                    return None
             problem = self._ownership_problem(current, node_id)
             if problem is not None:
                 raise NotOwned(f"namespace {name} is not provably ours: {problem}")
             uid = object_uid(current)
             if not uid:
                 raise TemporaryError(f"namespace {name} was read without a uid")
-            response: dict[str, Any] = current
-            if release and self._holds and not metadata(current).get("deletionTimestamp"):
+            if metadata(current).get("deletionTimestamp"):
+                return current  # Terminating: the DELETE was sent already
+            if release and self._holds:
                 try:
                     clearing.release_hold(client, name)
                 except NodepoolError as exc:
                     log.info("Namespace %s keeps the launcher's hold: %s", name, exc)
-            if not metadata(current).get("deletionTimestamp"):
-                if announce:
-                    # Proven ours; sent before the DELETE (a Terminating namespace accepts
-                    # no new objects). Best effort, one try.
-                    self._event(name, "Deleting", f"node {node_id or '?'}: deleting the"
-                                " namespace", node_id=node_id, now=True)
-                    announce = False
-                try:
-                    response = self._delete_uid(client, name, uid, resource_version(current))
-                except NotFound:
-                    return
-                except Conflict:
-                    continue  # replaced or Terminating: judge what is there now
-            if wait and not deletion_finished(response):
-                if on_gone is not None and self._created_namespace(response):
-                    uid = object_uid(response)
-                    remaining = deadline - self._clock.monotonic()
-                    if remaining > 0 and uid:
-                        stuck, look_in = self._judge_terminating(client, name, node_id,
-                                                                 response)
-                        if self._namespace_watch().notify_gone("", name, uid, on_gone):
-                            if self._holds and not self._was_released(name, uid):
-                                self._wake_on_release(name, on_gone)
-                            raise DeletionUnderway(f"namespace {name} is terminating",
-                                                   recheck_in=min(remaining, look_in),
-                                                   stuck=stuck)
-                        if self._gone_per_watch(name):
-                            return  # gone already, before the notice could be registered
-                        # The watch cannot tell yet (not synced, say after this provider
-                        # replaced another): ask again soon rather than hold a thread.
-                        raise DeletionUnderway(
-                            f"namespace {name} is terminating (the namespace watch cannot"
-                            " tell yet)", recheck_in=min(remaining, UNWATCHED_RECHECK),
-                            stuck=stuck)
-                self._wait_gone(client, name, response, deadline)
-            return
+            if announce:
+                # Proven ours; sent before the DELETE (a Terminating namespace accepts no
+                # new objects). Best effort, one try.
+                self._event(name, "Deleting", f"node {node_id or '?'}: deleting the"
+                            " namespace", node_id=node_id, now=True)
+                announce = False
+            try:
+                return self._delete_uid(client, name, uid, resource_version(current))
+            except NotFound:
+                return None
+            except Conflict:
+                continue  # replaced or Terminating: judge what is there now
         raise TemporaryError(f"namespace {name} kept changing while being deleted")
+
+    def _reconcile(self, client: KubeClient, name: str, node_id: str | None,
+                   wake: Callable[[], None] | None, verify: bool) -> Deletion:
+        """One look at the deletion of `name` (`delete`): DELETE it if it is not going yet,
+        then answer from what is there. Asked again, the watch answers without a GET: gone
+        (a confirmed tombstone, no copy) or still Terminating (its copy); with `verify` a
+        GET decides (a watch that broke keeps an old copy). A Terminating namespace is
+        judged (`_judge_terminating`: stuck, cleared) and `wake` registered with the watch
+        for when it leaves (or only our hold is left in it)."""
+        watched = self._watched_namespace(name, node_id)
+        if watched is None:
+            if self._gone_per_watch(name):
+                return Gone()
+            if not verify:
+                watched = self._watched_namespace(name, node_id, terminating=True)
+        response = self._prove_and_delete(client, name, node_id, watched, announce=True)
+        if response is None or deletion_finished(response):
+            return Gone()
+        if not self._created_namespace(response):
+            # Not ours by label or name (a collision): the shared watch never reports it,
+            # so the next look reads it.
+            return Underway(self._clock.monotonic() + UNWATCHED_RECHECK,
+                            f"namespace {name} is terminating (not on the namespace watch)")
+        uid = object_uid(response)
+        stuck, look_in = self._judge_terminating(client, name, node_id, response)
+        now = self._clock.monotonic()
+        if uid and wake is not None \
+                and self._namespace_watch().notify_gone("", name, uid, wake):
+            if self._holds and not self._was_released(name, uid):
+                self._wake_on_release(name, wake)
+            return Underway(now + look_in, f"namespace {name} is terminating", stuck)
+        if self._gone_per_watch(name):
+            return Gone()  # gone already, before the wake-up could be registered
+        # The watch cannot tell yet (not synced, say after this provider replaced another):
+        # look again soon.
+        return Underway(now + min(look_in, UNWATCHED_RECHECK),
+                        f"namespace {name} is terminating (the namespace watch cannot tell"
+                        " yet)", stuck)
+
+    def _delete_and_confirm(self, client: KubeClient, name: str, node_id: str | None,
+                            deadline: float, announce: bool = False,
+                            release: bool = False) -> None:
+        """Delete `name` (`_prove_and_delete`) and wait until it is gone, on the shared
+        namespace watch (`_wait_gone`); TemporaryError at `deadline`."""
+        response = self._prove_and_delete(client, name, node_id,
+                                          self._watched_namespace(name, node_id),
+                                          announce=announce, release=release)
+        if response is not None and not deletion_finished(response):
+            self._wait_gone(client, name, response, deadline)
 
     def _gone_per_watch(self, name: str) -> bool:
         """The synced namespace watch holds no copy of `name` and saw our namespace of that
@@ -892,18 +909,6 @@ class KubernetesProvider:
             return False
         tomb = watch.tombstone("", name)
         return tomb is not None and tomb[1]
-
-    def _deletion_deadline(self, name: str) -> float:
-        """When the deletion of `name` times out: `delete-timeout` after it was first asked
-        for, across the calls of one deletion handed back as underway."""
-        with self._lock:
-            deadline = self._deadlines.get(name)
-            if deadline is None:
-                deadline = self._clock.monotonic() + self.delete_timeout
-                self._deadlines[name] = deadline
-                while len(self._deadlines) > MAX_TRACKED_DELETIONS:
-                    self._deadlines.popitem(last=False)
-            return deadline
 
     def _watched_namespace(self, name: str, node_id: str | None,
                            terminating: bool = False) -> dict[str, Any] | None:
@@ -936,33 +941,48 @@ class KubernetesProvider:
     # -- delete and list ---------------------------------------------------------------------
 
     def delete(self, external_id: str, node_id: str | None = None,
-               on_gone: Callable[[], None] | None = None) -> None:
+               wake: Callable[[], None] | None = None, verify: bool = False) -> Deletion:
+        self._check_name(external_id)
+        client, _ = self._connected()
+        try:
+            step = self._reconcile(client, external_id, node_id, wake, verify)
+        except NotOwned:
+            self._forget_namespace(external_id)
+            raise
+        except PermanentError as exc:
+            # Never swallowed (Nodepool logged and forgot): the core keeps the node and retries.
+            self._forget_namespace(external_id)
+            raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") from exc
+        except BaseException:
+            self._forget_namespace(external_id)
+            raise
+        if isinstance(step, Gone):
+            self._forget_namespace(external_id)
+            log.info("Namespace %s deleted", external_id)
+        return step
+
+    def delete_and_confirm(self, external_id: str, node_id: str | None = None) -> None:
+        """Delete the namespace and wait until it is gone, within `delete-timeout`
+        (TemporaryError after it); for callers that must wait (the launcher's deleter
+        calls `delete` instead)."""
+        self._check_name(external_id)
+        client, _ = self._connected()
+        try:
+            self._delete_and_confirm(client, external_id, node_id,
+                                     self._clock.monotonic() + self.delete_timeout,
+                                     announce=True)
+        except NotOwned:
+            raise
+        except PermanentError as exc:
+            raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") from exc
+        log.info("Namespace %s deleted", external_id)
+
+    @staticmethod
+    def _check_name(external_id: str) -> None:
         if not manifests.is_namespace_name(external_id):
             # No API call: such a name was never created by us, and a huge one would only
             # earn a 414 (retried for ever) from the server or a proxy in front of it.
             raise NotOwned(f"{records.clip(external_id)!r} is not a namespace name")
-        client, _ = self._connected()
-        deadline = self._deletion_deadline(external_id) if on_gone is not None \
-            else self._clock.monotonic() + self.delete_timeout
-        underway = False
-        try:
-            self._delete_owned(client, external_id, node_id, deadline, announce=True,
-                               on_gone=on_gone)
-        except DeletionUnderway:
-            underway = True  # the deadline stays: the next call continues this deletion
-            raise
-        except NotOwned:
-            raise
-        except PermanentError as exc:
-            # Never swallowed (Nodepool logged and forgot): the core keeps the node and retries.
-            raise TemporaryError(f"cannot delete namespace {external_id}: {exc}") from exc
-        finally:
-            if on_gone is not None and not underway:
-                with self._lock:
-                    # Ended (gone, refused, or timed out: a retry gets a fresh deadline).
-                    self._deadlines.pop(external_id, None)
-                self._forget_namespace(external_id)
-        log.info("Namespace %s deleted", external_id)
 
     def ownership_problem(self, external_id: str, node_id: str) -> str | None:
         if not manifests.is_namespace_name(external_id):

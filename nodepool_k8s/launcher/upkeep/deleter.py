@@ -9,20 +9,24 @@ backoff: nothing is forgotten. A node whose record names a resource that is not 
 ours (`NotOwned`: e.g. `kube-system`, or another installation's namespace) gets the reason
 written as `delete_refused`, one WARNING, `nodepool.provider.<p>.delete_refused`, and its
 znode removed; the cloud is not touched. Leaked resources (no node) go through `delete_leak`.
-A deletion the provider reports stuck (`DeletionUnderway.stuck`: a namespace Terminating
-past `terminating-grace`) is shown once per node or leak: the `Deleting` condition False with
+A deletion the provider reports stuck (`Underway.stuck`: a namespace Terminating past
+`terminating-grace`) is shown once per node or leak: the `Deleting` condition False with
 reason `DeletionStuck`, a `delete-stuck` event and `nodepool.provider.<p>.delete_stuck`.
 
 Idempotent: a node already being deleted by this process is not submitted twice; another
 launcher holding the lock simply makes this attempt a no-op.
 
-No thread waits for a resource to go: when the provider hands a deletion back as underway
-(`DeletionUnderway`: a namespace Terminating), the node is parked with its lock still held
-(a leak's deletion is parked the same way, without a lock) and the thread goes on to other
-work; the provider's notice that the resource is gone (or,
-should it never come, the deadline the provider named) finishes it on a deleter thread. So
-a gate reset that releases hundreds of nodes has every deletion in the cluster at once,
-however few deleter threads there are.
+Deletion is a reconcile loop over `Provider.delete`, which never waits and is safe to call
+again: `Gone` finishes the node, `Underway` parks it with its lock still held (a leak's
+deletion is parked the same way, without a lock) and the thread goes on to other work. The
+deleter alone keeps the deadlines, in one table (`_going`: what is underway, when to look
+again, when `delete-timeout` runs out, counted from the first `Underway`): a parked deletion
+is looked at again at the provider's `recheck_at` or at once on the provider's wake-up,
+whichever comes first; the wake-up only moves that time (it decides nothing, and a lost one
+costs only the wait until `recheck_at`). Past `delete-timeout` one verifying call (the
+provider asks the cloud, not its watch) decides: still underway is a failure, retried with
+back-off and a fresh deadline. So a gate reset that releases hundreds of nodes has every
+deletion in the cluster at once, however few deleter threads there are.
 
 Bounded: `delete_workers` threads at most (started as deletions overlap, then kept); the
 retry table only holds work that is still wanted. A node's entry is dropped
@@ -41,18 +45,20 @@ import enum
 import logging
 import math
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol
 
 from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.runtime import logconfig
 from nodepool_k8s.core import model, records
-from nodepool_k8s.core.errors import (DeletionBlocked, DeletionUnderway, NotOwned,
-                                      ProviderUnavailable, TemporaryError, ZkSessionLost)
+from nodepool_k8s.config import schema
+from nodepool_k8s.config.model import ProviderConfig
+from nodepool_k8s.core.errors import (DeletionBlocked, NotOwned, ProviderUnavailable,
+                                      TemporaryError, ZkSessionLost)
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.runtime.clock import Clock
-from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.driver.base import Deletion, Provider, Underway
 from nodepool_k8s.launcher.settings import EngineSettings, next_backoff
 from nodepool_k8s.core.model import Node
 from nodepool_k8s.zk.errors import ZkAuthError, ZkConnectionError
@@ -95,7 +101,9 @@ class Removal(enum.Enum):
 
 
 @dataclass(frozen=True)
-class Deletion:
+class Removed:
+    """How `delete_locked` ended when the resource is gone or refused."""
+
     removal: Removal
     refused: str | None = None  # why the resource was not touched (`NotOwned`)
 
@@ -105,30 +113,31 @@ class Outcome(enum.Enum):
 
     DONE = "done"  # nothing more to do (deleted, refused, gone, not ours to act on)
     FAILED = "failed"  # retried later with back-off
-    # (A pass may also end in `Parked`: the resource is going, the node waits locked.)
+    # (A pass may also end in `Going`: the resource is going, the node waits locked.)
 
 
 @dataclass
-class Parked:
+class Going:
     """A deletion underway with no thread waiting: a node's (its lock held) or a leaked
     resource's (`node` and `lock` None)."""
 
     node: Node | None
     lock: HeldLock | None
     reason: str
-    due: float  # ask the provider again by then (monotonic), even without its notice
+    recheck_at: float  # ask the provider again by then (monotonic), even without a wake-up
+    deadline: float  # `delete-timeout` after the first `Underway` (monotonic)
 
 
 @dataclass(frozen=True)
-class GoneNotice:
-    """The `on_gone` of a deletion (node id or LeakKey): equal for the same key and
-    deleter, so the provider keeps one notice per deletion however often it is asked."""
+class WakeUp:
+    """The `wake` of a deletion (node id or LeakKey): equal for the same key and deleter,
+    so a provider keeps one per deletion however often it is asked."""
 
     deleter: "NodeDeleter"
     key: RetryKey
 
     def __call__(self) -> None:
-        self.deleter._gone(self.key)
+        self.deleter.wake(self.key)
 
 
 class NodeWrites(Protocol):
@@ -140,17 +149,18 @@ class NodeWrites(Protocol):
 
 
 class ResourceDeleter(Protocol):
-    """Deletes a node's cloud resource (`driver.base.Provider.delete`): returns once it is
-    gone, raises `NotOwned` for a resource that is not provably ours (untouched), and with
-    `on_gone` may raise `DeletionUnderway` instead of waiting."""
+    """Deletes a node's cloud resource (`driver.base.Provider.delete`): one reconcile step,
+    `Gone` or `Underway`; raises `NotOwned` for a resource that is not provably ours
+    (untouched)."""
 
     def delete(self, external_id: str, node_id: str | None = None,
-               on_gone: Callable[[], None] | None = None) -> None: ...
+               wake: Callable[[], None] | None = None, verify: bool = False) -> Deletion: ...
 
 
 def delete_locked(nodes: NodeWrites, node: Node, lock: HeldLock,
                   resource: ResourceDeleter | None, *, now: Callable[[], float],
-                  reason: str, on_gone: Callable[[], None] | None = None) -> Deletion:
+                  reason: str, wake: Callable[[], None] | None = None,
+                  verify: bool = False) -> Removed | Underway:
     """The node deletion protocol, for a node we hold locked (freshly read): the launcher's
     deleter and `nodepool delete --now` both run it.
 
@@ -158,9 +168,9 @@ def delete_locked(nodes: NodeWrites, node: Node, lock: HeldLock,
     unless already there, delete the resource, on `NotOwned` write the reason as
     `delete_refused` (and `Deleting` False/NotOwned) and leave the resource alone. Then remove
     the znode with its lock. Without `resource` only the znode is removed. Errors of the
-    resource deletion (`TemporaryError`: not confirmed gone) propagate with the node left in
-    `deleting`; the caller decides about retries. With `on_gone`, `DeletionUnderway`
-    propagates the same way: the caller keeps the lock and calls again after the notice.
+    resource deletion (`TemporaryError`) propagate with the node left in `deleting`; the
+    caller decides about retries. `Underway` is returned the same way, the znode kept: the
+    caller keeps the lock and calls again (after `recheck_at` or `wake`).
     """
     refused: str | None = None
     if resource is not None:
@@ -171,16 +181,20 @@ def delete_locked(nodes: NodeWrites, node: Node, lock: HeldLock,
             nodes.store(node, lock)
         if node.external_id:
             try:
-                resource.delete(node.external_id, node_id=node.id, on_gone=on_gone)
+                step = resource.delete(node.external_id, node_id=node.id, wake=wake,
+                                       verify=verify)
             except NotOwned as exc:
                 refused = str(exc)
                 node.extra["delete_refused"] = refused
                 node.set_condition(cond.Condition(cond.DELETING, cond.FALSE, "NotOwned",
                                                   refused, now()))
                 nodes.store(node, lock)
+            else:
+                if isinstance(step, Underway):
+                    return step
     if not nodes.delete(node, lock):
-        return Deletion(Removal.CONTENDED, refused)
-    return Deletion(Removal.DELETED if refused is None else Removal.REFUSED, refused)
+        return Removed(Removal.CONTENDED, refused)
+    return Removed(Removal.DELETED if refused is None else Removal.REFUSED, refused)
 
 
 class DeleterDeps(Protocol):
@@ -210,21 +224,25 @@ class DeleterDeps(Protocol):
     @property
     def events(self) -> EventLog: ...
 
+    def provider_config(self, name: str | None) -> ProviderConfig | None: ...
+
 
 class NodeDeleter:
     def __init__(self, engine: DeleterDeps, workers: int,
-                 on_done: Callable[[], None] = lambda: None) -> None:
+                 on_done: Callable[[], None] = lambda: None,
+                 executor: Executor | None = None) -> None:
         self.engine = engine
-        self._executor = ThreadPoolExecutor(max_workers=workers,
-                                            thread_name_prefix="deleter")
+        # Tests may pass an executor that runs each pass at once, in the caller's thread.
+        self._executor = executor or ThreadPoolExecutor(max_workers=workers,
+                                                        thread_name_prefix="deleter")
         self._lock = threading.Lock()
         self._in_flight: set[RetryKey] = set()
         self._retry: dict[RetryKey, Retry] = {}
-        # Deletions whose resource is going (no thread waiting), by node id (the node
-        # locked) or LeakKey.
-        self._parked: dict[RetryKey, Parked] = {}
-        # The provider's notice came while the pass that parks the deletion still ran.
-        self._early_gone: set[RetryKey] = set()
+        # Deletions underway with no thread on them, by node id (the node locked) or
+        # LeakKey: when to look again and when `delete-timeout` runs out.
+        self._going: dict[RetryKey, Going] = {}
+        # A wake-up came while a pass over the key still ran: its next look is due at once.
+        self._woken: set[RetryKey] = set()
         self.deleted = 0
         self.leaks_deleted = 0
         self.refused = 0
@@ -239,7 +257,7 @@ class NodeDeleter:
     # -- scheduling -----------------------------------------------------------------------
     def _claim(self, key: RetryKey) -> bool:
         with self._lock:
-            if key in self._in_flight or key in self._parked:
+            if key in self._in_flight or key in self._going:
                 return False
             retry = self._retry.get(key)
             if retry is not None and retry.due > self.engine.clock.monotonic():
@@ -247,43 +265,43 @@ class NodeDeleter:
             self._in_flight.add(key)
             return True
 
-    def _release(self, key: RetryKey, result: Outcome | Parked) -> None:
+    def _release(self, key: RetryKey, result: Outcome | Going) -> None:
         settings = self.engine.settings
-        # A notice may have overtaken the pass that parks.
-        parked = result if isinstance(result, Parked) else None
+        going = result if isinstance(result, Going) else None
         with self._lock:
-            resume = parked is not None and key in self._early_gone
-            self._early_gone.discard(key)
+            # A wake-up may have overtaken the pass that parks: look again at once.
+            resume = going is not None and key in self._woken
+            self._woken.discard(key)
             if not resume:
                 self._in_flight.discard(key)
-                if parked is not None:
-                    self._parked[key] = parked
+                if going is not None:
+                    self._going[key] = going
             if result is Outcome.FAILED:
                 last = self._retry[key].delay if key in self._retry else 0.0
                 delay = next_backoff(last, settings.delete_retry, settings.delete_retry_max)
                 self._retry[key] = Retry(self.engine.clock.monotonic() + delay, delay)
             elif result is Outcome.DONE:
                 self._retry.pop(key, None)
-            # Parked: a back-off entry stays for the next failure (not due while parked).
-        if resume and parked is not None:
-            self._finish_later(key, parked)  # gone already: it stays in flight
+            # Going: a back-off entry stays for the next failure (not due while going).
+        if resume and going is not None:
+            self._look_again(key, going)  # it stays in flight
         self.on_done()
 
     def _waiting_retries(self) -> list[tuple[str, Retry]]:
         """Node retries that nothing is working on (lock held)."""
         return [(k, r) for k, r in self._retry.items() if isinstance(k, str)
-                and k not in self._in_flight and k not in self._parked]
+                and k not in self._in_flight and k not in self._going]
 
     def busy(self, node_id: str) -> bool:
         with self._lock:
-            return node_id in self._in_flight or node_id in self._parked
+            return node_id in self._in_flight or node_id in self._going
 
     def next_retry(self) -> float:
         """When (monotonic) a node deletion is next due for a retry or a parked deletion
         (a node's or a leak's) for another look (leak retries follow the sweep)."""
         with self._lock:
             return min([r.due for _, r in self._waiting_retries()]
-                       + [p.due for p in self._parked.values()], default=math.inf)
+                       + [g.recheck_at for g in self._going.values()], default=math.inf)
 
     def due_retries(self) -> list[str]:
         now = self.engine.clock.monotonic()
@@ -291,31 +309,31 @@ class NodeDeleter:
             return [k for k, r in self._waiting_retries() if r.due <= now]
 
     def resume_due(self) -> None:
-        """Look again at parked deletions whose provider notice is overdue (the cleanup
+        """Look again at parked deletions whose time to look again has come (the cleanup
         pass calls this; `next_retry` wakes it in time)."""
         now = self.engine.clock.monotonic()
         with self._lock:
-            due = [(k, p) for k, p in self._parked.items() if p.due <= now]
+            due = [(k, g) for k, g in self._going.items() if g.recheck_at <= now]
             for key, _ in due:
-                del self._parked[key]
+                del self._going[key]
                 self._in_flight.add(key)
-        for key, parked in due:
-            self._finish_later(key, parked)
+        for key, going in due:
+            self._look_again(key, going)
 
     def parked(self) -> int:
         """Deletions underway with no thread waiting (for tests and the status)."""
         with self._lock:
-            return len(self._parked)
+            return len(self._going)
 
     def forget(self, node_id: str) -> None:
         """The node is gone (deleted by another launcher, or by hand): no retry."""
         with self._lock:
-            parked = self._parked.pop(node_id, None)
+            going = self._going.pop(node_id, None)
             if node_id not in self._in_flight:
                 self._retry.pop(node_id, None)
                 self._refused.discard(node_id)
-        if parked is not None and parked.lock is not None:
-            parked.lock.release()
+        if going is not None and going.lock is not None:
+            going.lock.release()
 
     def prune(self, live_node_ids: Iterable[str]) -> None:
         """Drop node retries (and parked deletions) of nodes that no longer exist."""
@@ -325,11 +343,11 @@ class NodeDeleter:
                         and k not in live and k not in self._in_flight]:
                 del self._retry[key]
             self._refused &= live
-            gone = [self._parked.pop(k) for k in list(self._parked)
+            gone = [self._going.pop(k) for k in list(self._going)
                     if isinstance(k, str) and k not in live]
-        for parked in gone:
-            if parked.lock is not None:
-                parked.lock.release()
+        for going in gone:
+            if going.lock is not None:
+                going.lock.release()
 
     def prune_leaks(self, provider_name: str, listed: Iterable[str]) -> None:
         """Drop leak retries (and parked leak deletions) of a provider's resources that
@@ -340,9 +358,9 @@ class NodeDeleter:
                         and k.provider == provider_name and k.external_id not in present
                         and k not in self._in_flight]:
                 del self._retry[key]
-            for key in [k for k in self._parked if isinstance(k, LeakKey)
+            for key in [k for k in self._going if isinstance(k, LeakKey)
                         and k.provider == provider_name and k.external_id not in present]:
-                del self._parked[key]
+                del self._going[key]
             self._stuck_leaks = {k for k in self._stuck_leaks
                                  if k.provider != provider_name or k.external_id in present}
 
@@ -362,7 +380,7 @@ class NodeDeleter:
         key = LeakKey(provider_name, external_id)
         if not self._claim(key):
             return False
-        self._executor.submit(self._delete_leak, key, provider_name, external_id)
+        self._executor.submit(self._delete_leak, key, None)
         return True
 
     def shutdown(self, wait: bool) -> None:
@@ -371,56 +389,75 @@ class NodeDeleter:
             # Their nodes stay `deleting`; the locks go with the session the launcher is
             # about to close (releasing each here could wait for a ZooKeeper that is down),
             # and whoever runs next finishes them.
-            self._parked.clear()
+            self._going.clear()
 
-    # -- the provider's notice ------------------------------------------------------------
-    def _gone(self, key: RetryKey) -> None:
-        """The provider saw the resource of `key` (a node id or a leak) go, or asks to be
-        asked again. Runs on the provider's watch thread under its lock: hand the rest to
-        a deleter thread, nothing else."""
+    # -- the provider's wake-up -----------------------------------------------------------
+    def wake(self, key: RetryKey) -> None:
+        """Look at the deletion of `key` (a node id or a leak) again now rather than at its
+        `recheck_at`: the provider saw something change. Only a hint; may run on the
+        provider's watch thread under its lock: hand the look to a deleter thread, nothing
+        else."""
         with self._lock:
-            parked = self._parked.pop(key, None)
-            if parked is None:
+            going = self._going.pop(key, None)
+            if going is None:
                 if key in self._in_flight:
-                    self._early_gone.add(key)  # `_release` finishes it
+                    self._woken.add(key)  # `_release` looks again at once
                 return
             self._in_flight.add(key)
-        self._finish_later(key, parked)
+        self._look_again(key, going)
 
-    def _finish_later(self, key: RetryKey, parked: Parked) -> None:
+    def _look_again(self, key: RetryKey, going: Going) -> None:
         try:
             if isinstance(key, LeakKey):
-                self._executor.submit(self._delete_leak, key, key.provider, key.external_id)
+                self._executor.submit(self._delete_leak, key, going)
             else:
-                self._executor.submit(self._finish, key, parked)
+                self._executor.submit(self._finish, key, going)
         except RuntimeError:  # shut down meanwhile: the lock goes with the session
             with self._lock:
                 self._in_flight.discard(key)
+
+    def _timeout(self, provider: str) -> float:
+        """The provider's `delete-timeout`: how long a deletion may stay underway."""
+        config = self.engine.provider_config(provider)
+        return float(config.delete_timeout) if config is not None else schema.DELETE_TIMEOUT
+
+    def _next(self, going: Going | None, provider: str, step: Underway, node: Node | None,
+              lock: HeldLock | None, reason: str) -> Going:
+        """The parked deletion after `step`: the deadline set on the first `Underway`
+        and kept across looks."""
+        now = self.engine.clock.monotonic()
+        deadline = going.deadline if going is not None else now + self._timeout(provider)
+        return Going(node, lock, reason, recheck_at=min(step.recheck_at, deadline),
+                     deadline=deadline)
+
+    def _verifying(self, going: Going | None) -> bool:
+        """Whether this look is the one that decides: `delete-timeout` has run out."""
+        return going is not None and self.engine.clock.monotonic() >= going.deadline
 
     # -- work -----------------------------------------------------------------------------
     def _delete_node(self, node_id: str, reason: str, check: Check | None) -> None:
         self._run(node_id, lambda: self._delete_node_locked(node_id, reason, check))
 
-    def _finish(self, node_id: str, parked: Parked) -> None:
-        def proceed() -> Outcome | Parked:
-            assert parked.node is not None and parked.lock is not None  # a node's
-            if not parked.lock.valid:
+    def _finish(self, node_id: str, going: Going) -> None:
+        def proceed() -> Outcome | Going:
+            assert going.node is not None and going.lock is not None  # a node's
+            if not going.lock.valid:
                 # The session that held the lock ended: start over like any node.
                 log.info("[node: %s] Lost the lock while %s was being deleted; will retry",
-                         node_id, records.clip(parked.node.external_id or ""))
-                parked.lock.release()
+                         node_id, records.clip(going.node.external_id or ""))
+                going.lock.release()
                 return Outcome.FAILED
             # The provider now configured under that name: a reload may have replaced the
             # one that took the deletion (its watch's stop is what woke us).
-            provider = self.engine.providers.get(parked.node.provider or "")
+            provider = self.engine.providers.get(going.node.provider or "")
             if provider is None:
-                parked.lock.release()
+                going.lock.release()
                 return Outcome.DONE  # not one of ours any more
-            return self._proceed(parked.node, parked.lock, provider, parked.reason)
+            return self._proceed(going.node, going.lock, provider, going.reason, going)
         self._run(node_id, proceed)
 
-    def _run(self, node_id: str, fn: Callable[[], "Outcome | Parked"]) -> None:
-        result: Outcome | Parked = Outcome.FAILED
+    def _run(self, node_id: str, fn: Callable[[], "Outcome | Going"]) -> None:
+        result: Outcome | Going = Outcome.FAILED
         try:
             result = fn()
         except (ZkSessionLost, ZkConnectionError) as exc:
@@ -438,7 +475,7 @@ class NodeDeleter:
             self._release(node_id, result)
 
     def _delete_node_locked(self, node_id: str, reason: str,
-                            check: Check | None) -> "Outcome | Parked":
+                            check: Check | None) -> "Outcome | Going":
         engine = self.engine
         if not engine.acting:
             return Outcome.DONE
@@ -456,31 +493,28 @@ class NodeDeleter:
             if provider is None:
                 return Outcome.DONE  # not one of ours (any more)
             handed_on = True
-            return self._proceed(node, lock, provider, reason)
+            return self._proceed(node, lock, provider, reason, None)
         finally:
             if not handed_on and not lock.released:
                 lock.release()
 
-    def _proceed(self, node: Node, lock: HeldLock, provider: Provider,
-                 reason: str) -> "Outcome | Parked":
-        """Delete a locked node's resource and then the node; Parked (the lock kept) when
-        the provider hands the deletion back as underway."""
+    def _proceed(self, node: Node, lock: HeldLock, provider: Provider, reason: str,
+                 going: Going | None) -> "Outcome | Going":
+        """Delete a locked node's resource and then the node; `Going` (the lock kept) while
+        the provider answers `Underway`."""
         engine = self.engine
         nlog = logconfig.annotate(log, node_id=node.id)
         keep_lock = False
+        verify = self._verifying(going)
         try:
             try:
                 done = delete_locked(engine.nodes, node, lock, provider,
                                      now=engine.clock.time, reason=reason,
-                                     on_gone=GoneNotice(self, node.id))
-            except DeletionUnderway as exc:
-                keep_lock = True
-                nlog.debug("Deletion of %s underway: %s", records.clip(node.external_id or ""),
-                           exc)
-                if exc.stuck is not None:
-                    self._stuck(node, lock, provider.name, exc.stuck)
-                return Parked(node, lock, reason,
-                              due=engine.clock.monotonic() + max(exc.recheck_in, 0.0))
+                                     wake=WakeUp(self, node.id), verify=verify)
+                if isinstance(done, Underway) and verify:
+                    raise TemporaryError(
+                        f"{done.detail}, still after the provider's delete-timeout"
+                        f" ({self._timeout(provider.name):g}s)")
             except (ZkSessionLost, ZkConnectionError):
                 raise  # ZooKeeper, not the resource: interrupted (see _run)
             except TemporaryError as exc:
@@ -494,6 +528,13 @@ class NodeDeleter:
                 lifecycle.note_delete_failed(engine.nodes, node, lock, str(exc),
                                              engine.clock.time())
                 return Outcome.FAILED
+            if isinstance(done, Underway):
+                keep_lock = True
+                nlog.debug("Deletion of %s underway: %s", records.clip(node.external_id or ""),
+                           done.detail)
+                if done.stuck is not None:
+                    self._stuck(node, lock, provider.name, done.stuck)
+                return self._next(going, provider.name, done, node, lock, reason)
             refused = done.refused is not None
             if refused:
                 # Never retried and never deleted: the record is dropped, the reason kept.
@@ -538,28 +579,33 @@ class NodeDeleter:
         lifecycle.record_stuck(engine.events, provider, what, node=node)
         engine.stats.delete_stuck(provider)
 
-    def _delete_leak(self, key: LeakKey, provider_name: str, external_id: str) -> None:
-        result: Outcome | Parked = Outcome.DONE
+    def _delete_leak(self, key: LeakKey, going: Going | None) -> None:
+        provider_name, external_id = key.provider, key.external_id
+        result: Outcome | Going = Outcome.DONE
         try:
             provider = self.engine.providers.get(provider_name)
             if provider is not None:
+                verify = self._verifying(going)
                 try:
-                    provider.delete(external_id, on_gone=GoneNotice(self, key))
+                    step = provider.delete(external_id, wake=WakeUp(self, key), verify=verify)
                 except NotOwned as exc:
                     # Listed as ours, not ours on a closer look (labels changed): leave it.
                     log.warning("Not deleting resource %s of provider %s: %s", external_id,
                                 provider_name, exc)
                     return
-                except DeletionUnderway as exc:
-                    # Going: no thread waits for it (the provider's notice resumes it).
-                    if exc.stuck is not None and self._first_stuck(key):
+                if isinstance(step, Underway):
+                    if verify:
+                        raise TemporaryError(
+                            f"{step.detail}, still after the provider's delete-timeout"
+                            f" ({self._timeout(provider_name):g}s)")
+                    # Going: no thread waits for it (a wake-up or `recheck_at` resumes it).
+                    if step.stuck is not None and self._first_stuck(key):
                         log.warning("Deletion of leaked resource %s of provider %s is stuck:"
-                                    " %s", external_id, provider_name, exc.stuck)
-                        lifecycle.record_stuck(self.engine.events, provider_name, exc.stuck,
+                                    " %s", external_id, provider_name, step.stuck)
+                        lifecycle.record_stuck(self.engine.events, provider_name, step.stuck,
                                                external_id=external_id)
                         self.engine.stats.delete_stuck(provider_name)
-                    result = Parked(None, None, "leaked", due=self.engine.clock.monotonic()
-                                    + max(exc.recheck_in, 0.0))
+                    result = self._next(going, provider_name, step, None, None, "leaked")
                     return
                 self.engine.stats.leaked_nodes(provider_name)
                 with self._lock:
@@ -571,7 +617,7 @@ class NodeDeleter:
                         external_id, provider_name, exc)
             result = Outcome.FAILED
         finally:
-            if not isinstance(result, Parked):
+            if not isinstance(result, Going):
                 with self._lock:
                     self._stuck_leaks.discard(key)
             self._release(key, result)
