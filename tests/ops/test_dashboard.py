@@ -14,6 +14,7 @@ on the running launcher's own `Stats`, so their names and labels come from the c
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import threading
@@ -111,7 +112,9 @@ def metrics(tmp_path: Path, zk: ZkConnection, zuul: ZuulClient) -> Iterator[Expo
     """The sample names and labels of a busy launcher's `/metrics`."""
     path = tmp_path / "nodepool.yaml"
     path.write_text(config_text(zk, CONFIG))
-    service = LauncherService(str(path), None, load_config(str(path)), settings=TEST_SETTINGS,
+    # Pool records with changed counts are republished at most once per interval.
+    settings = dataclasses.replace(TEST_SETTINGS, pool_status_interval=0.5)
+    service = LauncherService(str(path), None, load_config(str(path)), settings=settings,
                               poll_interval=0.1)
     status: list[int] = []
     thread = threading.Thread(target=lambda: status.append(service.run()))
