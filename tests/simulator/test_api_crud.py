@@ -290,6 +290,22 @@ def test_token_secret_requires_service_account_annotation(kube: Kube) -> None:
     kube.core.create_namespaced_secret("ts", token_secret_body("ok", "w"))
 
 
+def test_secret_data_may_be_wrapped_base64(kube: Kube) -> None:
+    """Line breaks inside base64 (kustomize's secretGenerator wraps at 70 columns) are
+    skipped, as Go's decoder does; the value reads back unwrapped. Other junk is a 400."""
+    kube.core.create_namespace({"metadata": {"name": "wb"}})
+    encoded = base64.b64encode(b"x" * 120).decode()
+    wrapped = "\n".join(encoded[i:i + 70] for i in range(0, len(encoded), 70)) + "\n"
+    secret = kube.core.create_namespaced_secret(
+        "wb", {"metadata": {"name": "s"}, "data": {"config": wrapped}})
+    assert secret.data["config"] == encoded
+    assert kube.core.read_namespaced_secret("s", "wb").data["config"] == encoded
+    with pytest.raises(ApiException) as info:
+        kube.core.create_namespaced_secret(
+            "wb", {"metadata": {"name": "t"}, "data": {"config": encoded[:20] + " " + encoded}})
+    assert info.value.status == 400 and "illegal base64 data" in status_of(info.value)["message"]
+
+
 def test_system_namespaces_cannot_be_deleted(kube: Kube) -> None:
     with pytest.raises(ApiException) as info:
         kube.core.delete_namespace("default")

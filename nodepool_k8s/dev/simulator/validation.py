@@ -529,6 +529,14 @@ def apply_defaults(resource: ResourceType, obj: dict[str, Any]) -> None:
                 container.setdefault("resources", {})
     elif resource.plural == "secrets":
         obj.setdefault("type", "Opaque")
+        data = obj.get("data")
+        if isinstance(data, dict):
+            # The real server decodes data with Go's base64, which skips line breaks (the
+            # wrapped base64 kustomize's secretGenerator writes), and stores the bytes: the
+            # value reads back unwrapped.
+            for key, value in data.items():
+                if isinstance(value, str):
+                    data[key] = value.replace("\r", "").replace("\n", "")
         string_data = obj.pop("stringData", None)
         if isinstance(string_data, dict):
             # stringData is write-only: merged into data (base64) and dropped, as the real API.
