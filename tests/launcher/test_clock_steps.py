@@ -237,7 +237,7 @@ def test_backward_step_does_not_stall_a_quota_retry(launchers: LauncherFactory,
     fake = launcher.providers["fake"]
     fake.fail_next(1, QuotaExceeded("cluster full"))  # type: ignore[attr-defined]
     request_id = zuul.submit(["small"])
-    wait_for(lambda: any(h.retry_at is not None for w in launcher.pool_workers.values()
+    wait_for(lambda: any(h.next_deadline is not None for w in launcher.pool_workers.values()
                          for h in list(w.handlers.values())), 15,
              message="the request waiting after the cloud's refusal")
     clock.step_wall(-HOUR)
