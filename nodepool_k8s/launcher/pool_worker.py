@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import Callable
+from typing import Callable, Mapping, Protocol
 
 from nodepool_k8s.runtime import logconfig, stats
 from nodepool_k8s.core import model, quota
@@ -38,16 +38,16 @@ from nodepool_k8s.launcher import lifecycle, plan
 from nodepool_k8s.launcher.reporting import pool_status
 from nodepool_k8s.launcher.breaker import PoolBreaker
 from nodepool_k8s.zk import events as zk_events
-from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.requests.allocation import SlotState, check_quota, create_batch
-from nodepool_k8s.launcher.requests.handler import PoolRef, RequestHandler
+from nodepool_k8s.launcher.requests.handler import HandlerDeps, PoolRef, RequestHandler
 from nodepool_k8s.launcher.requests.launch import LaunchPool
 from nodepool_k8s.launcher.worker import RefusedRequests, Worker
 from nodepool_k8s.core.model import NodeRequest, Resources
 from nodepool_k8s.zk import errors
+from nodepool_k8s.zk.cache import ComponentCache
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.zk.pool_status import StatusWriter
-from nodepool_k8s.zk.registry import Registration, pool_worker_id
+from nodepool_k8s.zk.pool_status import JsonDirCache, StatusWriter
+from nodepool_k8s.zk.registry import ComponentRegistry, Registration, pool_worker_id
 from nodepool_k8s.zk.requests import PendingFresh
 
 
@@ -63,8 +63,41 @@ def copy_request(request: NodeRequest) -> NodeRequest:
     return NodeRequest.from_dict(request.id, request.to_dict(), version=request.version)
 
 
+class PoolWorkerDeps(HandlerDeps, fleet.FleetDeps, Protocol):
+    """What a pool worker uses of the engine, on top of its handlers' and fleet
+    control's (`launcher.context.Engine` provides it)."""
+
+    @property
+    def acting(self) -> bool: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
+
+    @property
+    def providers(self) -> Mapping[str, Provider]: ...
+
+    @property
+    def registry(self) -> ComponentRegistry: ...
+
+    @property
+    def components(self) -> ComponentCache: ...
+
+    @property
+    def breakers(self) -> JsonDirCache: ...
+
+    @property
+    def stuck_requests(self) -> frozenset[str]: ...
+
+    @property
+    def unhandable(self) -> frozenset[str]: ...
+
+    def pool_config(self, provider: str | None, pool: str | None) -> PoolConfig | None: ...
+
+    def registered_pools(self) -> list[plan.PoolInfo]: ...
+
+
 class PoolWorker(Worker):
-    def __init__(self, engine: Engine, provider: str, pool: str, launches: LaunchPool,
+    def __init__(self, engine: PoolWorkerDeps, provider: str, pool: str, launches: LaunchPool,
                  fqdn: str | None = None) -> None:
         super().__init__(f"PoolWorker.{provider}-{pool}", engine.clock, engine.stats.thread_crashed)
         self.engine = engine

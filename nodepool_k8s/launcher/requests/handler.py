@@ -28,7 +28,7 @@ import functools
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Protocol
 
 from nodepool_k8s.runtime import logconfig
 from nodepool_k8s.core import model, quota
@@ -38,15 +38,19 @@ from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.requests import launch as launching
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.launcher import plan
-from nodepool_k8s.launcher.requests.allocation import CONTENTION, Allocator, Slot, SlotState
+from nodepool_k8s.launcher.requests.allocation import (
+    CONTENTION, AllocationDeps, Allocator, Slot, SlotState)
 from nodepool_k8s.launcher.requests.allocation import PoolRef as PoolRef
-from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import locks as zk_locks
 from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.cache import RequestCache
+from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.requests import RequestStore
 from nodepool_k8s.zk.txn import Txn
 
 
@@ -59,6 +63,25 @@ class Final(enum.Enum):
 
 
 DONE, GONE, RETRY = Final.DONE, Final.GONE, Final.RETRY
+
+
+class HandlerDeps(AllocationDeps, Protocol):
+    """What a request handler uses of the engine, on top of its allocator's
+    (`launcher.context.Engine` provides it)."""
+
+    @property
+    def requests(self) -> RequestStore: ...
+
+    @property
+    def request_cache(self) -> RequestCache: ...
+
+    @property
+    def events(self) -> EventLog: ...
+
+    @property
+    def stats(self) -> Stats: ...
+
+    def provider_config(self, name: str | None) -> ProviderConfig | None: ...
 
 
 class HandlerState(enum.Enum):
@@ -90,7 +113,7 @@ class Backoff:
 
 
 class RequestHandler:
-    def __init__(self, engine: Engine, ref: PoolRef, provider: Provider,
+    def __init__(self, engine: HandlerDeps, ref: PoolRef, provider: Provider,
                  launches: launching.LaunchPool, request: NodeRequest, lock: HeldLock,
                  registered_ids: Callable[[], set[str]], wake: Callable[[], None]) -> None:
         self.engine = engine
