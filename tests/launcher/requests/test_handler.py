@@ -151,3 +151,40 @@ def test_abandons_without_writing_once_its_lock_is_gone(make_deps: MakeDeps) -> 
     assert handler.done and handler.cancel.is_set()
     assert stored(deps, handler.request.id).state == model.PENDING
     assert deps.nodes.ids() == []
+
+
+def test_a_backward_wall_clock_step_does_not_stall_the_relaunch(make_deps: MakeDeps) -> None:
+    """The wait after the cloud's refusal is on monotonic time: a backward step of the
+    wall clock (chrony's makestep, a resumed VM) does not hold it for as long."""
+    deps, launches = make_deps(), InlineLaunches()
+    deps.provider.fail_next(1, QuotaExceeded("cluster full"))
+    handler, _ = handler_for(deps, ["small"], launches)
+    handler.advance()
+    launches.run_all()
+    assert handler.advance() is True and handler.state is HandlerState.BACKING_OFF
+
+    deps.clock.step_wall(-3600.0)
+    deps.clock.advance(SETTINGS.quota_retry + 1)
+
+    assert handler.advance() is False and launches.run_all() == 1
+    request = stored(deps, handler.request.id)
+    assert request.state == model.FULFILLED and request.declined_by == []
+    keys = deps.stats.backend.keys("incr")  # type: ignore[attr-defined]
+    assert "nodepool.launch.error.quota" in keys and "nodepool.launch.ready" in keys
+
+
+def test_a_min_ready_request_at_quota_is_declined_not_paused(make_deps: MakeDeps) -> None:
+    deps, launches = make_deps(max_servers=1), InlineLaunches()
+    first, _ = handler_for(deps, ["small"], launches)
+    first.advance()
+    launches.run_all()
+    assert first.done
+    request, lock = deps.accept(deps.submit(["small"], reuse=False))
+    request.requestor = model.MIN_READY_REQUESTOR
+    min_ready = RequestHandler(deps, deps.ref, deps.provider, launches,  # type: ignore[arg-type]
+                               request, lock, lambda: {deps.ref.pool_id}, lambda: None)
+
+    assert min_ready.advance() is False
+    assert min_ready.done and not min_ready.paused
+    assert stored(deps, request.id).state == model.FAILED
+    assert len(deps.nodes.ids()) == 1 and launches.in_flight == 0

@@ -3,6 +3,8 @@ ManualClock (no worker thread, no wait)."""
 
 from __future__ import annotations
 
+import json
+
 from nodepool_k8s.core import model
 from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.launcher.requests.handler import RequestHandler
@@ -79,3 +81,35 @@ def test_a_failed_request_backs_the_label_off(make_deps: MakeDeps) -> None:
     deps.clock.advance(1)
     assert worker.run_once() is None
     assert len(min_ready_requests(deps)) == 1 and worker.created == 2
+
+
+def test_the_request_carries_every_key_zuul_reads(make_deps: MakeDeps) -> None:
+    deps = make_deps(min_ready=1)
+    MinReadyWorker(deps).run_once()  # type: ignore[arg-type]
+    [request] = min_ready_requests(deps)
+
+    got = deps.zk.get(paths.request_path(request.id))
+    assert got is not None
+    data, stat = got
+    body = json.loads(data)
+    for key in ("requestor", "requestor_data", "node_types", "provider", "state",
+                "state_time", "event_id"):
+        assert key in body
+    assert body["requestor"] == "NodePool:min-ready" and body["reuse"] is False
+    assert body["node_types"] == ["small"] and body["state"] == model.REQUESTED
+    assert stat.ephemeral_owner == deps.zk.session_id
+
+
+def test_a_backward_wall_clock_step_does_not_stall_the_back_off(make_deps: MakeDeps) -> None:
+    """The back-off after a failed request is on monotonic time."""
+    deps = make_deps(min_ready=1, fail=True)
+    worker = MinReadyWorker(deps)  # type: ignore[arg-type]
+    worker.run_once()
+    [request] = min_ready_requests(deps)
+    serve(deps, request)
+    assert worker.run_once() is not None and min_ready_requests(deps) == []
+
+    deps.clock.step_wall(-3600.0)
+    deps.clock.advance(SETTINGS.min_ready_backoff + 1)
+
+    assert worker.run_once() is None and len(min_ready_requests(deps)) == 1
