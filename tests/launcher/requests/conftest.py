@@ -11,7 +11,7 @@ import pytest
 from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.zk.client import ZkClient
 from tests.helpers import ZkConnection
-from tests.launcher.requests.support import Deps, pool_yaml
+from tests.launcher.requests.support import Deps, WorkerDeps, pool_yaml
 from tests.launchers import make_config
 from tests.zk.conftest import client_for
 
@@ -33,4 +33,13 @@ def make_deps(zk: ZkConnection, zkc: ZkClient) -> MakeDeps:
     def make(**options: object) -> Deps:
         config = make_config(zk, textwrap.dedent(pool_yaml(**options)))  # type: ignore[arg-type]
         return Deps(zkc, config, ManualClock())
+    return make
+
+
+@pytest.fixture
+def make_worker_deps(zk: ZkConnection, zkc: ZkClient) -> Callable[..., WorkerDeps]:
+    """`make_worker_deps(**pool_yaml options)`: a `WorkerDeps` on its own ManualClock."""
+    def make(**options: object) -> WorkerDeps:
+        config = make_config(zk, textwrap.dedent(pool_yaml(**options)))  # type: ignore[arg-type]
+        return WorkerDeps(zkc, config, ManualClock())
     return make

@@ -1,23 +1,27 @@
 """A request path without a daemon: the narrow dependencies of the handler, the allocator,
-the batch and min-ready, built on a real ZooKeeper with no thread of their own.
+the batch, min-ready and the pool worker, built on a real ZooKeeper with no thread of
+their own.
 
-`Deps` satisfies `HandlerDeps`, `BatchDeps` and `MinReadyDeps`: the real stores, guard
-and event log on a started `ZkClient`, a ManualClock, and caches that read ZooKeeper on
-every call (`ReadThroughNodes`, `ReadThroughRequests`), so what a step wrote is what the
-next step sees, with no watch to wait for. `InlineLaunches` stands in for the launch
-thread pool: a launch runs when the test says so, in the test's thread.
+`Deps` satisfies `HandlerDeps`, `BatchDeps` and `MinReadyDeps` (`WorkerDeps` also
+`PoolWorkerDeps`): the real stores, guard, event log and registry on a started
+`ZkClient`, a ManualClock, and caches that read ZooKeeper on every call (`ReadThrough*`),
+so what a step wrote is what the next step sees, with no watch to wait for.
+`InlineLaunches` stands in for the launch thread pool: a launch runs when the test says
+so, in the test's thread.
 """
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import Future
-from typing import Callable
+from typing import Any, Callable
 
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.core import quota
 from nodepool_k8s.core.model import PENDING, NodeRequest, Resources
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.fake import FakeProvider
+from nodepool_k8s.launcher.plan import PoolInfo
 from nodepool_k8s.launcher.requests.allocation import PoolRef
 from nodepool_k8s.launcher.requests.batch import copy_request
 from nodepool_k8s.launcher.requests.launch import LaunchOutcome
@@ -30,22 +34,25 @@ from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.pool_status import POOL_BREAKERS, decode_breakers
 from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
-from nodepool_k8s.zk.registry import pool_worker_id
+from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
 from nodepool_k8s.zk.requests import RequestStore
 from nodepool_k8s.core.model import Node
 
 SETTINGS = EngineSettings(quota_retry=30.0, min_ready_backoff=10.0,
-                          min_ready_backoff_max=60.0)
+                          min_ready_backoff_max=60.0, reclaim_interval=60.0)
 
 
 def pool_yaml(max_servers: int = 10, *, fail: bool = False, min_ready: int = 0,
               retries: int = 1) -> str:
-    """Provider `fake`, pool `main`, one namespace label `small` that launches at once."""
+    """Provider `fake`, pool `main`, namespace labels `small` (with the options) and
+    `other`, which launch at once."""
     return f"""
 labels:
   - name: small
     min-ready: {min_ready}
+  - name: other
 providers:
   - name: fake
     driver: fake
@@ -58,6 +65,9 @@ providers:
             type: namespace
             launch-delay: 0
             fail: {"true" if fail else "false"}
+          - name: other
+            type: namespace
+            launch-delay: 0
 """
 
 
@@ -201,3 +211,58 @@ class InlineLaunches:
             future.set_result(fn())
             done()
         return len(ran)
+
+
+class ReadThroughJson:
+    """The `JsonDirCache` calls a pool worker's breaker makes, answered from ZooKeeper."""
+
+    def __init__(self, zk: ZkClient, root: str,
+                 decode: Callable[[str, bytes, Any], dict[str, Any]]) -> None:
+        self.zk = zk
+        self.root = root
+        self.decode = decode
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        got = self.zk.get(f"{self.root}/{key}")
+        return self.decode(key, got[0], got[1]) if got is not None else None
+
+    def items(self) -> dict[str, dict[str, Any]]:
+        found = ((key, self.get(key)) for key in self.zk.get_children(self.root) or [])
+        return {key: value for key, value in found if value is not None}
+
+
+class NoComponents:
+    """No other launcher's pool is registered (the pool worker counts itself)."""
+
+    def pools(self) -> list[Any]:
+        return []
+
+
+class NoPoolStates:
+    """No operator pause or drain."""
+
+    def state_for(self, provider: str, pool: str) -> None:
+        return None
+
+
+class WorkerDeps(Deps):
+    """`Deps` and what a pool worker uses on top (`PoolWorkerDeps`): a real registry,
+    nobody else registered, no operator pause; deletions asked for are recorded."""
+
+    def __init__(self, zk: ZkClient, config: Config, clock: ManualClock,
+                 settings: EngineSettings = SETTINGS) -> None:
+        super().__init__(zk, config, clock, settings)
+        self.stopping = threading.Event()
+        self.registry = ComponentRegistry(zk, "test-host")
+        self.components = NoComponents()
+        self.pool_states = NoPoolStates()
+        self.breakers = ReadThroughJson(zk, POOL_BREAKERS, decode_breakers)
+        self.stuck_requests: frozenset[str] = frozenset()
+        self.deletions: list[tuple[str, str]] = []
+
+    def registered_pools(self) -> list[PoolInfo]:
+        return []
+
+    def request_delete(self, node_id: str, reason: str) -> bool:
+        self.deletions.append((node_id, reason))
+        return True
