@@ -8,6 +8,11 @@ it; the handler pauses at quota and resumes when capacity frees; it finishes wit
 one transaction that writes every node and the request and releases every lock
 (fulfilled, declined, or the request was cancelled).
 
+Its standing toward the pool is one `HandlerState` (active, queued behind a waiting
+request, at quota, backing off after an aborted launch, done), changed only by `_enter`;
+the pool worker reads `paused`, `done`, `blocked_scope` and `next_deadline` from it.
+What it uses of the engine is `HandlerDeps`.
+
 ZooKeeper writes per new node: the guarded create (one transaction for all nodes of the
 request), lock + `building` (one transaction), the external id (driver progress) and a
 share of the final transaction.
