@@ -166,13 +166,14 @@ class Deps:
         assert isinstance(provider, FakeProvider)
         return provider
 
-    def submit(self, labels: list[str], *, reuse: bool = True) -> str:
-        """A request as Zuul creates it (`requested`, priority 200)."""
+    def submit(self, labels: list[str], *, reuse: bool = True, priority: str = "200",
+               relative_priority: int = 0) -> str:
+        """A request as Zuul creates it (`requested`)."""
         now = self.clock.time()
         request = NodeRequest(id="", state="requested", node_types=list(labels),
                               requestor="zuul-test", state_time=now, created_time=now,
-                              reuse=reuse)
-        path = self.zk.create(f"{paths.REQUESTS}/200-", request_codec.encode(request),
+                              reuse=reuse, relative_priority=relative_priority)
+        path = self.zk.create(f"{paths.REQUESTS}/{priority}-", request_codec.encode(request),
                               sequence=True, makepath=True)
         return paths.basename(path)
 

@@ -10,6 +10,7 @@ from nodepool_k8s.core import model
 from nodepool_k8s.launcher.pool_worker import CONTENDED_RETRY, PoolWorker
 from nodepool_k8s.launcher.requests.handler import HandlerState
 from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import requests as request_codec
 from tests.launcher.requests.support import SETTINGS, InlineLaunches, WorkerDeps
 
 MakeWorkerDeps = Callable[..., WorkerDeps]
@@ -142,3 +143,39 @@ def test_a_request_locked_elsewhere_is_looked_at_again_shortly(
     elsewhere.release()
     worker.run_once()
     assert state(deps, request_id) == model.PENDING and launches.in_flight == 1
+
+
+def test_serves_in_priority_order_as_capacity_frees(make_worker_deps: MakeWorkerDeps) -> None:
+    """Precedence, then relative priority (as Zuul last revised it), then age; a request
+    waiting at quota goes before anything accepted after it."""
+    deps = make_worker_deps(max_servers=1)
+    ids = {
+        "low": deps.submit(["small"], priority="300"),
+        "rel5": deps.submit(["small"], relative_priority=5),
+        "rel3": deps.submit(["small"], relative_priority=3),
+        "high": deps.submit(["small"], priority="100"),
+        "revised": deps.submit(["small"], relative_priority=9),
+    }
+    # Zuul revises a request's relative priority while nobody holds its lock.
+    revised = deps.requests.get(ids["revised"])
+    assert revised is not None
+    revised.relative_priority = 1
+    deps.zk.set(paths.request_path(revised.id), request_codec.encode(revised), revised.version)
+    worker, launches = worker_for(deps)
+    by_id = {request_id: name for name, request_id in ids.items()}
+    order: list[str] = []
+
+    for _ in ids:
+        worker.run_once()
+        assert launches.run_all() == 1
+        [done] = [i for i in ids.values() if by_id[i] not in order
+                  and state(deps, i) == model.FULFILLED]
+        order.append(by_id[done])
+        # The build is over: Zuul deletes the request, the node goes.
+        deps.zk.delete(paths.request_path(done))
+        [node] = [n for n in deps.node_cache.nodes() if n.allocated_to == done]
+        got = deps.nodes.lock_and_read(node.id)
+        assert got is not None
+        assert deps.nodes.delete(got[1], got[0])
+
+    assert order == ["high", "revised", "rel3", "rel5", "low"]
