@@ -12,6 +12,11 @@ and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.
    then lock and decline or accept. A request nobody has locked yet (its lock dir does
    not exist) is locked and written in one versioned transaction, the version standing in
    for the re-read; otherwise: lock without blocking, re-read, decide again, write.
+   Fresh requests that qualify are accepted together (`requests.batch.Batch`, which
+   reaches this worker only through its public `BatchOwner` methods).
+
+What it uses of the engine is `PoolWorkerDeps`; the handlers, the batch and fleet control
+each name their own slice of it.
 
 Passes are triggered by cache events, launch completions and deadlines; there is no sleep
 per request and no fixed tick. Deadlines and rate limits (the retry after losing a lock
@@ -26,7 +31,8 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from typing import Callable
+from dataclasses import dataclass
+from typing import Mapping, Protocol
 
 from nodepool_k8s.runtime import logconfig, stats
 from nodepool_k8s.core import model, quota
@@ -38,33 +44,70 @@ from nodepool_k8s.launcher import lifecycle, plan
 from nodepool_k8s.launcher.reporting import pool_status
 from nodepool_k8s.launcher.breaker import PoolBreaker
 from nodepool_k8s.zk import events as zk_events
-from nodepool_k8s.launcher.context import Engine
-from nodepool_k8s.launcher.requests.allocation import SlotState, check_quota, create_batch
-from nodepool_k8s.launcher.requests.handler import PoolRef, RequestHandler
+from nodepool_k8s.launcher.requests.batch import Batch, copy_request
+from nodepool_k8s.launcher.requests.handler import HandlerDeps, PoolRef, RequestHandler
 from nodepool_k8s.launcher.requests.launch import LaunchPool
 from nodepool_k8s.launcher.worker import RefusedRequests, Worker
 from nodepool_k8s.core.model import NodeRequest, Resources
 from nodepool_k8s.zk import errors
+from nodepool_k8s.zk.cache import ComponentCache
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.zk.pool_status import StatusWriter
-from nodepool_k8s.zk.registry import Registration, pool_worker_id
-from nodepool_k8s.zk.requests import PendingFresh
+from nodepool_k8s.zk.pool_status import JsonDirCache, StatusWriter
+from nodepool_k8s.zk.registry import ComponentRegistry, Registration, pool_worker_id
 
 
 # After losing the race for a request's lock, look at the request again this much later.
 CONTENDED_RETRY = 0.2
-# At most this many requests are accepted together (one lock round trip, one guarded
-# create): a bound on what one pass holds before any of it launches.
-BATCH_LIMIT = 16
 
 
-def copy_request(request: NodeRequest) -> NodeRequest:
-    """A private copy of a cached request (cache objects are shared and never mutated)."""
-    return NodeRequest.from_dict(request.id, request.to_dict(), version=request.version)
+@dataclass(frozen=True)
+class PassView:
+    """What one pass decides every request against (read once at the start of the
+    accepting part of the pass)."""
+
+    provider: Provider
+    provider_cfg: ProviderConfig
+    pool_cfg: PoolConfig
+    me: plan.PoolInfo  # this pool, as `plan.triage` sees it
+    registered: list[plan.PoolInfo]  # every registered pool, this one included
+    cloud: Resources  # the provider's cloud limits
+
+
+class PoolWorkerDeps(HandlerDeps, fleet.FleetDeps, Protocol):
+    """What a pool worker uses of the engine, on top of its handlers' and fleet
+    control's (`launcher.context.Engine` provides it)."""
+
+    @property
+    def acting(self) -> bool: ...
+
+    @property
+    def stopping(self) -> threading.Event: ...
+
+    @property
+    def providers(self) -> Mapping[str, Provider]: ...
+
+    @property
+    def registry(self) -> ComponentRegistry: ...
+
+    @property
+    def components(self) -> ComponentCache: ...
+
+    @property
+    def breakers(self) -> JsonDirCache: ...
+
+    @property
+    def stuck_requests(self) -> frozenset[str]: ...
+
+    @property
+    def unhandable(self) -> frozenset[str]: ...
+
+    def pool_config(self, provider: str | None, pool: str | None) -> PoolConfig | None: ...
+
+    def registered_pools(self) -> list[plan.PoolInfo]: ...
 
 
 class PoolWorker(Worker):
-    def __init__(self, engine: Engine, provider: str, pool: str, launches: LaunchPool,
+    def __init__(self, engine: PoolWorkerDeps, provider: str, pool: str, launches: LaunchPool,
                  fqdn: str | None = None) -> None:
         super().__init__(f"PoolWorker.{provider}-{pool}", engine.clock, engine.stats.thread_crashed)
         self.engine = engine
@@ -93,7 +136,7 @@ class PoolWorker(Worker):
         self.published_status: dict[str, object] | None = None
         self._contended = False
         # Requests whose lock dir exists (someone locked them before): never batched.
-        self.lock_dir_seen: set[str] = set()
+        self._lock_dir_seen: set[str] = set()
         self.refused = RefusedRequests(self.log)
 
     # -- registration ---------------------------------------------------------------------
@@ -211,17 +254,19 @@ class PoolWorker(Worker):
 
     def _assign(self, provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
                 provider: Provider, registered: list[plan.PoolInfo], paused: bool) -> bool:
-        me = next(p for p in registered if p.id == self.id)
-        cloud = provider.cloud_limits()
+        view = PassView(provider, provider_cfg, pool_cfg,
+                        me=next(p for p in registered if p.id == self.id),
+                        registered=registered, cloud=provider.cloud_limits())
+        me, cloud = view.me, view.cloud
         tenant_usage: list[quota.UsageRecord] | None = None
-        batch = _Batch(self, provider, provider_cfg, pool_cfg)
+        batch = Batch(self.engine, self, self.ref, provider, provider_cfg, pool_cfg)
         requests = self.engine.request_cache.requests()
         # Locked for ever by a contender that is not ephemeral (the cleanup reported it):
         # trying its lock again every CONTENDED_RETRY would only cost three writes each time.
         stuck = self.engine.stuck_requests
-        if self.lock_dir_seen or self.refused:
+        if self._lock_dir_seen or self.refused:
             ids = {r.id for r in requests}
-            self.lock_dir_seen &= ids
+            self._lock_dir_seen &= ids
             self.refused.keep_only(ids)
         for request in plan.order(requests, pool_cfg.labels):
             if self.engine.stopping.is_set():
@@ -250,36 +295,45 @@ class PoolWorker(Worker):
                 if not self._tenant_fits(request, pool_cfg, tenant_usage):
                     continue  # over the tenant's limit: defer, neither decline nor pause
                 if not probe and batch.add(request, functools.partial(
-                        self._take, request, decision, provider, me, pool_cfg, provider_cfg,
-                        registered, cloud, refusal=refusal)):
-                    continue  # accepted together with the next ones (`_Batch.flush`)
+                        self._take, request, decision, view, refusal=refusal)):
+                    continue  # accepted together with the next ones (`Batch.flush`)
             # Anything else is taken on its own, after the batch before it (order kept).
             paused = batch.flush(paused)
             try:
-                handler = self._take(request, decision, provider, me, pool_cfg,
-                                     provider_cfg, registered, cloud, paused, refusal)
+                handler = self._take(request, decision, view, paused, refusal)
             except errors.ZkAuthError as exc:
                 self.refused.refuse(request, exc)
                 continue
             if handler is not None:
                 if probe:
                     self._probes.add(handler.request.id)
-                paused = self._adopt(handler, paused, may_allocate=True)
+                paused = self.adopt(handler, paused, may_allocate=True)
         return batch.flush(paused)
 
-    def _adopt(self, handler: RequestHandler, paused: bool, may_allocate: bool) -> bool:
-        """Keep a newly accepted handler and advance it once; whether the pool is paused."""
+    # -- what a batch asks of its pool worker (requests.batch.BatchOwner) ----------------
+    def lock_dir_seen(self, request_id: str) -> bool:
+        return request_id in self._lock_dir_seen
+
+    def saw_lock_dir(self, request_id: str) -> None:
+        self._lock_dir_seen.add(request_id)
+
+    def keep(self, handler: RequestHandler) -> None:
         with self._handlers_lock:
             self.handlers[handler.request.id] = handler
+
+    def refuse(self, request: NodeRequest, exc: Exception) -> None:
+        self.refused.refuse(request, exc)
+
+    def adopt(self, handler: RequestHandler, paused: bool, may_allocate: bool) -> bool:
+        """Keep a newly accepted handler and advance it once; whether the pool is paused."""
+        self.keep(handler)
         if handler.advance(may_allocate=may_allocate):
             paused = True
         if handler.done:
             self._remove_handlers([handler.request.id])
         return paused
 
-    def _take(self, request: NodeRequest, decision: plan.Decision, provider: Provider,
-              me: plan.PoolInfo, pool_cfg: PoolConfig, provider_cfg: ProviderConfig,
-              registered: list[plan.PoolInfo], cloud: Resources,
+    def _take(self, request: NodeRequest, decision: plan.Decision, view: PassView,
               paused: bool, refusal: str | None = None) -> RequestHandler | None:
         """Lock the request and decline or accept it; the accepted one's handler."""
         requests = self.engine.requests
@@ -303,7 +357,8 @@ class PoolWorker(Worker):
                 return None
             lock, fresh = got
             try:
-                decision = plan.triage(fresh, me, pool_cfg, provider_cfg, registered, cloud)
+                decision = plan.triage(fresh, view.me, view.pool_cfg, view.provider_cfg,
+                                       view.registered, view.cloud)
                 if refusal and decision.verdict is plan.Verdict.ACCEPT:
                     decision = plan.Decision(plan.Verdict.DECLINE, refusal)
                 if decision.verdict is plan.Verdict.SKIP \
@@ -322,10 +377,10 @@ class PoolWorker(Worker):
             logconfig.annotate(self.log, fresh.event_id, fresh.id).info(
                 "Declined (%s); request is now %s", decline_reason, fresh.state)
             return None
-        return self._new_handler(provider, fresh, lock)
+        return self.new_handler(view.provider, fresh, lock)
 
-    def _new_handler(self, provider: Provider, request: NodeRequest,
-                     lock: HeldLock) -> RequestHandler:
+    def new_handler(self, provider: Provider, request: NodeRequest,
+                    lock: HeldLock) -> RequestHandler:
         handler = RequestHandler(self.engine, self.ref, provider, self.launches, request,
                                  lock, self.registered_ids, self.wake)
         handler.refuse = self._breaker_refusal
@@ -498,121 +553,3 @@ class PoolWorker(Worker):
                 handler.shutdown(timeout)
             except Exception:
                 self.log.exception("Error while returning request %s", handler.request.id)
-
-
-class _Batch:
-    """Freshly requested requests of one pass that are accepted together (issue 15).
-
-    A request joins while it can be accepted the fast way (nobody ever locked it), asks
-    for no reuse of a ready node, has no tenant limit, and, with the batch before it,
-    still fits the pool's and provider's quotas as the cache sees them. `flush` then
-    sends the lock + `pending` transaction of every member before collecting any answer
-    (one round trip instead of one each), creates the nodes of all that fit in one
-    guarded transaction (`allocation.create_batch`), and starts their launches; members
-    that did not fit after all are advanced one by one as before (they pause in order).
-    """
-
-    def __init__(self, worker: PoolWorker, provider: Provider, provider_cfg: ProviderConfig,
-                 pool_cfg: PoolConfig) -> None:
-        self.worker = worker
-        self.provider = provider
-        self.provider_cfg = provider_cfg
-        self.pool_cfg = pool_cfg
-        self.requests: list[NodeRequest] = []
-        self._take: list[Callable[[bool], RequestHandler | None]] = []
-        self.node_count = 0
-        self._usage: list[quota.UsageRecord] | None = None
-        self._need = Resources({})
-        self._spare_labels: set[str | None] | None = None
-
-    def add(self, request: NodeRequest,
-            take: Callable[[bool], RequestHandler | None]) -> bool:
-        """Gather `request` if it qualifies; `take(paused)` is the ordinary way to accept it
-        (used if it turns out somebody locked it before)."""
-        if len(self.requests) >= BATCH_LIMIT or request.tenant_name \
-                and request.tenant_name in self.worker.engine.config.tenant_resource_limits:
-            return False
-        if request.id in self.worker.lock_dir_seen or (request.reuse and self._reusable(request)):
-            return False
-        engine, provider_cfg, pool_cfg = self.worker.engine, self.provider_cfg, self.pool_cfg
-        if self._usage is None:
-            self._usage = engine.cached_usage(lambda n: n.provider == provider_cfg.name)
-        need = self._need + quota.demand(request.node_types, pool_cfg)
-        if not check_quota(need, self._usage, self.provider, provider_cfg, pool_cfg,
-                           request.node_types):
-            return False
-        self._need = need
-        self.requests.append(request)
-        self._take.append(take)
-        self.node_count += len(request.node_types)
-        return True
-
-    def _reusable(self, request: NodeRequest) -> bool:
-        """A ready, unallocated node of one of the request's labels in this pool (then the
-        request is served one by one, which takes it over). The labels are looked up once
-        per pass."""
-        if self._spare_labels is None:
-            worker = self.worker
-            self._spare_labels = {
-                n.label for n in worker.engine.node_cache.nodes()
-                if n.state == model.READY and not n.allocated_to
-                and n.provider == worker.ref.provider and n.pool == worker.ref.pool}
-        return not self._spare_labels.isdisjoint(request.node_types)
-
-    def flush(self, paused: bool) -> bool:
-        """Accept and start the gathered requests; whether the pool is paused after."""
-        # The pass's usage and the demand gathered so far stay: a later batch of the same
-        # pass is checked on top of this one (the cache does not show its nodes yet).
-        requests, takes = self.requests, self._take
-        self.requests, self._take, self.node_count = [], [], 0
-        if not requests:
-            return paused
-        worker = self.worker
-        store = worker.engine.requests
-        sent: list[tuple[NodeRequest, PendingFresh | BaseException]] = []
-        for request in requests:
-            fresh = copy_request(request)
-            worker._prepare(fresh, None)
-            try:
-                sent.append((fresh, store.store_fresh_async(fresh, release=False)))
-            except Exception as exc:  # not sent: nothing to collect
-                sent.append((fresh, exc))
-        # Every answer is collected even if one raises: a request the transaction locked
-        # must get its handler (or it would stay `pending` under our lock).
-        handlers: list[RequestHandler] = []
-        failure: BaseException | None = None
-        for (fresh, pending), take in zip(sent, takes):
-            try:
-                if isinstance(pending, BaseException):
-                    raise pending
-                lock = pending.result()
-                if lock is None:
-                    # Someone locked it before: the ordinary way (lock, re-read), in turn.
-                    worker.lock_dir_seen.add(fresh.id)
-                    handler = take(paused)
-                else:
-                    handler = worker._new_handler(self.provider, fresh, lock)
-            except (errors.NoNodeError, errors.VersionConflict):
-                continue  # it changed meanwhile; the cache event brings us back
-            except errors.ZkAuthError as exc:
-                worker.refused.refuse(fresh, exc)
-                continue
-            except Exception as exc:
-                failure = failure or exc
-                continue
-            if handler is None:
-                continue
-            with worker._handlers_lock:
-                worker.handlers[handler.request.id] = handler
-            handlers.append(handler)
-        entries = [(h.allocator, [s for s in h.slots if s.state is SlotState.NEED])
-                   for h in handlers]
-        served = create_batch(worker.engine, entries, self.provider_cfg, self.pool_cfg) \
-            if not paused else 0
-        for handler in handlers[:served]:
-            handler.launch_created()
-        for handler in handlers:
-            paused = worker._adopt(handler, paused, may_allocate=not paused)
-        if failure is not None:
-            raise failure
-        return paused

@@ -5,10 +5,10 @@ Aspects, each through the real engine (ZooKeeper, the fake driver):
 - a backward step stalls nothing that runs on this launcher's own schedule: the cleanup
   worker's full pass (a lost request is reset), a failed deletion's retry, another look
   at a deletion handed back as underway, the leak sweep,
-  an empty node znode's removal, an orphaned request-lock dir's removal, a paused
-  request's retry after the cloud refused for quota, min-ready's back-off, reclaiming an
+  an empty node znode's removal, an orphaned request-lock dir's removal, reclaiming an
   idle node at quota, the pool status's rate limit, the drift check, and a circuit
-  breaker's probe;
+  breaker's probe (a paused request's retry after the cloud refused for quota and
+  min-ready's back-off are stepped on their own in tests/launcher/requests/);
 - ages of records are judged from when this launcher first saw them: a backward step does
   not keep a node past its `max-ready-age`, and a forward step of a day expires no held
   node early and sweeps no young resource as leaked; the table of ages is pruned with
@@ -28,7 +28,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.runtime.clock import ManualClock
-from nodepool_k8s.core.errors import LaunchError, QuotaExceeded, TemporaryError
+from nodepool_k8s.core.errors import LaunchError, TemporaryError
 from nodepool_k8s.launcher.upkeep import drift
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.launcher.worker import Worker
@@ -36,7 +36,6 @@ from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
 from tests.launcher.test_cleanup import body, fulfilled, hold, idle_node
-from tests.launcher.test_min_ready import MIN_READY, min_ready_requests
 from tests.launcher.test_quota import LIMITED
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 
@@ -229,36 +228,6 @@ def test_forward_step_does_not_sweep_a_young_resource(launchers: LauncherFactory
 
 
 # -- the pool worker and min-ready --------------------------------------------------------
-
-def test_backward_step_does_not_stall_a_quota_retry(launchers: LauncherFactory,
-                                                    zuul: ZuulClient) -> None:
-    clock = manual()
-    launcher = launchers(LIMITED.format(provider_max=10, pool_max=10), clock=clock)
-    fake = launcher.providers["fake"]
-    fake.fail_next(1, QuotaExceeded("cluster full"))  # type: ignore[attr-defined]
-    request_id = zuul.submit(["small"])
-    wait_for(lambda: any(h.retry_at is not None for w in launcher.pool_workers.values()
-                         for h in list(w.handlers.values())), 15,
-             message="the request waiting after the cloud's refusal")
-    clock.step_wall(-HOUR)
-    clock.advance(TEST_SETTINGS.quota_retry + 1)
-    launcher.wake_all()
-    assert fulfilled(zuul, request_id)
-
-
-def test_backward_step_does_not_stall_min_ready_backoff(launchers: LauncherFactory,
-                                                        kazoo_client: KazooClient) -> None:
-    clock = manual()
-    launcher = launchers(MIN_READY.format(count=3, max_servers=2), clock=clock)
-    # The third min-ready request is declined at capacity: min-ready backs off.
-    wait_for(lambda: launcher.min_ready.created >= 3 and launcher.min_ready._backoff
-             and not min_ready_requests(kazoo_client), 20, message="the back-off")
-    created = launcher.min_ready.created
-    clock.step_wall(-HOUR)
-    clock.advance(TEST_SETTINGS.min_ready_backoff + 1)
-    launcher.min_ready.wake()
-    wait_for(lambda: launcher.min_ready.created > created, 15,
-             message="the next min-ready request after the back-off")
 
 
 def test_backward_step_does_not_stall_reclaiming_at_quota(launchers: LauncherFactory,

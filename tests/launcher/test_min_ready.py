@@ -1,6 +1,7 @@
-"""min-ready: spare ready nodes appear, are reused and replenished, are never duplicated
-when two launchers serve the label, and min-ready requests are declined (not paused) at
-capacity."""
+"""min-ready through whole launchers: spare ready nodes appear, are reused and
+replenished, and are never duplicated when two launchers serve the label. The request
+format, the decline at capacity and the back-off are stepped on their own in
+tests/launcher/requests/."""
 
 from __future__ import annotations
 
@@ -93,33 +94,6 @@ def test_min_ready_creates_and_replenishes(launchers: LauncherFactory, zuul: Zuu
     zuul.release(nodeset)
 
 
-def test_min_ready_request_format(launchers: LauncherFactory,
-                                  kazoo_client: KazooClient) -> None:
-    captured: list[dict] = []  # type: ignore[type-arg]
-
-    kazoo_client.ensure_path(paths.REQUESTS)
-
-    @kazoo_client.ChildrenWatch(paths.REQUESTS)
-    def watch(children: list[str]) -> None:
-        for child in children:
-            if child.startswith("900-"):
-                try:
-                    data, stat = kazoo_client.get(paths.request_path(child))
-                except Exception:
-                    continue
-                captured.append({**json.loads(data), "_ephemeral": bool(stat.ephemeralOwner)})
-
-    launcher = launchers(MIN_READY.format(count=1, max_servers=10))
-    settle(launcher, kazoo_client, 1)
-    assert captured
-    body = captured[0]
-    for key in ("requestor", "requestor_data", "node_types", "provider", "state",
-                "state_time", "event_id"):
-        assert key in body
-    assert body["requestor"] == "NodePool:min-ready" and body["reuse"] is False
-    assert body["node_types"] == ["small"] and body["_ephemeral"]
-
-
 def test_two_launchers_no_duplicates(launchers: LauncherFactory,
                                      kazoo_client: KazooClient) -> None:
     counter = NodeCounter(kazoo_client)
@@ -130,29 +104,6 @@ def test_two_launchers_no_duplicates(launchers: LauncherFactory,
     settle(second, kazoo_client, 3)
     assert counter.max_labels["small"] == 3
     assert first.min_ready.created + second.min_ready.created == 3
-
-
-def test_min_ready_declined_at_capacity(launchers: LauncherFactory,
-                                        kazoo_client: KazooClient) -> None:
-    counter = NodeCounter(kazoo_client)
-    launcher = launchers(MIN_READY.format(count=3, max_servers=2))
-    wait_for(lambda: len(spares(kazoo_client)) == 2, 20)
-    # A third min-ready request is declined (it fails: one pool), deleted, and backed off.
-    wait_for(lambda: launcher.min_ready.created >= 3, 20)
-
-    def pending() -> bool:
-        for request_id in min_ready_requests(kazoo_client):
-            try:
-                data = kazoo_client.get(paths.request_path(request_id))[0]
-            except NoNodeError:
-                continue
-            if json.loads(data).get("state") == "pending":
-                return True
-        return False
-
-    wait_for(lambda: not pending(), 10)
-    assert not any(c.paused for c in launcher.component_cache.pools())
-    assert counter.max_labels["small"] == 2
 
 
 POOL_MIN_READY = """

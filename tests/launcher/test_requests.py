@@ -2,8 +2,9 @@
 
 Aspects: a single-label build from submission to deletion of the used node; every node key
 Zuul reads; multi-label requests keep `node_types` order (duplicates too); unknown labels
-fail; priority prefix, relative priority (incl. Zuul's revision) and sequence order the
-work; provider preference and pool priority; requestor_data survives byte-for-value; no
+fail; provider preference and pool priority (the order of the work, by priority prefix,
+relative priority as Zuul revised it and sequence, is stepped pass by pass in
+tests/launcher/requests/test_pool_worker.py); requestor_data survives byte-for-value; no
 znode is ever created under a request; stats for launches.
 """
 
@@ -113,32 +114,6 @@ def test_unknown_label_fails(launchers: LauncherFactory, zuul: ZuulClient) -> No
     assert body is not None and body["state"] == "failed" and body["nodes"] == []
     assert body["declined_by"] == [c.id for c in launcher.component_cache.pools()]
     assert launcher.node_cache.ids() == []
-
-
-def test_priority_order(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    limited = replaced(ATTRS, "max-servers: 10", "max-servers: 1")
-    order: list[str] = []
-    ids = {
-        "low": zuul.submit(["small"], priority="300"),
-        "rel5": zuul.submit(["small"], priority="200", relative_priority=5),
-        "rel3": zuul.submit(["small"], priority="200", relative_priority=3),
-        "high": zuul.submit(["small"], priority="100"),
-        "revised": zuul.submit(["small"], priority="200", relative_priority=9),
-    }
-    # Zuul revises a request's relative priority while nobody holds its lock.
-    assert zuul.revise_priority(ids["revised"], 1)
-    launchers(limited)
-    by_id = {v: k for k, v in ids.items()}
-    for _ in ids:
-        done = wait_for(lambda: next((rid for rid in ids.values() if rid not in
-                                      [ids[o] for o in order] and
-                                      (zuul.get_request(rid) or {}).get("state") ==
-                                      "fulfilled"), None), 20, message="next fulfilment")
-        order.append(by_id[done])
-        nodeset = zuul.accept(done)
-        zuul.use(nodeset)
-        zuul.release(nodeset)
-    assert order == ["high", "revised", "rel3", "rel5", "low"]
 
 
 TWO_PROVIDERS = """

@@ -336,7 +336,7 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
 
 def create_batch(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[Slot]]],
                  provider_cfg: ProviderConfig, pool_cfg: PoolConfig) -> int:
-    """`create_guarded` for freshly accepted requests (`pool_worker._Batch`): how many
+    """`create_guarded` for freshly accepted requests (`batch.Batch`): how many
     leading entries got their nodes. The caller serves the rest one by one, which pauses
     or declines them exactly as before; a vanished request lock creates nothing (0)."""
     if not batch:

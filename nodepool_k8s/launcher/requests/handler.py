@@ -8,6 +8,11 @@ it; the handler pauses at quota and resumes when capacity frees; it finishes wit
 one transaction that writes every node and the request and releases every lock
 (fulfilled, declined, or the request was cancelled).
 
+Its standing toward the pool is one `HandlerState` (active, queued behind a waiting
+request, at quota, backing off after an aborted launch, done), changed only by `_enter`;
+the pool worker reads `paused`, `done`, `blocked_scope` and `next_deadline` from it.
+What it uses of the engine is `HandlerDeps`.
+
 ZooKeeper writes per new node: the guarded create (one transaction for all nodes of the
 request), lock + `building` (one transaction), the external id (driver progress) and a
 share of the final transaction.
@@ -27,7 +32,8 @@ import enum
 import functools
 import logging
 import threading
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Protocol
 
 from nodepool_k8s.runtime import logconfig
 from nodepool_k8s.core import model, quota
@@ -37,15 +43,19 @@ from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.requests import launch as launching
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.launcher import plan
-from nodepool_k8s.launcher.requests.allocation import CONTENTION, Allocator, Slot, SlotState
+from nodepool_k8s.launcher.requests.allocation import (
+    CONTENTION, AllocationDeps, Allocator, Slot, SlotState)
 from nodepool_k8s.launcher.requests.allocation import PoolRef as PoolRef
-from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import locks as zk_locks
 from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.cache import RequestCache
+from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.requests import RequestStore
 from nodepool_k8s.zk.txn import Txn
 
 
@@ -60,8 +70,55 @@ class Final(enum.Enum):
 DONE, GONE, RETRY = Final.DONE, Final.GONE, Final.RETRY
 
 
+class HandlerDeps(AllocationDeps, Protocol):
+    """What a request handler uses of the engine, on top of its allocator's
+    (`launcher.context.Engine` provides it)."""
+
+    @property
+    def requests(self) -> RequestStore: ...
+
+    @property
+    def request_cache(self) -> RequestCache: ...
+
+    @property
+    def events(self) -> EventLog: ...
+
+    @property
+    def stats(self) -> Stats: ...
+
+    def provider_config(self, name: str | None) -> ProviderConfig | None: ...
+
+
+class HandlerState(enum.Enum):
+    """Where a handler stands. `RequestHandler._enter` is the only place that changes it.
+
+    A paused state is sticky: it holds until the handler allocates again (ACTIVE) or
+    finishes (DONE), also across passes that stop early (launches still running, the
+    pool left the configuration), so the pool stays paused meanwhile."""
+
+    ACTIVE = "active"  # allocating, launching or writing its final transaction
+    QUEUED = "queued"  # paused: a request ahead of it in the pool waits (may not allocate)
+    AT_QUOTA = "at-quota"  # paused: its nodes do not fit a limit now (`blocked_scope`)
+    BACKING_OFF = "backing-off"  # paused: a launch was aborted; none before `next_deadline`
+    DONE = "done"  # fulfilled, declined, cancelled, returned or abandoned: nothing left
+
+
+PAUSED = frozenset({HandlerState.QUEUED, HandlerState.AT_QUOTA, HandlerState.BACKING_OFF})
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """The last aborted launch (the cloud refused it for quota, or the provider cannot act
+    at all): why (a reason code), and the monotonic time before which the handler starts
+    no new launch (None once it has tried again). Dropped when a launch starts; until then
+    it says why the handler resumes."""
+
+    reason: str
+    until: float | None
+
+
 class RequestHandler:
-    def __init__(self, engine: Engine, ref: PoolRef, provider: Provider,
+    def __init__(self, engine: HandlerDeps, ref: PoolRef, provider: Provider,
                  launches: launching.LaunchPool, request: NodeRequest, lock: HeldLock,
                  registered_ids: Callable[[], set[str]], wake: Callable[[], None]) -> None:
         self.engine = engine
@@ -74,13 +131,11 @@ class RequestHandler:
         self.wake = wake
         self.cancel = CancelEvent()  # wakes a waiting driver when set
         self.slots = [Slot(i, label) for i, label in enumerate(request.node_types)]
-        self.paused = False
-        self.done = False
-        self.retry_at: float | None = None  # monotonic
-        # Why the last launch was aborted (QuotaExceeded, or the provider's Unauthorized):
-        # what the wait until `retry_at` is for.
-        self.aborted_for: str | None = None
-        # Which limit keeps a paused handler waiting ("pool", "provider", "tenant", ...).
+        self.state = HandlerState.ACTIVE
+        self.backoff: Backoff | None = None
+        # The limit that held it back at its last quota check ("pool", "provider",
+        # "tenant", ...): kept while it waits, for whatever reason, so the pool worker
+        # knows which nodes would make room.
         self.blocked_scope: str | None = None
         # Set by the pool worker (circuit breaker): why the request must not be launched
         # here any more (declined then), and who hears of each finished launch (label,
@@ -94,6 +149,51 @@ class RequestHandler:
         self.log = logconfig.annotate(base, request.event_id, request.id)
         self.allocator = Allocator(engine, ref, provider, request, lock, self.log,
                                    self._node_log)
+
+    # -- state --------------------------------------------------------------------------
+    @property
+    def paused(self) -> bool:
+        """Waiting for capacity (or for the time to launch again): the pool is paused."""
+        return self.state in PAUSED
+
+    @property
+    def done(self) -> bool:
+        return self.state is HandlerState.DONE
+
+    @property
+    def next_deadline(self) -> float | None:
+        """When (monotonic) it tries again after an aborted launch."""
+        return self.backoff.until if self.backoff is not None else None
+
+    def _enter(self, state: HandlerState, *, scope: str | None = None,
+               why: str = "") -> None:
+        """Change the state (DONE is final): `scope` is the limit of AT_QUOTA, `why` the
+        verdict logged when the handler starts waiting at quota."""
+        old = self.state
+        if old is HandlerState.DONE:
+            return
+        if state is HandlerState.ACTIVE:
+            if old in PAUSED:
+                reason = self.backoff.reason if self.backoff is not None else None
+                self.log.info("Resuming: %s", "capacity is available"
+                              if reason in (None, "QuotaExceeded")
+                              else f"launching again after {reason}")
+            self.backoff = None
+        elif state is HandlerState.AT_QUOTA:
+            if old not in PAUSED:
+                self.log.info("Pausing: %s", why)
+            self.blocked_scope = scope
+        self.state = state
+
+    def _back_off(self, reason: str) -> None:
+        """A launch was aborted: no new one for the engine's `quota_retry`."""
+        self.backoff = Backoff(reason, self.engine.clock.monotonic()
+                               + self.engine.settings.quota_retry)
+
+    def _backing_off(self) -> bool:
+        """Whether the wait after an aborted launch still runs."""
+        until = self.next_deadline
+        return until is not None and self.engine.clock.monotonic() < until
 
     # -- lifecycle ------------------------------------------------------------------------
     def advance(self, may_allocate: bool = True) -> bool:
@@ -153,19 +253,15 @@ class RequestHandler:
         if reason:
             self._decline(reason)
             return False
-        if not may_allocate or (self.retry_at is not None
-                                and self.engine.clock.monotonic() < self.retry_at):
-            self.paused = True
+        backing_off = self._backing_off()
+        if backing_off or not may_allocate:
+            self._enter(HandlerState.BACKING_OFF if backing_off else HandlerState.QUEUED)
             return True
-        self.retry_at = None
+        if self.backoff is not None:  # its wait is over: this is the try again
+            self.backoff = Backoff(self.backoff.reason, None)
         verdict = self._allocate(needed, provider_cfg, pool_cfg)
         if verdict:
-            if self.paused:
-                self.log.info("Resuming: %s", "capacity is available"
-                              if self.aborted_for in (None, "QuotaExceeded")
-                              else f"launching again after {self.aborted_for}")
-            self.aborted_for = None
-            self.paused = False
+            self._enter(HandlerState.ACTIVE)
             if not any(s.state is SlotState.NEED or s.state is SlotState.LAUNCHING
                        for s in self.slots):
                 self._fulfil()
@@ -176,10 +272,7 @@ class RequestHandler:
         if plan.is_min_ready(self.request):
             self._decline(f"at quota ({verdict.describe()})")
             return False
-        if not self.paused:
-            self.log.info("Pausing: %s", verdict.describe())
-        self.paused = True
-        self.blocked_scope = verdict.scope
+        self._enter(HandlerState.AT_QUOTA, scope=verdict.scope, why=verdict.describe())
         return True
 
     def launch_created(self) -> None:
@@ -219,7 +312,7 @@ class RequestHandler:
         self.cancel.set()
         if not self.done:
             self.log.warning("Abandoning request: %s", why)
-        self.done = True
+        self._enter(HandlerState.DONE)
 
     def shutdown(self, timeout: float) -> None:
         """Graceful stop: cancel launches, put the request back to `requested`, unlock.
@@ -252,7 +345,7 @@ class RequestHandler:
                 if outcome.kind in (launching.CANCELLED, launching.FAILED) and not slot.reused:
                     discarded.append(slot)
         if self.done or not self.lock.valid:
-            self.done = True
+            self._enter(HandlerState.DONE)
             return
         for slot in discarded:
             if slot.node is None or slot.lock is None or not slot.lock.valid:
@@ -286,12 +379,7 @@ class RequestHandler:
                 lock.release()
         for lock in held + [self.lock]:
             lock.mark_released()
-        self.done = True
-
-    @property
-    def next_deadline(self) -> float | None:
-        """When (monotonic) a paused handler tries again after the cloud's refusal."""
-        return self.retry_at
+        self._enter(HandlerState.DONE)
 
     # -- internals ------------------------------------------------------------------------
     def _configs(self) -> tuple[ProviderConfig, PoolConfig] | None:
@@ -339,8 +427,7 @@ class RequestHandler:
                                              outcome.error)
                 self._finish_node(slot, model.ABORTED)
                 slot.state, slot.node, slot.lock = SlotState.NEED, None, None
-                self.retry_at = self.engine.clock.monotonic() + self.engine.settings.quota_retry
-                self.aborted_for = outcome.reason
+                self._back_off(outcome.reason)
             else:
                 if outcome.kind is launching.CANCELLED and not self.lock.valid:
                     return  # advance() abandons on the next check
@@ -577,7 +664,7 @@ class RequestHandler:
         if outcome is GONE:
             self._finish_cancelled()
         elif outcome is DONE and not self.done:
-            self.done = True
+            self._enter(HandlerState.DONE)
             self.log.info(message, *args)
         return outcome
 
@@ -596,6 +683,6 @@ class RequestHandler:
                 if slot.lock is not None and not slot.lock.released:
                     slot.lock.release()
             self.lock.release()
-        self.done = True
+        self._enter(HandlerState.DONE)
         self.log.info("Request was cancelled; released %d ready node(s) for reuse",
                       len(locks))

@@ -32,20 +32,26 @@ found by the cleanup): nobody can ever lock it to hand it out.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping, Protocol
 
 from nodepool_k8s.core import model
 from nodepool_k8s.core.errors import NodepoolError
 from nodepool_k8s.launcher import plan
+from nodepool_k8s.config.model import Config
+from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.requests.allocation import handout_problem
-from nodepool_k8s.launcher.context import Engine
-from nodepool_k8s.launcher.settings import next_backoff
+from nodepool_k8s.launcher.settings import EngineSettings, next_backoff
 from nodepool_k8s.launcher.worker import PASS_COALESCE, Worker
 from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.runtime.clock import Clock
+from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.cache import NodeCache, RequestCache
+from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.zk.quota_guard import GuardedWrite, commit_guarded
+from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.quota_guard import GuardedWrite, QuotaGuard, commit_guarded
 from nodepool_k8s.zk.requests import RequestStore, min_ready_request
 from nodepool_k8s.zk.txn import Txn
 
@@ -54,8 +60,55 @@ Target = tuple[str, tuple[str, str] | None]
 """(label, (provider, pool)) of a pool-level min-ready target; (label, None): global."""
 
 
+class MinReadyDeps(Protocol):
+    """What min-ready uses of the engine (`launcher.context.Engine` provides it).
+    `unhandable` is written: the ready records it found that cannot be handed out, for
+    the pool status."""
+
+    unhandable: frozenset[str]
+
+    @property
+    def zk(self) -> ZkClient: ...
+
+    @property
+    def acting(self) -> bool: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def stats(self) -> Stats: ...
+
+    @property
+    def settings(self) -> EngineSettings: ...
+
+    @property
+    def config(self) -> Config: ...
+
+    @property
+    def providers(self) -> Mapping[str, Provider]: ...
+
+    @property
+    def nodes(self) -> NodeStore: ...
+
+    @property
+    def requests(self) -> RequestStore: ...
+
+    @property
+    def node_cache(self) -> NodeCache: ...
+
+    @property
+    def request_cache(self) -> RequestCache: ...
+
+    @property
+    def guard(self) -> QuotaGuard: ...
+
+    @property
+    def stuck_nodes(self) -> frozenset[str]: ...
+
+
 class MinReadyWorker(Worker):
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: MinReadyDeps) -> None:
         super().__init__("MinReadyWorker", engine.clock, engine.stats.thread_crashed,
                          coalesce=PASS_COALESCE)
         self.engine = engine

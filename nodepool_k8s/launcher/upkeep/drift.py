@@ -23,7 +23,6 @@ from nodepool_k8s.core import model
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import DriftBudget, MaintenanceWindow, PoolConfig
 from nodepool_k8s.launcher.upkeep import fleet, maintenance
-from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.core.model import Node
 
 log = logging.getLogger("nodepool_k8s.drift")
@@ -64,7 +63,7 @@ def in_window(budget: DriftBudget, now: float) -> bool:
     return maintenance.window_span(window, now) is not None
 
 
-def replace_drifted(engine: Engine, provider: str, pool: PoolConfig,
+def replace_drifted(engine: fleet.FleetDeps, provider: str, pool: PoolConfig,
                     asked: set[str]) -> tuple[int, int]:
     """Ask for drifted spares to be deleted within the budget: (asked now, still waiting).
 

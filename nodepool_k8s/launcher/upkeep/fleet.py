@@ -12,18 +12,36 @@ are untouched, and a drained pool also loses its ready, unallocated, unlocked no
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 from nodepool_k8s.core import model
 from nodepool_k8s.config.model import PoolConfig
-from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.upkeep import maintenance
 from nodepool_k8s.core.model import Node
-from nodepool_k8s.zk.pool_state import DRAIN, PoolState, strongest
+from nodepool_k8s.runtime.clock import Clock
+from nodepool_k8s.zk.cache import NodeCache
+from nodepool_k8s.zk.pool_state import DRAIN, PoolState, PoolStateCache, strongest
 
 log = logging.getLogger("nodepool_k8s.fleet")
 
 
-def control(engine: Engine, provider: str, pool: PoolConfig) -> PoolState | None:
+class FleetDeps(Protocol):
+    """What fleet control (and drift, which deletes spares the same way) uses of the
+    engine (`launcher.context.Engine` provides it)."""
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def pool_states(self) -> PoolStateCache: ...
+
+    @property
+    def node_cache(self) -> NodeCache: ...
+
+    def request_delete(self, node_id: str, reason: str) -> bool: ...
+
+
+def control(engine: FleetDeps, provider: str, pool: PoolConfig) -> PoolState | None:
     """The pause or drain in force for the pool (operator's or a maintenance window's)."""
     found: list[PoolState] = []
     operator = engine.pool_states.state_for(provider, pool.name)
@@ -40,13 +58,13 @@ def is_spare(node: Node, locked: bool) -> bool:
     return node.state == model.READY and not node.allocated_to and not locked
 
 
-def spares(engine: Engine, provider: str, pool: str) -> list[Node]:
+def spares(engine: FleetDeps, provider: str, pool: str) -> list[Node]:
     cache = engine.node_cache
     return [n for n in cache.nodes() if n.provider == provider and n.pool == pool
             and is_spare(n, cache.is_locked(n.id))]
 
 
-def drain_spares(engine: Engine, provider: str, pool: str, state: PoolState) -> int:
+def drain_spares(engine: FleetDeps, provider: str, pool: str, state: PoolState) -> int:
     """Ask for every spare node of a draining pool to be deleted; how many were asked."""
     if state.action != DRAIN:
         return 0

@@ -1,0 +1,269 @@
+"""A request path without a daemon: the narrow dependencies of the handler, the allocator,
+the batch, min-ready and the pool worker, built on a real ZooKeeper with no thread of
+their own.
+
+`Deps` satisfies `HandlerDeps`, `BatchDeps` and `MinReadyDeps` (`WorkerDeps` also
+`PoolWorkerDeps`): the real stores, guard, event log and registry on a started
+`ZkClient`, a ManualClock, and caches that read ZooKeeper on every call (`ReadThrough*`),
+so what a step wrote is what the next step sees, with no watch to wait for.
+`InlineLaunches` stands in for the launch thread pool: a launch runs when the test says
+so, in the test's thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
+from nodepool_k8s.core import quota
+from nodepool_k8s.core.model import PENDING, NodeRequest, Resources
+from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.driver.fake import FakeProvider
+from nodepool_k8s.launcher.plan import PoolInfo
+from nodepool_k8s.launcher.requests.allocation import PoolRef
+from nodepool_k8s.launcher.requests.batch import copy_request
+from nodepool_k8s.launcher.requests.launch import LaunchOutcome
+from nodepool_k8s.launcher.settings import EngineSettings
+from nodepool_k8s.runtime.clock import ManualClock
+from nodepool_k8s.runtime.stats import RecordingBackend, Stats
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.events import EventLog
+from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.pool_status import POOL_BREAKERS, decode_breakers
+from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
+from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
+from nodepool_k8s.zk.requests import RequestStore
+from nodepool_k8s.core.model import Node
+
+SETTINGS = EngineSettings(quota_retry=30.0, min_ready_backoff=10.0,
+                          min_ready_backoff_max=60.0, reclaim_interval=60.0)
+
+
+def pool_yaml(max_servers: int = 10, *, fail: bool = False, min_ready: int = 0,
+              retries: int = 1) -> str:
+    """Provider `fake`, pool `main`, namespace labels `small` (with the options) and
+    `other`, which launch at once."""
+    return f"""
+labels:
+  - name: small
+    min-ready: {min_ready}
+  - name: other
+providers:
+  - name: fake
+    driver: fake
+    launch-retries: {retries}
+    pools:
+      - name: main
+        max-servers: {max_servers}
+        labels:
+          - name: small
+            type: namespace
+            launch-delay: 0
+            fail: {"true" if fail else "false"}
+          - name: other
+            type: namespace
+            launch-delay: 0
+"""
+
+
+class ReadThroughNodes:
+    """The `NodeCache` calls the request path makes, answered from ZooKeeper itself."""
+
+    def __init__(self, zk: ZkClient, store: NodeStore) -> None:
+        self.zk = zk
+        self.store = store
+
+    def get(self, node_id: str) -> Node | None:
+        return self.store.get(node_id)
+
+    def nodes(self) -> list[Node]:
+        return [n for n in (self.store.get(i) for i in self.store.ids()) if n is not None]
+
+    def is_locked(self, node_id: str) -> bool:
+        return bool(self.zk.get_children(paths.node_lock_path(node_id)))
+
+
+class ReadThroughRequests:
+    """The `RequestCache` calls the request path makes, answered from ZooKeeper itself."""
+
+    def __init__(self, zk: ZkClient, store: RequestStore) -> None:
+        self.zk = zk
+        self.store = store
+
+    def get(self, request_id: str) -> NodeRequest | None:
+        return self.store.get(request_id)
+
+    def requests(self) -> list[NodeRequest]:
+        found = (self.store.get(i) for i in self.store.ids())
+        return [r for r in found if r is not None]
+
+    def owner(self, request_id: str) -> int | None:
+        stat = self.zk.exists(paths.request_path(request_id))
+        return stat.ephemeral_owner if stat is not None else None
+
+    def __contains__(self, request_id: object) -> bool:
+        return isinstance(request_id, str) \
+            and self.zk.exists(paths.request_path(request_id)) is not None
+
+
+class Deps:
+    """The engine slice the request path uses (see the module docstring)."""
+
+    def __init__(self, zk: ZkClient, config: Config, clock: ManualClock,
+                 settings: EngineSettings = SETTINGS) -> None:
+        self.zk = zk
+        self.config = config
+        self.clock = clock
+        self.settings = settings
+        self.stats = Stats(RecordingBackend())
+        self.nodes = NodeStore(zk)
+        self.requests = RequestStore(zk)
+        self.node_cache = ReadThroughNodes(zk, self.nodes)
+        self.request_cache = ReadThroughRequests(zk, self.requests)
+        self.guard = QuotaGuard(zk, clock)
+        self.events = EventLog(zk, clock)
+        self.providers: dict[str, Provider] = {
+            name: FakeProvider(cfg, clock) for name, cfg in config.providers.items()}
+        self.stuck_nodes: frozenset[str] = frozenset()
+        self.unhandable: frozenset[str] = frozenset()
+        self.acting = True
+        self.ref = PoolRef(pool_worker_id("fake", "main", "test-host"), "fake", "main")
+        # As in a running installation (Zuul creates them): the parents of nodes, requests
+        # and request locks exist.
+        for path in (paths.NODES, paths.REQUESTS, paths.REQUEST_LOCKS):
+            zk.ensure_path(path)
+
+    def provider_config(self, name: str | None) -> ProviderConfig | None:
+        return self.config.providers.get(name or "")
+
+    def pool_config(self, provider: str | None, pool: str | None) -> PoolConfig | None:
+        prov = self.provider_config(provider)
+        return prov.pools.get(pool or "") if prov else None
+
+    def label_quota(self, node: quota.NodeUsage) -> Resources | None:
+        pool = self.pool_config(node.provider, node.pool)
+        label = pool.labels.get(node.label or "") if pool else None
+        return label.quota() if label else None
+
+    def cached_usage(self, keep: Keep = None) -> list[quota.UsageRecord]:
+        return [usage_record(n, self.label_quota) for n in self.node_cache.nodes()
+                if keep is None or keep(n)]
+
+    def usage(self, keep: Keep = None, ids: list[str] | None = None
+              ) -> list[quota.UsageRecord]:
+        return self.guard.usage(self.node_cache, self.label_quota,  # type: ignore[arg-type]
+                                keep, ids)
+
+    # -- for the tests --------------------------------------------------------------------
+    @property
+    def provider(self) -> FakeProvider:
+        provider = self.providers["fake"]
+        assert isinstance(provider, FakeProvider)
+        return provider
+
+    def submit(self, labels: list[str], *, reuse: bool = True, priority: str = "200",
+               relative_priority: int = 0) -> str:
+        """A request as Zuul creates it (`requested`)."""
+        now = self.clock.time()
+        request = NodeRequest(id="", state="requested", node_types=list(labels),
+                              requestor="zuul-test", state_time=now, created_time=now,
+                              reuse=reuse, relative_priority=relative_priority)
+        path = self.zk.create(f"{paths.REQUESTS}/{priority}-", request_codec.encode(request),
+                              sequence=True, makepath=True)
+        return paths.basename(path)
+
+    def accept(self, request_id: str) -> tuple[NodeRequest, HeldLock]:
+        """Lock the request and write it `pending`, as a pool worker accepting it does."""
+        cached = self.requests.get(request_id)
+        assert cached is not None
+        fresh = copy_request(cached)
+        fresh.state, fresh.state_time = PENDING, self.clock.time()
+        lock = self.requests.store_fresh(fresh, release=False)
+        assert lock is not None
+        return fresh, lock
+
+
+class InlineLaunches:
+    """The launch pool's interface; launches run in the caller's thread on `run_all`."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[Callable[[], LaunchOutcome], Callable[[], None],
+                                Future[LaunchOutcome]]] = []
+
+    @property
+    def in_flight(self) -> int:
+        return len(self.queued)
+
+    def submit(self, fn: Callable[[], LaunchOutcome],
+               done: Callable[[], None]) -> Future[LaunchOutcome]:
+        future: Future[LaunchOutcome] = Future()
+        self.queued.append((fn, done, future))
+        return future
+
+    def run_all(self) -> int:
+        """Run every queued launch to its end; how many ran."""
+        ran, self.queued = self.queued, []
+        for fn, done, future in ran:
+            future.set_result(fn())
+            done()
+        return len(ran)
+
+
+class ReadThroughJson:
+    """The `JsonDirCache` calls a pool worker's breaker makes, answered from ZooKeeper."""
+
+    def __init__(self, zk: ZkClient, root: str,
+                 decode: Callable[[str, bytes, Any], dict[str, Any]]) -> None:
+        self.zk = zk
+        self.root = root
+        self.decode = decode
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        got = self.zk.get(f"{self.root}/{key}")
+        return self.decode(key, got[0], got[1]) if got is not None else None
+
+    def items(self) -> dict[str, dict[str, Any]]:
+        found = ((key, self.get(key)) for key in self.zk.get_children(self.root) or [])
+        return {key: value for key, value in found if value is not None}
+
+
+class NoComponents:
+    """No other launcher's pool is registered (the pool worker counts itself)."""
+
+    def pools(self) -> list[Any]:
+        return []
+
+
+class NoPoolStates:
+    """No operator pause or drain."""
+
+    def state_for(self, provider: str, pool: str) -> None:
+        return None
+
+
+class WorkerDeps(Deps):
+    """`Deps` and what a pool worker uses on top (`PoolWorkerDeps`): a real registry,
+    nobody else registered, no operator pause; deletions asked for are recorded."""
+
+    def __init__(self, zk: ZkClient, config: Config, clock: ManualClock,
+                 settings: EngineSettings = SETTINGS) -> None:
+        super().__init__(zk, config, clock, settings)
+        self.stopping = threading.Event()
+        self.registry = ComponentRegistry(zk, "test-host")
+        self.components = NoComponents()
+        self.pool_states = NoPoolStates()
+        self.breakers = ReadThroughJson(zk, POOL_BREAKERS, decode_breakers)
+        self.stuck_requests: frozenset[str] = frozenset()
+        self.deletions: list[tuple[str, str]] = []
+
+    def registered_pools(self) -> list[PoolInfo]:
+        return []
+
+    def request_delete(self, node_id: str, reason: str) -> bool:
+        self.deletions.append((node_id, reason))
+        return True

@@ -1,0 +1,115 @@
+"""min-ready on its own: one `run_once` is one pass; its back-off moves only with the
+ManualClock (no worker thread, no wait)."""
+
+from __future__ import annotations
+
+import json
+
+from nodepool_k8s.core import model
+from nodepool_k8s.core.model import NodeRequest
+from nodepool_k8s.launcher.requests.handler import RequestHandler
+from nodepool_k8s.launcher.requests.min_ready import MinReadyWorker
+from nodepool_k8s.zk import paths
+from tests.launcher.requests.conftest import MakeDeps
+from tests.launcher.requests.support import SETTINGS, Deps, InlineLaunches
+
+
+def min_ready_requests(deps: Deps) -> list[NodeRequest]:
+    return [r for r in deps.request_cache.requests()
+            if r.requestor == model.MIN_READY_REQUESTOR]
+
+
+def serve(deps: Deps, request: NodeRequest) -> RequestHandler:
+    """Serve the request to its end, as the pool worker and a launch thread would."""
+    fresh, lock = deps.accept(request.id)
+    launches = InlineLaunches()
+    handler = RequestHandler(deps, deps.ref, deps.provider, launches,  # type: ignore[arg-type]
+                             fresh, lock, lambda: {deps.ref.pool_id}, lambda: None)
+    handler.advance()
+    launches.run_all()
+    assert handler.done
+    return handler
+
+
+def test_creates_the_missing_requests_once(make_deps: MakeDeps) -> None:
+    deps = make_deps(min_ready=2)
+    worker = MinReadyWorker(deps)  # type: ignore[arg-type]
+
+    assert worker.run_once() is None
+    requests = min_ready_requests(deps)
+    assert len(requests) == 2 and worker.created == 2
+    for request in requests:
+        assert request.priority == model.MIN_READY_PRIORITY
+        assert request.node_types == ["small"] and not request.reuse
+        assert deps.request_cache.owner(request.id) == deps.zk.session_id  # ephemeral
+
+    worker.run_once()
+    assert len(min_ready_requests(deps)) == 2 and worker.created == 2
+
+
+def test_a_fulfilled_request_leaves_a_spare(make_deps: MakeDeps) -> None:
+    deps = make_deps(min_ready=1)
+    worker = MinReadyWorker(deps)  # type: ignore[arg-type]
+    worker.run_once()
+    [request] = min_ready_requests(deps)
+    serve(deps, request)
+
+    worker.run_once()
+
+    assert deps.zk.exists(paths.request_path(request.id)) is None
+    [node_id] = deps.nodes.ids()
+    node = deps.nodes.get(node_id)
+    assert node is not None and node.state == model.READY and node.allocated_to is None
+    assert min_ready_requests(deps) == []  # the spare counts: nothing more to ask for
+
+
+def test_a_failed_request_backs_the_label_off(make_deps: MakeDeps) -> None:
+    deps = make_deps(min_ready=1, fail=True)
+    worker = MinReadyWorker(deps)  # type: ignore[arg-type]
+    worker.run_once()
+    [request] = min_ready_requests(deps)
+    serve(deps, request)
+    assert deps.requests.get(request.id).state == model.FAILED  # type: ignore[union-attr]
+
+    until = worker.run_once()
+
+    assert until == deps.clock.monotonic() + SETTINGS.min_ready_backoff
+    assert min_ready_requests(deps) == []
+    deps.clock.advance(SETTINGS.min_ready_backoff - 1)
+    assert worker.run_once() == until and min_ready_requests(deps) == []
+
+    deps.clock.advance(1)
+    assert worker.run_once() is None
+    assert len(min_ready_requests(deps)) == 1 and worker.created == 2
+
+
+def test_the_request_carries_every_key_zuul_reads(make_deps: MakeDeps) -> None:
+    deps = make_deps(min_ready=1)
+    MinReadyWorker(deps).run_once()  # type: ignore[arg-type]
+    [request] = min_ready_requests(deps)
+
+    got = deps.zk.get(paths.request_path(request.id))
+    assert got is not None
+    data, stat = got
+    body = json.loads(data)
+    for key in ("requestor", "requestor_data", "node_types", "provider", "state",
+                "state_time", "event_id"):
+        assert key in body
+    assert body["requestor"] == "NodePool:min-ready" and body["reuse"] is False
+    assert body["node_types"] == ["small"] and body["state"] == model.REQUESTED
+    assert stat.ephemeral_owner == deps.zk.session_id
+
+
+def test_a_backward_wall_clock_step_does_not_stall_the_back_off(make_deps: MakeDeps) -> None:
+    """The back-off after a failed request is on monotonic time."""
+    deps = make_deps(min_ready=1, fail=True)
+    worker = MinReadyWorker(deps)  # type: ignore[arg-type]
+    worker.run_once()
+    [request] = min_ready_requests(deps)
+    serve(deps, request)
+    assert worker.run_once() is not None and min_ready_requests(deps) == []
+
+    deps.clock.step_wall(-3600.0)
+    deps.clock.advance(SETTINGS.min_ready_backoff + 1)
+
+    assert worker.run_once() is None and len(min_ready_requests(deps)) == 1
