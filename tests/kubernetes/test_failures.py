@@ -121,9 +121,11 @@ def test_one_request_per_attempt_when_a_read_times_out(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     # A GET whose answer never came in time was sent four times per attempt (urllib3's
     # own read retries): with the defaults, 24 requests and 12 minutes for one read.
-    provider = make_k8s_provider(sim, NS, api_timeout=0.3, api_retries=1)
+    # api-timeout well above what an answer takes on a busy machine, the stall well above
+    # it: only the stalled reads time out.
+    provider = make_k8s_provider(sim, NS, api_timeout=1.5, api_retries=1)
     result = _launch(provider, "k8s-namespace")
-    sim.stall_next("get", "namespaces", count=8, seconds=1.0)
+    sim.stall_next("get", "namespaces", count=8, seconds=4.0)
     sim.reset_counters()
     with pytest.raises(TemporaryError):  # another node's id: not answered from the watch
         provider.ownership_problem(result.external_id, "0000000099")
@@ -252,9 +254,9 @@ def test_timed_out_creates_are_retried_and_their_409_accepted(
         sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
     # The simulator applies each create, then answers too late: the retry meets a 409 for
     # the object our own first attempt made, which must count as success.
-    provider = make_k8s_provider(sim, NS, api_timeout=0.3, api_retries=1)
+    provider = make_k8s_provider(sim, NS, api_timeout=1.5, api_retries=1)  # as above
     for kind in ("namespaces", "serviceaccounts", "roles", "rolebindings"):
-        sim.stall_next("create", kind, seconds=1.0)
+        sim.stall_next("create", kind, seconds=4.0)
     result = _launch(provider, "k8s-namespace")
     assert result.external_id == "main-0000000000"
     # Each create was sent twice (the first answer came too late); the second met the
@@ -266,8 +268,8 @@ def test_timed_out_creates_are_retried_and_their_409_accepted(
 
 def test_timeouts_beyond_retries_raise_temporary(sim: Simulator,
                                                  make_k8s_provider: ProviderFactory) -> None:
-    provider = make_k8s_provider(sim, NS, api_timeout=0.3, api_retries=0)
-    sim.stall_next("create", "namespaces", seconds=1.0)
+    provider = make_k8s_provider(sim, NS, api_timeout=1.5, api_retries=0)
+    sim.stall_next("create", "namespaces", seconds=4.0)
     with pytest.raises(TemporaryError):
         _launch(provider, "k8s-namespace")
     assert _launch(provider, "k8s-namespace", node_id="0000000001").external_id
