@@ -14,9 +14,11 @@ other takes over.
 from __future__ import annotations
 
 import signal
+import urllib.request
 
 import pytest
 from kazoo.client import KazooClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from nodepool_k8s.core import model
 from nodepool_k8s.launcher.reporting.gauges import MIN_INTERVAL
@@ -25,7 +27,7 @@ from nodepool_k8s.zk import paths
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory
-from tests.ops.conftest import BASE, LauncherProcesses, StatsdListener
+from tests.ops.conftest import BASE, LauncherProcesses, StatsdListener, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -131,3 +133,49 @@ def test_one_stats_leader(launchers: LauncherFactory, kazoo_client: KazooClient)
     wait_for(lambda: "nodepool.nodes.ready" in second_stats.keys("gauge"), 10,
              message="new leader reports")
     assert contenders(kazoo_client) == [ids[1]]
+
+
+def test_metrics_add_up_over_udp_and_on_the_metrics_page(
+        launcher_process: LauncherProcesses, statsd: StatsdListener, zk: ZkConnection) -> None:
+    """Every failure once under Nodepool's error.* keys, once more by reason in its own
+    branch, the same counts on /metrics, and phases that add up to the whole launch."""
+    port = free_port()
+    proc = launcher_process(SCRIPTED, env=statsd.env, args=(),
+                            webapp=f"webapp:\n  port: {port}\n  listen_address: 127.0.0.1\n")
+    with ZuulClient(zk.hosts) as zuul:
+        for labels in (["small"], ["broken"], ["small"], ["broken"]):
+            request_id = zuul.submit(labels)
+            assert (zuul.wait(request_id) or {}).get("state") in ("fulfilled", "failed")
+
+    def prometheus() -> dict[str, float]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as answer:
+            text = answer.read().decode()
+        return {f"{sample.name}{sorted(sample.labels.items())}": sample.value
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples}
+
+    def total(values: dict[str, float], prefix: str) -> float:
+        return sum(v for k, v in values.items() if k.startswith(prefix))
+
+    def add_up() -> bool:
+        counters, metrics = statsd.counters(), prometheus()
+        failed = total(counters, "nodepool.launch.provider.fake.error.")
+        ready = counters.get("nodepool.launch.provider.fake.ready", 0)
+        launches = sum(v for k, v in metrics.items() if k.startswith("nodepool_launch_total["))
+        errors = sum(v for k, v in metrics.items()
+                     if k.startswith("nodepool_launch_total[") and "'error." in k)
+        return (failed >= 2 and ready == 2
+                and total(counters, "nodepool.launch.provider.fake.reason.") == failed
+                and total(counters, "nodepool.launch.error.") == failed
+                and launches == failed + ready and errors == failed
+                and total(metrics, "nodepool_launch_errors_total[") == failed
+                and total(metrics, "nodepool_node_launch_seconds_count[") == ready)
+    wait_for(add_up, 20, message="statsd and /metrics to agree")
+
+    metrics = prometheus()
+    assert not [k for k in metrics if "phase', 'total'" in k]
+    phases = sum(v for k, v in metrics.items() if k.startswith("nodepool_node_phase_seconds_sum[")
+                 and "'deletion'" not in k)
+    assert phases == pytest.approx(total(metrics, "nodepool_node_launch_seconds_sum["))
+    proc.signal(signal.SIGTERM)
+    assert proc.wait() == 0
