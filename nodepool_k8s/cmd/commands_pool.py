@@ -23,7 +23,7 @@ from nodepool_k8s.core import model
 from nodepool_k8s.cmd import common
 from nodepool_k8s.config.model import Config, PoolConfig
 from nodepool_k8s.core.model import NodeView
-from nodepool_k8s.launcher.upkeep import maintenance
+from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.core.records import clip
 from nodepool_k8s.zk.pool_state import DRAIN, PAUSE, PoolState, PoolStateStore, strongest
 

@@ -39,7 +39,8 @@ from nodepool_k8s.core import model, quota
 from nodepool_k8s.runtime.clock import wall_deadline
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.launcher.upkeep import drift, fleet, maintenance
+from nodepool_k8s.launcher import maintenance
+from nodepool_k8s.launcher.upkeep import drift, fleet
 from nodepool_k8s.launcher import lifecycle, plan
 from nodepool_k8s.launcher.reporting import pool_status
 from nodepool_k8s.launcher.breaker import PoolBreaker

@@ -12,7 +12,7 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.config.cron import Cron, parse_duration
-from nodepool_k8s.launcher.upkeep import maintenance
+from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.zk import paths
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.config.common import assert_problem, at, base, load, prefix

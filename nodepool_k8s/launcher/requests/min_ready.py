@@ -6,6 +6,11 @@ serves, and finishing the ones this session created: a fulfilled one has its nod
 de-allocated and is deleted in one transaction; a failed one (at capacity) is deleted and
 the label backs off before trying again.
 
+A pool that is paused or drained (by an operator or a maintenance window,
+`maintenance.in_force`) asks for no spares: it would not serve the requests, and they would
+sit queued through the maintenance. A label's global min-ready counts only the pools that
+serve.
+
 Pool-level min-ready (a pool label's `min-ready`): the same, per (label, pool), with
 requests that name their pool (`model.MIN_READY_POOL`): only that pool serves them (every
 other pool skips them, `plan.triage`), its decline fails them, and only spares in that pool
@@ -36,7 +41,7 @@ from typing import Any, Mapping, Protocol
 
 from nodepool_k8s.core import model
 from nodepool_k8s.core.errors import NodepoolError
-from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher import maintenance, plan
 from nodepool_k8s.config.model import Config
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.requests.allocation import handout_problem
@@ -106,6 +111,9 @@ class MinReadyDeps(Protocol):
     @property
     def stuck_nodes(self) -> frozenset[str]: ...
 
+    @property
+    def pool_states(self) -> maintenance.OperatorStates: ...
+
 
 class MinReadyWorker(Worker):
     def __init__(self, engine: MinReadyDeps) -> None:
@@ -127,19 +135,33 @@ class MinReadyWorker(Worker):
         self._finish_own(mono)
         wanted = self._wanted()
         if not wanted:
-            return None
+            return self._next_window_change()
         ready = {target: count for target, count in wanted.items()
                  if self._backoff.get(target, (-math.inf, 0.0))[0] <= mono}
         if ready and self._shortfall(ready, self.engine.request_cache.requests()):
             self._create(ready, self.clock.time())
         until = [u for target, (u, _) in self._backoff.items()
                  if target in wanted and u > mono]
+        window = self._next_window_change()
+        if window is not None:
+            until.append(window)
         return min(until) if until else None
+
+    def _next_window_change(self) -> float | None:
+        """When a maintenance window next starts or ends (monotonic), to ask again then."""
+        now = self.clock.time()
+        changes = [change for provider in self.engine.config.providers.values()
+                   for pool in provider.pools.values() if pool.maintenance
+                   for change in [maintenance.next_change(pool, now)] if change is not None]
+        return self.clock.monotonic() + max(0.0, min(changes) - now) if changes else None
 
     def _wanted(self) -> dict[Target, int]:
         config = self.engine.config
+        now = self.clock.time()
         pools = [(provider.name, pool) for provider in config.providers.values()
-                 for pool in provider.pools.values() if not pool.disabled]
+                 for pool in provider.pools.values() if not pool.disabled
+                 and maintenance.in_force(self.engine.pool_states, provider.name, pool,
+                                          now) is None]
         served = {label for _, pool in pools for label in pool.labels}
         wanted: dict[Target, int] = {
             (name, None): label.min_ready for name, label in config.labels.items()

@@ -22,7 +22,8 @@ import math
 from nodepool_k8s.core import model
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import DriftBudget, MaintenanceWindow, PoolConfig
-from nodepool_k8s.launcher.upkeep import fleet, maintenance
+from nodepool_k8s.launcher import maintenance
+from nodepool_k8s.launcher.upkeep import fleet
 from nodepool_k8s.core.model import Node
 
 log = logging.getLogger("nodepool_k8s.drift")

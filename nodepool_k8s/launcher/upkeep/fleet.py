@@ -16,11 +16,11 @@ from typing import Protocol
 
 from nodepool_k8s.core import model
 from nodepool_k8s.config.model import PoolConfig
-from nodepool_k8s.launcher.upkeep import maintenance
+from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.core.model import Node
 from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.zk.cache import NodeCache
-from nodepool_k8s.zk.pool_state import DRAIN, PoolState, PoolStateCache, strongest
+from nodepool_k8s.zk.pool_state import DRAIN, PoolState, PoolStateCache
 
 log = logging.getLogger("nodepool_k8s.fleet")
 
@@ -43,14 +43,7 @@ class FleetDeps(Protocol):
 
 def control(engine: FleetDeps, provider: str, pool: PoolConfig) -> PoolState | None:
     """The pause or drain in force for the pool (operator's or a maintenance window's)."""
-    found: list[PoolState] = []
-    operator = engine.pool_states.state_for(provider, pool.name)
-    if operator is not None:
-        found.append(operator)
-    window = maintenance.active(pool, engine.clock.time())
-    if window is not None:
-        found.append(window)
-    return strongest(found)
+    return maintenance.in_force(engine.pool_states, provider, pool, engine.clock.time())
 
 
 def is_spare(node: Node, locked: bool) -> bool:

@@ -35,6 +35,7 @@ from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.pool_status import POOL_BREAKERS, decode_breakers
+from nodepool_k8s.zk.pool_state import PoolState, strongest
 from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
 from nodepool_k8s.zk.requests import RequestStore
@@ -45,9 +46,10 @@ SETTINGS = EngineSettings(quota_retry=30.0, min_ready_backoff=10.0,
 
 
 def pool_yaml(max_servers: int = 10, *, fail: bool = False, min_ready: int = 0,
-              retries: int = 1) -> str:
-    """Provider `fake`, pool `main`, namespace labels `small` (with the options) and
-    `other`, which launch at once."""
+              retries: int = 1, maintenance: str = "") -> str:
+    """Provider `fake`, pool `main` (with `maintenance` windows: YAML list items indented
+    for the pool), namespace labels `small` (with the options) and `other`, which launch at
+    once."""
     return f"""
 labels:
   - name: small
@@ -59,7 +61,7 @@ providers:
     launch-retries: {retries}
     pools:
       - name: main
-        max-servers: {max_servers}
+        max-servers: {max_servers}{maintenance}
         labels:
           - name: small
             type: namespace
@@ -131,6 +133,7 @@ class Deps:
             name: FakeProvider(cfg, clock) for name, cfg in config.providers.items()}
         self.stuck_nodes: frozenset[str] = frozenset()
         self.unhandable: frozenset[str] = frozenset()
+        self.pool_states = SetPoolStates()
         self.acting = True
         self.ref = PoolRef(pool_worker_id("fake", "main", "test-host"), "fake", "main")
         # As in a running installation (Zuul creates them): the parents of nodes, requests
@@ -239,16 +242,19 @@ class NoComponents:
         return []
 
 
-class NoPoolStates:
-    """No operator pause or drain."""
+class SetPoolStates:
+    """The operator's pause and drain states, set by the test (none at first)."""
 
-    def state_for(self, provider: str, pool: str) -> None:
-        return None
+    def __init__(self) -> None:
+        self.states: list[PoolState] = []
+
+    def state_for(self, provider: str, pool: str) -> PoolState | None:
+        return strongest(s for s in self.states if s.covers(provider, pool))
 
 
 class WorkerDeps(Deps):
     """`Deps` and what a pool worker uses on top (`PoolWorkerDeps`): a real registry,
-    nobody else registered, no operator pause; deletions asked for are recorded."""
+    nobody else registered; deletions asked for are recorded."""
 
     def __init__(self, zk: ZkClient, config: Config, clock: ManualClock,
                  settings: EngineSettings = SETTINGS) -> None:
@@ -256,7 +262,6 @@ class WorkerDeps(Deps):
         self.stopping = threading.Event()
         self.registry = ComponentRegistry(zk, "test-host")
         self.components = NoComponents()
-        self.pool_states = NoPoolStates()
         self.breakers = ReadThroughJson(zk, POOL_BREAKERS, decode_breakers)
         self.stuck_requests: frozenset[str] = frozenset()
         self.deletions: list[tuple[str, str]] = []

@@ -8,10 +8,20 @@ import json
 from nodepool_k8s.core import model
 from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.launcher.requests.handler import RequestHandler
+from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.launcher.requests.min_ready import MinReadyWorker
 from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.pool_state import DRAIN, PAUSE, PoolState
 from tests.launcher.requests.conftest import MakeDeps
 from tests.launcher.requests.support import SETTINGS, Deps, InlineLaunches
+
+
+# The ManualClock starts at 2023-11-14 22:13:20 UTC: inside this window, 46m40s before its end.
+MAINTENANCE = """
+        maintenance:
+          - schedule: "0 22 * * *"
+            duration: 1h
+            action: drain"""
 
 
 def min_ready_requests(deps: Deps) -> list[NodeRequest]:
@@ -113,3 +123,30 @@ def test_a_backward_wall_clock_step_does_not_stall_the_back_off(make_deps: MakeD
     deps.clock.advance(SETTINGS.min_ready_backoff + 1)
 
     assert worker.run_once() is None and len(min_ready_requests(deps)) == 1
+
+
+def test_a_paused_or_drained_pool_asks_for_no_spares(make_deps: MakeDeps) -> None:
+    deps = make_deps(min_ready=2)
+    worker = MinReadyWorker(deps)  # type: ignore[arg-type]
+    for action in (DRAIN, PAUSE):
+        deps.pool_states.states = [PoolState(target="fake/main", action=action)]
+        assert worker.run_once() is None
+        assert min_ready_requests(deps) == [] and worker.created == 0, action
+    deps.pool_states.states = []  # resumed: the spares are asked for again
+    worker.run_once()
+    assert len(min_ready_requests(deps)) == 2
+
+
+def test_a_maintenance_window_holds_min_ready_until_it_ends(make_deps: MakeDeps) -> None:
+    deps = make_deps(min_ready=1, maintenance=MAINTENANCE)
+    worker = MinReadyWorker(deps)  # type: ignore[arg-type]
+    start = deps.clock.time()
+    assert maintenance.in_force(deps.pool_states, "fake", deps.config.providers["fake"]
+                                .pools["main"], start) is not None
+    wake = worker.run_once()
+    assert min_ready_requests(deps) == []
+    # It asks to be woken when the window ends, and then asks for the spare.
+    assert wake is not None and wake > deps.clock.monotonic()
+    deps.clock.advance(wake - deps.clock.monotonic())
+    worker.run_once()
+    assert len(min_ready_requests(deps)) == 1

@@ -1,8 +1,10 @@
-"""Maintenance windows: when a pool's configured `maintenance` pauses or drains it.
+"""Maintenance windows, and the one answer to "is this pool paused or drained now?".
 
 Owns: evaluating a pool's windows at a moment of the injected clock (`active`: the window
 in force, as a `PoolState` with source "maintenance"; `next_window`: the next start and
-end) and the moment the answer next changes (`next_change`, so a worker wakes on time).
+end), the moment the answer next changes (`next_change`, so a worker wakes on time), and
+`in_force`: the strongest of the operator's state and the window, which the pool worker,
+drain and min-ready all ask.
 Pure functions of the configuration and a time; nothing is written to ZooKeeper, so every
 launcher with the same configuration reaches the same answer on its own.
 """
@@ -10,10 +12,24 @@ launcher with the same configuration reaches the same answer on its own.
 from __future__ import annotations
 
 import functools
+from typing import Protocol
 
 from nodepool_k8s.config.cron import Cron
 from nodepool_k8s.config.model import MaintenanceWindow, PoolConfig
 from nodepool_k8s.zk.pool_state import PoolState, strongest
+
+
+class OperatorStates(Protocol):
+    """The operator's pause/drain states (`zk.pool_state.PoolStateCache`)."""
+
+    def state_for(self, provider: str, pool: str) -> PoolState | None: ...
+
+
+def in_force(states: OperatorStates, provider: str, pool: PoolConfig,
+             now: float) -> PoolState | None:
+    """The pause or drain in force for the pool (the operator's or a window's)."""
+    return strongest([s for s in (states.state_for(provider, pool.name), active(pool, now))
+                      if s is not None])
 
 
 @functools.lru_cache(maxsize=256)
