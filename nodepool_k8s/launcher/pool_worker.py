@@ -173,6 +173,9 @@ class PoolWorker(Worker):
         if engine.zk.epoch != self._epoch:
             self._epoch = engine.zk.epoch
             self._drop_expired_handlers()
+            # The status znode was ephemeral: without this an unchanged pool would stay
+            # absent from pool-list and /metrics until its state next changed.
+            self._status.republish()
         if not engine.acting:
             return None
         provider_cfg = engine.provider_config(self.ref.provider)

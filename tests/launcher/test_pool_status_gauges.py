@@ -1,4 +1,4 @@
-"""statsd gauges of the published pool status (issue 13).
+"""The published pool status: its statsd gauges, and its record across a session expiry.
 
 Aspects: `stats.pool_status_gauges` turns a pool status record into Nodepool-style keys
 (conditions as 1/0, usage and limit per scope and resource, nodes by state, queued
@@ -8,11 +8,17 @@ publishes its status, with the values of the published record.
 
 from __future__ import annotations
 
+import json
+
+from kazoo.client import KazooClient
+
 from nodepool_k8s.runtime import stats
 from nodepool_k8s.runtime.stats import RecordingBackend, Stats
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
-from tests.helpers import wait_for
+from nodepool_k8s.zk.pool_status import status_path
+from tests.helpers import ZkConnection, wait_for
 from tests.launchers import LauncherFactory
+from tests.sessions import expire_session
 
 
 def test_keys_from_a_record() -> None:
@@ -55,3 +61,21 @@ def test_launcher_sends_the_published_status(launchers: LauncherFactory,
     # Every key of a published record was sent (later publishes may have newer values).
     assert set(expected) <= set(sent)
     assert sent[key] == 1.0  # the pool's configuration is valid
+
+
+def test_the_status_is_published_again_after_a_session_expiry(
+        launchers: LauncherFactory, zk: ZkConnection, kazoo_client: KazooClient) -> None:
+    launcher = launchers()
+    worker = next(iter(launcher.pool_workers.values()))
+    path = status_path(worker.id)
+    wait_for(lambda: kazoo_client.exists(path), 30, message="the pool status record")
+    epoch = launcher.zk.epoch
+    expire_session(zk, launcher.zk)
+    wait_for(lambda: launcher.zk.epoch > epoch and launcher.zk.connected, 60,
+             message="a new session")
+    # Nothing about the pool changed, yet its record (an ephemeral of the old session) is
+    # written again without any request coming.
+    wait_for(lambda: kazoo_client.exists(path), 30, message="the pool status again")
+    data, stat = kazoo_client.get(path)
+    assert stat.ephemeralOwner == launcher.zk.session_id
+    assert json.loads(data)["id"] == worker.id

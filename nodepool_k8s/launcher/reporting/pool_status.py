@@ -191,6 +191,11 @@ class StatusBuilder:
         at = self._published_at + self.interval
         return (True, None) if now >= at else (False, at)
 
+    def republish(self) -> None:
+        """Write at the next look whatever it shows: the record is gone (a new ZooKeeper
+        session removed the ephemeral), so "unchanged" no longer means "published"."""
+        self._published = None
+
     def published(self, data: dict[str, Any], now: float) -> None:
         """`now`: monotonic, as for `due`."""
         self._published, self._published_at = data, now
