@@ -359,23 +359,23 @@ class PoolWorker(Worker):
         engine = self.engine
         nodes = engine.node_cache.nodes()
         paused = [h for h in self.handlers.values() if h.paused]
-        capacity = getattr(provider, "capacity_condition", None)
+        # A cluster-aware provider's view of the cluster's capacity and of its own
+        # credentials (refused: launches wait); others report neither.
+        cluster = engine.cluster_aware.get(self.ref.provider)
         suspended = self.breaker.suspended(pool_cfg, now)
-        # A Kubernetes provider's view of its own credentials (refused: launches wait).
-        credentials = getattr(provider, "credentials_condition", None)
         fresh, data = pool_status.build(
             pool_id=self.id, hostname=engine.registry.hostname, pool=pool_cfg,
             provider=provider_cfg, config=engine.config, nodes=nodes,
             records=engine.cached_usage(lambda n: n.provider == provider_cfg.name),
             cloud=provider.cloud_limits(),
-            capacity=capacity(pool_cfg) if callable(capacity) else None,
+            capacity=cluster.capacity_condition(pool_cfg) if cluster is not None else None,
             blocked=next((h.blocked_scope for h in paused if h.blocked_scope), None),
             launching=sum(1 for h in self.handlers.values() for s in h.slots
                           if s.future is not None),
             queued=len(paused), pending=len(self.handlers),
             suspended=suspended, now=now,
             unhandable=engine.unhandable,
-            credentials=credentials() if callable(credentials) else None)
+            credentials=cluster.credentials_condition() if cluster is not None else None)
         data["conditions"] = self._status.conditions(fresh, now)
         write, at = self._status.due(data, mono)
         if write:

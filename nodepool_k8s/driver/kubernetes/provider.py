@@ -64,8 +64,8 @@ from nodepool_k8s.runtime.cancel import CancelEvent
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
-from nodepool_k8s.driver.base import (CloudResource, LaunchResult, LaunchSpec, Progress,
-                                      Provider)
+from nodepool_k8s.driver.base import (CloudResource, ClusterAware, LaunchResult, LaunchSpec,
+                                      Progress, Provider)
 from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, slim
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
 from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
@@ -80,6 +80,7 @@ from nodepool_k8s.core.errors import (BootTimeout, DeletionUnderway, LaunchCance
                                       NodepoolError, NotFound, NotOwned, PermanentError,
                                       ProviderUnavailable, QuotaExceeded, TemporaryError)
 from nodepool_k8s.core.model import Resources
+from nodepool_k8s.core.pool_records import CapacityCondition, ConditionRecord
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +161,11 @@ def _plain_number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-class KubernetesProvider:
-    """Hands out namespaces (`namespace` labels) and pods (`pod` labels) in one context."""
+class KubernetesProvider(ClusterAware):
+    """Hands out namespaces (`namespace` labels) and pods (`pod` labels) in one context.
+
+    Implements `Provider` and declares `ClusterAware`: it watches the cluster's capacity
+    (when `capacity` is configured) and its own credentials."""
 
     def __init__(self, config: ProviderConfig, clock: Clock = SYSTEM_CLOCK,
                  kubeconfig: str | None = None,
@@ -298,7 +302,7 @@ class KubernetesProvider:
             client = self._client
         return True if client is None else client.credentials.reload_now()
 
-    def credentials_condition(self) -> dict[str, Any] | None:
+    def credentials_condition(self) -> ConditionRecord | None:
         """The `Credentials` condition of the provider's pools (None: not started)."""
         with self._lock:
             client = self._client
@@ -1047,7 +1051,7 @@ class KubernetesProvider:
             return Resources.limits()
         return capacity.limits(label)
 
-    def capacity_condition(self, pool: PoolConfig) -> dict[str, Any] | None:
+    def capacity_condition(self, pool: PoolConfig) -> CapacityCondition | None:
         """The pool's `Capacity` condition (None: capacity awareness is off)."""
         with self._lock:
             capacity = self._capacity

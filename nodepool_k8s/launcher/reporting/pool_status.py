@@ -34,6 +34,7 @@ from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.launcher import breaker as breakers
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.core.model import Resources
+from nodepool_k8s.core.pool_records import CapacityCondition, ConditionRecord
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended", "Credentials")
@@ -213,11 +214,11 @@ def node_counts(nodes: Iterable[Any], provider: str, pool: str) -> dict[str, int
 
 def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderConfig,
           config: Config, nodes: list[Any], records: list[quota.UsageRecord],
-          cloud: Resources, capacity: dict[str, Any] | None, blocked: str | None,
+          cloud: Resources, capacity: CapacityCondition | None, blocked: str | None,
           launching: int, queued: int, pending: int,
           suspended: Mapping[str, Mapping[str, Any]], now: float,
           unhandable: frozenset[str] = frozenset(),
-          credentials: dict[str, Any] | None = None) -> tuple[
+          credentials: ConditionRecord | None = None) -> tuple[
               dict[str, dict[str, Any]], dict[str, Any]]:
     """Fresh conditions (without transition times) and the rest of the status record."""
     counts = node_counts(nodes, provider.name, pool.name)
