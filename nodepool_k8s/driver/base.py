@@ -97,7 +97,7 @@ class Progress(Protocol):
     Called with the external id as soon as it is known (the core records it at once, with
     the conditions given in that call), then with the same id and condition updates
     (`Registered`, `Initialized`, ...) as phases complete; those ride along with the
-    core's next write. A driver may call it with the external id only (the old form).
+    core's next write. A driver may call it with the external id only.
     """
 
     def __call__(self, external_id: str, *updates: Condition) -> None: ...

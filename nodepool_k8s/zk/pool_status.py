@@ -127,7 +127,7 @@ _STATUS_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 def decode_pool_status(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
     """A pool worker's published status, or Malformed when a field its readers use has
-    the wrong type (one such record once turned /metrics into a 500 on every scrape)."""
+    the wrong type (one such record would turn /metrics into a 500 on every scrape)."""
     data = records.load_object(raw)
     for field, (check, expected) in _STATUS_FIELDS.items():
         if field in data and data[field] is not None and not check(data[field]):
