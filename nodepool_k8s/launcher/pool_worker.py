@@ -501,7 +501,7 @@ class PoolWorker(Worker):
 
 
 class _Batch:
-    """Freshly requested requests of one pass that are accepted together (issue 15).
+    """Freshly requested requests of one pass that are accepted together.
 
     A request joins while it can be accepted the fast way (nobody ever locked it), asks
     for no reuse of a ready node, has no tenant limit, and, with the batch before it,
