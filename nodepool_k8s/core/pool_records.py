@@ -76,12 +76,12 @@ class SuspendedLabel(TypedDict):
     """A suspended label as the pool status shows it (the breaker entry's public keys;
     None where the entry lacks one)."""
 
-    reason: Any
-    message: Any
-    failures: Any
-    trips: Any
-    until: Any
-    state: Any
+    reason: str | None
+    message: str | None
+    failures: int | None
+    trips: int | None
+    until: float | None
+    state: str | None
 
 
 class PoolStatusRecord(TypedDict):

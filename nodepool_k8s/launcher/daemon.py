@@ -27,7 +27,7 @@ import os
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from nodepool_k8s.core import model, records
 from nodepool_k8s.runtime import threads
@@ -134,7 +134,7 @@ class Launcher:
         return self.engine.components
 
     @property
-    def pool_status_cache(self) -> JsonDirCache:
+    def pool_status_cache(self) -> JsonDirCache[dict[str, Any]]:
         return self.engine.pool_statuses
 
     @property

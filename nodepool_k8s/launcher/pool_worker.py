@@ -44,6 +44,7 @@ from nodepool_k8s.launcher.requests.handler import PoolRef, RequestHandler
 from nodepool_k8s.launcher.requests.launch import LaunchPool
 from nodepool_k8s.launcher.worker import RefusedRequests, Worker
 from nodepool_k8s.core.model import NodeRequest, Resources
+from nodepool_k8s.core.pool_records import PoolStatusRecord
 from nodepool_k8s.zk import errors
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.pool_status import StatusWriter
@@ -90,7 +91,7 @@ class PoolWorker(Worker):
         self._probes: set[str] = set()  # requests accepted as a suspended label's probe
         self._status = pool_status.StatusBuilder(engine.settings.pool_status_interval)
         self._status_writer = StatusWriter(engine.zk, self.id)
-        self.published_status: dict[str, object] | None = None
+        self.published_status: PoolStatusRecord | None = None
         self._contended = False
         # Requests whose lock dir exists (someone locked them before): never batched.
         self.lock_dir_seen: set[str] = set()
