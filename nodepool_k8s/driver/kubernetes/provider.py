@@ -67,6 +67,7 @@ from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import (CloudResource, ClusterAware, LaunchResult, LaunchSpec,
                                       Progress, Provider)
 from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, slim
+from nodepool_k8s.driver.kubernetes.bodies import NamespacedBody, Subject
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
 from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
                                                    connect)
@@ -218,7 +219,7 @@ class KubernetesProvider(ClusterAware):
         # hold is left in it (job-role: cluster-role), so the deletion removes it at once.
         self._wakers: dict[str, Callable[[], None]] = {}
         # The RBAC subject the API server knows this launcher as (job-role: cluster-role).
-        self._subject: dict[str, str] | None = None
+        self._subject: Subject | None = None
 
     @property
     def unschedulable_grace(self) -> float:
@@ -692,7 +693,7 @@ class KubernetesProvider(ClusterAware):
     def _create_contents(self, client: KubeClient, namespace: str, label: PoolLabel,
                          labels: dict[str, str], sleep: Sleeper) -> None:
         core, rbac = client.core, client.rbac
-        steps: list[tuple[str, Callable[..., Any], dict[str, Any] | None]] = [
+        steps: list[tuple[str, Callable[..., Any], NamespacedBody | None]] = [
             # The fences first: the quota must exist before any pod is admitted.
             ("resourcequota", core.create_namespaced_resource_quota,
              guards.resource_quota_body(namespace, label, labels)),
@@ -730,7 +731,7 @@ class KubernetesProvider(ClusterAware):
         """Whether our node namespaces carry the cleanup binding and its hold."""
         return self.config.job_role == "cluster-role"
 
-    def _own_subject(self, client: KubeClient, sleep: Sleeper) -> dict[str, str]:
+    def _own_subject(self, client: KubeClient, sleep: Sleeper) -> Subject:
         """Who the API server takes this launcher for (a SelfSubjectReview, asked once)."""
         with self._lock:
             subject = self._subject
