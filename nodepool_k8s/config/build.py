@@ -168,7 +168,7 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
                             **label.get("extra-resources", {})},
         "boot_timeout": _first(label.get("boot-timeout"), pool.get("boot-timeout"),
                                provider.get("boot-timeout"), default=S.BOOT_TIMEOUT),
-        "min_ready": label.get("min-ready", 0),
+        "min_ready": label.get("min-ready", S.MIN_READY),
     }
     # Every label type counts its (possibly pool-default) requests against quota, as in
     # Nodepool; this includes namespaces and verbatim-spec pods.
@@ -185,7 +185,7 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
             values[f"{resource}_limit"] = resolve_limit(label, pool, resource)[0]
     if driver == "fake":
         values["fake_launch_delay"] = label.get("launch-delay", S.FAKE_LAUNCH_DELAY)
-        values["fake_fail"] = label.get("fail", False)
+        values["fake_fail"] = label.get("fail", S.FAKE_FAIL)
         return PoolLabel(**values)
     # Deep copies: YAML anchors may share one object between labels, and consumers may hand
     # these straight to the Kubernetes client.
@@ -304,7 +304,8 @@ def installation_id_file(data: Raw, environ: Mapping[str, str] | None = None) ->
     return S.INSTALLATION_ID_FILE
 
 
-def build_provider(provider: Raw, installation: str = "default") -> ProviderConfig:
+def build_provider(provider: Raw, installation: str = S.DEFAULT_INSTALLATION_ID
+                   ) -> ProviderConfig:
     return ProviderConfig(
         name=provider["name"],
         driver=provider["driver"],
@@ -333,7 +334,7 @@ def build_provider(provider: Raw, installation: str = "default") -> ProviderConf
         installation_id=installation,
         job_role=provider.get("job-role", S.JOB_ROLE),
         capacity_resource_quota=(provider.get("capacity") or {}).get("resource-quota"),
-        capacity_nodes=bool((provider.get("capacity") or {}).get("nodes", False)),
+        capacity_nodes=bool((provider.get("capacity") or {}).get("nodes", S.CAPACITY_NODES)),
     )
 
 
@@ -355,9 +356,10 @@ def build_zk_auth(auth: Raw | None) -> ZkAuth | None:
 def build_zk_acl(acl: Raw | None) -> ZkAcl | None:
     if acl is None:
         return None
-    return ZkAcl(enabled=acl.get("enabled", True), grants=tuple(
+    return ZkAcl(enabled=acl.get("enabled", S.ZK_ACL_ENABLED), grants=tuple(
         ZkGrant(scheme=g["scheme"], id=g.get("id"), username=g.get("username"),
-                password=g.get("password"), permissions=tuple(g.get("permissions", ["all"])))
+                password=g.get("password"),
+                permissions=tuple(g.get("permissions", S.ZK_GRANT_PERMISSIONS)))
         for g in acl.get("grants") or ()))
 
 

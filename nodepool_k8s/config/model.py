@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from nodepool_k8s.config.schema import OBJECT_QUOTA
+from nodepool_k8s.config import schema as S
 from nodepool_k8s.core.model import Resources
 
 INF = math.inf
@@ -25,7 +25,7 @@ INF = math.inf
 @dataclass(frozen=True)
 class ZkServer:
     host: str
-    port: int = 2181
+    port: int = S.ZK_PORT
     chroot: str | None = None
 
 
@@ -55,7 +55,7 @@ class ZkGrant:
     id: str | None = None
     username: str | None = None
     password: str | None = field(default=None, repr=False)
-    permissions: tuple[str, ...] = ("all",)
+    permissions: tuple[str, ...] = S.ZK_GRANT_PERMISSIONS
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class ZkAcl:
     launcher's own authenticated identities (ZooKeeper's `auth` scheme) with all
     permissions plus `grants`; nobody else (not even `world`) may read it."""
 
-    enabled: bool = True
+    enabled: bool = S.ZK_ACL_ENABLED
     grants: tuple[ZkGrant, ...] = ()
 
 
@@ -73,19 +73,19 @@ class LabelConfig:
     """A top-level `labels` entry: what any provider may serve under this name."""
 
     name: str
-    min_ready: int = 0
-    max_ready_age: float = 0  # seconds; 0 = never expire
+    min_ready: int = S.MIN_READY
+    max_ready_age: float = S.MAX_READY_AGE  # seconds; 0 = never expire
 
 
 @dataclass(frozen=True)
 class WebappConfig:
-    port: int = 8005
-    listen_address: str = "127.0.0.1"
-    threads: int = 8
-    timeout: int = 10  # seconds
-    send_timeout: int = 60  # seconds
-    max_header_size: int = 16384
-    max_connections: int = 1000
+    port: int = S.WEBAPP_PORT
+    listen_address: str = S.WEBAPP_LISTEN_ADDRESS
+    threads: int = S.WEBAPP_THREADS
+    timeout: int = S.WEBAPP_TIMEOUT  # seconds
+    send_timeout: int = S.WEBAPP_SEND_TIMEOUT  # seconds
+    max_header_size: int = S.WEBAPP_MAX_HEADER_SIZE
+    max_connections: int = S.WEBAPP_MAX_CONNECTIONS
     allow_origin: str | None = None
 
 
@@ -104,8 +104,8 @@ class PoolLabel:
     type: str  # "namespace" | "pod"
     # Form A: the pod nodepool_k8s builds. None means "not set" (no request/limit emitted).
     image: str | None = None
-    image_pull: str = "IfNotPresent"
-    python_path: str = "auto"
+    image_pull: str = S.IMAGE_PULL
+    python_path: str = S.PYTHON_PATH
     shell_type: str | None = None
     cpu: float | None = None
     memory: int | None = None  # MiB
@@ -140,20 +140,20 @@ class PoolLabel:
     # the quota leaves out services.loadbalancers/nodeports = 0; whether the job's role
     # grants secrets (namespace labels); the quota's object counts and PVC storage (MB),
     # every entry of schema.OBJECT_QUOTA resolved.
-    pod_security: str = "baseline"
-    resource_quota: bool = True
-    network_policy: bool = False
+    pod_security: str = S.POD_SECURITY
+    resource_quota: bool = S.RESOURCE_QUOTA
+    network_policy: bool = S.NETWORK_POLICY
     egress_allow: tuple[str, ...] = ()
-    allow_external_services: bool = False
-    allow_job_secrets: bool = False
-    object_quota: Mapping[str, int] = field(default_factory=lambda: dict(OBJECT_QUOTA))
+    allow_external_services: bool = S.ALLOW_EXTERNAL_SERVICES
+    allow_job_secrets: bool = S.ALLOW_JOB_SECRETS
+    object_quota: Mapping[str, int] = field(default_factory=lambda: dict(S.OBJECT_QUOTA))
     # Seconds to wait for the pod to run (and the token to appear) per attempt.
-    boot_timeout: float = 300.0
+    boot_timeout: float = S.BOOT_TIMEOUT
     # Fake driver only: simulated launch time and failure injection for tests/benchmarks.
-    fake_launch_delay: float = 0.0
-    fake_fail: bool = False
+    fake_launch_delay: float = S.FAKE_LAUNCH_DELAY
+    fake_fail: bool = S.FAKE_FAIL
     # Pool-level min-ready: spare ready nodes of this label kept in this pool (0: none).
-    min_ready: int = 0
+    min_ready: int = S.MIN_READY
 
     def quota(self) -> Resources:
         """What one node of this label counts against quotas (requests, not limits)."""
@@ -178,8 +178,8 @@ class MaintenanceWindow:
 
     schedule: str
     duration: float
-    action: str = "pause"
-    timezone: str = "UTC"
+    action: str = S.MAINTENANCE_ACTION
+    timezone: str = S.TIMEZONE
 
 
 @dataclass(frozen=True)
@@ -188,11 +188,11 @@ class DriftBudget:
     smaller of `max_nodes` and `max_percent` of the pool's spares, at least one when either
     allows any), optionally only inside a cron `schedule` window of `duration` seconds."""
 
-    max_nodes: int | None = 1
+    max_nodes: int | None = S.DRIFT_MAX_NODES
     max_percent: float | None = None
     schedule: str | None = None
     duration: float | None = None
-    timezone: str = "UTC"
+    timezone: str = S.TIMEZONE
 
 
 @dataclass(frozen=True)
@@ -206,14 +206,14 @@ class PoolConfig:
     # Provider max-resources merged with the pool's; missing keys are unlimited.
     max_resources: Mapping[str, float] = field(default_factory=dict)
     node_attributes: Mapping[str, Any] | None = None
-    priority: int = 100  # resolved: pool -> provider -> 100; lower is preferred
+    priority: int = S.PRIORITY  # resolved: pool -> provider -> default; lower is preferred
     # Fleet control: windows when the pool is paused/drained, and drift replacement pace.
     maintenance: tuple[MaintenanceWindow, ...] = ()
     drift_budget: DriftBudget = field(default_factory=DriftBudget)
     # Circuit breaker (see launcher.breaker); resolved pool -> provider -> default.
-    breaker_threshold: int = 3
-    breaker_backoff: float = 60.0
-    breaker_backoff_max: float = 3600.0
+    breaker_threshold: int = S.BREAKER_THRESHOLD
+    breaker_backoff: float = S.BREAKER_BACKOFF
+    breaker_backoff_max: float = S.BREAKER_BACKOFF_MAX
 
     def limits(self) -> Resources:
         values: dict[str, float] = dict(self.max_resources)
@@ -232,47 +232,48 @@ class ProviderConfig:
     driver: str  # "kubernetes" | "fake"
     pools: Mapping[str, PoolConfig]
     context: str | None = None
-    launch_retries: int = 3
-    max_concurrency: int = 0  # 0 or negative: unlimited (Nodepool's 0 disabled the provider)
-    priority: int = 100
+    launch_retries: int = S.LAUNCH_RETRIES
+    # 0 or negative: unlimited (Nodepool's 0 disabled the provider)
+    max_concurrency: int = S.MAX_CONCURRENCY
+    priority: int = S.PRIORITY
     # Provider-wide totals across all pools (Nodepool parsed but never enforced these).
     max_servers: float = INF
     max_cores: float = INF
     max_ram: float = INF
     max_resources: Mapping[str, float] = field(default_factory=dict)
     # Leak sweeper: a namespace without a node is deleted only when seen twice this far apart.
-    leak_grace: float = 60.0
+    leak_grace: float = S.LEAK_GRACE
     # Retry/backoff for Kubernetes API calls (seconds).
-    api_retries: int = 5
-    api_backoff: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 4.0)
-    api_timeout: float = 30.0
+    api_retries: int = S.API_RETRIES
+    api_backoff: tuple[float, ...] = S.API_BACKOFF
+    api_timeout: float = S.API_TIMEOUT
     # Kubernetes driver: after a 401 the credentials are loaded again at once, then at most
     # once per step of this backoff (seconds; the last step repeats) while still refused.
-    credentials_backoff: tuple[float, ...] = (1.0, 5.0, 15.0, 30.0, 60.0)
+    credentials_backoff: tuple[float, ...] = S.CREDENTIALS_BACKOFF
     # Kubernetes driver: seconds a kubeconfig exec credential plugin may run; then it is
     # killed (with what it started) and that load of the credentials fails.
-    credentials_exec_timeout: float = 30.0
+    credentials_exec_timeout: float = S.CREDENTIALS_EXEC_TIMEOUT
     # Kubernetes driver: how long a pod may stay Unschedulable before the attempt fails, and
     # how long a deletion waits for the namespace to vanish (then TemporaryError, retried).
-    unschedulable_grace: float = 30.0
-    delete_timeout: float = 300.0
+    unschedulable_grace: float = S.UNSCHEDULABLE_GRACE
+    delete_timeout: float = S.DELETE_TIMEOUT
     # Kubernetes driver: a node namespace Terminating this long has the finalizers of what
     # is left in it removed and its pods deleted with at most `max_pod_grace` seconds.
-    terminating_grace: float = 120.0
-    max_pod_grace: int = 30
+    terminating_grace: float = S.TERMINATING_GRACE
+    max_pod_grace: int = S.MAX_POD_GRACE
     # Kubernetes driver: lifetime (seconds) of the TokenRequest token handed to a job.
-    token_lifetime: int = 86400
+    token_lifetime: int = S.TOKEN_LIFETIME
     # The top-level `installation-id` (resolved), copied here so a provider built from this
     # config alone (the launcher, `nodepool delete --now`) labels and recognises its objects.
-    installation_id: str = "default"
+    installation_id: str = S.DEFAULT_INSTALLATION_ID
     # Kubernetes driver: "role" creates a Role per namespace (the launcher needs the rights it
     # grants, or `escalate`); "cluster-role" binds pre-created ClusterRoles (it needs `bind`).
-    job_role: str = "role"
+    job_role: str = S.JOB_ROLE
     # Kubernetes driver capacity awareness (`capacity`; off by default): a ResourceQuota
     # ("<namespace>/<name>") whose hard - used bounds the provider, and/or the allocatable
     # resources of the cluster nodes matching a label's node-selector minus pod requests.
     capacity_resource_quota: str | None = None
-    capacity_nodes: bool = False
+    capacity_nodes: bool = S.CAPACITY_NODES
 
     def limits(self) -> Resources:
         values: dict[str, float] = dict(self.max_resources)
@@ -288,16 +289,16 @@ class ProviderConfig:
 class Config:
     zookeeper_servers: tuple[ZkServer, ...]
     zookeeper_tls: ZkTls | None = None
-    zookeeper_timeout: float = 10.0
+    zookeeper_timeout: float = S.ZK_TIMEOUT
     zookeeper_auth: ZkAuth | None = None
     zookeeper_acl: ZkAcl | None = None  # None or disabled: the open ACL (as Nodepool)
     # Marks this installation's cloud objects (a label); see `config.build.installation_id`.
-    installation_id: str = "default"
+    installation_id: str = S.DEFAULT_INSTALLATION_ID
     # False when derived (not in the file): the launcher then uses the id pinned in
     # `installation_id_file` at its first start (see `zk.identity`), so that it survives
     # host changes and never comes from ZooKeeper.
     installation_id_explicit: bool = False
-    installation_id_file: str = "/var/lib/nodepool/installation-id"
+    installation_id_file: str = S.INSTALLATION_ID_FILE
     labels: Mapping[str, LabelConfig] = field(default_factory=dict)
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     max_hold_age: float = INF  # seconds; 0 in the file means "no limit"

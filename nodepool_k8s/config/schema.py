@@ -126,6 +126,14 @@ PERMISSION_KEYS = ("allow-privileged", "allow-host-path", "allow-host-namespaces
 JOB_ROLE_MODES = ("role", "cluster-role")
 JOB_ROLE = "role"
 FAKE_LAUNCH_DELAY = 0.0
+FAKE_FAIL = False
+CAPACITY_NODES = False  # capacity awareness reads the cluster's nodes only when asked to
+# `zookeeper-acl`: on unless turned off; a grant without `permissions` gets every one.
+ZK_ACL_ENABLED = True
+ZK_GRANT_PERMISSIONS = ("all",)
+# The installation id of objects built without a configuration file (tests, tools); a
+# loaded configuration always resolves its own (see `build.installation_id`).
+DEFAULT_INSTALLATION_ID = "default"
 
 DRIVERS = ("fake", "kubernetes")
 LABEL_TYPES = ("namespace", "pod")

@@ -35,6 +35,12 @@ class PermanentError(NodepoolError):
     """Retrying the same action will not help."""
 
 
+class DriverContractError(PermanentError):
+    """A driver class does not keep the provider contract it declares (see
+    `driver.registry.cluster_aware`): a programming error, found when the provider is
+    registered; retrying cannot help until the driver is fixed."""
+
+
 class NotFound(PermanentError):
     """The object does not exist (any more)."""
 

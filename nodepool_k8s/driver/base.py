@@ -1,6 +1,7 @@
 """The one small interface between the launcher core and a cloud driver.
 
-Owns: `Provider` (what a driver must do), the value types crossing the boundary
+Owns: `Provider` (what a driver must do), `ClusterAware` (what a driver may do besides,
+declared by its class), the value types crossing the boundary
 (`LaunchSpec`, `LaunchResult`, `CloudResource`) and the contract of the errors a driver
 raises. The core never imports a concrete driver or `kubernetes`; `driver.registry` maps a
 config `driver:` name to a factory.
@@ -36,6 +37,7 @@ from nodepool_k8s.core.conditions import Condition
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.core.errors import TemporaryError
 from nodepool_k8s.core.model import Resources
+from nodepool_k8s.core.pool_records import CapacityCondition, ConditionRecord
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 
 
@@ -126,7 +128,7 @@ class Progress(Protocol):
     Called with the external id as soon as it is known (the core records it at once, with
     the conditions given in that call), then with the same id and condition updates
     (`Registered`, `Initialized`, ...) as phases complete; those ride along with the
-    core's next write. A driver may call it with the external id only (the old form).
+    core's next write. A driver may call it with the external id only.
     """
 
     def __call__(self, external_id: str, *updates: Condition) -> None: ...
@@ -185,6 +187,32 @@ class Provider(Protocol):
 
         Without `label`: hard ceilings only (a request over them can never be served);
         with one: what fits now for nodes of that label (the core pauses beyond it)."""
+
+
+class ClusterAware(Protocol):
+    """An optional capability: a provider that watches its cluster's capacity and its own
+    credentials, and reports both as pool conditions.
+
+    A driver class declares it by naming it among its bases (`class X(ClusterAware)`);
+    `driver.registry.cluster_aware` checks the declaration once, when the launcher
+    registers a provider, and the launcher then holds the provider also as a
+    `ClusterAware`. A provider that does not declare it is never asked any of this.
+    """
+
+    def on_capacity_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (it must not block) when capacity may have freed, and when the
+        credentials become refused or accepted again: paused pools look again at once."""
+
+    def reload_credentials(self) -> bool:
+        """Read the credentials again now (the operator reloaded the configuration).
+        False when they now name another server or trust, which a running provider does
+        not follow: the launcher replaces the provider then."""
+
+    def capacity_condition(self, pool: PoolConfig) -> CapacityCondition | None:
+        """The pool's `Capacity` condition (None: the provider does not read capacity)."""
+
+    def credentials_condition(self) -> ConditionRecord | None:
+        """The `Credentials` condition of the provider's pools (None: not started)."""
 
 
 ProviderFactory = Callable[[ProviderConfig], Provider]

@@ -61,6 +61,11 @@ class FakeCloud:
 
 
 class FakeProvider:
+    """An in-memory provider for tests, the demo and the benchmark.
+
+    Implements `Provider` only: it declares no optional capability (not `ClusterAware`;
+    its cloud has no capacity or credentials to watch)."""
+
     def __init__(self, config: ProviderConfig, clock: Clock = SYSTEM_CLOCK,
                  cloud: FakeCloud | None = None) -> None:
         self.config = config

@@ -33,12 +33,13 @@ import hashlib
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import cast
 
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.model import PoolConfig, PoolLabel
 from nodepool_k8s.zk.client import ZkClient
-from nodepool_k8s.zk.pool_status import JsonDirCache, breaker_key, update_breaker
+from nodepool_k8s.core.pool_records import BreakerEntry
+from nodepool_k8s.zk.pool_status import BreakerRecord, JsonDirCache, breaker_key, update_breaker
 
 log = logging.getLogger("nodepool_k8s.launcher.breaker")
 
@@ -85,14 +86,14 @@ class Thresholds:
                          self.backoff * 2 ** min(MAX_DOUBLINGS, max(0, trips - 1))))
 
 
-def current(entry: dict[str, Any] | None, config: str) -> dict[str, Any]:
+def current(entry: BreakerEntry | None, config: str) -> BreakerEntry:
     """The entry as it applies to the label's current configuration (reset if changed)."""
     if not entry or entry.get("config") != config:
         return {"state": CLOSED, "failures": 0, "trips": 0, "config": config}
     return entry
 
 
-def admit(entry: dict[str, Any] | None, config: str, now: float,
+def admit(entry: BreakerEntry | None, config: str, now: float,
           limits: Thresholds) -> str:
     """ALLOW, PROBE (the caller must claim the probe) or DENY a new launch of the label."""
     state = current(entry, config)
@@ -105,13 +106,19 @@ def admit(entry: dict[str, Any] | None, config: str, now: float,
     return PROBE if now >= stale else DENY
 
 
-def on_failure(entry: dict[str, Any], config: str, reason: str, message: str, now: float,
+def _replace(entry: BreakerEntry, fresh: BreakerEntry) -> None:
+    """Make `entry` equal to `fresh` in place (the caller's record holds `entry`)."""
+    plain = cast(dict[str, object], entry)
+    plain.clear()
+    plain.update(fresh)
+
+
+def on_failure(entry: BreakerEntry, config: str, reason: str, message: str, now: float,
                limits: Thresholds) -> bool:
     """Count one failed launch (in place); True if the entry changed."""
     fresh = current(entry, config)
     if fresh is not entry:
-        entry.clear()
-        entry.update(fresh)
+        _replace(entry, fresh)
     entry["failures"] = int(entry.get("failures", 0)) + 1
     entry["reason"], entry["message"] = reason, message[:300]
     state = entry.get("state", CLOSED)
@@ -127,18 +134,17 @@ def on_failure(entry: dict[str, Any], config: str, reason: str, message: str, no
     return True
 
 
-def on_success(entry: dict[str, Any], config: str) -> bool:
+def on_success(entry: BreakerEntry, config: str) -> bool:
     """A launch succeeded: close the breaker (in place); True if the entry changed."""
     fresh = current(entry, config)
     if fresh is entry and entry.get("state", CLOSED) == CLOSED \
             and not entry.get("failures"):
         return False
-    entry.clear()
-    entry.update({"state": CLOSED, "failures": 0, "trips": 0, "config": config})
+    _replace(entry, {"state": CLOSED, "failures": 0, "trips": 0, "config": config})
     return True
 
 
-def claim_probe(entry: dict[str, Any], config: str, pool_id: str, now: float,
+def claim_probe(entry: BreakerEntry, config: str, pool_id: str, now: float,
                 limits: Thresholds, judged: float | None = None) -> bool:
     """`judged`: the time the back-off is judged by (default `now`, the probe's stamp)."""
     if admit(entry, config, now if judged is None else judged, limits) != PROBE:
@@ -150,8 +156,8 @@ def claim_probe(entry: dict[str, Any], config: str, pool_id: str, now: float,
 class PoolBreaker:
     """The breaker of one pool, as one pool worker uses it (reads from the shared cache)."""
 
-    def __init__(self, zk: ZkClient, cache: JsonDirCache, provider: str, pool: str,
-                 pool_id: str, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, zk: ZkClient, cache: JsonDirCache[BreakerRecord], provider: str,
+                 pool: str, pool_id: str, clock: Clock = SYSTEM_CLOCK) -> None:
         self.zk = zk
         self._ages = StampAges(clock)
         self.cache = cache
@@ -160,21 +166,23 @@ class PoolBreaker:
         self.pool_id = pool_id
         self.key = breaker_key(provider, pool)
 
-    def entries(self) -> dict[str, Any]:
+    def entries(self) -> BreakerRecord:
         return self.cache.get(self.key) or {}
 
-    def judged_now(self, name: str, entry: dict[str, Any] | None, now: float) -> float:
+    def judged_now(self, name: str, entry: BreakerEntry | None, now: float) -> float:
         """`now` (wall) as `entry`'s back-off is judged: its starting stamp plus that
         stamp's step-proof age (see the module docstring); `now` itself for an entry
         without a back-off running."""
-        state = (entry or {}).get("state")
+        entry = entry or {}
+        state = entry.get("state")
         field = "since" if state == OPEN else "probe_at" if state == PROBING else None
-        stamp = (entry or {}).get(field) if field else None
-        if not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
+        stamp = entry.get("since") if state == OPEN else \
+            entry.get("probe_at") if state == PROBING else None
+        if field is None or not isinstance(stamp, (int, float)) or isinstance(stamp, bool):
             return now
         return float(stamp) + self._ages.age((name, field), float(stamp))
 
-    def probe_in(self, name: str, entry: dict[str, Any], now: float) -> float | None:
+    def probe_in(self, name: str, entry: BreakerEntry, now: float) -> float | None:
         """Seconds until a suspended label's probe is due; None when not `open`."""
         until = entry.get("until")
         if entry.get("state") != OPEN or not isinstance(until, (int, float)) \
@@ -182,7 +190,7 @@ class PoolBreaker:
             return None
         return max(0.0, float(until) - self.judged_now(name, entry, now))
 
-    def suspended(self, pool: PoolConfig, now: float) -> dict[str, dict[str, Any]]:
+    def suspended(self, pool: PoolConfig, now: float) -> dict[str, BreakerEntry]:
         """Labels currently not admitting launches, with their (current) entries."""
         limits = Thresholds.of(pool)
         out = {}
@@ -230,7 +238,7 @@ class PoolBreaker:
     def _claim(self, name: str, config: str, now: float, limits: Thresholds) -> bool:
         won = [False]
 
-        def change(data: dict[str, Any]) -> bool:
+        def change(data: BreakerRecord) -> bool:
             entry = data.setdefault(name, {})
             won[0] = claim_probe(entry, config, self.pool_id, now, limits,
                                  judged=self.judged_now(name, entry, now))
@@ -248,10 +256,10 @@ class PoolBreaker:
         limits = Thresholds.of(pool)
         if error is None:
             entry = self.entries().get(label.name)
-            if entry is None or not on_success(dict(entry), config):
+            if entry is None or not on_success(entry.copy(), config):
                 return  # nothing to reset: no write
 
-            def close(data: dict[str, Any]) -> bool:
+            def close(data: BreakerRecord) -> bool:
                 return on_success(data.setdefault(label.name, {}), config)
 
             update_breaker(self.zk, self.provider, self.pool, close)
@@ -262,7 +270,7 @@ class PoolBreaker:
         if reason is None or limits.threshold <= 0:
             return
 
-        def fail(data: dict[str, Any]) -> bool:
+        def fail(data: BreakerRecord) -> bool:
             return on_failure(data.setdefault(label.name, {}), config, reason, error, now,
                               limits)
 

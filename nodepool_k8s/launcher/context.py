@@ -15,7 +15,7 @@ from typing import Callable
 from nodepool_k8s.core import quota
 from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
-from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.driver.base import ClusterAware, Provider
 from nodepool_k8s.launcher.plan import PoolInfo
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.core.model import Resources
@@ -60,6 +60,9 @@ class Engine:
         self.breakers = JsonDirCache(zk, POOL_BREAKERS, "breaker-cache",
                                      decode_breakers)
         self.providers: dict[str, Provider] = {}
+        # The live providers that declare `ClusterAware`, checked when registered (the
+        # daemon keeps this in step with `providers`).
+        self.cluster_aware: dict[str, ClusterAware] = {}
         # Ids of ready records of our providers that cannot be handed out (not provably
         # theirs, or locked for ever): no spares. Min-ready's view of its last count; the
         # pool status uses it.

@@ -27,14 +27,14 @@ import os
 import socket
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from nodepool_k8s.core import model, records
 from nodepool_k8s.runtime import threads
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import Config, ProviderConfig, with_installation_id
-from nodepool_k8s.driver.base import Provider
-from nodepool_k8s.driver.registry import make_provider
+from nodepool_k8s.driver.base import ClusterAware, Provider
+from nodepool_k8s.driver.registry import cluster_aware, make_provider
 from nodepool_k8s.core.errors import ConfigError, NodepoolError
 from nodepool_k8s.launcher.upkeep.cleanup import CleanupWorker
 from nodepool_k8s.launcher.context import Engine
@@ -134,7 +134,7 @@ class Launcher:
         return self.engine.components
 
     @property
-    def pool_status_cache(self) -> JsonDirCache:
+    def pool_status_cache(self) -> JsonDirCache[dict[str, Any]]:
         return self.engine.pool_statuses
 
     @property
@@ -226,11 +226,11 @@ class Launcher:
         name = provider_cfg.name
         try:
             provider = self.provider_factory(provider_cfg, self.engine.clock)
-            # Capacity awareness (a Kubernetes provider's `capacity`): freed capacity wakes
-            # the workers, so a pool paused at the cloud's limit resumes without polling.
-            listen = getattr(provider, "on_capacity_change", None)
-            if callable(listen):
-                listen(self.wake_all)
+            cluster = cluster_aware(provider)
+            if cluster is not None:
+                # Freed capacity (or credentials accepted again) wakes the workers, so a
+                # pool paused at the cloud's limit resumes without polling.
+                cluster.on_capacity_change(self.wake_all)
             provider.start()
         except NodepoolError as exc:
             log.error("Provider %s failed to start (%s); retrying in the background", name,
@@ -243,6 +243,10 @@ class Launcher:
         old_pool = self.launch_pools.get(name)
         old_provider = self.engine.providers.get(name)
         self.launch_pools[name] = LaunchPool(name, workers)
+        if cluster is None:
+            self.engine.cluster_aware.pop(name, None)
+        else:
+            self.engine.cluster_aware[name] = cluster
         self.engine.providers[name] = provider
         self._failed_providers.discard(name)
         for (prov, _), worker in self.pool_workers.items():
@@ -401,6 +405,7 @@ class Launcher:
                 self._stop_pool(key)
             for name in [n for n in self.engine.providers if n not in config.providers]:
                 provider = self.engine.providers.pop(name)
+                self.engine.cluster_aware.pop(name, None)
                 launches = self.launch_pools.pop(name, None)
                 if launches is not None:
                     self._retire(provider, launches)
@@ -437,7 +442,7 @@ class Launcher:
         An operator who rewrote a kubeconfig reloads and expects it used, not only after the
         next 401. A provider whose kubeconfig now names another server or trust does not
         switch in place (see driver/kubernetes/credentials.py): it is replaced, as for
-        changed settings. Drivers without credentials to read (fake) are skipped.
+        changed settings. Providers that are not `ClusterAware` (fake) are skipped.
 
         Reading credentials may run a provider's exec plugin (bounded by its
         `credentials-exec-timeout`). Each provider reads on a thread of its own, without
@@ -448,9 +453,8 @@ class Launcher:
         started: list[threading.Thread] = []
         with self._lock:
             for name in names:
-                provider = self.engine.providers.get(name)
-                reload = getattr(provider, "reload_credentials", None)
-                if provider is None or not callable(reload):
+                cluster = self.engine.cluster_aware.get(name)
+                if cluster is None:
                     continue
                 busy = self._reading_credentials.get(name)
                 if busy is not None and busy.is_alive():
@@ -459,7 +463,7 @@ class Launcher:
                     continue
                 thread = threads.start(
                     f"credentials-{name}",
-                    functools.partial(self._read_credentials, name, provider, reload),
+                    functools.partial(self._read_credentials, name, cluster),
                     on_crash=threads.Crash.END, report=self.engine.stats.thread_crashed)
                 self._reading_credentials[name] = thread
                 started.append(thread)
@@ -470,10 +474,9 @@ class Launcher:
                 log.warning("%s: still reading credentials after %.0fs; the reload goes on"
                             " without waiting for it", thread.name, CREDENTIALS_RELOAD_WAIT)
 
-    def _read_credentials(self, name: str, provider: Provider,
-                          reload: Callable[[], object]) -> None:
+    def _read_credentials(self, name: str, cluster: ClusterAware) -> None:
         try:
-            keep = bool(reload())
+            keep = cluster.reload_credentials()
         except Exception:  # noqa: BLE001 - one provider must not stop the reload
             log.exception("Provider %s could not read its credentials again", name)
             return
@@ -482,7 +485,7 @@ class Launcher:
         with self._lock:
             provider_cfg = self.engine.config.providers.get(name)
             if self.engine.stopping.is_set() or provider_cfg is None \
-                    or self.engine.providers.get(name) is not provider:
+                    or self.engine.cluster_aware.get(name) is not cluster:
                 return  # stopping, or replaced or removed meanwhile
             log.info("Provider %s: replacing it to follow its kubeconfig", name)
             self._start_provider(provider_cfg)

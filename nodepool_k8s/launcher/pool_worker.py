@@ -38,7 +38,7 @@ from nodepool_k8s.runtime import logconfig, stats
 from nodepool_k8s.core import model, quota
 from nodepool_k8s.runtime.clock import wall_deadline
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
-from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.driver.base import ClusterAware, Provider
 from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.launcher.upkeep import drift, fleet
 from nodepool_k8s.launcher import lifecycle, plan
@@ -50,10 +50,11 @@ from nodepool_k8s.launcher.requests.handler import HandlerDeps, PoolRef, Request
 from nodepool_k8s.launcher.requests.launch import LaunchPool
 from nodepool_k8s.launcher.worker import RefusedRequests, Worker
 from nodepool_k8s.core.model import NodeRequest, Resources
+from nodepool_k8s.core.pool_records import PoolStatusRecord
 from nodepool_k8s.zk import errors
 from nodepool_k8s.zk.cache import ComponentCache
 from nodepool_k8s.zk.locks import HeldLock
-from nodepool_k8s.zk.pool_status import JsonDirCache, StatusWriter
+from nodepool_k8s.zk.pool_status import BreakerRecord, JsonDirCache, StatusWriter
 from nodepool_k8s.zk.registry import ComponentRegistry, Registration, pool_worker_id
 
 
@@ -94,7 +95,10 @@ class PoolWorkerDeps(HandlerDeps, fleet.FleetDeps, Protocol):
     def components(self) -> ComponentCache: ...
 
     @property
-    def breakers(self) -> JsonDirCache: ...
+    def breakers(self) -> JsonDirCache[BreakerRecord]: ...
+
+    @property
+    def cluster_aware(self) -> Mapping[str, ClusterAware]: ...
 
     @property
     def stuck_requests(self) -> frozenset[str]: ...
@@ -134,7 +138,7 @@ class PoolWorker(Worker):
         self._probes: set[str] = set()  # requests accepted as a suspended label's probe
         self._status = pool_status.StatusBuilder(engine.settings.pool_status_interval)
         self._status_writer = StatusWriter(engine.zk, self.id)
-        self.published_status: dict[str, object] | None = None
+        self.published_status: PoolStatusRecord | None = None
         self._contended = False
         # Requests whose lock dir exists (someone locked them before): never batched.
         self._lock_dir_seen: set[str] = set()
@@ -418,23 +422,23 @@ class PoolWorker(Worker):
         engine = self.engine
         nodes = engine.node_cache.nodes()
         paused = [h for h in self.handlers.values() if h.paused]
-        capacity = getattr(provider, "capacity_condition", None)
+        # A cluster-aware provider's view of the cluster's capacity and of its own
+        # credentials (refused: launches wait); others report neither.
+        cluster = engine.cluster_aware.get(self.ref.provider)
         suspended = self.breaker.suspended(pool_cfg, now)
-        # A Kubernetes provider's view of its own credentials (refused: launches wait).
-        credentials = getattr(provider, "credentials_condition", None)
         fresh, data = pool_status.build(
             pool_id=self.id, hostname=engine.registry.hostname, pool=pool_cfg,
             provider=provider_cfg, config=engine.config, nodes=nodes,
             records=engine.cached_usage(lambda n: n.provider == provider_cfg.name),
             cloud=provider.cloud_limits(),
-            capacity=capacity(pool_cfg) if callable(capacity) else None,
+            capacity=cluster.capacity_condition(pool_cfg) if cluster is not None else None,
             blocked=next((h.blocked_scope for h in paused if h.blocked_scope), None),
             launching=sum(1 for h in self.handlers.values() for s in h.slots
                           if s.future is not None),
             queued=len(paused), pending=len(self.handlers),
             suspended=suspended, now=now,
             unhandable=engine.unhandable,
-            credentials=credentials() if callable(credentials) else None)
+            credentials=cluster.credentials_condition() if cluster is not None else None)
         data["conditions"] = self._status.conditions(fresh, now)
         write, at = self._status.due(data, mono)
         if write:

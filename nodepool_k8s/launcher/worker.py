@@ -32,8 +32,8 @@ from nodepool_k8s.zk import paths
 MAX_WAIT = 60.0
 ERROR_BACKOFF = 1.0
 # The gap the cleanup and min-ready workers leave between passes: they react to every node
-# and request change, and in a burst one pass per 20 ms serves them all (measured: five
-# and seven passes per node before, issue 15).
+# and request change, and in a burst one pass per 20 ms serves them all (without the gap,
+# a burst costs them several passes per node).
 PASS_COALESCE = 0.02
 # A pass failing the same way again is logged with its traceback once, then one line per
 # this many seconds with the count: a poisoned pass retried every second must not fill
@@ -134,9 +134,9 @@ class Worker:
 
 class RefusedRequests:
     """Requests ZooKeeper would not let us lock or write (another client's ACL), by the
-    version refused: skipped until they change, and reported once per version. One such
-    request used to fail every pass of the step that met it, with a traceback each time,
-    and nothing after it in that pass was done."""
+    version refused: skipped until they change, and reported once per version. Otherwise
+    one such request would fail every pass of the step that met it, with a traceback each
+    time, and nothing after it in that pass would be done."""
 
     def __init__(self, log: logging.Logger | logging.LoggerAdapter[logging.Logger]) -> None:
         self._log = log

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable
+from typing import Any, Callable, Mapping, TypeVar, cast
 from urllib.parse import quote
 
 from nodepool_k8s.core import records
+from nodepool_k8s.core.pool_records import BreakerEntry, PoolStatusRecord
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.cache import MirroredCache
 from nodepool_k8s.zk.client import ZkClient
@@ -33,6 +34,10 @@ from nodepool_k8s.zk.mirror import ChildMirror
 
 POOL_STATUS = f"{paths.OWN_ROOT}/pool-status"
 POOL_BREAKERS = f"{paths.OWN_ROOT}/pool-breakers"
+
+# A pool's breaker record: label -> that label's entry.
+BreakerRecord = dict[str, BreakerEntry]
+R = TypeVar("R")
 
 
 def status_path(pool_id: str) -> str:
@@ -47,7 +52,7 @@ def breaker_path(provider: str, pool: str) -> str:
     return f"{POOL_BREAKERS}/{breaker_key(provider, pool)}"
 
 
-def encode(data: dict[str, Any]) -> bytes:
+def encode(data: Mapping[str, object]) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":")).encode("utf8")
 
 
@@ -127,7 +132,7 @@ _STATUS_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
 
 def decode_pool_status(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
     """A pool worker's published status, or Malformed when a field its readers use has
-    the wrong type (one such record once turned /metrics into a 500 on every scrape)."""
+    the wrong type (one such record would turn /metrics into a 500 on every scrape)."""
     data = records.load_object(raw)
     for field, (check, expected) in _STATUS_FIELDS.items():
         if field in data and data[field] is not None and not check(data[field]):
@@ -135,7 +140,7 @@ def decode_pool_status(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
     return data
 
 
-def decode_breakers(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
+def decode_breakers(key: str, raw: bytes, stat: Any) -> BreakerRecord:
     """A pool's breaker record, label -> entry. An unusable entry (someone else wrote it, or
     an older format) is left out and reported once: that label's breaker starts afresh,
     and the next update of the record drops it."""
@@ -146,24 +151,25 @@ def decode_breakers(key: str, raw: bytes, stat: Any) -> dict[str, Any]:
         del data[label]
         records.REPORTS.report("breaker entry", f"{POOL_BREAKERS}/{key} (label {label})",
                                getattr(stat, "version", -1), problem)
-    return data
+    # Every entry left passed breaker_entry_problem: each key it has holds its type.
+    return cast(BreakerRecord, data)
 
 
-class JsonDirCache(MirroredCache[dict[str, Any]]):
-    """Every JSON child of `root`, by child name."""
+class JsonDirCache(MirroredCache[R]):
+    """Every JSON child of `root`, by child name, as `decoder` made it."""
 
     def __init__(self, zk: ZkClient, root: str, name: str,
-                 decoder: Callable[[str, bytes, Any], dict[str, Any]] = decode) -> None:
+                 decoder: Callable[[str, bytes, Any], R]) -> None:
         self.name = name
         # Names come back: a pool's status after a restart, its breaker after a removal.
         self._mirror = ChildMirror(zk, root, decoder, name=name,
                                    accept=lambda child: bool(child), reused_names=True)
 
-    def get(self, key: str) -> dict[str, Any] | None:
+    def get(self, key: str) -> R | None:
         with self._mirror._lock:
             return self._mirror.items.get(key)
 
-    def items(self) -> dict[str, dict[str, Any]]:
+    def items(self) -> dict[str, R]:
         with self._mirror._lock:
             return dict(self._mirror.items)
 
@@ -177,7 +183,7 @@ class StatusWriter:
         self._version: int | None = None
         self._epoch = -1
 
-    def write(self, data: dict[str, Any]) -> None:
+    def write(self, data: PoolStatusRecord) -> None:
         raw = encode(data)
         if self._epoch != self.zk.epoch:  # a new session: our ephemeral is gone
             self._version, self._epoch = None, self.zk.epoch
@@ -202,15 +208,15 @@ class StatusWriter:
 
 
 def update_breaker(zk: ZkClient, provider: str, pool: str,
-                   change: Callable[[dict[str, Any]], bool], attempts: int = 20
-                   ) -> dict[str, Any]:
+                   change: Callable[[BreakerRecord], bool], attempts: int = 20
+                   ) -> BreakerRecord:
     """Read-modify-write the pool's breaker record; `change` edits it in place and returns
     whether anything changed (no write otherwise). Returns the record as stored."""
     key = breaker_key(provider, pool)
     path = breaker_path(provider, pool)
     for _ in range(attempts):
         found = zk.get(path)
-        data: dict[str, Any] = {}
+        data: BreakerRecord = {}
         if found and found[0]:
             try:
                 data = decode_breakers(key, found[0], found[1])

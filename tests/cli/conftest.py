@@ -93,7 +93,12 @@ def config_file(zk: ZkConnection, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def cli(config_file: Path, capsys: pytest.CaptureFixture[str]) -> Cli:
+def cli(config_file: Path, capsys: pytest.CaptureFixture[str],
+        kazoo_client: KazooClient) -> Cli:
+    # An installation Zuul has used: the Nodepool tree exists (a bare root gets a warning,
+    # see test_operator_habits).
+    kazoo_client.ensure_path(paths.NODES)
+    kazoo_client.ensure_path(paths.REQUESTS)
     return Cli(config_file, capsys)
 
 

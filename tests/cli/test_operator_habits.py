@@ -71,12 +71,19 @@ def test_a_broken_zookeeper_section_is_still_refused(zk: ZkConnection, tmp_path:
     assert "zookeeper-timeout" in result.err
 
 
-def test_a_root_without_nodepool_data_warns(cli: Cli, kazoo_client: KazooClient) -> None:
-    empty = cli("list")
+def test_a_root_without_nodepool_data_warns(zk: ZkConnection, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str],
+                                            kazoo_client: KazooClient) -> None:
+    wrong = ZkConnection(host=zk.host, port=zk.port, chroot=zk.chroot + "-typo")
+    path = tmp_path / "wrong-chroot.yaml"
+    path.write_text(config_text(wrong))
+    empty = Cli(path, capsys)("list")
     assert empty.code == 0 and "holds no Nodepool data (no /nodepool)" in empty.err
-    assert "check the chroot" in empty.err
-    kazoo_client.ensure_path(paths.NODES)
-    assert cli("list").err == ""
+    assert "check the chroot" in empty.err and wrong.chroot in empty.err
+    kazoo_client.ensure_path(paths.NODES)  # the right chroot: no warning
+    right = tmp_path / "right.yaml"
+    right.write_text(config_text(zk))
+    assert Cli(right, capsys)("list").err == ""
 
 
 def test_delete_takes_several_ids_and_goes_on_after_a_failure(

@@ -47,6 +47,7 @@ from nodepool_k8s.driver.kubernetes import manifests, slim
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch
 from nodepool_k8s.core.model import Resources
+from nodepool_k8s.core.pool_records import CapacityCondition
 from nodepool_k8s.core.quota import tightest
 
 log = logging.getLogger(__name__)
@@ -374,7 +375,7 @@ class CapacityTracker:
                                   for k in keys if k in free})
         return tightest([limit, nodes])
 
-    def condition(self, labels: Iterable[PoolLabel]) -> dict[str, Any]:
+    def condition(self, labels: Iterable[PoolLabel]) -> CapacityCondition:
         """The pool's `Capacity` condition over its labels, with per-label detail."""
         labels = sorted(labels, key=lambda lb: lb.name)
         if not self.synced:

@@ -54,6 +54,7 @@ from kubernetes.client import rest
 from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.driver.kubernetes.errors import Unauthorized
 from nodepool_k8s.core.errors import NodepoolError
+from nodepool_k8s.core.pool_records import ConditionRecord
 
 log = logging.getLogger(__name__)
 
@@ -324,7 +325,7 @@ class Credentials:
             f"; {problem}" if problem else "", max(steps) if steps else 0.0)
         self._changed()
 
-    def condition(self) -> dict[str, Any]:
+    def condition(self) -> ConditionRecord:
         """The provider's `Credentials` condition (status, reason, message)."""
         with self._lock:
             refused, since, problem = self._refused, self._since, self._problem

@@ -20,9 +20,9 @@ import secrets
 import socket
 import threading
 from datetime import datetime, timezone
-from typing import Any
 
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.driver.kubernetes.bodies import Event, ObjectReference
 from nodepool_k8s.driver.kubernetes.client import KubeClient
 
 log = logging.getLogger(__name__)
@@ -41,10 +41,10 @@ def _stamp(when: float) -> str:
 
 def event_body(namespace: str, reason: str, message: str, event_type: str, when: float,
                pod: str | None = None, node_id: str | None = None,
-               host: str | None = None) -> dict[str, Any]:
+               host: str | None = None) -> Event:
     """A core/v1 Event about namespace `namespace` (or its pod `pod`), sent from `host`
     (default: this machine's hostname, looked up now)."""
-    involved: dict[str, Any] = (
+    involved: ObjectReference = (
         {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace} if pod
         else {"apiVersion": "v1", "kind": "Namespace", "name": namespace})
     stamp = _stamp(when)
@@ -78,7 +78,7 @@ class EventRecorder:
         self._burst = float(burst)
         self._tokens = float(burst)
         self._refilled = clock.monotonic()
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue(QUEUE_SIZE)
+        self._queue: queue.Queue[Event | None] = queue.Queue(QUEUE_SIZE)
         self._lock = threading.Lock()
         self.sent = 0
         self.dropped = 0
@@ -138,7 +138,7 @@ class EventRecorder:
                 return
             self._send(body)
 
-    def _send(self, body: dict[str, Any]) -> None:
+    def _send(self, body: Event) -> None:
         """One try, never retried; failures are counted and logged at debug level."""
         namespace = body["metadata"]["namespace"]
         try:

@@ -11,10 +11,13 @@ its object is not wanted.
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 from nodepool_k8s.config.model import PoolLabel
 from nodepool_k8s.driver.kubernetes import manifests
+from nodepool_k8s.driver.kubernetes.bodies import (
+    LimitRange, LimitRangeItem, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer,
+    NetworkPolicyPort, ResourceQuota, RoleBinding)
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 WARN_LABEL = "pod-security.kubernetes.io/warn"
@@ -39,11 +42,12 @@ DEFAULT_REQUEST = {"cpu": 0.1, "memory": 128, "storage": 100}
 DEFAULT_LIMIT = {"cpu": 1.0, "memory": 512, "storage": 1000}
 
 # kube-dns / CoreDNS in kube-system, as every distribution labels it.
-DNS_PEER: dict[str, Any] = {
+DNS_PEER: NetworkPolicyPeer = {
     "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
     "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
 }
-DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+DNS_PORTS: list[NetworkPolicyPort] = [{"protocol": "UDP", "port": 53},
+                                      {"protocol": "TCP", "port": 53}]
 
 
 def namespace_labels(label: PoolLabel) -> dict[str, str]:
@@ -114,7 +118,7 @@ def _compute_hard(label: PoolLabel) -> dict[str, str]:
 
 
 def resource_quota_body(namespace: str, label: PoolLabel,
-                        labels: Mapping[str, str]) -> dict[str, Any] | None:
+                        labels: Mapping[str, str]) -> ResourceQuota | None:
     hard = quota_hard(label)
     if not hard:
         return None
@@ -124,7 +128,7 @@ def resource_quota_body(namespace: str, label: PoolLabel,
 
 
 def limit_range_body(namespace: str, label: PoolLabel,
-                     labels: Mapping[str, str]) -> dict[str, Any] | None:
+                     labels: Mapping[str, str]) -> LimitRange | None:
     """Defaults for containers without requests/limits, so the quota does not refuse them
     for "must specify"; None when there is no compute quota."""
     if not label.resource_quota:
@@ -141,7 +145,7 @@ def limit_range_body(namespace: str, label: PoolLabel,
         if key in limits and min(DEFAULT_REQUEST[key], value) > min(DEFAULT_LIMIT[key],
                                                                     limits[key]):
             default_request[_NAMES[key]] = default_limit[_NAMES[key]]
-    item: dict[str, Any] = {"type": "Container"}
+    item: LimitRangeItem = {"type": "Container"}
     if default_limit:
         item["default"] = default_limit
     if default_request:
@@ -153,12 +157,12 @@ def limit_range_body(namespace: str, label: PoolLabel,
 
 
 def network_policy_body(namespace: str, label: PoolLabel,
-                        labels: Mapping[str, str]) -> dict[str, Any] | None:
+                        labels: Mapping[str, str]) -> NetworkPolicy | None:
     """Default-deny egress for every pod of the namespace, except DNS to kube-dns and the
     label's `egress-allow` CIDRs. Ingress is left alone."""
     if not label.network_policy:
         return None
-    egress: list[dict[str, Any]] = [{"to": [DNS_PEER], "ports": list(DNS_PORTS)}]
+    egress: list[NetworkPolicyEgressRule] = [{"to": [DNS_PEER], "ports": list(DNS_PORTS)}]
     if label.egress_allow:
         egress.append({"to": [{"ipBlock": {"cidr": cidr}} for cidr in label.egress_allow]})
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
@@ -173,7 +177,7 @@ def own_quota_refusal(message: str) -> bool:
 
 
 def cluster_role_binding_body(namespace: str, label: PoolLabel,
-                              labels: Mapping[str, str]) -> dict[str, Any]:
+                              labels: Mapping[str, str]) -> RoleBinding:
     """The node's RoleBinding to the pre-created ClusterRole of its label type."""
     body = manifests.role_binding_body(namespace, label, labels)
     body["roleRef"] = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",

@@ -20,6 +20,10 @@ from typing import Any, Mapping
 
 from nodepool_k8s.config.model import PoolLabel
 from nodepool_k8s.driver.base import LaunchSpec, RequestInfo
+from nodepool_k8s.driver.kubernetes.bodies import (
+    Container, Namespace, NodeAffinity, NodeSelectorRequirement,
+    ObjectMeta, Pod, PodSpec, PolicyRule, ResourceRequirements, Role, RoleBinding,
+    ServiceAccount, Subject, TokenRequest, VerbatimPodSpec)
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +60,7 @@ READ_VERBS = ["get", "list", "watch"]
 # `allow-job-secrets`: a job that may create Secrets may create a
 # `kubernetes.io/service-account-token` one, which the token controller fills with a token
 # that never expires (etc/kubernetes/job-policy.yaml refuses those where it is applied).
-NAMESPACE_RULES: list[dict[str, Any]] = [
+NAMESPACE_RULES: list[PolicyRule] = [
     {"apiGroups": [""],
      "resources": ["pods", "pods/exec", "pods/portforward", "pods/attach", "services",
                    "configmaps", "persistentvolumeclaims"],
@@ -69,14 +73,13 @@ NAMESPACE_RULES: list[dict[str, Any]] = [
      "verbs": ALL_VERBS},
     {"apiGroups": ["batch"], "resources": ["jobs", "cronjobs"], "verbs": ALL_VERBS},
 ]
-SECRETS_RULE: dict[str, Any] = {"apiGroups": [""], "resources": ["secrets"],
-                                "verbs": ALL_VERBS}
+SECRETS_RULE: PolicyRule = {"apiGroups": [""], "resources": ["secrets"], "verbs": ALL_VERBS}
 # `namespace` labels with `allow-job-secrets: true`.
-NAMESPACE_RULES_WITH_SECRETS: list[dict[str, Any]] = [*NAMESPACE_RULES, SECRETS_RULE]
+NAMESPACE_RULES_WITH_SECRETS: list[PolicyRule] = [*NAMESPACE_RULES, SECRETS_RULE]
 
 # `pod` labels: the job only drives the one pod Nodepool made (Ansible's kubectl connection
 # execs into it, the executor port-forwards for log streaming, kubectl logs reads pods/log).
-POD_RULES: list[dict[str, Any]] = [
+POD_RULES: list[PolicyRule] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": READ_VERBS},
     {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get", "list", "watch"]},
@@ -296,8 +299,8 @@ def created_pod_problem(obj: Mapping[str, Any], provider_name: str, installation
 # -- namespace and access objects --------------------------------------------------------------
 
 def _meta(name: str, labels: Mapping[str, str], namespace: str | None = None,
-          annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": dict(labels)}
+          annotations: Mapping[str, str] | None = None) -> ObjectMeta:
+    meta: ObjectMeta = {"name": name, "labels": dict(labels)}
     if namespace is not None:
         meta["namespace"] = namespace
     if annotations:
@@ -309,18 +312,18 @@ CONFIG_HASH_ANNOTATION = "nodepool_config_hash"
 
 
 def namespace_body(name: str, labels: Mapping[str, str],
-                   annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+                   annotations: Mapping[str, str] | None = None) -> Namespace:
     """The node's namespace; a namespace label's `annotations` are set on it."""
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": _meta(name, labels, annotations=annotations)}
 
 
-def service_account_body(namespace: str, labels: Mapping[str, str]) -> dict[str, Any]:
+def service_account_body(namespace: str, labels: Mapping[str, str]) -> ServiceAccount:
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": _meta(SERVICE_ACCOUNT, labels, namespace)}
 
 
-def token_request_body(lifetime: int) -> dict[str, Any]:
+def token_request_body(lifetime: int) -> TokenRequest:
     """A TokenRequest for the service account: a bound token expiring after `lifetime` s."""
     return {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
             "spec": {"audiences": [TOKEN_AUDIENCE], "expirationSeconds": int(lifetime)}}
@@ -330,23 +333,28 @@ def role_name(label: PoolLabel) -> str:
     return POD_ROLE if label.type == "pod" else NAMESPACE_ROLE
 
 
-def role_rules(label: PoolLabel) -> list[dict[str, Any]]:
+def role_rules(label: PoolLabel) -> list[PolicyRule]:
     # A fresh copy per Role (callers may change it), made by hand: each rule is flat
-    # (strings and lists of strings), and `copy.deepcopy` cost more than the rest of the
-    # Role's body.
-    return [{key: list(value) if isinstance(value, list) else value
-             for key, value in rule.items()}
-            for rule in job_rules(label)]
+    # (lists of strings), and `copy.deepcopy` cost more than the rest of the Role's body.
+    return [_copy_rule(rule) for rule in job_rules(label)]
 
 
-def job_rules(label: PoolLabel) -> list[dict[str, Any]]:
+def _copy_rule(rule: PolicyRule) -> PolicyRule:
+    copied: PolicyRule = {"apiGroups": list(rule["apiGroups"]),
+                          "resources": list(rule["resources"]), "verbs": list(rule["verbs"])}
+    if "resourceNames" in rule:
+        copied["resourceNames"] = list(rule["resourceNames"])
+    return copied
+
+
+def job_rules(label: PoolLabel) -> list[PolicyRule]:
     """The shared (not copied) rules of a job of `label`: see the constants above."""
     if label.type == "pod":
         return POD_RULES
     return NAMESPACE_RULES_WITH_SECRETS if label.allow_job_secrets else NAMESPACE_RULES
 
 
-def role_body(namespace: str, label: PoolLabel, labels: Mapping[str, str]) -> dict[str, Any]:
+def role_body(namespace: str, label: PoolLabel, labels: Mapping[str, str]) -> Role:
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": _meta(role_name(label), labels, namespace),
             "rules": role_rules(label)}
@@ -366,16 +374,16 @@ def job_resource_types() -> list[tuple[str, str]]:
     return found
 
 
-def cleanup_rules() -> list[dict[str, Any]]:
+def cleanup_rules() -> list[PolicyRule]:
     """The rules of CLEANUP_CLUSTER_ROLE: list, get and patch (to remove finalizers) the
     job's kinds, delete pods (with a bounded grace period), and patch the binding that grants
     all this (to remove HOLD_FINALIZER last). Bound only inside node namespaces."""
     groups: dict[str, list[str]] = {}
     for group, resource in job_resource_types():
         groups.setdefault(group, []).append(resource)
-    rules: list[dict[str, Any]] = [{"apiGroups": [group], "resources": resources,
-                                    "verbs": ["get", "list", "patch"]}
-                                   for group, resources in groups.items()]
+    rules: list[PolicyRule] = [{"apiGroups": [group], "resources": resources,
+                                "verbs": ["get", "list", "patch"]}
+                               for group, resources in groups.items()]
     rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]})
     rules.append({"apiGroups": [RBAC_GROUP], "resources": ["rolebindings"],
                   "verbs": ["patch"], "resourceNames": [CLEANUP_BINDING]})
@@ -383,7 +391,7 @@ def cleanup_rules() -> list[dict[str, Any]]:
 
 
 def cleanup_binding_body(namespace: str, labels: Mapping[str, str],
-                         subject: Mapping[str, str]) -> dict[str, Any]:
+                         subject: Subject) -> RoleBinding:
     """The RoleBinding granting the launcher (`subject`) CLEANUP_CLUSTER_ROLE in the node's
     namespace, held by HOLD_FINALIZER until the launcher removes it."""
     meta = _meta(CLEANUP_BINDING, labels, namespace)
@@ -392,10 +400,10 @@ def cleanup_binding_body(namespace: str, labels: Mapping[str, str],
             "metadata": meta,
             "roleRef": {"apiGroup": RBAC_GROUP, "kind": "ClusterRole",
                         "name": CLEANUP_CLUSTER_ROLE},
-            "subjects": [dict(subject)]}
+            "subjects": [subject.copy()]}
 
 
-def subject_of(username: str) -> dict[str, str]:
+def subject_of(username: str) -> Subject:
     """The RBAC subject for an authenticated user name (a service account's, or a user)."""
     parts = username.split(":")
     if len(parts) == 4 and parts[:2] == ["system", "serviceaccount"] and all(parts[2:]):
@@ -404,7 +412,7 @@ def subject_of(username: str) -> dict[str, str]:
 
 
 def role_binding_body(namespace: str, label: PoolLabel,
-                      labels: Mapping[str, str]) -> dict[str, Any]:
+                      labels: Mapping[str, str]) -> RoleBinding:
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": _meta(ROLE_BINDING, labels, namespace),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
@@ -431,7 +439,7 @@ def quantity(value: float) -> str:
     return format(Decimal(str(value)).normalize(), "f")
 
 
-def container_resources(label: PoolLabel) -> dict[str, dict[str, str]]:
+def container_resources(label: PoolLabel) -> ResourceRequirements:
     """requests/limits: cpu as given, memory `<n>Mi`, ephemeral-storage `<n>M`, gpu in both."""
     requests: dict[str, str] = {}
     limits: dict[str, str] = {}
@@ -450,7 +458,7 @@ def container_resources(label: PoolLabel) -> dict[str, dict[str, str]]:
     if label.gpu is not None and label.gpu_resource:
         # Extended resources must be equal in requests and limits.
         requests[label.gpu_resource] = limits[label.gpu_resource] = quantity(label.gpu)
-    resources: dict[str, dict[str, str]] = {}
+    resources: ResourceRequirements = {}
     if requests:
         resources["requests"] = requests
     if limits:
@@ -458,18 +466,18 @@ def container_resources(label: PoolLabel) -> dict[str, dict[str, str]]:
     return resources
 
 
-def _expression(requirement: Mapping[str, Any]) -> dict[str, Any]:
-    expression: dict[str, Any] = {"key": requirement["key"],
-                                  "operator": requirement["operator"]}
+def _expression(requirement: Mapping[str, Any]) -> NodeSelectorRequirement:
+    expression: NodeSelectorRequirement = {"key": requirement["key"],
+                                           "operator": requirement["operator"]}
     if requirement.get("values"):
         expression["values"] = [str(v) for v in requirement["values"]]
     return expression
 
 
-def node_affinity(label: PoolLabel) -> dict[str, Any]:
+def node_affinity(label: PoolLabel) -> NodeAffinity:
     """`node-requirements` as one required term (all must hold), each
     `preferred-node-requirements` entry as its own weighted preferred term."""
-    affinity: dict[str, Any] = {}
+    affinity: NodeAffinity = {}
     if label.node_requirements:
         affinity["requiredDuringSchedulingIgnoredDuringExecution"] = {"nodeSelectorTerms": [
             {"matchExpressions": [_expression(r) for r in label.node_requirements]}]}
@@ -480,11 +488,12 @@ def node_affinity(label: PoolLabel) -> dict[str, Any]:
     return affinity
 
 
-def pod_spec(label: PoolLabel) -> dict[str, Any]:
+def pod_spec(label: PoolLabel) -> PodSpec | VerbatimPodSpec:
     """Form B: the configured spec, deep-copied verbatim. Form A: one sleeping container."""
     if label.spec is not None:
-        return plain(label.spec)  # type: ignore[no-any-return]
-    container: dict[str, Any] = {
+        verbatim: VerbatimPodSpec = plain(label.spec)
+        return verbatim
+    container: Container = {
         "name": dns_label(label.name),
         "image": label.image,
         "imagePullPolicy": label.image_pull,
@@ -502,7 +511,7 @@ def pod_spec(label: PoolLabel) -> dict[str, Any]:
         container["securityContext"] = {"privileged": bool(label.privileged)}
     # restartPolicy belongs inside the spec (Nodepool put it beside it, where it is ignored):
     # a sleeping CI container that dies must surface as a failed pod, not restart quietly.
-    spec: dict[str, Any] = {"containers": [container], "restartPolicy": "Never"}
+    spec: PodSpec = {"containers": [container], "restartPolicy": "Never"}
     if label.node_selector:
         spec["nodeSelector"] = plain(label.node_selector)
     if label.scheduler_name:
@@ -517,7 +526,7 @@ def pod_spec(label: PoolLabel) -> dict[str, Any]:
     return spec
 
 
-def pod_body(namespace: str, label: PoolLabel, labels: Mapping[str, str]) -> dict[str, Any]:
+def pod_body(namespace: str, label: PoolLabel, labels: Mapping[str, str]) -> Pod:
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": _meta(pod_name(label), labels, namespace, dict(label.annotations)),
             "spec": pod_spec(label)}

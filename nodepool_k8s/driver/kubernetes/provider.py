@@ -66,9 +66,11 @@ from nodepool_k8s.runtime.cancel import CancelEvent
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
-from nodepool_k8s.driver.base import (CloudResource, Deletion, Gone, LaunchResult,
-                                      LaunchSpec, Progress, Provider, Underway)
+from nodepool_k8s.driver.base import (CloudResource, ClusterAware, Deletion, Gone,
+                                      LaunchResult, LaunchSpec, Progress, Provider,
+                                      Underway)
 from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, slim
+from nodepool_k8s.driver.kubernetes.bodies import NamespacedBody, Subject
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
 from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
                                                    connect)
@@ -82,6 +84,7 @@ from nodepool_k8s.core.errors import (BootTimeout, LaunchCancelled, LaunchError,
                                       NodepoolError, NotFound, NotOwned, PermanentError,
                                       ProviderUnavailable, QuotaExceeded, TemporaryError)
 from nodepool_k8s.core.model import Resources
+from nodepool_k8s.core.pool_records import CapacityCondition, ConditionRecord
 
 log = logging.getLogger(__name__)
 
@@ -160,8 +163,11 @@ def _plain_number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-class KubernetesProvider:
-    """Hands out namespaces (`namespace` labels) and pods (`pod` labels) in one context."""
+class KubernetesProvider(ClusterAware):
+    """Hands out namespaces (`namespace` labels) and pods (`pod` labels) in one context.
+
+    Implements `Provider` and declares `ClusterAware`: it watches the cluster's capacity
+    (when `capacity` is configured) and its own credentials."""
 
     def __init__(self, config: ProviderConfig, clock: Clock = SYSTEM_CLOCK,
                  kubeconfig: str | None = None,
@@ -211,7 +217,7 @@ class KubernetesProvider:
         # hold is left in it (job-role: cluster-role), so the deletion removes it at once.
         self._wakers: dict[str, Callable[[], None]] = {}
         # The RBAC subject the API server knows this launcher as (job-role: cluster-role).
-        self._subject: dict[str, str] | None = None
+        self._subject: Subject | None = None
 
     @property
     def unschedulable_grace(self) -> float:
@@ -295,7 +301,7 @@ class KubernetesProvider:
             client = self._client
         return True if client is None else client.credentials.reload_now()
 
-    def credentials_condition(self) -> dict[str, Any] | None:
+    def credentials_condition(self) -> ConditionRecord | None:
         """The `Credentials` condition of the provider's pools (None: not started)."""
         with self._lock:
             client = self._client
@@ -685,7 +691,7 @@ class KubernetesProvider:
     def _create_contents(self, client: KubeClient, namespace: str, label: PoolLabel,
                          labels: dict[str, str], sleep: Sleeper) -> None:
         core, rbac = client.core, client.rbac
-        steps: list[tuple[str, Callable[..., Any], dict[str, Any] | None]] = [
+        steps: list[tuple[str, Callable[..., Any], NamespacedBody | None]] = [
             # The fences first: the quota must exist before any pod is admitted.
             ("resourcequota", core.create_namespaced_resource_quota,
              guards.resource_quota_body(namespace, label, labels)),
@@ -723,7 +729,7 @@ class KubernetesProvider:
         """Whether our node namespaces carry the cleanup binding and its hold."""
         return self.config.job_role == "cluster-role"
 
-    def _own_subject(self, client: KubeClient, sleep: Sleeper) -> dict[str, str]:
+    def _own_subject(self, client: KubeClient, sleep: Sleeper) -> Subject:
         """Who the API server takes this launcher for (a SelfSubjectReview, asked once)."""
         with self._lock:
             subject = self._subject
@@ -1067,7 +1073,7 @@ class KubernetesProvider:
             return Resources.limits()
         return capacity.limits(label)
 
-    def capacity_condition(self, pool: PoolConfig) -> dict[str, Any] | None:
+    def capacity_condition(self, pool: PoolConfig) -> CapacityCondition | None:
         """The pool's `Capacity` condition (None: capacity awareness is off)."""
         with self._lock:
             capacity = self._capacity

@@ -104,7 +104,7 @@ RESTART_BACKOFF = (0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 MAX_EVENT_BYTES = 4 * 1024 * 1024
 # A watch must have lasted this long (and delivered events) to count as healthy and reset
 # the restart backoff: a server (or proxy) that sends one event, a bookmark say, and ends
-# every watch at once was re-watched about 23 times a second.
+# every watch at once would otherwise be re-watched many times a second.
 MIN_HEALTHY_WATCH = 5.0
 # What one read of a watch stream may return: a server's chunk of any size is taken in
 # pieces, so memory stays bounded by MAX_EVENT_BYTES plus this, not by the chunk.
@@ -150,7 +150,7 @@ def iter_events(response: Any) -> Iterator[dict[str, Any]]:
     chunks: Iterator[bytes]
     if getattr(response, "chunked", False):
         # At most READ_BYTES of the current chunk per read (a small chunk, one event, is
-        # returned whole and at once): a 200 MB chunk used to be held whole in memory.
+        # returned whole and at once): a huge chunk is never held whole in memory.
         chunks = response.stream(READ_BYTES, decode_content=True)
     else:
         chunks = iter(lambda: response.read1(READ_BYTES), b"")

@@ -27,21 +27,23 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, TypedDict
 
 from nodepool_k8s.core import quota
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.launcher import breaker as breakers
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.core.model import Resources
+from nodepool_k8s.core.pool_records import (BreakerEntry, CapacityCondition, ConditionRecord,
+                                            PoolCondition, PoolStatusRecord, SuspendedLabel,
+                                            TargetRow, UsageRow)
 
 TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
 CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended", "Credentials")
 MODEL_VERSION = 1
-_BREAKER_FIELDS = ("reason", "message", "failures", "trips", "until", "state")
 
 
-def _cond(status: str, reason: str, message: str = "") -> dict[str, Any]:
+def _cond(status: str, reason: str, message: str = "") -> ConditionRecord:
     return {"status": status, "reason": reason, "message": message}
 
 
@@ -52,7 +54,7 @@ def _num(value: float) -> float | int | None:
 
 
 def validated(pool: PoolConfig, provider: ProviderConfig,
-              cloud: Resources | None) -> dict[str, Any]:
+              cloud: Resources | None) -> ConditionRecord:
     if pool.disabled:
         return _cond(FALSE, "Disabled", "max-servers is 0: the pool takes no requests")
     bad = []
@@ -73,10 +75,16 @@ def spares(nodes: Iterable[Any], label: str, provider: str | None = None,
                and (pool is None or n.pool == pool))
 
 
+class _Target(TypedDict):
+    scope: int  # 0: the pool's own min-ready, 1: the global label's
+    wanted: int
+    spare: int
+
+
 def at_target(pool: PoolConfig, config: Config, nodes: list[Any],
-              pool_node_count: int) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+              pool_node_count: int) -> tuple[ConditionRecord, dict[str, TargetRow]]:
     """The AtTarget condition and, per label with a target, wanted vs spare."""
-    targets: dict[str, dict[str, int]] = {}
+    targets: dict[str, _Target] = {}
     for name, label in sorted(pool.labels.items()):
         if label.min_ready > 0:
             targets[name] = {"scope": 0, "wanted": label.min_ready,
@@ -104,15 +112,15 @@ def at_target(pool: PoolConfig, config: Config, nodes: list[Any],
         f"{n} {t['spare']}/{t['wanted']}" for n, t in targets.items())), _public(targets)
 
 
-def _public(targets: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+def _public(targets: dict[str, _Target]) -> dict[str, TargetRow]:
     return {n: {"wanted": t["wanted"], "spare": t["spare"],
                 "pool_level": int(t["scope"] == 0)} for n, t in targets.items()}
 
 
 def usage_rows(pool: PoolConfig, provider: ProviderConfig, cloud: Resources,
-               pool_usage: Resources, provider_usage: Resources) -> list[dict[str, Any]]:
+               pool_usage: Resources, provider_usage: Resources) -> list[UsageRow]:
     """Usage vs limit per (scope, resource) for every finite limit."""
-    rows = []
+    rows: list[UsageRow] = []
     for scope, limits, used in (("pool", pool.limits(), pool_usage),
                                 ("provider", provider.limits(), provider_usage),
                                 ("cloud", cloud, provider_usage)):
@@ -124,9 +132,13 @@ def usage_rows(pool: PoolConfig, provider: ProviderConfig, cloud: Resources,
     return rows
 
 
-def quota_condition(rows: list[dict[str, Any]], blocked: str | None) -> dict[str, Any]:
-    full = [r for r in rows if r["limit"] is not None and r["used"] is not None
-            and r["used"] >= r["limit"]]
+def _full(row: UsageRow) -> bool:
+    used, limit = row["used"], row["limit"]
+    return limit is not None and used is not None and used >= limit
+
+
+def quota_condition(rows: list[UsageRow], blocked: str | None) -> ConditionRecord:
+    full = [r for r in rows if _full(r)]
     if blocked is not None or full:
         names = [f"{r['scope']} {r['resource']} {r['used']}/{r['limit']}" for r in full]
         scope = blocked or full[0]["scope"]
@@ -138,8 +150,8 @@ def quota_condition(rows: list[dict[str, Any]], blocked: str | None) -> dict[str
         f"{r['scope']} {r['resource']} {r['used']}/{r['limit']}" for r in rows))
 
 
-def suspended_condition(suspended: Mapping[str, Mapping[str, Any]],
-                        now: float) -> dict[str, Any]:
+def suspended_condition(suspended: Mapping[str, BreakerEntry],
+                        now: float) -> ConditionRecord:
     if not suspended:
         return _cond(FALSE, "NoneSuspended")
     parts = []
@@ -158,28 +170,28 @@ class StatusBuilder:
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self._conditions: dict[str, dict[str, Any]] = {}
-        self._published: dict[str, Any] | None = None
+        self._conditions: dict[str, PoolCondition] = {}
+        self._published: PoolStatusRecord | None = None
         self._published_at = -math.inf
         self._significant: Any = None
 
-    def conditions(self, fresh: Mapping[str, dict[str, Any]],
-                   now: float) -> list[dict[str, Any]]:
-        out = []
+    def conditions(self, fresh: Mapping[str, ConditionRecord],
+                   now: float) -> list[PoolCondition]:
+        out: list[PoolCondition] = []
         for ctype in CONDITIONS:
-            cond = dict(fresh[ctype])
+            new = fresh[ctype]
             old = self._conditions.get(ctype)
-            same = old is not None and old["status"] == cond["status"] \
-                and old["reason"] == cond["reason"]
-            if old is not None and same:
-                cond["last_transition"] = old["last_transition"]
-            else:
-                cond["last_transition"] = now
+            same = old is not None and old["status"] == new["status"] \
+                and old["reason"] == new["reason"]
+            when = old["last_transition"] if old is not None and same else now
+            cond: PoolCondition = {"type": ctype, "status": new["status"],
+                                   "reason": new["reason"], "message": new["message"],
+                                   "last_transition": when}
             self._conditions[ctype] = cond
-            out.append({"type": ctype, **cond})
+            out.append(cond)
         return out
 
-    def due(self, data: dict[str, Any], now: float) -> tuple[bool, float | None]:
+    def due(self, data: PoolStatusRecord, now: float) -> tuple[bool, float | None]:
         """(write now?, when to look again if something waits for the interval). `now`
         and the answer are monotonic: the rate limit is this process's own."""
         significant = ([(c["type"], c["status"], c["reason"]) for c in data["conditions"]],
@@ -196,7 +208,7 @@ class StatusBuilder:
         session removed the ephemeral), so "unchanged" no longer means "published"."""
         self._published = None
 
-    def published(self, data: dict[str, Any], now: float) -> None:
+    def published(self, data: PoolStatusRecord, now: float) -> None:
         """`now`: monotonic, as for `due`."""
         self._published, self._published_at = data, now
         self._significant = (
@@ -204,11 +216,18 @@ class StatusBuilder:
             sorted(data["suspended"]))
 
 
-def _without_time(data: Mapping[str, Any]) -> dict[str, Any]:
+def _without_time(data: PoolStatusRecord) -> dict[str, object]:
     return {k: v for k, v in data.items() if k not in ("time", "conditions")} | {
         "conditions": [{k: v for k, v in c.items()
                         if k != "message" or c["type"] != "Suspended"}
                        for c in data["conditions"]]}
+
+
+def _suspended(entry: BreakerEntry) -> SuspendedLabel:
+    """The breaker entry's public keys (None where it lacks one)."""
+    return {"reason": entry.get("reason"), "message": entry.get("message"),
+            "failures": entry.get("failures"), "trips": entry.get("trips"),
+            "until": entry.get("until"), "state": entry.get("state")}
 
 
 def node_counts(nodes: Iterable[Any], provider: str, pool: str) -> dict[str, int]:
@@ -218,13 +237,14 @@ def node_counts(nodes: Iterable[Any], provider: str, pool: str) -> dict[str, int
 
 def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderConfig,
           config: Config, nodes: list[Any], records: list[quota.UsageRecord],
-          cloud: Resources, capacity: dict[str, Any] | None, blocked: str | None,
+          cloud: Resources, capacity: CapacityCondition | None, blocked: str | None,
           launching: int, queued: int, pending: int,
-          suspended: Mapping[str, Mapping[str, Any]], now: float,
+          suspended: Mapping[str, BreakerEntry], now: float,
           unhandable: frozenset[str] = frozenset(),
-          credentials: dict[str, Any] | None = None) -> tuple[
-              dict[str, dict[str, Any]], dict[str, Any]]:
-    """Fresh conditions (without transition times) and the rest of the status record."""
+          credentials: ConditionRecord | None = None) -> tuple[
+              dict[str, ConditionRecord], PoolStatusRecord]:
+    """Fresh conditions (without transition times) and the status record, whose
+    `conditions` the caller fills from them (`StatusBuilder.conditions`)."""
     counts = node_counts(nodes, provider.name, pool.name)
     rows = usage_rows(pool, provider, cloud,
                       quota.total(records, provider=provider.name, pool=pool.name),
@@ -233,7 +253,7 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
     target, targets = at_target(pool, config, countable, sum(counts.values()))
     cap = capacity or _cond(UNKNOWN, "Unknown", "capacity awareness is off")
     creds = credentials or _cond(UNKNOWN, "Unknown", "the provider does not report them")
-    fresh = {
+    fresh: dict[str, ConditionRecord] = {
         "Validated": validated(pool, provider, cloud),
         "AtTarget": target,
         "Quota": quota_condition(rows, blocked),
@@ -244,15 +264,15 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
                         "reason": creds.get("reason", ""),
                         "message": creds.get("message", "")},
     }
-    rest = {
+    rest: PoolStatusRecord = {
         "model": MODEL_VERSION, "id": pool_id, "hostname": hostname,
         "provider": provider.name, "pool": pool.name, "priority": pool.priority,
         "labels": sorted(pool.labels), "nodes": counts,
         "launches_in_progress": launching, "requests_queued": queued,
         "requests_handled": pending, "usage": rows, "targets": targets,
-        "suspended": {name: {k: entry.get(k) for k in _BREAKER_FIELDS}
-                      for name, entry in sorted(suspended.items())},
+        "suspended": {name: _suspended(entry) for name, entry in sorted(suspended.items())},
         "capacity": {k: v for k, v in (capacity or {}).items()
                      if k not in ("status", "reason", "message")},
+        "conditions": [],
     }
     return fresh, rest

@@ -36,7 +36,7 @@ names future retries of work that is not running, so the cleanup worker never wa
 deadline that nothing will act on.
 
 Retries and a parked deletion's next look are due on monotonic time: a backward step of
-the wall clock by an hour used to hold every failed deletion for that hour.
+the wall clock by an hour must not hold every failed deletion for that hour.
 """
 
 from __future__ import annotations

@@ -262,6 +262,7 @@ class WorkerDeps(Deps):
         self.stopping = threading.Event()
         self.registry = ComponentRegistry(zk, "test-host")
         self.components = NoComponents()
+        self.cluster_aware: dict[str, Any] = {}  # the fake driver is not cluster-aware
         self.breakers = ReadThroughJson(zk, POOL_BREAKERS, decode_breakers)
         self.stuck_requests: frozenset[str] = frozenset()
         self.deletions: list[tuple[str, str]] = []
