@@ -34,8 +34,7 @@ from nodepool_k8s.cancel import CancelEvent
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher import launch as launching
-from nodepool_k8s.launcher import lifecycle
-from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher import allocation, lifecycle, plan
 from nodepool_k8s.launcher.allocation import CONTENTION, Allocator, Slot, SlotState
 from nodepool_k8s.launcher.allocation import PoolRef as PoolRef
 from nodepool_k8s.launcher.context import Engine
@@ -91,8 +90,7 @@ class RequestHandler:
         self._mutex = threading.Lock()
         base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
         self.log = logconfig.annotate(base, request.event_id, request.id)
-        self.allocator = Allocator(engine, ref, provider, request, lock, self.log,
-                                   self._node_log)
+        self.allocator = Allocator(engine, ref, provider, request, lock, self.log)
 
     # -- lifecycle ------------------------------------------------------------------------
     def advance(self, may_allocate: bool = True) -> bool:
@@ -304,8 +302,7 @@ class RequestHandler:
         return not self.engine.requests.exists(self.request.id)
 
     def _node_log(self, node: Node) -> logging.LoggerAdapter[logging.Logger]:
-        return logconfig.annotate(self.log.logger, self.request.event_id, self.request.id,
-                                  node.id)
+        return allocation.node_log(self.log, self.request, node)
 
     def _collect(self) -> None:
         for slot in self.slots:
