@@ -1201,7 +1201,12 @@ def memstats_line(index: int, mem: dict[str, Any]) -> str:
             f"{malloc.get('bytes in allocated blocks', 0) // 1024} KiB, free "
             f"{malloc.get('bytes in available blocks', 0) // 1024} KiB; libc heap "
             f"{libc.get('heap_kib')} KiB, in use {libc.get('in_use_kib')} KiB, free "
-            f"{libc.get('free_kib')} KiB, mmapped {libc.get('mmapped_kib')} KiB")
+            f"{libc.get('free_kib')} KiB, mmapped {libc.get('mmapped_kib')} KiB; resident "
+            "KiB by mapping " + ", ".join(f"{k} {v}" for k, v in
+                                          sorted((mem.get("smaps") or {}).items()) if v))
+    if mem.get("largest"):
+        line += "; largest: " + ", ".join(
+            f"{b['type']}[{b['len']}] {b['kib']} KiB ({b['held_by']})" for b in mem["largest"][:6])
     garbage = mem.get("garbage")
     if garbage:
         line += (f"; forced collection found {garbage['found']} objects, RSS "

@@ -29,7 +29,9 @@ wrapped for that):
                                        collector's generations and thresholds, what every
                                        generation's collections freed so far (and the RSS
                                        around each full collection), and pymalloc's arenas
-                                       (`sys._debugmallocstats`). With
+                                       (`sys._debugmallocstats`), glibc's heap
+                                       (`mallinfo2`), the resident memory by kind
+                                       of mapping (/proc/self/smaps). With
                                        NODEPOOL_K8S_PROFILE_MEMSTATS_COLLECT=1 each report
                                        also forces a full collection with DEBUG_SAVEALL:
                                        the garbage it found by type (and the referrers'
@@ -268,24 +270,64 @@ def _mallocstats() -> dict[str, int]:
     return out
 
 
+_MALLINFO: list[object] = []
+
+
 def _mallinfo() -> dict[str, int]:
-    """glibc's heap totals (`mallinfo2`): what pymalloc's arenas do not hold (objects over
-    512 bytes, C libraries' own memory) lives here; {} without glibc."""
+    """glibc's heap totals (`mallinfo2`, all arenas): what pymalloc's arenas do not hold
+    (objects over 512 bytes, C libraries' own memory) lives here; {} without glibc."""
     import ctypes
 
-    class Info(ctypes.Structure):
-        _fields_ = [(name, ctypes.c_size_t) for name in (
-            "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
-            "uordblks", "fordblks", "keepcost")]
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallinfo2.restype = Info
-    except (OSError, AttributeError):
-        return {}
-    info = libc.mallinfo2()
+    if not _MALLINFO:
+        class Info(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                "uordblks", "fordblks", "keepcost")]
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallinfo2.restype = Info
+        except (OSError, AttributeError):
+            return {}
+        _MALLINFO.append(libc.mallinfo2)
+    info = _MALLINFO[0]()  # type: ignore[operator]
     return {"heap_kib": info.arena // 1024, "mmapped_kib": info.hblkhd // 1024,
             "in_use_kib": info.uordblks // 1024, "free_kib": info.fordblks // 1024,
             "free_chunks": info.ordblks, "top_free_kib": info.keepcost // 1024}
+
+
+def _smaps() -> dict[str, int]:
+    """Resident KiB by kind of mapping (/proc/self/smaps), told apart by name, size and
+    alignment: the brk heap (glibc's main arena), glibc's per-thread arenas (aligned to
+    64 MiB), thread stacks (8 MiB), other anonymous memory (pymalloc's arenas, which the
+    kernel merges when adjacent, large blocks glibc maps on their own, the interpreter's
+    frame stacks) and files (code, shared libraries)."""
+    out: dict[str, int] = {}
+    kind = "?"
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                    lo, hi = (int(x, 16) for x in head[0].split("-"))
+                    size_kib = (hi - lo) // 1024
+                    name = head[5] if len(head) > 5 else ""
+                    if name == "[heap]":
+                        kind = "brk heap"
+                    elif name == "[stack]":
+                        kind = "main stack"
+                    elif name.startswith("/") or name.startswith("["):
+                        kind = "files" if name.startswith("/") else name
+                    elif lo % (64 << 20) == 0:
+                        kind = "glibc thread arenas"  # aligned to their 64 MiB reservation
+                    elif size_kib == 8192:
+                        kind = "thread stacks"
+                    else:
+                        kind = "other anonymous"
+                elif head[0] == "Rss:":
+                    out[kind] = out.get(kind, 0) + int(head[1])
+    except OSError:
+        return {}
+    return out
 
 
 def _memstats(prefix: str) -> None:
@@ -352,6 +394,53 @@ def _memstats(prefix: str) -> None:
                 "types": kinds.most_common(40), "samples": where,
                 "malloc_after": _mallocstats(), "libc_after": _mallinfo()}
 
+    def owner(obj: object) -> str:
+        """Who holds `obj`: the referrers' types, through a dict to its owner's type."""
+        names = []
+        for ref in gc.get_referrers(obj):
+            if isinstance(ref, list) and ref is largest_seen:
+                continue
+            kind = type(ref).__qualname__
+            if isinstance(ref, dict):
+                for holder in gc.get_referrers(ref):
+                    if getattr(holder, "__dict__", None) is ref:
+                        kind = f"{type(holder).__module__}.{type(holder).__qualname__}"
+                        kind += "." + next((k for k, v in ref.items() if v is obj), "?")
+                        break
+            else:
+                attrs = getattr(ref, "__dict__", None)
+                if isinstance(attrs, dict):
+                    kind = f"{type(ref).__module__}.{type(ref).__qualname__}." + next(
+                        (k for k, v in attrs.items() if v is obj), "?")
+            names.append(kind)
+            if len(names) >= 4:
+                break
+        return ", ".join(names)
+
+    largest_seen: list[object] = []
+
+    def largest(limit: int = 15, floor: int = 32 * 1024) -> list[dict[str, object]]:
+        """The biggest containers (their own size: a dict's or list's table, which glibc
+        holds once over 512 bytes) and strings, with who holds them."""
+        kinds = (dict, list, set, frozenset, collections.deque, str, bytes, bytearray)
+        big: dict[int, object] = {}
+        for obj in gc.get_objects():
+            # Containers of atomic values only (a dict of str to float) are not tracked
+            # by the collector: they are found through whoever holds them.
+            for o in (obj, *gc.get_referents(obj)):
+                if isinstance(o, kinds) and sys.getsizeof(o) >= floor:
+                    big[id(o)] = o
+        found = sorted(((sys.getsizeof(o), i, o) for i, o in big.items()),
+                       key=lambda t: t[0], reverse=True)[:limit]
+        big.clear()
+        largest_seen[:] = [o for _, _, o in found]
+        try:
+            return [{"kib": size // 1024, "type": type(o).__qualname__, "len": len(o),
+                     "held_by": owner(o)} for size, _, o in found]
+        finally:
+            largest_seen.clear()
+            del found
+
     def serve() -> None:
         while True:
             time.sleep(0.2)
@@ -368,7 +457,8 @@ def _memstats(prefix: str) -> None:
                       "collected": list(collected_by_gen),
                       "full_collections": list(full),
                       "threads": len(threading.enumerate()),
-                      "malloc": _mallocstats(), "libc": _mallinfo()}
+                      "malloc": _mallocstats(), "libc": _mallinfo(), "smaps": _smaps(),
+                      "largest": largest()}
             if census:
                 report["garbage"] = garbage()
             with open(out_path, "a") as out:
