@@ -245,7 +245,7 @@ def _rss_kib() -> int:
 
 def _mallocstats() -> dict[str, int]:
     """pymalloc's totals from `sys._debugmallocstats()` (it writes to the C stderr, which
-    is borrowed for the call)."""
+    is borrowed for the call); {} while tracemalloc traces (its hooks hide pymalloc)."""
     import re
     import tempfile
 
