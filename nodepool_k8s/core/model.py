@@ -236,6 +236,15 @@ class SummaryError(ValueError):
     """A node summary was asked for what it does not keep, or to be written."""
 
 
+# The slots whose values repeat across a pool's nodes (a few providers, pools, tenants,
+# launchers): a summary interns them, so thousands of cached nodes share one string each.
+# The request a node is allocated to and its external id are unique to it: interning them
+# would only churn the interpreter's table of interned strings (one insertion and one
+# deletion per node), whose size then doubles once the insertions fill it (about 1 MiB of
+# table, held for the life of the process, after some thousand nodes).
+_INTERNED_SLOTS = frozenset(("provider", "pool", "tenant_name", "launcher"))
+
+
 def _interned(value: Any) -> Any:
     return sys.intern(value) if isinstance(value, str) else value
 
@@ -399,7 +408,8 @@ class Node:
     @classmethod
     def _summary(cls, node_id: str, state: str, data: Mapping[str, Any],
                  node_type: list[str], version: int) -> "Node":
-        slots = {key: _interned(data[key]) for key in SLOT_FIELDS if key in data}
+        slots = {key: _interned(data[key]) if key in _INTERNED_SLOTS else data[key]
+                 for key in SLOT_FIELDS if key in data}
         config_hash = data.get(CONFIG_HASH)
         return cls(id=node_id, state=_interned(state), state_time=data.get("state_time"),
                    type=list(tuple(_interned(t) for t in node_type)), fields=_NO_EXTRA,

@@ -11,16 +11,21 @@ suffix; tokens never reach the logs.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import threading
+import types
 from typing import Any
 
 import pytest
+
+from kubernetes.client.exceptions import ApiException
 
 from nodepool_k8s.runtime.cancel import CancelEvent
 from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.core.conditions import LAUNCHED, Condition
 from nodepool_k8s.core.errors import LaunchCancelled, LaunchError, QuotaExceeded, TemporaryError
+from nodepool_k8s.driver.kubernetes import client as kube_client
 from nodepool_k8s.dev.simulator import Simulator
 from tests.helpers import wait_for
 from tests.kubernetes.conftest import FAST, ProviderFactory
@@ -70,6 +75,40 @@ def test_api_errors_beyond_retries_raise_temporary_and_clean_up(
     # The namespace was launched; access never got registered (the core records ApiError).
     assert [c.type for c in updates] == [LAUNCHED]
     wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
+def test_failed_api_calls_leave_no_reference_cycle(sim: Simulator,
+                                                   make_k8s_provider: ProviderFactory) -> None:
+    """A failed call's error, the API's answer it came from and that answer's connection
+    are freed once nobody holds the error, by reference counting: a cycle through the
+    retry loop's frames kept them (and the connection's TLS buffers) until the collector's
+    next full pass, one per failed call."""
+    provider = make_k8s_provider(sim, NS, api_retries=2, api_backoff=(0.01,))
+    _launch(provider, "k8s-namespace", node_id="0000000001")
+    gc.collect()
+    gc.disable()  # nothing collected behind the test's back: all garbage is seen below
+    try:
+        sim.fail_next("create", "serviceaccounts", count=1, code=500)  # retried, then made
+        _launch(provider, "k8s-namespace", node_id="0000000002")
+        sim.fail_next("create", "roles", count=3, code=500)  # beyond the retries
+        try:
+            _launch(provider, "k8s-namespace", node_id="0000000003")
+        except TemporaryError:
+            pass
+        else:
+            raise AssertionError("the launch should have failed")
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = [repr(o)[:80] for o in gc.garbage
+                  if isinstance(o, ApiException) or (
+                      isinstance(o, types.FrameType)
+                      and o.f_code.co_filename == kube_client.__file__)]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert sim.counters["create roles"] == 2 + 3  # two launches made it, one gave up
+    assert cyclic == []
 
 
 class _RecordingCancel(threading.Event):

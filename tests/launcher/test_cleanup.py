@@ -10,6 +10,7 @@ orphaned request-lock dirs; a session expiry in the middle of a launch.
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 import time
@@ -20,7 +21,9 @@ from kazoo.client import KazooClient
 from nodepool_k8s.core import model
 from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.core.errors import LaunchError, TemporaryError
+from nodepool_k8s.launcher.requests.allocation import Allocator
 from nodepool_k8s.launcher.daemon import Launcher
+from nodepool_k8s.launcher.requests.handler import RequestHandler
 from nodepool_k8s.zk import paths
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
@@ -333,6 +336,33 @@ def test_no_per_node_state_outlives_the_nodes(launchers: LauncherFactory,
     assert len(engine.guard._created) <= 8
     assert engine.node_cache.malformed() == {} and engine.node_cache.empty_ids() == []
     assert fake.resource_ids() == set()  # type: ignore[attr-defined]
+
+
+def test_a_served_request_leaves_no_reference_cycle(launchers: LauncherFactory,
+                                                    zuul: ZuulClient) -> None:
+    """A finished request's handler (its allocator, slots, locks, nodes and launch results)
+    is freed when its pool worker drops it, by reference counting: a cycle through it
+    would keep all of it until the collector's next full pass, which comes more rarely
+    the more a long-running launcher holds (that wait was the soak's growth)."""
+    launcher = launchers(body())
+    zuul.run_build(["small"])  # everything that is created once is created now
+    gc.collect()
+    gc.disable()  # nothing collected behind the test's back: all garbage is seen below
+    try:
+        for _ in range(3):
+            zuul.run_build(["small", "small"])
+        wait_for(lambda: not launcher.node_cache.ids()
+                 and not any(w.handlers for w in launcher.pool_workers.values()), 30,
+                 message="every node deleted and every handler dropped")
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        gc.collect()
+        cyclic = [type(o).__name__ for o in gc.garbage
+                  if isinstance(o, (RequestHandler, Allocator))]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert cyclic == []
 
 
 def test_orphaned_lock_of_our_own_session_is_released(launchers: LauncherFactory,

@@ -85,10 +85,12 @@ def test_quick_json(tmp_path: Path) -> None:
 def test_soak_smoke(tmp_path: Path) -> None:
     """`--soak` runs rounds against one launcher and reports RSS and threads per round,
     the slope after the warm-up judged against the target, and with `--soak-tracemalloc`
-    the launcher's own allocation reports (whether memory stays flat is recorded in
-    doc/benchmark.md, not asserted here)."""
+    the launcher's own allocation reports, with `--soak-memstats` its collector's and
+    heaps' (whether memory stays flat is recorded in doc/benchmark.md, not asserted
+    here)."""
     done = run_module("nodepool_k8s.dev.testing.bench", "--soak", "3", "--soak-requests", "5",
                       "--soak-warmup", "5", "--soak-tracemalloc", "2",
+                      "--soak-memstats", "2", "--soak-memstats-collect",
                       "--error-rate", "0.05", "--json", "--timeout", "900", tmp=tmp_path,
                       timeout=960)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -107,5 +109,13 @@ def test_soak_smoke(tmp_path: Path) -> None:
     reports = soak["tracemalloc"]
     assert [r["label"] for r in reports] == ["1", "2", "3"]
     assert "MainThread" in reports[-1]["threads"] and reports[-1]["since_first"]
+    memstats = soak["memstats"]
+    assert [r["label"] for r in memstats] == ["1", "2", "3"]
+    last = memstats[-1]
+    # pymalloc's figures are empty here: tracemalloc's hooks hide pymalloc from its report.
+    assert isinstance(last["malloc"], dict) and last["libc"]["heap_kib"] > 0
+    assert sum(last["gc_objects"]) > 0
+    assert last["rss_kib"] > 0 and last["smaps"] and last["largest"]
+    assert last["garbage"]["found"] >= 0 and last["threads"] > 0
     assert leftovers(tmp_path) == []
     assert processes_mentioning(str(tmp_path)) == []

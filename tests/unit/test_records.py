@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
+import uuid
 from typing import Any, Callable
 
 import pytest
@@ -57,6 +59,23 @@ def test_good_records_decode_and_round_trip() -> None:
     assert node.type == ["small"] and node.version == 2
     assert node.extra["future_key"] == {"x": [1, 2]}
     assert decode_summary("0000000001", _dump(NODEPOOL_NODE), _Stat()).pool == "main"
+
+
+def test_a_summary_interns_the_shared_values_not_the_unique_ones() -> None:
+    """The node cache's summaries share one string per provider, pool, tenant and
+    launcher; a node's request and external id are its own and are not interned (each
+    would be one insertion into the interpreter's table of interned strings and one
+    deletion, per node: that churn doubled the table once after some thousand nodes)."""
+    unique = uuid.uuid4().hex
+    record = dict(NODEPOOL_NODE, allocated_to=f"100-{unique}", external_id=f"main-{unique}",
+                  tenant_name="tenant-1")
+    summary = decode_summary("0000000001", _dump(record), _Stat())
+    assert summary.provider is sys.intern("k8s") and summary.pool is sys.intern("main")
+    assert summary.tenant_name is sys.intern("tenant-1")
+    assert summary.allocated_to == f"100-{unique}"
+    assert summary.external_id == f"main-{unique}"
+    for value in (f"100-{unique}", f"main-{unique}"):  # an equal string, a new object
+        assert sys.intern(value) is value, f"{value} was interned"
 
 
 @pytest.mark.parametrize("change, key", [

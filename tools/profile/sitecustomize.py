@@ -23,6 +23,22 @@ wrapped for that):
                                        objects by type, the thread names), then removes the
                                        .ask file. The benchmark's
                                        `--soak-tracemalloc` does this after every round
+  NODEPOOL_K8S_PROFILE_MEMSTATS=PREFIX what tracemalloc does not show, without tracing:
+                                       on request (PREFIX.<pid>.ask, answered in
+                                       PREFIX.<pid>.jsonl like tracemalloc's) the RSS, the
+                                       collector's generations and thresholds, what every
+                                       generation's collections freed so far (and the RSS
+                                       around each full collection), and pymalloc's arenas
+                                       (`sys._debugmallocstats`), glibc's heap
+                                       (`mallinfo2`), the resident memory by kind
+                                       of mapping (/proc/self/smaps). With
+                                       NODEPOOL_K8S_PROFILE_MEMSTATS_COLLECT=1 each report
+                                       also forces a full collection with DEBUG_SAVEALL:
+                                       the garbage it found by type (and the referrers'
+                                       types of a few) and the RSS after freeing it. That
+                                       changes what it measures: use it for what, an
+                                       untouched run for how much. The benchmark's
+                                       `--soak-memstats N` does this after every N-th round
 
 yappi slows pure-Python code several times over: use it to rank, and the per-thread CPU
 (no overhead) to size. See doc/benchmark.md, "Reproducing and profiling".
@@ -222,11 +238,241 @@ def _tracemalloc(prefix: str) -> None:
     threading.Thread(target=serve, daemon=True, name="profile-tracemalloc").start()
 
 
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def _mallocstats() -> dict[str, int]:
+    """pymalloc's totals from `sys._debugmallocstats()` (it writes to the C stderr, which
+    is borrowed for the call); {} while tracemalloc traces (its hooks hide pymalloc)."""
+    import re
+    import tempfile
+
+    with tempfile.TemporaryFile() as tmp:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        try:
+            os.dup2(tmp.fileno(), 2)
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        tmp.seek(0)
+        text = tmp.read().decode(errors="replace")
+    out: dict[str, int] = {}
+    for line in text.splitlines():
+        m = re.match(r"^#?\s*([A-Za-z# ][^=]*?)\s*=\s*([\d,]+)\s*$", line)
+        if m:
+            key = re.sub(r"\s+", " ", m.group(1).strip("# "))
+            if key not in out and not key[0].isdigit():
+                out[key] = int(m.group(2).replace(",", ""))
+    return out
+
+
+_MALLINFO: list[object] = []
+
+
+def _mallinfo() -> dict[str, int]:
+    """glibc's heap totals (`mallinfo2`, all arenas): what pymalloc's arenas do not hold
+    (objects over 512 bytes, C libraries' own memory) lives here; {} without glibc."""
+    import ctypes
+
+    if not _MALLINFO:
+        class Info(ctypes.Structure):
+            _fields_ = [(name, ctypes.c_size_t) for name in (
+                "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                "uordblks", "fordblks", "keepcost")]
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallinfo2.restype = Info
+        except (OSError, AttributeError):
+            return {}
+        _MALLINFO.append(libc.mallinfo2)
+    info = _MALLINFO[0]()  # type: ignore[operator]
+    return {"heap_kib": info.arena // 1024, "mmapped_kib": info.hblkhd // 1024,
+            "in_use_kib": info.uordblks // 1024, "free_kib": info.fordblks // 1024,
+            "free_chunks": info.ordblks, "top_free_kib": info.keepcost // 1024}
+
+
+def _smaps() -> dict[str, int]:
+    """Resident KiB by kind of mapping (/proc/self/smaps), told apart by name, size and
+    alignment: the brk heap (glibc's main arena), glibc's per-thread arenas (aligned to
+    64 MiB), thread stacks (8 MiB), other anonymous memory (pymalloc's arenas, which the
+    kernel merges when adjacent, large blocks glibc maps on their own, the interpreter's
+    frame stacks) and files (code, shared libraries)."""
+    out: dict[str, int] = {}
+    kind = "?"
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split()
+                if "-" in head[0] and len(head) >= 5 and not head[0].endswith(":"):
+                    lo, hi = (int(x, 16) for x in head[0].split("-"))
+                    size_kib = (hi - lo) // 1024
+                    name = head[5] if len(head) > 5 else ""
+                    if name == "[heap]":
+                        kind = "brk heap"
+                    elif name == "[stack]":
+                        kind = "main stack"
+                    elif name.startswith("/") or name.startswith("["):
+                        kind = "files" if name.startswith("/") else name
+                    elif lo % (64 << 20) == 0:
+                        kind = "glibc thread arenas"  # aligned to their 64 MiB reservation
+                    elif size_kib == 8192:
+                        kind = "thread stacks"
+                    else:
+                        kind = "other anonymous"
+                elif head[0] == "Rss:":
+                    out[kind] = out.get(kind, 0) + int(head[1])
+    except OSError:
+        return {}
+    return out
+
+
+def _memstats(prefix: str) -> None:
+    import collections
+    import gc
+    import json
+    import threading
+    import time
+
+    ask = f"{prefix}.{os.getpid()}.ask"
+    out_path = f"{prefix}.{os.getpid()}.jsonl"
+    census = os.environ.get("NODEPOOL_K8S_PROFILE_MEMSTATS_COLLECT") == "1"
+    collections_by_gen = [0, 0, 0]
+    collected_by_gen = [0, 0, 0]
+    full: list[dict[str, float]] = []
+    started: dict[str, float] = {}
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        generation = info["generation"]
+        if phase == "start":
+            if generation == 2:
+                started["rss"] = _rss_kib()
+                started["t"] = time.monotonic()
+            return
+        collections_by_gen[generation] += 1
+        collected_by_gen[generation] += info["collected"]
+        if generation == 2 and "rss" in started:
+            full.append({"t": round(time.time(), 1), "collected": info["collected"],
+                         "rss_before_kib": started["rss"], "rss_after_kib": _rss_kib(),
+                         "ms": round((time.monotonic() - started["t"]) * 1000, 1)})
+            del full[:-50]
+    gc.callbacks.append(callback)
+
+    def garbage() -> dict[str, object]:
+        before = _rss_kib()
+        gc.set_debug(gc.DEBUG_SAVEALL)
+        try:
+            found = gc.collect()
+        finally:
+            gc.set_debug(0)
+        kinds = collections.Counter(
+            f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
+        where: dict[str, list[str]] = {}
+        for obj in gc.garbage:
+            name = f"{type(obj).__module__}.{type(obj).__qualname__}"
+            if name.startswith("builtins.") and name not in (
+                    "builtins.frame", "builtins.function", "builtins.cell"):
+                continue
+            if len(where.setdefault(name, [])) < 3:
+                if name == "builtins.frame":
+                    where[name].append(f"{obj.f_code.co_filename}:{obj.f_lineno} "
+                                       f"{obj.f_code.co_name}")
+                elif name == "builtins.function":
+                    where[name].append(f"{obj.__code__.co_filename}:"
+                                       f"{obj.__code__.co_firstlineno} {obj.__qualname__}")
+                elif name == "builtins.cell":
+                    where[name].append(type(obj.cell_contents).__qualname__
+                                       if obj.cell_contents is not None else "None")
+                else:
+                    where[name].append(repr(obj)[:160])
+        gc.garbage.clear()
+        gc.collect()
+        return {"found": found, "rss_before_kib": before, "rss_after_kib": _rss_kib(),
+                "types": kinds.most_common(40), "samples": where,
+                "malloc_after": _mallocstats(), "libc_after": _mallinfo()}
+
+    def owner(obj: object) -> str:
+        """Who holds `obj`: the referrers' types, through a dict to its owner's type."""
+        names = []
+        for ref in gc.get_referrers(obj):
+            if isinstance(ref, list) and ref is largest_seen:
+                continue
+            kind = type(ref).__qualname__
+            if isinstance(ref, dict):
+                for holder in gc.get_referrers(ref):
+                    if getattr(holder, "__dict__", None) is ref:
+                        kind = f"{type(holder).__module__}.{type(holder).__qualname__}"
+                        kind += "." + next((k for k, v in ref.items() if v is obj), "?")
+                        break
+            else:
+                attrs = getattr(ref, "__dict__", None)
+                if isinstance(attrs, dict):
+                    kind = f"{type(ref).__module__}.{type(ref).__qualname__}." + next(
+                        (k for k, v in attrs.items() if v is obj), "?")
+            names.append(kind)
+            if len(names) >= 4:
+                break
+        return ", ".join(names)
+
+    largest_seen: list[object] = []
+
+    def largest(limit: int = 15, floor: int = 32 * 1024) -> list[dict[str, object]]:
+        """The biggest containers (their own size: a dict's or list's table, which glibc
+        holds once over 512 bytes) and strings, with who holds them."""
+        kinds = (dict, list, set, frozenset, collections.deque, str, bytes, bytearray)
+        big: dict[int, object] = {}
+        for obj in gc.get_objects():
+            # Containers of atomic values only (a dict of str to float) are not tracked
+            # by the collector: they are found through whoever holds them.
+            for o in (obj, *gc.get_referents(obj)):
+                if isinstance(o, kinds) and sys.getsizeof(o) >= floor:
+                    big[id(o)] = o
+        found = sorted(((sys.getsizeof(o), i, o) for i, o in big.items()),
+                       key=lambda t: t[0], reverse=True)[:limit]
+        big.clear()
+        largest_seen[:] = [o for _, _, o in found]
+        try:
+            return [{"kib": size // 1024, "type": type(o).__qualname__, "len": len(o),
+                     "held_by": owner(o)} for size, _, o in found]
+        finally:
+            largest_seen.clear()
+            del found
+
+    def serve() -> None:
+        while True:
+            time.sleep(0.2)
+            try:
+                with open(ask) as f:
+                    label = f.read().strip()
+            except FileNotFoundError:
+                continue
+            report = {"label": label, "time": time.time(), "rss_kib": _rss_kib(),
+                      "gc_count": gc.get_count(), "gc_threshold": gc.get_threshold(),
+                      "gc_stats": gc.get_stats(), "gc_freeze_count": gc.get_freeze_count(),
+                      "gc_objects": [len(gc.get_objects(g)) for g in range(3)],
+                      "collections": list(collections_by_gen),
+                      "collected": list(collected_by_gen),
+                      "full_collections": list(full),
+                      "threads": len(threading.enumerate()),
+                      "malloc": _mallocstats(), "libc": _mallinfo(), "smaps": _smaps(),
+                      "largest": largest()}
+            if census:
+                report["garbage"] = garbage()
+            with open(out_path, "a") as out:
+                out.write(json.dumps(report) + "\n")
+            os.unlink(ask)
+    threading.Thread(target=serve, daemon=True, name="profile-memstats").start()
+
+
 if _launcher():
     for variable, hook in (("NODEPOOL_K8S_PROFILE_THREADS", _threads),
                            ("NODEPOOL_K8S_PROFILE_YAPPI", _yappi),
                            ("NODEPOOL_K8S_PROFILE_ZKOPS", _zkops),
-                           ("NODEPOOL_K8S_PROFILE_TRACEMALLOC", _tracemalloc)):
+                           ("NODEPOOL_K8S_PROFILE_TRACEMALLOC", _tracemalloc),
+                           ("NODEPOOL_K8S_PROFILE_MEMSTATS", _memstats)):
         if os.environ.get(variable):
             hook(os.environ[variable])
     if _AT_EXIT:

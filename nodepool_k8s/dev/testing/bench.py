@@ -125,6 +125,8 @@ class Params:
     soak_requests: int = 60         # namespace requests per soak round
     soak_warmup: int = SOAK_WARMUP_NODES  # nodes before the slope is measured
     soak_tracemalloc: int = 0       # > 0: the launcher's tracemalloc report every N rounds
+    soak_memstats: int = 0          # > 0: its collector and pymalloc report every N rounds
+    soak_memstats_collect: bool = False  # ... each with a forced full collection
     # The launcher's lock_dir_max_age in the soak (0: its default, 8 h): request-lock dirs
     # and the launcher's record of them live that long, so a soak shorter than the age
     # measures them filling up, not the steady state of a launcher that has run for days.
@@ -894,8 +896,14 @@ class Bench:
         if p.soak_lock_dir_age > 0:
             env["NODEPOOL_K8S_LOCK_DIR_MAX_AGE"] = f"{p.soak_lock_dir_age:g}"
         trace_prefix = self.stack.workdir / "tracemalloc"
+        mem_prefix = self.stack.workdir / "memstats"
+        if p.soak_memstats:
+            env["NODEPOOL_K8S_PROFILE_MEMSTATS"] = str(mem_prefix)
+            if p.soak_memstats_collect:
+                env["NODEPOOL_K8S_PROFILE_MEMSTATS_COLLECT"] = "1"
         if p.soak_tracemalloc:
             env["NODEPOOL_K8S_PROFILE_TRACEMALLOC"] = str(trace_prefix)
+        if p.soak_tracemalloc or p.soak_memstats:
             env["PYTHONPATH"] = os.pathsep.join(
                 x for x in (str(PROFILE_HOOKS), os.environ.get("PYTHONPATH")) if x)
         chroot = self.stack.new_chroot("bench")
@@ -906,6 +914,7 @@ class Bench:
         load = Load(clients, self.left)
         rounds: list[dict[str, Any]] = []
         traces: list[dict[str, Any]] = []
+        memstats: list[dict[str, Any]] = []
         del sim
         nodes = 0
         for index in range(1, p.soak_rounds + 1):
@@ -928,7 +937,13 @@ class Bench:
             if p.soak_tracemalloc and (index % p.soak_tracemalloc == 0 or index == 1
                                        or index == p.soak_rounds):
                 traces.append(self.ask_tracemalloc(procs[0], trace_prefix, index))
+            if p.soak_memstats and (index % p.soak_memstats == 0 or index == 1
+                                    or index == p.soak_rounds):
+                memstats.append(self.ask_tracemalloc(procs[0], mem_prefix, index))
+                log(memstats_line(index, memstats[-1]))
         self.results["soak"] = soak_summary(rounds, p)
+        if memstats:
+            self.results["soak"]["memstats"] = memstats
         if traces:
             self.results["soak"]["tracemalloc"] = traces
             last = traces[-1]
@@ -942,7 +957,8 @@ class Bench:
 
     def ask_tracemalloc(self, proc: LauncherProcess, prefix: Path,
                         index: int) -> dict[str, Any]:
-        """Ask the launcher (tools/profile's hook) for its tracemalloc report; return it."""
+        """Ask the launcher (tools/profile's hook under `prefix`: tracemalloc or memstats)
+        for its report; return it."""
         base = f"{prefix}.{proc.pid}"
         ask = Path(f"{base}.ask")
         ask.write_text(str(index))
@@ -1174,6 +1190,28 @@ def _side_p50(sides: Any, key: str) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def memstats_line(index: int, mem: dict[str, Any]) -> str:
+    """One line of the launcher's memstats report (tools/profile) for the log."""
+    malloc, libc = mem["malloc"], mem.get("libc") or {}
+    line = (f"memstats round {index}: gc objects by generation {mem['gc_objects']}, full "
+            f"collections {mem['collections'][2]} (freed {mem['collected'][2]} objects); "
+            f"pymalloc arenas {malloc.get('arenas allocated current')}, in use "
+            f"{malloc.get('bytes in allocated blocks', 0) // 1024} KiB, free "
+            f"{malloc.get('bytes in available blocks', 0) // 1024} KiB; libc heap "
+            f"{libc.get('heap_kib')} KiB, in use {libc.get('in_use_kib')} KiB, free "
+            f"{libc.get('free_kib')} KiB, mmapped {libc.get('mmapped_kib')} KiB; resident "
+            "KiB by mapping " + ", ".join(f"{k} {v}" for k, v in
+                                          sorted((mem.get("smaps") or {}).items()) if v))
+    if mem.get("largest"):
+        line += "; largest: " + ", ".join(
+            f"{b['type']}[{b['len']}] {b['kib']} KiB ({b['held_by']})" for b in mem["largest"][:6])
+    garbage = mem.get("garbage")
+    if garbage:
+        line += (f"; forced collection found {garbage['found']} objects, RSS "
+                 f"{garbage['rss_before_kib']} -> {garbage['rss_after_kib']} KiB")
+    return line
 
 
 def soak_summary(rounds: list[dict[str, Any]], p: Params) -> dict[str, Any]:
@@ -1519,6 +1557,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "reports the growth by source line and its thread names after the "
                         "first, every N-th and the last round (slows it several times; RSS "
                         "figures are then not comparable)")
+    p.add_argument("--soak-memstats", type=int, metavar="N", default=0,
+                   help="soak: the launcher (tools/profile hook, no tracing) reports its "
+                        "garbage collector's generations and pymalloc's arenas after the "
+                        "first, every N-th and the last round")
+    p.add_argument("--soak-memstats-collect", action="store_true",
+                   help="with --soak-memstats: each report forces a full collection and "
+                        "lists the garbage it found (changes the RSS it measures)")
     return p
 
 
@@ -1534,6 +1579,8 @@ def params_from(args: argparse.Namespace) -> Params:
             setattr(p, name, value)
     p.profile_dir = args.profile
     p.soak_tracemalloc = args.soak_tracemalloc
+    p.soak_memstats = args.soak_memstats
+    p.soak_memstats_collect = args.soak_memstats_collect
     if p.soak_rounds > 0 and args.timeout is None:
         # A soak round takes about 5 s on a 2-core machine; the limit follows the rounds.
         p.timeout = max(p.timeout, 120.0 + 30.0 * p.soak_rounds)

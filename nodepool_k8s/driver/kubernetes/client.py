@@ -274,24 +274,27 @@ class KubeClient:
         sleep = sleep or _never_cancelled
         kwargs.setdefault("_request_timeout", self.retry.timeout)
         attempts = self.retry.retries + 1
+        # The error is handled inside its `except` (which unbinds it on leaving): kept in a
+        # local of this frame, which its own traceback holds, it made a reference cycle per
+        # failed call, keeping the answer and its connection's TLS buffers until the
+        # collector's next full pass instead of freeing them at once.
         for attempt in range(1, attempts + 1):
             try:
                 return self._authenticated(lambda: self._once(what, fn, args, kwargs))
-            except NodepoolError as exc:
-                error = exc
-            if created_ok and attempt > 1 and isinstance(error, Conflict):
-                log.debug("%s: already exists after a retried create; accepting", what)
-                return {}
-            if not is_retryable(error) or attempt == attempts:
-                if is_retryable(error):
-                    log.warning("%s failed: #%d/%d giving up: %s", what, attempt, attempts,
-                                error)
-                raise error
-            delay = self.retry.delay(attempt - 1, error)
-            log.info("%s failed: #%d/%d will retry in %.1fs: %s", what, attempt, attempts,
-                     delay, error)
-            if sleep(delay):
-                raise error
+            except NodepoolError as error:
+                if created_ok and attempt > 1 and isinstance(error, Conflict):
+                    log.debug("%s: already exists after a retried create; accepting", what)
+                    return {}
+                if not is_retryable(error) or attempt == attempts:
+                    if is_retryable(error):
+                        log.warning("%s failed: #%d/%d giving up: %s", what, attempt,
+                                    attempts, error)
+                    raise
+                delay = self.retry.delay(attempt - 1, error)
+                log.info("%s failed: #%d/%d will retry in %.1fs: %s", what, attempt, attempts,
+                         delay, error)
+                if sleep(delay):
+                    raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, what: str, fn: Callable[..., Any], args: tuple[Any, ...],
@@ -318,7 +321,10 @@ class KubeClient:
             error = map_api_error(exc, what)
             if error is exc:
                 raise
-            raise error from exc
+            try:
+                raise error from exc
+            finally:
+                del error  # its traceback holds this frame: no cycle through the local
 
     def _authenticated(self, send: Callable[[], T]) -> T:
         """`send()`; after a 401, once more if the credentials could be loaded again.

@@ -21,9 +21,10 @@ import enum
 import logging
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, Sequence
 
 from nodepool_k8s.core import model, quota, records
+from nodepool_k8s.runtime import logconfig
 from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.core.errors import NodepoolError
 from nodepool_k8s.config.fingerprint import label_hash
@@ -103,20 +104,31 @@ class AllocationDeps(Protocol):
               ids: list[str] | None = None) -> list[quota.UsageRecord]: ...
 
 
+def node_log(log: logging.LoggerAdapter[logging.Logger], request: NodeRequest,
+             node: Node) -> logging.LoggerAdapter[logging.Logger]:
+    """The logger of one node of `request` (`log` is the request's)."""
+    return logconfig.annotate(log.logger, request.event_id, request.id, node.id)
+
+
 class Allocator:
-    """Reuse and guarded creation of nodes for the slots of one request."""
+    """Reuse and guarded creation of nodes for the slots of one request.
+
+    Holds nothing of the handler that owns it (no bound method of it): a reference back
+    would make every finished request a reference cycle, kept until the collector's next
+    full pass instead of freed when the pool worker drops the handler."""
 
     def __init__(self, deps: AllocationDeps, ref: PoolRef, provider: Provider,
                  request: NodeRequest, request_lock: HeldLock,
-                 log: logging.LoggerAdapter[logging.Logger],
-                 node_log: Callable[[Node], logging.LoggerAdapter[logging.Logger]]) -> None:
+                 log: logging.LoggerAdapter[logging.Logger]) -> None:
         self.deps = deps
         self.ref = ref
         self.provider = provider
         self.request = request
         self.request_lock = request_lock
         self.log = log
-        self._node_log = node_log
+
+    def _node_log(self, node: Node) -> logging.LoggerAdapter[logging.Logger]:
+        return node_log(self.log, self.request, node)
 
     @property
     def tenant_limit(self) -> TenantLimit | None:

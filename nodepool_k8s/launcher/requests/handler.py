@@ -40,6 +40,7 @@ from nodepool_k8s.core import model, quota
 from nodepool_k8s.runtime.cancel import CancelEvent
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
+from nodepool_k8s.launcher.requests import allocation
 from nodepool_k8s.launcher.requests import launch as launching
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.launcher import plan
@@ -147,8 +148,7 @@ class RequestHandler:
         self._mutex = threading.Lock()
         base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
         self.log = logconfig.annotate(base, request.event_id, request.id)
-        self.allocator = Allocator(engine, ref, provider, request, lock, self.log,
-                                   self._node_log)
+        self.allocator = Allocator(engine, ref, provider, request, lock, self.log)
 
     # -- state --------------------------------------------------------------------------
     @property
@@ -393,8 +393,7 @@ class RequestHandler:
         return not self.engine.requests.exists(self.request.id)
 
     def _node_log(self, node: Node) -> logging.LoggerAdapter[logging.Logger]:
-        return logconfig.annotate(self.log.logger, self.request.event_id, self.request.id,
-                                  node.id)
+        return allocation.node_log(self.log, self.request, node)
 
     def _collect(self) -> None:
         for slot in self.slots:

@@ -18,7 +18,7 @@ LOG = logging.LoggerAdapter(logging.getLogger("tests.allocation"), {})
 def allocator_for(deps: Deps, labels: list[str]) -> tuple[Allocator, list[Slot]]:
     request, lock = deps.accept(deps.submit(labels))
     allocator = Allocator(deps, deps.ref, deps.provider,  # type: ignore[arg-type]
-                          request, lock, LOG, lambda node: LOG)
+                          request, lock, LOG)
     return allocator, [Slot(i, label) for i, label in enumerate(labels)]
 
 
