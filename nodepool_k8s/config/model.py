@@ -325,6 +325,20 @@ class Config:
     def pools(self) -> list[PoolConfig]:
         return [pool for provider in self.providers.values() for pool in provider.pools.values()]
 
+    def provider_config(self, name: str | None) -> ProviderConfig | None:
+        return self.providers.get(name or "")
+
+    def pool_config(self, provider: str | None, pool: str | None) -> PoolConfig | None:
+        prov = self.provider_config(provider)
+        return prov.pools.get(pool or "") if prov else None
+
+    def label_quota(self, provider: str | None, pool: str | None,
+                    label: str | None) -> Resources | None:
+        """The quota a node of `label` in that pool counts for (nodes without `resources`)."""
+        found = self.pool_config(provider, pool)
+        label_cfg = found.labels.get(label or "") if found else None
+        return label_cfg.quota() if label_cfg else None
+
 
 def with_installation_id(config: Config, installation_id: str) -> Config:
     """`config` with `installation_id` in force (top level and every provider's copy)."""

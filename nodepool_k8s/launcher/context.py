@@ -90,17 +90,14 @@ class Engine:
         return self.zk.connected and not self.stopping.is_set()
 
     def provider_config(self, name: str | None) -> ProviderConfig | None:
-        return self._config.providers.get(name or "")
+        return self._config.provider_config(name)
 
     def pool_config(self, provider: str | None, pool: str | None) -> PoolConfig | None:
-        prov = self.provider_config(provider)
-        return prov.pools.get(pool or "") if prov else None
+        return self._config.pool_config(provider, pool)
 
     def label_quota(self, node: quota.NodeUsage) -> Resources | None:
         """The quota a node's label counts for, for nodes without `resources`."""
-        pool = self.pool_config(node.provider, node.pool)
-        label = pool.labels.get(node.label or "") if pool else None
-        return label.quota() if label else None
+        return self._config.label_quota(node.provider, node.pool, node.label)
 
     def registered_pools(self) -> list[PoolInfo]:
         return [PoolInfo(id=c.id, provider=c.provider_name, labels=c.supported_labels,

@@ -142,16 +142,13 @@ class Deps:
             zk.ensure_path(path)
 
     def provider_config(self, name: str | None) -> ProviderConfig | None:
-        return self.config.providers.get(name or "")
+        return self.config.provider_config(name)
 
     def pool_config(self, provider: str | None, pool: str | None) -> PoolConfig | None:
-        prov = self.provider_config(provider)
-        return prov.pools.get(pool or "") if prov else None
+        return self.config.pool_config(provider, pool)
 
     def label_quota(self, node: quota.NodeUsage) -> Resources | None:
-        pool = self.pool_config(node.provider, node.pool)
-        label = pool.labels.get(node.label or "") if pool else None
-        return label.quota() if label else None
+        return self.config.label_quota(node.provider, node.pool, node.label)
 
     def cached_usage(self, keep: Keep = None) -> list[quota.UsageRecord]:
         return [usage_record(n, self.label_quota) for n in self.node_cache.nodes()
