@@ -379,7 +379,7 @@ class RequestHandler:
             lock.release()
 
     def _allocate(self, needed: list[Slot], provider_cfg: ProviderConfig,
-                  pool_cfg: PoolConfig) -> quota.Verdict:
+                  pool_cfg: PoolConfig) -> quota.Fit:
         created = [s for s in needed if s.node is not None]
         if created:
             # Created by a batch whose launches could not all be started (`launch_created`
@@ -397,7 +397,7 @@ class RequestHandler:
             verdict = self.allocator.create(remaining, provider_cfg, pool_cfg)
         except errors.LockLost:
             self.abandon("the request's lock vanished before its nodes were created")
-            return quota.Verdict(False, CONTENTION, ())
+            return quota.Fit(False, CONTENTION, ())
         if verdict:
             self._start_launches(remaining, provider_cfg, pool_cfg)
         return verdict

@@ -12,7 +12,7 @@ Before anything else a launch collects the answer to the node's lock + `building
 transaction, which the pool worker sent without waiting (so it could go on to the next
 request of a burst): only a node locked by us is launched.
 
-Outcomes (`Outcome`): READY (with the LaunchResult), FAILED (every attempt failed, or a
+Outcomes (`LaunchEnd`): READY (with the LaunchResult), FAILED (every attempt failed, or a
 non-retryable error), ABORTED (the cloud refused for quota, or the provider cannot act at
 all now, `ProviderUnavailable`, e.g. its credentials are refused: not a failure, counted
 against no label, the request waits), CANCELLED (shutdown or session loss set the cancel
@@ -42,7 +42,7 @@ from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore, PendingLock
 
 
-class Outcome(enum.Enum):
+class LaunchEnd(enum.Enum):
     READY = "ready"
     FAILED = "failed"
     ABORTED = "aborted"
@@ -50,13 +50,14 @@ class Outcome(enum.Enum):
     UNLOCKED = "unlocked"  # the new node could not be locked: nothing was launched
 
 
-READY, FAILED, ABORTED, CANCELLED, UNLOCKED = (Outcome.READY, Outcome.FAILED, Outcome.ABORTED,
-                                               Outcome.CANCELLED, Outcome.UNLOCKED)
+READY, FAILED, ABORTED, CANCELLED, UNLOCKED = (LaunchEnd.READY, LaunchEnd.FAILED,
+                                               LaunchEnd.ABORTED, LaunchEnd.CANCELLED,
+                                               LaunchEnd.UNLOCKED)
 
 
 @dataclass(frozen=True)
 class LaunchOutcome:
-    kind: Outcome
+    kind: LaunchEnd
     result: LaunchResult | None = None
     error: str = ""
     attempts: int = 0
