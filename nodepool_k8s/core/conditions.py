@@ -105,6 +105,9 @@ REASONS: dict[str, str] = {
     "ExceedsQuota": "The request can never fit the pool's limits: raise them or split it.",
     "NotConfigured": "The pool was removed from the configuration.",
     "AtQuota": "A min-ready request met the pool at quota: nothing to do.",
+    "LabelSuspended": "The circuit breaker holds the label after repeated failed launches "
+                      "(see the pool's Suspended condition): fix the cause; it probes again "
+                      "by itself.",
 }
 FAILURE_REASONS = frozenset(list(REASONS)[list(REASONS).index("ErrImagePull"):])
 

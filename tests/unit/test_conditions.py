@@ -1,5 +1,5 @@
 """Pure parts of the lifecycle conditions: update rules, failure placement, timings, the
-bounded reason set, decline codes, the spec-request quota of verbatim pod specs."""
+bounded reason set, the spec-request quota of verbatim pod specs."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.views import listing
 from nodepool_k8s.config import quantity
 from nodepool_k8s.config.loader import load_config_text
-from nodepool_k8s.launcher import lifecycle, plan
 from nodepool_k8s.core.model import Node
 
 
@@ -63,24 +62,6 @@ def test_node_accessors_keep_conditions_in_an_extra_key() -> None:
     assert [c["type"] for c in data["conditions"]] == ["Launched", "Ready"]
     assert listing.failure_reason(data["conditions"]) == "Forbidden"
     assert listing.failure_reason(None) is None
-
-
-@pytest.mark.parametrize("message,code", [
-    ("pool is disabled", "PoolDisabled"),
-    ("label(s) not served by this pool: x", "LabelNotServed"),
-    ("it would exceed quota even with no nodes (cores)", "ExceedsQuota"),
-    ("the pool is no longer configured", "NotConfigured"),
-    ("at quota (pool max-servers)", "AtQuota"),
-])
-def test_decline_codes(message: str, code: str) -> None:
-    assert lifecycle.decline_code(message) == code
-
-
-def test_plan_messages_have_codes() -> None:
-    """Guards the prefix table against the planner's wording."""
-    text = open(plan.__file__).read()
-    for prefix in ("pool is disabled", "label(s) not served", "it would exceed quota"):
-        assert f'"{prefix}' in text or f"f\"{prefix}" in text
 
 
 def test_spec_requests() -> None:

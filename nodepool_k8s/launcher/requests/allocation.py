@@ -153,7 +153,7 @@ class Allocator:
 
     def new_node(self, label: str, pool_cfg: PoolConfig) -> Node:
         now = self.deps.clock.time()
-        node = Node(id="", state=model.INIT, state_time=now, type=[label])
+        node = Node(id="", state=model.NodeState.INIT, state_time=now, type=[label])
         attributes = dict(pool_cfg.node_attributes) if pool_cfg.node_attributes else None
         node.set(provider=self.ref.provider, pool=self.ref.pool, launcher=self.ref.pool_id,
                  allocated_to=self.request.id, tenant_name=self.request.tenant_name,
@@ -178,7 +178,7 @@ class Allocator:
         cache = self.deps.node_cache
         candidates = sorted(
             (n for n in cache.nodes()
-             if n.state == model.READY and not n.allocated_to
+             if n.state == model.NodeState.READY and not n.allocated_to
              and n.provider == self.ref.provider and n.pool == self.ref.pool
              and not cache.is_locked(n.id)),
             key=lambda n: (n.state_time or 0.0, n.id))
@@ -194,7 +194,7 @@ class Allocator:
                 if got is None:
                     continue
                 lock, node = got
-                if node.state != model.READY or node.allocated_to \
+                if node.state != model.NodeState.READY or node.allocated_to \
                         or node.provider != self.ref.provider or node.pool != self.ref.pool \
                         or node.label != slot.label \
                         or (node.external_id != candidate.external_id

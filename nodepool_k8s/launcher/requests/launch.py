@@ -210,8 +210,6 @@ class NodeLaunch:
         self.stats.launch(self.provider_config.name, self.request.requestor, result,
                           (time.monotonic() - started) * 1000.0)
         if outcome.kind in (FAILED, ABORTED):
-            self.node.conditions = cond.fail(self.node.conditions, outcome.reason,
-                                             outcome.error, self.clock.time())
             self.stats.launch_error(self.provider_config.name, outcome.reason)
         return outcome
 
@@ -220,8 +218,6 @@ class NodeLaunch:
         error = ""
         error_type: type[BaseException] | None = None
         reason = "Unknown"
-        if not self.node.conditions:
-            self.node.conditions = cond.initial(self.clock.time())
         for attempt in range(1, attempts + 1):
             if self.cancel.is_set():
                 return LaunchOutcome(CANCELLED, attempts=attempt - 1)
