@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.views import listing
 from nodepool_k8s.config import quantity
