@@ -25,24 +25,35 @@ budget of ZooKeeper writes per node (tools/benchmark) is not touched by busy poo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from typing import Any, Iterable, Mapping
 
+from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.core import quota
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.launcher import breaker as breakers
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.core.model import Resources
 
-TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+TRUE, FALSE, UNKNOWN = cond.TRUE, cond.FALSE, cond.UNKNOWN
 CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended", "Credentials")
 MODEL_VERSION = 1
 _BREAKER_FIELDS = ("reason", "message", "failures", "trips", "until", "state")
 
 
-def _cond(status: str, reason: str, message: str = "") -> dict[str, Any]:
-    return {"status": status, "reason": reason, "message": message}
+def _cond(status: str, reason: str, message: str = "") -> cond.Condition:
+    """A fresh pool condition: its type and transition time are set by `StatusBuilder`."""
+    return cond.Condition("", status, reason, message)
+
+
+def _reported(value: Mapping[str, Any] | None, default: cond.Condition) -> cond.Condition:
+    """A condition the provider reports as a mapping (capacity, credentials)."""
+    if not value:
+        return default
+    return _cond(str(value.get("status", UNKNOWN)), str(value.get("reason", "")),
+                 str(value.get("message", "")))
 
 
 def _num(value: float) -> float | int | None:
@@ -52,7 +63,7 @@ def _num(value: float) -> float | int | None:
 
 
 def validated(pool: PoolConfig, provider: ProviderConfig,
-              cloud: Resources | None) -> dict[str, Any]:
+              cloud: Resources | None) -> cond.Condition:
     if pool.disabled:
         return _cond(FALSE, "Disabled", "max-servers is 0: the pool takes no requests")
     bad = []
@@ -74,7 +85,7 @@ def spares(nodes: Iterable[Any], label: str, provider: str | None = None,
 
 
 def at_target(pool: PoolConfig, config: Config, nodes: list[Any],
-              pool_node_count: int) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+              pool_node_count: int) -> tuple[cond.Condition, dict[str, dict[str, int]]]:
     """The AtTarget condition and, per label with a target, wanted vs spare."""
     targets: dict[str, dict[str, int]] = {}
     for name, label in sorted(pool.labels.items()):
@@ -124,7 +135,7 @@ def usage_rows(pool: PoolConfig, provider: ProviderConfig, cloud: Resources,
     return rows
 
 
-def quota_condition(rows: list[dict[str, Any]], blocked: str | None) -> dict[str, Any]:
+def quota_condition(rows: list[dict[str, Any]], blocked: str | None) -> cond.Condition:
     full = [r for r in rows if r["limit"] is not None and r["used"] is not None
             and r["used"] >= r["limit"]]
     if blocked is not None or full:
@@ -139,7 +150,7 @@ def quota_condition(rows: list[dict[str, Any]], blocked: str | None) -> dict[str
 
 
 def suspended_condition(suspended: Mapping[str, Mapping[str, Any]],
-                        now: float) -> dict[str, Any]:
+                        now: float) -> cond.Condition:
     if not suspended:
         return _cond(FALSE, "NoneSuspended")
     parts = []
@@ -158,26 +169,21 @@ class StatusBuilder:
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self._conditions: dict[str, dict[str, Any]] = {}
+        self._conditions: list[cond.Condition] = []
         self._published: dict[str, Any] | None = None
         self._published_at = -math.inf
         self._significant: Any = None
 
-    def conditions(self, fresh: Mapping[str, dict[str, Any]],
+    def conditions(self, fresh: Mapping[str, cond.Condition],
                    now: float) -> list[dict[str, Any]]:
-        out = []
+        """The pool's conditions as published: `fresh` (by type) with the transition times
+        kept across passes by the conditions' one update rule (`conditions.update`)."""
         for ctype in CONDITIONS:
-            cond = dict(fresh[ctype])
-            old = self._conditions.get(ctype)
-            same = old is not None and old["status"] == cond["status"] \
-                and old["reason"] == cond["reason"]
-            if old is not None and same:
-                cond["last_transition"] = old["last_transition"]
-            else:
-                cond["last_transition"] = now
-            self._conditions[ctype] = cond
-            out.append({"type": ctype, **cond})
-        return out
+            self._conditions = cond.update(self._conditions, dataclasses.replace(
+                fresh[ctype], type=ctype, last_transition_time=now))
+        by_type = {c.type: c for c in self._conditions}
+        return cond.serialise((by_type[ctype] for ctype in CONDITIONS),
+                              time_key=cond.POOL_TIME_KEY, message_limit=None)
 
     def due(self, data: dict[str, Any], now: float) -> tuple[bool, float | None]:
         """(write now?, when to look again if something waits for the interval). `now`
@@ -218,7 +224,7 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
           suspended: Mapping[str, Mapping[str, Any]], now: float,
           unhandable: frozenset[str] = frozenset(),
           credentials: dict[str, Any] | None = None) -> tuple[
-              dict[str, dict[str, Any]], dict[str, Any]]:
+              dict[str, cond.Condition], dict[str, Any]]:
     """Fresh conditions (without transition times) and the rest of the status record."""
     counts = node_counts(nodes, provider.name, pool.name)
     rows = usage_rows(pool, provider, cloud,
@@ -226,18 +232,15 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
                       quota.total(records, provider=provider.name))
     countable = [n for n in nodes if n.id not in unhandable] if unhandable else nodes
     target, targets = at_target(pool, config, countable, sum(counts.values()))
-    cap = capacity or _cond(UNKNOWN, "Unknown", "capacity awareness is off")
-    creds = credentials or _cond(UNKNOWN, "Unknown", "the provider does not report them")
     fresh = {
         "Validated": validated(pool, provider, cloud),
         "AtTarget": target,
         "Quota": quota_condition(rows, blocked),
-        "Capacity": {"status": cap.get("status", UNKNOWN), "reason": cap.get("reason", ""),
-                     "message": cap.get("message", "")},
+        "Capacity": _reported(capacity, _cond(UNKNOWN, "Unknown",
+                                              "capacity awareness is off")),
         "Suspended": suspended_condition(suspended, now),
-        "Credentials": {"status": creds.get("status", UNKNOWN),
-                        "reason": creds.get("reason", ""),
-                        "message": creds.get("message", "")},
+        "Credentials": _reported(credentials, _cond(UNKNOWN, "Unknown",
+                                                    "the provider does not report them")),
     }
     rest = {
         "model": MODEL_VERSION, "id": pool_id, "hostname": hostname,
