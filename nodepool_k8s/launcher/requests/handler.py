@@ -36,6 +36,7 @@ from nodepool_k8s.runtime.cancel import CancelEvent
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.requests import launch as launching
+from nodepool_k8s.launcher.requests.launch import LaunchEnd
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.requests.allocation import CONTENTION, Allocator, Slot, SlotState
@@ -211,7 +212,7 @@ class RequestHandler:
             if future is None or not future.done():
                 return False
             try:
-                if future.result().kind in (launching.ABORTED, launching.UNLOCKED):
+                if future.result().kind in (LaunchEnd.ABORTED, LaunchEnd.UNLOCKED):
                     return False  # the slot needs a new node: allocation is the worker's
             except Exception:
                 continue  # collected as a failure
@@ -252,7 +253,7 @@ class RequestHandler:
                 self._take_launch_lock(slot)
                 if outcome is None:
                     continue
-                if outcome.kind in (launching.CANCELLED, launching.FAILED) and not slot.reused:
+                if outcome.kind in (LaunchEnd.CANCELLED, LaunchEnd.FAILED) and not slot.reused:
                     discarded.append(slot)
         if self.done or not self.lock.valid:
             self.done = True
@@ -318,11 +319,11 @@ class RequestHandler:
             try:
                 outcome = slot.future.result()
             except Exception as exc:  # run() catches everything; be defensive anyway
-                outcome = launching.LaunchOutcome(launching.FAILED, error=repr(exc))
+                outcome = launching.LaunchOutcome(LaunchEnd.FAILED, error=repr(exc))
             # The future (and so the outcome) is dropped only once the outcome is applied:
             # if writing the node's final state fails (ZooKeeper unreachable), the next
             # advance collects the same outcome again instead of waiting forever.
-            if outcome.kind is launching.UNLOCKED:
+            if outcome.kind is LaunchEnd.UNLOCKED:
                 if slot.node is not None:
                     self._node_log(slot.node).warning(
                         "Could not lock our new node (%s); replacing it", outcome.error)
@@ -330,11 +331,11 @@ class RequestHandler:
                 slot.future = slot.job = None
                 continue
             self._take_launch_lock(slot)
-            if outcome.kind in (launching.READY, launching.FAILED):
+            if outcome.kind in (LaunchEnd.READY, LaunchEnd.FAILED):
                 self._launch_done(slot.label, outcome)
-            if outcome.kind is launching.READY:
+            if outcome.kind is LaunchEnd.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
-            elif outcome.kind is launching.ABORTED:
+            elif outcome.kind is LaunchEnd.ABORTED:
                 self._finish_node(slot, model.NodeState.ABORTED, outcome)
                 if slot.node is not None:
                     lifecycle.record_outcome(self.engine.events, slot.node,
@@ -344,7 +345,7 @@ class RequestHandler:
                 self.retry_at = self.engine.clock.monotonic() + self.engine.settings.quota_retry
                 self.aborted_for = outcome.reason
             else:
-                if outcome.kind is launching.CANCELLED and not self.lock.valid:
+                if outcome.kind is LaunchEnd.CANCELLED and not self.lock.valid:
                     return  # advance() abandons on the next check
                 self._finish_node(slot, model.NodeState.FAILED, outcome)
                 slot.state = SlotState.FAILED
@@ -363,7 +364,7 @@ class RequestHandler:
 
     def _launch_done(self, label: str, outcome: launching.LaunchOutcome) -> None:
         try:
-            self.on_launch_done(label, None if outcome.kind == launching.READY
+            self.on_launch_done(label, None if outcome.kind == LaunchEnd.READY
                                 else outcome.error)
         except Exception as exc:  # the breaker's bookkeeping never blocks the request
             self.log.warning("Could not record the launch outcome: %s", exc)
@@ -375,7 +376,7 @@ class RequestHandler:
         node, lock = slot.node, slot.lock
         if node is None:
             return
-        reason = outcome.reason or ("Cancelled" if outcome.kind is launching.CANCELLED
+        reason = outcome.reason or ("Cancelled" if outcome.kind is LaunchEnd.CANCELLED
                                     else "Unknown")
         transition(node, state, self.engine.clock.time(), reason=reason,
                    message=outcome.error)

@@ -50,11 +50,6 @@ class LaunchEnd(enum.Enum):
     UNLOCKED = "unlocked"  # the new node could not be locked: nothing was launched
 
 
-READY, FAILED, ABORTED, CANCELLED, UNLOCKED = (LaunchEnd.READY, LaunchEnd.FAILED,
-                                               LaunchEnd.ABORTED, LaunchEnd.CANCELLED,
-                                               LaunchEnd.UNLOCKED)
-
-
 @dataclass(frozen=True)
 class LaunchOutcome:
     kind: LaunchEnd
@@ -186,21 +181,22 @@ class NodeLaunch:
             lock = self.pending_lock.result()
         except Exception as exc:
             self.log.warning("Could not lock the new node: %s", exc)
-            return LaunchOutcome(UNLOCKED, error=f"{type(exc).__name__}: {exc}")
+            return LaunchOutcome(LaunchEnd.UNLOCKED, error=f"{type(exc).__name__}: {exc}")
         if lock is None:
-            return LaunchOutcome(UNLOCKED, error="someone else locked the new node")
+            return LaunchOutcome(LaunchEnd.UNLOCKED, error="someone else locked the new node")
         self.lock = lock
         return self._run_locked(lock)
 
     def _run_locked(self, lock: HeldLock) -> LaunchOutcome:
         started = time.monotonic()
         outcome = self._attempts()
-        result = {READY: stats.RESULT_READY, ABORTED: stats.RESULT_QUOTA}.get(outcome.kind)
-        if outcome.kind is ABORTED and outcome.error_type is not None \
+        result = {LaunchEnd.READY: stats.RESULT_READY,
+                  LaunchEnd.ABORTED: stats.RESULT_QUOTA}.get(outcome.kind)
+        if outcome.kind is LaunchEnd.ABORTED and outcome.error_type is not None \
                 and issubclass(outcome.error_type, ProviderUnavailable):
             result = stats.RESULT_UNAVAILABLE
         if result is None:
-            if outcome.kind is CANCELLED:
+            if outcome.kind is LaunchEnd.CANCELLED:
                 result = stats.RESULT_ZKSESSION if not lock.valid \
                     else stats.RESULT_UNKNOWN
             else:
@@ -209,7 +205,7 @@ class NodeLaunch:
                 result = stats.RESULT_NODEPOOL if failed_by_driver else stats.RESULT_UNKNOWN
         self.stats.launch(self.provider_config.name, self.request.requestor, result,
                           (time.monotonic() - started) * 1000.0)
-        if outcome.kind in (FAILED, ABORTED):
+        if outcome.kind in (LaunchEnd.FAILED, LaunchEnd.ABORTED):
             self.stats.launch_error(self.provider_config.name, outcome.reason)
         return outcome
 
@@ -220,7 +216,7 @@ class NodeLaunch:
         reason = "Unknown"
         for attempt in range(1, attempts + 1):
             if self.cancel.is_set():
-                return LaunchOutcome(CANCELLED, attempts=attempt - 1)
+                return LaunchOutcome(LaunchEnd.CANCELLED, attempts=attempt - 1)
             if attempt > 1:
                 self.node.conditions = cond.restart(
                     self.node.conditions, self.clock.time(),
@@ -231,10 +227,10 @@ class NodeLaunch:
             try:
                 result = self.provider.launch(spec, self.cancel, self._progress)
                 self.log.info("Node launched as %s (attempt %d)", result.external_id, attempt)
-                return LaunchOutcome(READY, result, attempts=attempt)
+                return LaunchOutcome(LaunchEnd.READY, result, attempts=attempt)
             except QuotaExceeded as exc:
                 self.log.info("Cloud refused the launch for quota: %s", exc)
-                return LaunchOutcome(ABORTED, error=f"QuotaExceeded: {exc}",
+                return LaunchOutcome(LaunchEnd.ABORTED, error=f"QuotaExceeded: {exc}",
                                      attempts=attempt, error_type=type(exc),
                                      reason="QuotaExceeded")
             except ProviderUnavailable as exc:
@@ -243,11 +239,11 @@ class NodeLaunch:
                 # The driver reports the cause once; this is one line per node.
                 self.log.info("Provider cannot launch now; the request waits: %s", exc)
                 reason = cond.reason(exc.reason)
-                return LaunchOutcome(ABORTED, error=f"{reason}: {exc}", attempts=attempt,
+                return LaunchOutcome(LaunchEnd.ABORTED, error=f"{reason}: {exc}", attempts=attempt,
                                      error_type=type(exc), reason=reason)
             except LaunchError as exc:
                 if self.cancel.is_set():
-                    return LaunchOutcome(CANCELLED, attempts=attempt)
+                    return LaunchOutcome(LaunchEnd.CANCELLED, attempts=attempt)
                 error, error_type = f"LaunchError({exc.reason}): {exc}", type(exc)
                 reason = cond.reason(exc.reason)
                 self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
@@ -264,5 +260,5 @@ class NodeLaunch:
                 self.log.exception("Launch attempt %d/%d failed unexpectedly", attempt,
                                    attempts)
             self._attempt_failed(attempt, reason, error)
-        return LaunchOutcome(FAILED, error=error, attempts=attempts, error_type=error_type,
-                             reason=reason)
+        return LaunchOutcome(LaunchEnd.FAILED, error=error, attempts=attempts,
+                             error_type=error_type, reason=reason)
