@@ -48,14 +48,16 @@ from nodepool_k8s.driver.base import Deletion, Gone, Provider, delete_and_wait
 from nodepool_k8s.core.errors import NodepoolError, NotFound, NotOwned
 from nodepool_k8s.launcher.upkeep import deleter
 from nodepool_k8s.core.model import Node
+from nodepool_k8s.core.transition import transition
 from nodepool_k8s.zk import admin, paths
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk.errors import VersionConflict
 from nodepool_k8s.zk.locks import HeldLock
 
-GONE_STATES = (model.DELETING, model.DELETED)
+GONE_STATES = (model.NodeState.DELETING, model.NodeState.DELETED)
 DEFAULT_HOLD_REASON = "held with nodepool hold"
 NOW_REASON = "deleted with nodepool delete --now"
+DELETE_REASON = "deleted with nodepool delete"
 
 
 @dataclass
@@ -127,8 +129,8 @@ def _print_node(node: Node, locked: bool = False) -> None:
     common.emit(rows, listing.NODE_COLUMNS, as_json=False)
 
 
-def _mark(node: Node, state: str) -> None:
-    node.state, node.state_time = state, common.now()
+def _mark(node: Node, state: model.NodeState, why: str = "") -> None:
+    transition(node, state, common.now(), message=why)
 
 
 # -- delete ------------------------------------------------------------------------------------
@@ -177,7 +179,7 @@ def _delete(s: Session, node_id: str, args: argparse.Namespace) -> None:
         if args.now:
             _delete_now(s, locked)
         elif node.state not in GONE_STATES:  # else already on its way: no write
-            _mark(node, model.DELETING)
+            _mark(node, model.NodeState.DELETING, DELETE_REASON)
             s.nodes.store_and_release(node, locked.lock)
     finally:
         locked.lock.release()
@@ -186,7 +188,7 @@ def _delete(s: Session, node_id: str, args: argparse.Namespace) -> None:
 
 def _provider_config(s: Session, node: Node) -> ProviderConfig | None:
     """The configured provider whose resource `--now` must delete (None: nothing to delete)."""
-    if node.provider is None or not node.external_id or node.state == model.DELETED:
+    if node.provider is None or not node.external_id or node.state == model.NodeState.DELETED:
         return None
     common.require_full(s, "--now")
     provider = s.config.providers.get(node.provider)
@@ -219,7 +221,7 @@ def _delete_now(s: Session, locked: Locked) -> None:
     if done.removal is deleter.Removal.CONTENDED:
         common.warn(f"node {node.id}: other clients keep contending for its lock; it is left"
                     " in state deleted for a launcher to remove")
-    _mark(node, model.DELETED)
+    _mark(node, model.NodeState.DELETED)
 
 
 def _remove_unreadable(s: Session, node_id: str, args: argparse.Namespace) -> int:
@@ -312,7 +314,7 @@ def cmd_hold(args: argparse.Namespace) -> int:
             if node.state in GONE_STATES:
                 raise CliError(f"node {node_id} is being deleted (state {node.state});"
                                " cannot hold it")
-            _mark(node, model.HOLD)
+            _mark(node, model.NodeState.HOLD)
             node.set(comment=args.reason or DEFAULT_HOLD_REASON)
             s.nodes.store_and_release(node, locked.lock)
         finally:

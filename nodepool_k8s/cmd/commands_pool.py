@@ -73,9 +73,9 @@ def _counts(records: Records) -> dict[tuple[str, str], dict[str, int]]:
         node = view.node
         key = (str(node.provider), str(node.pool))
         entry = counts.setdefault(key, {"spare": 0, "in_use": 0, "deleting": 0})
-        if node.state in (model.DELETING, model.DELETED):
+        if node.state in (model.NodeState.DELETING, model.NodeState.DELETED):
             entry["deleting"] += 1
-        elif node.state == model.READY and not node.allocated_to:
+        elif node.state == model.NodeState.READY and not node.allocated_to:
             # Locked but unallocated: a launcher (the deleter draining it, or a request
             # taking it over) holds it for a moment; it is still a spare until it is gone
             # or allocated, so a drain is not reported done while it exists.

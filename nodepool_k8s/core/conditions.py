@@ -1,10 +1,16 @@
-"""Node lifecycle conditions: what happened to a node, when, and why it failed.
+"""Conditions: what happened to a node or a pool, since when, and why.
 
-Owns: the condition types a node record carries under the extra key `conditions` (Zuul
-ignores keys it does not know), the bounded set of machine-readable reasons (`REASONS`,
-each with what an operator should do about it), the update rules (a condition's
-`last_transition_time` changes only when its status changes) and the phase timings derived
-from the transition times. Pure: no I/O, time is passed in.
+Owns: the one `Condition` type, carried by node records under the extra key `conditions`
+(Zuul ignores keys it does not know) and by the pool status records (`launcher.reporting.
+pool_status`); the one update rule for both (a condition's transition time moves when its
+status or its reason changes, and only then); the one registry of reason codes (`REASONS`,
+each with what an operator should do about it: node progress and failures, request
+declines, pool conditions); and the phase timings derived from a node's transition times.
+Pure: no I/O, time is passed in.
+
+The two records spell the transition time differently (node records
+`last_transition_time`, pool status records `last_transition`): `to_dict`, `parse` and
+`serialise` take the key, so each record keeps its format.
 
 A launch walks `Launched` (the cloud resource exists; its external id is recorded),
 `Registered` (access in place: service account, role, binding, token), `Initialized` (the
@@ -19,6 +25,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 KEY = "conditions"
+NODE_TIME_KEY = "last_transition_time"
+POOL_TIME_KEY = "last_transition"
 
 LAUNCHED = "Launched"
 REGISTERED = "Registered"
@@ -35,8 +43,9 @@ UNKNOWN = "Unknown"
 
 MESSAGE_LIMIT = 400  # characters of a condition message kept on the record
 
-# The bounded reason values: reason -> what to do about it. Progress reasons first.
-REASONS: dict[str, str] = {
+# The bounded reason values of nodes and requests: reason -> what to do about it.
+# Progress reasons first, then failures (`FAILURE_REASONS`) and request declines.
+_NODE_REASONS: dict[str, str] = {
     # progress (True / Unknown conditions)
     "Pending": "Nothing: the phase has not started yet.",
     "Retrying": "Nothing: an earlier attempt failed (see the message); a fresh one runs.",
@@ -105,8 +114,42 @@ REASONS: dict[str, str] = {
     "ExceedsQuota": "The request can never fit the pool's limits: raise them or split it.",
     "NotConfigured": "The pool was removed from the configuration.",
     "AtQuota": "A min-ready request met the pool at quota: nothing to do.",
+    "LabelSuspended": "The circuit breaker holds the label after repeated failed launches "
+                      "(see the pool's Suspended condition): fix the cause; it probes again "
+                      "by itself.",
 }
-FAILURE_REASONS = frozenset(list(REASONS)[list(REASONS).index("ErrImagePull"):])
+FAILURE_REASONS = frozenset(list(_NODE_REASONS)[list(_NODE_REASONS).index("ErrImagePull"):])
+
+# The reasons of a pool's conditions (`launcher.reporting.pool_status`; Capacity and
+# Credentials as the provider reports them). `Unknown` and `LabelSuspended` above serve
+# pools too.
+POOL_REASONS: dict[str, str] = {
+    "Valid": "Nothing: every label of the pool can fit.",
+    "Disabled": "The pool has max-servers 0 and takes no requests: nothing to do unless it "
+                "should serve.",
+    "LabelExceedsLimits": "A label never fits even in an empty pool: raise the limits or "
+                          "shrink the label.",
+    "TargetMet": "Nothing: the spare nodes match min-ready.",
+    "UnderTarget": "Fewer spare nodes than min-ready: the launcher builds more; if it stays, "
+                   "look at Quota, Capacity and Suspended.",
+    "OverTarget": "More spare nodes than min-ready: nothing to do (they are used or age out "
+                  "with max-ready-age).",
+    "Draining": "The pool is disabled and its nodes are being used up or deleted.",
+    "Under": "Nothing: usage is below every limit.",
+    "AtLimit": "A limit binds: requests wait until nodes are returned; raise the limit if it "
+               "should not.",
+    "Sufficient": "Nothing: the cluster has room for every label.",
+    "Constrained": "The cluster has room for some labels only: add capacity or lower the "
+                   "labels' requests.",
+    "NoneAvailable": "The cluster has room for no label: add capacity.",
+    "NoneSuspended": "Nothing: no label is held by the circuit breaker.",
+    "Accepted": "Nothing: the API server accepts the launcher's credentials.",
+    "Rejected": "The API server refuses the launcher's credentials (see Unauthorized).",
+}
+
+# The one registry: every reason a condition, an event, a decline or a launch failure
+# carries is a key of it.
+REASONS: dict[str, str] = {**_NODE_REASONS, **POOL_REASONS}
 
 
 def reason(value: str | None) -> str:
@@ -122,27 +165,33 @@ class Condition:
     message: str = ""
     last_transition_time: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, time_key: str = NODE_TIME_KEY,
+                message_limit: int | None = None) -> dict[str, Any]:
+        message = self.message if message_limit is None else self.message[:message_limit]
         return {"type": self.type, "status": self.status, "reason": self.reason,
-                "message": self.message, "last_transition_time": self.last_transition_time}
+                "message": message, time_key: self.last_transition_time}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "Condition":
-        t = data.get("last_transition_time")
+    def from_dict(cls, data: Mapping[str, Any],
+                  time_key: str = NODE_TIME_KEY) -> "Condition":
+        t = data.get(time_key)
         return cls(type=str(data.get("type") or ""), status=str(data.get("status") or UNKNOWN),
                    reason=str(data.get("reason") or ""), message=str(data.get("message") or ""),
                    last_transition_time=float(t) if isinstance(t, (int, float)) else None)
 
 
-def parse(value: Any) -> list[Condition]:
+def parse(value: Any, time_key: str = NODE_TIME_KEY) -> list[Condition]:
     """The conditions of a record's `conditions` value; odd entries are skipped."""
     if not isinstance(value, list):
         return []
-    return [Condition.from_dict(item) for item in value if isinstance(item, dict)]
+    return [Condition.from_dict(item, time_key) for item in value if isinstance(item, dict)]
 
 
-def serialise(conditions: Iterable[Condition]) -> list[dict[str, Any]]:
-    return [c.to_dict() for c in conditions]
+def serialise(conditions: Iterable[Condition], time_key: str = NODE_TIME_KEY,
+              message_limit: int | None = MESSAGE_LIMIT) -> list[dict[str, Any]]:
+    """The JSON of `conditions`; messages cut to `message_limit` characters (None: whole).
+    A node record keeps `MESSAGE_LIMIT` of each; a pool's status keeps its messages."""
+    return [c.to_dict(time_key, message_limit) for c in conditions]
 
 
 def find(conditions: Sequence[Condition], type_: str) -> Condition | None:
@@ -152,9 +201,15 @@ def find(conditions: Sequence[Condition], type_: str) -> Condition | None:
     return None
 
 
+def transitioned(old: Condition | None, new: Condition) -> bool:
+    """Whether `new` replacing `old` is a transition: the status or the reason changed (a
+    new message alone is not). The one rule for node and pool conditions."""
+    return old is None or (old.status, old.reason) != (new.status, new.reason)
+
+
 def update(conditions: Sequence[Condition], new: Condition) -> list[Condition]:
-    """`conditions` with `new` set; the transition time only moves when the status does."""
-    message = new.message[:MESSAGE_LIMIT]
+    """`conditions` with `new` set (node conditions in `TYPES` order, others after them in
+    their order); the transition time moves only on a transition (`transitioned`)."""
     out: list[Condition] = []
     replaced = False
     for c in conditions:
@@ -162,11 +217,10 @@ def update(conditions: Sequence[Condition], new: Condition) -> list[Condition]:
             out.append(c)
             continue
         replaced = True
-        when = c.last_transition_time if c.status == new.status else new.last_transition_time
-        out.append(Condition(new.type, new.status, new.reason, message, when))
+        when = new.last_transition_time if transitioned(c, new) else c.last_transition_time
+        out.append(Condition(new.type, new.status, new.reason, new.message, when))
     if not replaced:
-        out.append(Condition(new.type, new.status, new.reason, message,
-                             new.last_transition_time))
+        out.append(new)
     order = {t: i for i, t in enumerate(TYPES)}
     return sorted(out, key=lambda c: order.get(c.type, len(order)))
 

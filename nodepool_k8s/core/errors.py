@@ -78,7 +78,8 @@ class ProviderUnavailable(TemporaryError):
 
 
 class LaunchError(NodepoolError):
-    """A node launch attempt failed. `reason` is a short CamelCase cause for logs and stats."""
+    """A node launch attempt failed. `reason`: a code of `core.conditions.REASONS` (the core
+    writes any other value as `Unknown`), never an exception's class name."""
 
     def __init__(self, message: str, reason: str = "LaunchFailed",
                  retryable: bool = True) -> None:

@@ -13,6 +13,9 @@ extra resource keys).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import enum
 import json
 import math
 import sys
@@ -24,25 +27,54 @@ from nodepool_k8s.core import conditions as cond
 
 # -- states ------------------------------------------------------------------------------------
 
-REQUESTED = "requested"
-PENDING = "pending"
-FULFILLED = "fulfilled"
-FAILED = "failed"
-REQUEST_STATES = frozenset({REQUESTED, PENDING, FULFILLED, FAILED})
 
-BUILDING = "building"
-TESTING = "testing"
-READY = "ready"
-IN_USE = "in-use"
-USED = "used"
-HOLD = "hold"
-DELETING = "deleting"
-INIT = "init"
-ABORTED = "aborted"
-DELETED = "deleted"
-# FAILED ("failed") is shared by requests and nodes.
-NODE_STATES = (BUILDING, TESTING, READY, IN_USE, USED, HOLD, DELETING, FAILED, INIT,
-               ABORTED, DELETED)
+class RequestState(enum.StrEnum):
+    """A node request's `state`; the values are the protocol's strings (Zuul reads them)."""
+
+    REQUESTED = "requested"
+    PENDING = "pending"
+    FULFILLED = "fulfilled"
+    FAILED = "failed"
+
+
+class NodeState(enum.StrEnum):
+    """A node's `state`; the values are the protocol's strings (Zuul and Nodepool's other
+    launchers read and write them). A record in a state not listed here is malformed."""
+
+    BUILDING = "building"
+    TESTING = "testing"
+    READY = "ready"
+    IN_USE = "in-use"
+    USED = "used"
+    HOLD = "hold"
+    DELETING = "deleting"
+    FAILED = "failed"
+    INIT = "init"
+    ABORTED = "aborted"
+    DELETED = "deleted"
+
+
+# Value -> member: decoding looks states up here (a dict lookup, not the enum's call), and a
+# value missing from it is an unknown state.
+REQUEST_STATES: Mapping[str, RequestState] = {s.value: s for s in RequestState}
+NODE_STATES: Mapping[str, NodeState] = {s.value: s for s in NodeState}
+
+
+def request_state(value: Any) -> RequestState:
+    """The member for a decoded request state; ValueError for an unknown one."""
+    state = REQUEST_STATES.get(value) if isinstance(value, str) else None
+    if state is None:
+        raise ValueError(f"unknown request state {value!r}")
+    return state
+
+
+def node_state(value: Any) -> NodeState:
+    """The member for a decoded node state; ValueError for an unknown one."""
+    state = NODE_STATES.get(value) if isinstance(value, str) else None
+    if state is None:
+        raise ValueError(f"unknown node state {value!r}")
+    return state
+
 
 MIN_READY_REQUESTOR = "NodePool:min-ready"
 # Extra key of our own pool-level min-ready requests (`<provider>/<pool>`): only that pool
@@ -65,7 +97,7 @@ _REQUEST_KEYS = ("state", "state_time", "declined_by", "node_types", "nodes", "r
 @dataclass
 class NodeRequest:
     id: str
-    state: str = REQUESTED
+    state: RequestState = RequestState.REQUESTED
     state_time: float | None = None
     node_types: list[str] = field(default_factory=list)
     nodes: list[str] = field(default_factory=list)
@@ -82,6 +114,14 @@ class NodeRequest:
     # ZooKeeper bookkeeping, not serialised.
     version: int = -1
 
+    def copy(self) -> "NodeRequest":
+        """A copy to change and write; the original stays as it was until the write succeeds
+        (the lists and `extra` are the copy's own, `requestor_data` is shared: never
+        changed)."""
+        return dataclasses.replace(self, node_types=list(self.node_types),
+                                   nodes=list(self.nodes), declined_by=list(self.declined_by),
+                                   extra=copy.deepcopy(self.extra))
+
     @property
     def priority(self) -> str:
         """The 3-character precedence prefix of the id ("100", "200", "900", ...)."""
@@ -97,9 +137,7 @@ class NodeRequest:
     @classmethod
     def from_dict(cls, request_id: str, data: Mapping[str, Any],
                   version: int = -1) -> "NodeRequest":
-        state = data.get("state", REQUESTED)
-        if state not in REQUEST_STATES:
-            raise ValueError(f"unknown request state {state!r}")
+        state = request_state(data.get("state", RequestState.REQUESTED))
         node_types = data.get("node_types") or []
         if not isinstance(node_types, list) or not all(isinstance(t, str) for t in node_types):
             raise ValueError("node_types must be a list of label names")
@@ -128,7 +166,7 @@ class NodeRequest:
     def to_dict(self) -> dict[str, Any]:
         data = dict(self.extra)
         data.update({
-            "state": self.state,
+            "state": str(self.state),
             "state_time": self.state_time,
             "declined_by": list(self.declined_by),
             "node_types": list(self.node_types),
@@ -280,7 +318,7 @@ class Node:
     """
 
     id: str
-    state: str = INIT
+    state: NodeState = NodeState.INIT
     state_time: float | None = None
     type: list[str] = field(default_factory=list)
     fields: dict[str, Any] = field(default_factory=_fresh_defaults)
@@ -338,6 +376,15 @@ class Node:
             default = self.fields[key] = type(default)()
         return default
 
+    def copy(self) -> "Node":
+        """A copy of a whole record to change and write; the original stays as it was until
+        the write succeeds (`fields` and `extra` are the copy's own)."""
+        if self.summary:
+            raise SummaryError(f"node {self.id}: a node summary (the cache's) is not copied"
+                               " to be written; lock and re-read the node")
+        return dataclasses.replace(self, type=list(self.type), fields=copy.deepcopy(self.fields),
+                                   extra=copy.deepcopy(self.extra))
+
     def set(self, **values: Any) -> "Node":
         for key, value in values.items():
             if key not in _NODE_DEFAULTS:
@@ -381,9 +428,7 @@ class Node:
     @classmethod
     def from_dict(cls, node_id: str, data: Mapping[str, Any], version: int = -1,
                   summary: bool = False) -> "Node":
-        state = data.get("state")
-        if state not in NODE_STATES:
-            raise ValueError(f"unknown node state {state!r}")
+        state = node_state(data.get("state"))
         node_type = data.get("type") or []
         if isinstance(node_type, str):
             node_type = [node_type]
@@ -406,12 +451,12 @@ class Node:
                    **slots)
 
     @classmethod
-    def _summary(cls, node_id: str, state: str, data: Mapping[str, Any],
+    def _summary(cls, node_id: str, state: NodeState, data: Mapping[str, Any],
                  node_type: list[str], version: int) -> "Node":
         slots = {key: _interned(data[key]) if key in _INTERNED_SLOTS else data[key]
                  for key in SLOT_FIELDS if key in data}
         config_hash = data.get(CONFIG_HASH)
-        return cls(id=node_id, state=_interned(state), state_time=data.get("state_time"),
+        return cls(id=node_id, state=state, state_time=data.get("state_time"),
                    type=list(tuple(_interned(t) for t in node_type)), fields=_NO_EXTRA,
                    extra=_NO_EXTRA, version=version, summary=True,
                    summary_hash=sys.intern(config_hash) if isinstance(config_hash, str)
@@ -426,7 +471,7 @@ class Node:
         for key in _NODE_KEYS:  # the protocol's key order, as Nodepool writes it
             data[key] = getattr(self, key) if key in _SLOT_SET else \
                 fields.get(key, _NODE_DEFAULTS[key])
-        data["state"] = self.state
+        data["state"] = str(self.state)
         data["state_time"] = self.state_time
         data["type"] = list(self.type)
         # Old Zuuls read ssh_port; keep it a duplicate of connection_port.

@@ -82,7 +82,7 @@ class UsageRecord:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Fit:
     ok: bool
     scope: str | None = None
     exceeded: tuple[str, ...] = ()
@@ -96,7 +96,7 @@ class Verdict:
         return f"{self.scope} limit exceeded for {', '.join(self.exceeded)}"
 
 
-FITS = Verdict(True)
+FITS = Fit(True)
 
 
 def node_resources(stored: Any, fallback: Resources | None = None) -> Resources:
@@ -137,13 +137,13 @@ def demand(labels: Sequence[str], pool: PoolLimits) -> Resources:
                            if name in pool.labels)
 
 
-def _verdict(amount: Resources, limit: Resources, scope: str) -> Verdict:
+def _verdict(amount: Resources, limit: Resources, scope: str) -> Fit:
     exceeded = amount.exceeded_keys(limit)
-    return Verdict(False, scope, tuple(exceeded)) if exceeded else FITS
+    return Fit(False, scope, tuple(exceeded)) if exceeded else FITS
 
 
 def never_fits(need: Resources, pool: PoolLimits, provider: ProviderLimits,
-               cloud_limits: Resources | None = None) -> Verdict:
+               cloud_limits: Resources | None = None) -> Fit:
     """FITS unless `need` alone is over a limit: then no amount of waiting helps."""
     for limit, scope in ((pool.limits(), SCOPE_POOL), (provider.limits(), SCOPE_PROVIDER),
                          (cloud_limits or Resources.limits(), SCOPE_CLOUD)):
@@ -155,7 +155,7 @@ def never_fits(need: Resources, pool: PoolLimits, provider: ProviderLimits,
 
 def check(need: Resources, *, pool_usage: Resources, provider_usage: Resources,
           pool: PoolLimits, provider: ProviderLimits,
-          cloud_limits: Resources | None = None) -> Verdict:
+          cloud_limits: Resources | None = None) -> Fit:
     """Does `need` fit on top of current usage, in the pool and across the provider?"""
     checks = ((pool_usage + need, pool.limits(), SCOPE_POOL),
               (provider_usage + need, provider.limits(), SCOPE_PROVIDER),
@@ -168,7 +168,7 @@ def check(need: Resources, *, pool_usage: Resources, provider_usage: Resources,
 
 
 def check_tenant(need: Resources, tenant_usage: Resources,
-                 limit: TenantLimits | None) -> Verdict:
+                 limit: TenantLimits | None) -> Fit:
     """Tenant limits (`tenant-resource-limits`); no entry means unlimited."""
     if limit is None:
         return FITS

@@ -336,7 +336,7 @@ def _deeper_than(value: Any, limit: int) -> bool:
 
 def check_request(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """`data` if it is a usable node request, else Malformed."""
-    state = data.get("state", model.REQUESTED)
+    state = data.get("state", model.RequestState.REQUESTED)
     if not isinstance(state, str) or state not in model.REQUEST_STATES:
         raise Malformed(f"unknown request state {_sample(state)}")
     _check_fields(data, _REQUEST_FIELDS)

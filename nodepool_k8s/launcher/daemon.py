@@ -555,4 +555,4 @@ class Launcher:
 
 
 def _ready_and_unallocated(node: Node) -> bool:
-    return node.state == model.READY and not node.allocated_to
+    return node.state == model.NodeState.READY and not node.allocated_to

@@ -1,10 +1,11 @@
 """The engine's side of node lifecycle conditions and request decline reasons.
 
 Owns: what the request handler, the pool worker and the deleter add to records they are
-about to write anyway (no write of its own): the `Ready` and `Deleting` conditions, the
-per-pool `declined_reasons` of a request (an extra key; Zuul reads `declined_by`, which is
-unchanged), the phase timings reported once a node is ready, and the mapping of the
-planner's decline messages to bounded reason codes.
+about to write anyway (no write of its own, but for a failed deletion's note): the
+per-pool `declined_reasons` of a request (an extra key, from a `plan.Decline`; Zuul reads
+`declined_by`, which is unchanged), the failed deletion's `Deleting` condition, the phase
+timings reported once a node is ready, and the event log entries of launches and
+deletions. The conditions a state implies are set by `core.transition`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.launcher.plan import Decline
 from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk.events import EventLog
@@ -21,31 +23,14 @@ from nodepool_k8s.zk.nodes import NodeStore
 
 DECLINED_REASONS = "declined_reasons"
 
-# Prefixes of `plan.decline_reason`'s messages -> reason codes (tests/unit guard the list).
-_DECLINE_PREFIXES = (
-    ("pool is disabled", "PoolDisabled"),
-    ("label(s) not served", "LabelNotServed"),
-    ("it would exceed quota", "ExceedsQuota"),
-    ("the pool is no longer configured", "NotConfigured"),
-    ("at quota", "AtQuota"),
-)
 
-
-def decline_code(message: str) -> str:
-    for prefix, code in _DECLINE_PREFIXES:
-        if message.startswith(prefix):
-            return code
-    return "Unknown"
-
-
-def note_decline(request: NodeRequest, pool_id: str, message: str,
-                 code: str | None = None) -> None:
+def note_decline(request: NodeRequest, pool_id: str, decline: Decline) -> None:
     """Record why pool `pool_id` declined `request` (under `declined_reasons`)."""
     reasons: Any = request.extra.get(DECLINED_REASONS)
     if not isinstance(reasons, dict):
         reasons = {}
-    reasons[pool_id] = {"reason": cond.reason(code or decline_code(message)),
-                        "message": message[:cond.MESSAGE_LIMIT]}
+    reasons[pool_id] = {"reason": decline.code,
+                        "message": decline.message[:cond.MESSAGE_LIMIT]}
     request.extra[DECLINED_REASONS] = reasons
 
 
@@ -54,15 +39,6 @@ def declined_reasons(request: NodeRequest) -> dict[str, dict[str, str]]:
     if not isinstance(reasons, dict):
         return {}
     return {str(k): v for k, v in reasons.items() if isinstance(v, dict)}
-
-
-def mark_ready(node: Node, now: float) -> None:
-    node.set_condition(cond.Condition(cond.READY, cond.TRUE, "HandedToZuul",
-                                      "the node is ready for Zuul", now))
-
-
-def mark_deleting(node: Node, now: float, why: str) -> None:
-    node.set_condition(cond.Condition(cond.DELETING, cond.TRUE, "DeletionStarted", why, now))
 
 
 def note_delete_failed(nodes: NodeStore, node: Node, lock: HeldLock, message: str,

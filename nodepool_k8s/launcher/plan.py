@@ -10,9 +10,10 @@ workers only act on their verdicts:
   priority, sequence;
 - `triage` says SKIP (not ours to touch now), DECLINE (this pool can never serve it) or
   ACCEPT, yielding to a preferred provider and to higher-priority pools that are not paused;
-- `decline_reason` lists why a pool can never serve a request (disabled, label not served,
-  does not fit the pool or provider limits even when empty); `record_decline` applies a
-  decline (`failed` only once every registered pool declined);
+- `decline_for` says why a pool can never serve a request (disabled, label not served,
+  does not fit the pool or provider limits even when empty) as a `Decline`: a reason code
+  and the message; `record_decline` applies a decline (`failed` only once every registered
+  pool declined);
 - `node_cleanup` decides delete / deallocate / nothing for one node from its age, with
   how long until it should be looked at again;
 - `min_ready_shortfall` counts how many spare nodes of a label are missing.
@@ -25,9 +26,11 @@ import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Protocol, Sequence
 
+from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.core import model, quota
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.core.model import NodeRequest, Resources
+from nodepool_k8s.core.transition import transition_request
 
 
 class NodeFacts(Protocol):
@@ -79,9 +82,27 @@ class Verdict(enum.Enum):
 
 
 @dataclass(frozen=True)
+class Decline:
+    """Why a pool declines a request: `code`, one of `conditions.REASONS` (written under
+    the request's `declined_reasons`), and `message`, the text operators read."""
+
+    code: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.code not in cond.REASONS:
+            raise ValueError(f"{self.code!r} is not a reason code")
+
+
+@dataclass(frozen=True)
 class Decision:
     verdict: Verdict
-    reason: str = ""
+    reason: str = ""  # why: the SKIP's (for logs), the decline's message
+    decline: Decline | None = None  # set exactly when `verdict` is DECLINE
+
+    @classmethod
+    def declined(cls, decline: Decline) -> "Decision":
+        return cls(Verdict.DECLINE, decline.message, decline)
 
 
 def lacking(request: NodeRequest, labels: Iterable[str]) -> int:
@@ -94,23 +115,26 @@ def order(requests: Iterable[NodeRequest], labels: Iterable[str]) -> list[NodeRe
     return sorted(requests, key=lambda r: (lacking(r, have), r.sort_key()))
 
 
-def decline_reason(request: NodeRequest, pool: PoolConfig, provider: ProviderConfig,
-                   cloud_limits: Resources | None = None) -> str | None:
+def decline_for(request: NodeRequest, pool: PoolConfig, provider: ProviderConfig,
+                cloud_limits: Resources | None = None) -> Decline | None:
+    """Why `pool` can never serve `request`, None when it can."""
     if pool.disabled:
-        return "pool is disabled"
+        return Decline("PoolDisabled", "pool is disabled")
     missing = sorted({label for label in request.node_types if label not in pool.labels})
     if missing:
-        return f"label(s) not served by this pool: {', '.join(missing)}"
-    verdict = quota.never_fits(quota.demand(request.node_types, pool), pool, provider,
-                               cloud_limits)
-    if not verdict:
-        return f"it would exceed quota even with no nodes ({verdict.describe()})"
+        return Decline("LabelNotServed",
+                       f"label(s) not served by this pool: {', '.join(missing)}")
+    fit = quota.never_fits(quota.demand(request.node_types, pool), pool, provider,
+                           cloud_limits)
+    if not fit:
+        return Decline("ExceedsQuota",
+                       f"it would exceed quota even with no nodes ({fit.describe()})")
     return None
 
 
 def triage(request: NodeRequest, me: PoolInfo, pool: PoolConfig, provider: ProviderConfig,
            registered: Sequence[PoolInfo], cloud_limits: Resources | None = None) -> Decision:
-    if request.state != model.REQUESTED:
+    if request.state != model.RequestState.REQUESTED:
         return Decision(Verdict.SKIP, f"state is {request.state}")
     if me.id in request.declined_by:
         return Decision(Verdict.SKIP, "already declined by this pool")
@@ -118,8 +142,8 @@ def triage(request: NodeRequest, me: PoolInfo, pool: PoolConfig, provider: Provi
     if target is not None:
         if target != f"{provider.name}/{pool.name}":
             return Decision(Verdict.SKIP, f"pool-level min-ready request of {target}")
-        reason = decline_reason(request, pool, provider, cloud_limits)
-        return Decision(Verdict.DECLINE, reason) if reason else Decision(Verdict.ACCEPT)
+        decline = decline_for(request, pool, provider, cloud_limits)
+        return Decision.declined(decline) if decline else Decision(Verdict.ACCEPT)
     wanted = set(request.node_types)
     others = [p for p in registered if p.id != me.id and p.id not in request.declined_by
               and wanted <= p.labels]
@@ -130,9 +154,9 @@ def triage(request: NodeRequest, me: PoolInfo, pool: PoolConfig, provider: Provi
         return Decision(Verdict.SKIP, "yielding to a higher-priority pool")
     if lacking(request, pool.labels) and others:
         return Decision(Verdict.SKIP, "leaving it to pools that serve every label")
-    reason = decline_reason(request, pool, provider, cloud_limits)
-    if reason:
-        return Decision(Verdict.DECLINE, reason)
+    decline = decline_for(request, pool, provider, cloud_limits)
+    if decline:
+        return Decision.declined(decline)
     return Decision(Verdict.ACCEPT)
 
 
@@ -142,15 +166,15 @@ def all_declined(declined_by: Iterable[str], registered_ids: Iterable[str]) -> b
 
 
 def record_decline(request: NodeRequest, pool_id: str, registered_ids: set[str],
-                   now: float) -> str:
+                   now: float) -> model.RequestState:
     """Record on `request` that `pool_id` declined it: `failed` once every registered pool
     declined, else back to `requested` (with `nodes` emptied). Returns the new state."""
     if pool_id not in request.declined_by:
         request.declined_by.append(pool_id)
     # A pool-level min-ready request has one server (the others skip it): its decline ends it.
-    request.state = model.FAILED if target_pool(request) is not None \
-        or all_declined(request.declined_by, registered_ids) else model.REQUESTED
-    request.state_time = now
+    state = model.RequestState.FAILED if target_pool(request) is not None \
+        or all_declined(request.declined_by, registered_ids) else model.RequestState.REQUESTED
+    transition_request(request, state, now)
     request.nodes = []
     return request.state
 
@@ -164,8 +188,10 @@ class CleanupAction(enum.Enum):
 
 
 # Unlocked nodes in these states belong to nobody any more.
-ORPHAN_STATES = frozenset({model.USED, model.IN_USE, model.BUILDING, model.FAILED,
-                           model.DELETING, model.DELETED, model.ABORTED})
+ORPHAN_STATES = frozenset({model.NodeState.USED, model.NodeState.IN_USE,
+                           model.NodeState.BUILDING, model.NodeState.FAILED,
+                           model.NodeState.DELETING, model.NodeState.DELETED,
+                           model.NodeState.ABORTED})
 
 
 @dataclass(frozen=True)
@@ -209,9 +235,9 @@ def node_cleanup(node: NodeFacts, *, age: float, locked: bool, config: Config,
     state = node.state
     if state in ORPHAN_STATES:
         return NodeVerdict(CleanupAction.DELETE, f"unlocked node in state {state}")
-    if state == model.INIT:
+    if state == model.NodeState.INIT:
         return _after(stale_init_age, age, "stale init node")
-    if state == model.READY:
+    if state == model.NodeState.READY:
         if node.allocated_to:
             if not request_exists:
                 return NodeVerdict(CleanupAction.DEALLOCATE,
@@ -221,7 +247,7 @@ def node_cleanup(node: NodeFacts, *, age: float, locked: bool, config: Config,
         if label is not None and label.max_ready_age > 0:
             return _after(label.max_ready_age, age, "max-ready-age reached")
         return NOTHING
-    if state == model.HOLD:
+    if state == model.NodeState.HOLD:
         limit = hold_limit(node, config.max_hold_age)
         if math.isinf(limit):
             return NOTHING
@@ -245,7 +271,7 @@ def target_pool(request: NodeRequest) -> str | None:
 
 def counts_as_spare(node: NodeFacts, label: str) -> bool:
     """A ready node of `label` nobody uses: unallocated, or held by a min-ready request."""
-    if node.state != model.READY or node.label != label:
+    if node.state != model.NodeState.READY or node.label != label:
         return False
     return not node.allocated_to or node.allocated_to.startswith(
         model.MIN_READY_PRIORITY + "-")
@@ -276,8 +302,8 @@ def min_ready_shortfall(label: str, min_ready: int, nodes: Iterable[NodeFacts],
     for r in requests:
         if not (is_min_ready(r) and r.node_types == [label] and target_pool(r) == target):
             continue
-        if r.state in (model.REQUESTED, model.PENDING):
+        if r.state in (model.RequestState.REQUESTED, model.RequestState.PENDING):
             outstanding += 1
-        elif r.state == model.FULFILLED:
+        elif r.state == model.RequestState.FULFILLED:
             outstanding += sum(1 for node_id in r.nodes if node_id not in known)
     return max(0, min_ready - spare - outstanding)

@@ -38,6 +38,7 @@ from nodepool_k8s.runtime import logconfig, stats
 from nodepool_k8s.core import model, quota
 from nodepool_k8s.runtime.clock import wall_deadline
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
+from nodepool_k8s.core.transition import transition_request
 from nodepool_k8s.driver.base import ClusterAware, Provider
 from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.launcher.upkeep import drift, fleet
@@ -279,7 +280,7 @@ class PoolWorker(Worker):
         for request in plan.order(requests, pool_cfg.labels):
             if self.engine.stopping.is_set():
                 break
-            if request.id in self.handlers or request.state != model.REQUESTED \
+            if request.id in self.handlers or request.state != model.RequestState.REQUESTED \
                     or self.id in request.declined_by or self._creator_starting(request) \
                     or self.refused.skip(request) or request.id in stuck:
                 continue
@@ -289,10 +290,10 @@ class PoolWorker(Worker):
             refusal, probe = None, False
             if decision.verdict is plan.Verdict.ACCEPT:
                 accepting = not paused and not self._at_concurrency(provider_cfg)
-                refusal, probe = self.breaker.check(request.node_types, pool_cfg,
-                                                    self.clock.time(), accepting)
+                refusal, probe = self._breaker_check(request.node_types, pool_cfg,
+                                                     accepting)
                 if refusal:  # a suspended label: let another pool or provider serve it
-                    decision = plan.Decision(plan.Verdict.DECLINE, refusal)
+                    decision = plan.Decision.declined(refusal)
             if decision.verdict is plan.Verdict.ACCEPT:
                 if paused or self._at_concurrency(provider_cfg, batch.node_count):
                     continue
@@ -342,17 +343,17 @@ class PoolWorker(Worker):
         return paused
 
     def _take(self, request: NodeRequest, decision: plan.Decision, view: PassView,
-              paused: bool, refusal: str | None = None) -> RequestHandler | None:
+              paused: bool, refusal: plan.Decline | None = None) -> RequestHandler | None:
         """Lock the request and decline or accept it; the accepted one's handler."""
         requests = self.engine.requests
         # Fast path (most requests): nobody ever locked it, so its lock dir does not exist;
         # lock + write (+ unlock for a decline) is one transaction, versioned against the
         # copy we decided on (which stands in for the re-read after locking).
         fresh = copy_request(request)
-        decline_reason = decision.reason if decision.verdict is plan.Verdict.DECLINE else None
-        self._prepare(fresh, decline_reason)
+        decline = decision.decline
+        self._prepare(fresh, decline)
         try:
-            lock = requests.store_fresh(fresh, release=decline_reason is not None)
+            lock = requests.store_fresh(fresh, release=decline is not None)
         except (errors.NoNodeError, errors.VersionConflict):
             return None  # it changed meanwhile; the cache event brings us back
         if lock is None:
@@ -368,22 +369,21 @@ class PoolWorker(Worker):
                 decision = plan.triage(fresh, view.me, view.pool_cfg, view.provider_cfg,
                                        view.registered, view.cloud)
                 if refusal and decision.verdict is plan.Verdict.ACCEPT:
-                    decision = plan.Decision(plan.Verdict.DECLINE, refusal)
+                    decision = plan.Decision.declined(refusal)
                 if decision.verdict is plan.Verdict.SKIP \
                         or (decision.verdict is plan.Verdict.ACCEPT and paused):
                     lock.release()
                     return None
-                decline_reason = decision.reason \
-                    if decision.verdict is plan.Verdict.DECLINE else None
-                self._prepare(fresh, decline_reason)
-                requests.store(fresh, lock, release=decline_reason is not None)
+                decline = decision.decline
+                self._prepare(fresh, decline)
+                requests.store(fresh, lock, release=decline is not None)
             except Exception:
                 if not lock.released:
                     lock.release()
                 raise
-        if decline_reason is not None:
+        if decline is not None:
             logconfig.annotate(self.log, fresh.event_id, fresh.id).info(
-                "Declined (%s); request is now %s", decline_reason, fresh.state)
+                "Declined (%s); request is now %s", decline.message, fresh.state)
             return None
         return self.new_handler(view.provider, fresh, lock)
 
@@ -397,14 +397,19 @@ class PoolWorker(Worker):
         return handler
 
     # -- circuit breaker and status --------------------------------------------------------
-    def _breaker_refusal(self, request: NodeRequest) -> str | None:
+    def _breaker_check(self, labels: list[str], pool_cfg: PoolConfig,
+                       accepting: bool) -> tuple[plan.Decline | None, bool]:
+        """The circuit breaker's answer (`breaker.check`), its refusal as a decline."""
+        refusal, probe = self.breaker.check(labels, pool_cfg, self.clock.time(), accepting)
+        return (plan.Decline("LabelSuspended", refusal) if refusal else None), probe
+
+    def _breaker_refusal(self, request: NodeRequest) -> plan.Decline | None:
         """An accepted request whose label got suspended meanwhile is declined (so it is
         served elsewhere, or fails cleanly), except the probe itself."""
         pool_cfg = self.engine.pool_config(self.ref.provider, self.ref.pool)
         if pool_cfg is None or request.id in self._probes:
             return None
-        return self.breaker.check(request.node_types, pool_cfg, self.clock.time(),
-                                  accepting=False)[0]
+        return self._breaker_check(request.node_types, pool_cfg, accepting=False)[0]
 
     def _launch_done(self, label: str, error: str | None) -> None:
         pool_cfg = self.engine.pool_config(self.ref.provider, self.ref.pool)
@@ -474,13 +479,13 @@ class PoolWorker(Worker):
             return False
         return owner not in {c.owner for c in self.engine.components.pools()}
 
-    def _prepare(self, request: NodeRequest, decline_reason: str | None) -> None:
+    def _prepare(self, request: NodeRequest, decline: plan.Decline | None) -> None:
         now = self.engine.clock.time()
-        if decline_reason is not None:
+        if decline is not None:
             plan.record_decline(request, self.id, self.registered_ids(), now)
-            lifecycle.note_decline(request, self.id, decline_reason)
+            lifecycle.note_decline(request, self.id, decline)
         else:
-            request.state, request.state_time = model.PENDING, now
+            transition_request(request, model.RequestState.PENDING, now)
 
     def _at_concurrency(self, provider_cfg: ProviderConfig, planned: int = 0) -> bool:
         """`planned`: launches about to start (a batch being gathered)."""
@@ -508,9 +513,9 @@ class PoolWorker(Worker):
         cache = self.engine.node_cache
         scope = [n for n in cache.nodes() if n.provider == self.ref.provider
                  and (whole_provider or n.pool == self.ref.pool)]
-        if any(n.state == model.DELETING for n in scope):
+        if any(n.state == model.NodeState.DELETING for n in scope):
             return
-        idle = [n for n in scope if n.state == model.READY and not n.allocated_to
+        idle = [n for n in scope if n.state == model.NodeState.READY and not n.allocated_to
                 and not cache.is_locked(n.id)]
         if not idle:
             return

@@ -10,6 +10,7 @@ the library).
 
 from __future__ import annotations
 
+import platform
 from collections import Counter
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -18,10 +19,8 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily)
 from prometheus_client.metrics_core import Metric
 
-import platform
-
 from nodepool_k8s import __version__
-from nodepool_k8s.core.model import NODE_STATES, REQUEST_STATES, NodeRequest
+from nodepool_k8s.core.model import NodeRequest, NodeState, RequestState
 from nodepool_k8s.runtime.stats import HELP, Histogram
 from nodepool_k8s.views.listing import NodeView
 
@@ -38,8 +37,8 @@ def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: 
     nodes = GaugeMetricFamily("nodepool_nodes", "Nodes by state (all providers).",
                               labels=["state"])
     by_state = Counter(v.node.state for v in views)
-    for state in NODE_STATES:
-        nodes.add_metric([state], by_state.get(state, 0))
+    for node_state in NodeState:
+        nodes.add_metric([node_state], by_state.get(node_state, 0))
     out.append(nodes)
 
     provider_nodes = GaugeMetricFamily("nodepool_provider_nodes",
@@ -52,7 +51,7 @@ def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: 
 
     label_nodes = GaugeMetricFamily("nodepool_label_nodes", "Nodes by label and state.",
                                     labels=["label", "state"])
-    by_label: Counter[tuple[str, str]] = Counter()
+    by_label: Counter[tuple[str, NodeState]] = Counter()
     for v in views:
         for label in v.node.type:
             by_label[(label, v.node.state)] += 1
@@ -63,8 +62,8 @@ def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: 
     request_family = GaugeMetricFamily("nodepool_requests", "Node requests by state.",
                                        labels=["state"])
     req_states = Counter(r.state for r in requests)
-    for state in sorted(REQUEST_STATES):
-        request_family.add_metric([state], req_states.get(state, 0))
+    for request_state in sorted(RequestState):
+        request_family.add_metric([request_state], req_states.get(request_state, 0))
     out.append(request_family)
 
     out.append(GaugeMetricFamily("nodepool_launcher_ready",

@@ -71,7 +71,7 @@ from nodepool_k8s.views import pools, listing as status, node_detail
 from nodepool_k8s.web import page as status_page, snapshot as status_snapshot
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.core.errors import TemporaryError
-from nodepool_k8s.web.snapshot import EventLog, Listing, Snapshot, StatusSource
+from nodepool_k8s.web.snapshot import EventsSnapshot, Listing, Snapshot, StatusSource
 
 __all__ = ["StatusSource", "WebApp", "WebSettings"]
 
@@ -288,7 +288,7 @@ class _CpuBudget:
 class _Slot:
     """One kind of data (the snapshot, the event log) as the loop knows it."""
 
-    value: Any = None  # Snapshot | EventLog | None
+    value: Any = None  # Snapshot | EventsSnapshot | None
     error: tuple[int, str] | None = None  # the last reading's failure (code, message)
     attempted: float | None = None  # monotonic (the app's clock): the last reading began
     pending: "asyncio.Future[None] | None" = None
@@ -475,7 +475,7 @@ class WebApp:
         return status_snapshot.build_snapshot(self.source, self.clock.monotonic(),
                                               self.clock.time())
 
-    def _read_events(self) -> EventLog:
+    def _read_events(self) -> EventsSnapshot:
         return status_snapshot.build_event_log(getattr(self.source, "events", None),
                                                self.clock.monotonic(), self.clock.time())
 

@@ -185,7 +185,7 @@ def build_snapshot(source: StatusSource, taken: float, now: float) -> Snapshot:
 
 
 @dataclass
-class EventLog:
+class EventsSnapshot:
     """The event log at one moment: its entries (oldest first) and their rows."""
 
     taken: float
@@ -194,12 +194,12 @@ class EventLog:
     listing: Listing
 
 
-def build_event_log(read: Any, taken: float, now: float) -> EventLog:
+def build_event_log(read: Any, taken: float, now: float) -> EventsSnapshot:
     events: list[dict[str, Any]] = list(read()) if callable(read) else []
-    return EventLog(taken, now, events, Listing(node_detail.event_rows(events)))
+    return EventsSnapshot(taken, now, events, Listing(node_detail.event_rows(events)))
 
 
-def select_events(log: EventLog, provider: str | None, pool: str | None,
+def select_events(log: EventsSnapshot, provider: str | None, pool: str | None,
                   node_id: str | None, since: float | None, now: float) -> list[int] | None:
     """Positions of the matching events; None when no filter is given (all of them)."""
     if provider is None and pool is None and node_id is None and since is None:

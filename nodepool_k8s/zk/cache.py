@@ -91,7 +91,7 @@ class NodeCache(MirroredCache[Node]):
         self._by_request: dict[str, set[str]] = {}
         self._mirror: ChildMirror[Node] = ChildMirror(
             zk, paths.NODES, decode_summary, name="node-cache", accept=paths.is_node_id,
-            with_locks=True, lock_expected=lambda n: n.state == model.INIT,
+            with_locks=True, lock_expected=lambda n: n.state == model.NodeState.INIT,
             on_change=self._index, persistent=True)
 
     def _index(self, node_id: str, old: Node | None, new: Node | None) -> None:

@@ -14,10 +14,12 @@ Failure modes: `LockLost` (our contender is gone), `NoNodeError` (node deleted),
 from __future__ import annotations
 
 import logging
-from typing import Any, Callable
+import time
+from typing import Callable
 
 from nodepool_k8s.core import model, records
-from nodepool_k8s.core.model import Node
+from nodepool_k8s.core.model import Node, NodeState
+from nodepool_k8s.core.transition import transition
 from nodepool_k8s.zk import errors, locks, multiread, paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock
@@ -125,7 +127,8 @@ class NodeStore:
     def created_id(result: str) -> str:
         return paths.basename(result)
 
-    def lock_new(self, node: Node, new_state: str, state_time: float) -> HeldLock | None:
+    def lock_new(self, node: Node, new_state: NodeState,
+                 state_time: float) -> HeldLock | None:
         """Lock a node we just created and move it out of `init`, in one transaction.
 
         Creates the lock dir and our contender and writes `new_state` atomically. Returns
@@ -133,22 +136,20 @@ class NodeStore:
         """
         return self.lock_new_async(node, new_state, state_time).result()
 
-    def lock_new_async(self, node: Node, new_state: str, state_time: float) -> "PendingLock":
+    def lock_new_async(self, node: Node, new_state: NodeState,
+                       state_time: float) -> "PendingLock":
         """`lock_new`, sent now and collected later with `PendingLock.result` (possibly on
-        another thread: until then `node` belongs to whoever collects it)."""
+        another thread: until then `node` belongs to whoever collects it). The write is of
+        a moved copy: `node` itself moves only once the transaction went through."""
         lock_dir = paths.node_lock_path(node.id)
-        old = (node.state, node.state_time)
-        node.state, node.state_time = new_state, state_time
+        moved = node.copy()
+        transition(moved, new_state, state_time)
         txn = Txn()
         contender = locks.add_fresh_lock(txn, lock_dir)
-        data = encode(node)
+        data = encode(moved)
         set_idx = txn.set(paths.node_path(node.id), data, version=node.version)
-        try:
-            sent = txn.commit_async(self.zk)
-        except Exception:
-            node.state, node.state_time = old
-            raise
-        return PendingLock(self, node, old, lock_dir, contender, data, set_idx, sent)
+        sent = txn.commit_async(self.zk)
+        return PendingLock(self, node, moved, lock_dir, contender, data, set_idx, sent)
 
     def store(self, node: Node, held: HeldLock) -> None:
         """Write the whole node, only while we hold its lock (and at the version we read)."""
@@ -224,8 +225,8 @@ class NodeStore:
         recursive delete would, and logged once.
         """
         def contended() -> None:
-            if node.state != model.DELETED:
-                node.state = model.DELETED
+            if node.state != NodeState.DELETED:
+                transition(node, NodeState.DELETED, time.time())
                 self.store(node, held)
         return self._remove_locked(node.id, held, attempts, -1, contended)
 
@@ -301,24 +302,32 @@ class NodeStore:
 
 
 class PendingLock:
-    """A sent `lock_new` transaction (see `NodeStore.lock_new_async`)."""
+    """A sent `lock_new` transaction (see `NodeStore.lock_new_async`): `moved` is the copy
+    of `node` it writes; `node` takes the same transition once the write is ours."""
 
-    def __init__(self, store: NodeStore, node: Node, old: tuple[str, Any], lock_dir: str,
+    def __init__(self, store: NodeStore, node: Node, moved: Node, lock_dir: str,
                  contender: str, data: bytes, set_idx: int, sent: PendingTxn) -> None:
         self.store = store
         self.node = node
-        self._old = old
+        self._moved = moved
         self._lock_dir = lock_dir
         self._contender = contender
         self._data = data
         self._set_idx = set_idx
         self._sent = sent
 
+    def _publish(self, version: int) -> None:
+        """The write went through: `node` as written, at its new version."""
+        moved, node = self._moved, self.node
+        assert moved.state_time is not None  # set by `lock_new_async`
+        transition(node, moved.state, moved.state_time)
+        node.version = version
+
     def result(self) -> HeldLock | None:
         """Our lock on the node (now in its new state), or None when someone else got to
-        the lock first; raises as `Txn.commit` does when neither could be established."""
+        the lock first; raises as `Txn.commit` does when neither could be established (the
+        node then unchanged)."""
         store, node, zk = self.store, self.node, self.store.zk
-        new_state, state_time = node.state, node.state_time
         try:
             results = self._sent.result()
         except errors.ZkConnectionError:
@@ -326,25 +335,23 @@ class PendingLock:
             adopted = locks.adopt_fresh_lock(zk, paths.node_path(node.id), self._data,
                                              node.version, self._lock_dir, self._contender)
             if adopted is None:
-                node.state, node.state_time = self._old
                 raise
-            node.version, adopted_lock = adopted
+            version, adopted_lock = adopted
+            self._publish(version)
             return adopted_lock
         except errors.TxnFailed as exc:
-            node.state, node.state_time = self._old
             if isinstance(exc.cause, errors.NodeExistsError):
                 # Someone is contending already: fall back to an ordinary attempt.
                 held = store.lock(node.id)
                 if held is None:
                     return None
-                node.state, node.state_time = new_state, state_time
                 try:
-                    store.store(node, held)
+                    store.store(self._moved, held)
                 except Exception:
-                    node.state, node.state_time = self._old
                     held.release()
                     raise
+                self._publish(self._moved.version)
                 return held
             raise exc.cause from exc
-        node.version = results[self._set_idx].version
+        self._publish(results[self._set_idx].version)
         return HeldLock(zk, self._lock_dir, self._contender, zk.epoch)

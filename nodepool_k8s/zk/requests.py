@@ -52,8 +52,8 @@ def encode(request: NodeRequest) -> bytes:
 def min_ready_request(label: str, now: float, pool: str | None = None) -> NodeRequest:
     """A min-ready request: every key Zuul's `NodeRequest.fromDict` indexes is present.
     `pool` (`<provider>/<pool>`): a pool-level one, served by that pool only."""
-    return NodeRequest(id="", state=model.REQUESTED, state_time=now, node_types=[label],
-                       reuse=False, requestor=model.MIN_READY_REQUESTOR,
+    return NodeRequest(id="", state=model.RequestState.REQUESTED, state_time=now,
+                       node_types=[label], reuse=False, requestor=model.MIN_READY_REQUESTOR,
                        requestor_data=None, provider=None, relative_priority=0,
                        event_id=uuid.uuid4().hex, created_time=now, tenant_name=None,
                        extra={model.MIN_READY_POOL: pool} if pool else {})

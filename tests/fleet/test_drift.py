@@ -98,14 +98,14 @@ def test_spares_replaced_one_at_a_time_in_use_and_held_untouched(
     def replaced_all() -> bool:
         nodes = _nodes(kazoo_client)
         spares = [n for i, n in nodes.items() if i not in kept
-                  and n["state"] == model.READY and not n["allocated_to"]]
+                  and n["state"] == model.NodeState.READY and not n["allocated_to"]]
         return len(spares) == 4 and all(n["config_hash"] == new_hash for n in spares)
     wait_for(replaced_all, 60, interval=0.05, message="every spare rebuilt")
     nodes = _nodes(kazoo_client)
     for node_id in kept:
         assert nodes[node_id]["config_hash"] == old_hash
-    assert nodes[in_use.nodes[0].id]["state"] == model.IN_USE
-    assert nodes[held.nodes[0].id]["state"] == model.HOLD
+    assert nodes[in_use.nodes[0].id]["state"] == model.NodeState.IN_USE
+    assert nodes[held.nodes[0].id]["state"] == model.NodeState.HOLD
     # Deletions of drifted spares never overlapped: once the next one starts, the one
     # before is never retried again.
     deletes = [arg for name, arg in fake.calls[calls_before:]

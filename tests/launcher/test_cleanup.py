@@ -437,7 +437,7 @@ def test_session_expiry_mid_launch(zk: ZkConnection, launchers: LauncherFactory,
     assert nodes != [first_node]
     wait_for(lambda: zuul.get_node(first_node) is None, 20, message="abandoned node deleted")
     node = zuul.get_node(nodes[0])
-    assert node is not None and node["state"] == model.READY
+    assert node is not None and node["state"] == model.NodeState.READY
     assert len(launcher.component_cache.pools()) == 1
 
 

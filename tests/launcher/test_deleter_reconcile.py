@@ -92,7 +92,7 @@ class World:
 
     def node(self, external_id: str = "main-res") -> str:
         """A used node whose resource exists."""
-        node = Node(id="", state=model.USED, state_time=self.clock.time(), type=["small"])
+        node = Node(id="", state=model.NodeState.USED, state_time=self.clock.time(), type=["small"])
         node.set(provider="fake", pool="main", external_id=external_id)
         txn = Txn()
         index = NodeStore.add_create(txn, node)
@@ -148,7 +148,7 @@ def test_underway_parks_the_node_until_the_wake_up(world: World) -> None:
     node_id = world.node()
     assert world.deleter.submit(node_id, "used")
     node = world.record(node_id)
-    assert node is not None and node.state == model.DELETING
+    assert node is not None and node.state == model.NodeState.DELETING
     assert world.deleter.parked() == 1 and world.deleter.busy(node_id)
     assert not world.deleter.submit(node_id, "used")  # one deletion per node
     # The next look is the provider's `recheck_at`; nothing is due before it.
@@ -203,7 +203,7 @@ def test_the_deleter_owns_the_deadline(world: World) -> None:
     world.clock.advance(deadline - world.clock.monotonic())
     world.deleter.resume_due()  # the verifying look: still underway, so a failure
     node = world.record(node_id)
-    assert node is not None and node.state == model.DELETING
+    assert node is not None and node.state == model.NodeState.DELETING
     assert node.extra.get("delete_failures") == 1
     deleting = cond.find(node.conditions, cond.DELETING)
     assert deleting is not None and "delete-timeout" in deleting.message
@@ -242,7 +242,7 @@ def test_a_provider_error_is_retried_with_back_off(world: World) -> None:
     world.fake.fail_next(2, TemporaryError("api down"), op="delete")
     assert world.deleter.submit(node_id, "used")
     node = world.record(node_id)
-    assert node is not None and node.state == model.DELETING
+    assert node is not None and node.state == model.NodeState.DELETING
     assert node.extra.get("delete_failures") == 1
     assert world.deleter.next_retry() == world.clock.monotonic() + RETRY
     assert not world.deleter.submit(node_id, "used")  # not before its back-off

@@ -18,7 +18,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.driver.base import LaunchSpec
-from nodepool_k8s.launcher.requests.launch import LaunchOutcome, LaunchPool, READY
+from nodepool_k8s.launcher.requests.launch import LaunchEnd, LaunchOutcome, LaunchPool
 from nodepool_k8s.zk import paths
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
@@ -67,7 +67,7 @@ def test_launch_completion_wakes_after_the_outcome_is_visible() -> None:
 
     def run() -> LaunchOutcome:
         release.wait(10)
-        return LaunchOutcome(READY)
+        return LaunchOutcome(LaunchEnd.READY)
 
     futures.append(pool.submit(run, wake))
     release.set()

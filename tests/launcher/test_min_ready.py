@@ -46,7 +46,7 @@ def spares(client: KazooClient) -> list[str]:
             body = json.loads(client.get(paths.node_path(child))[0])
         except Exception:
             continue
-        if body["state"] == model.READY and not body["allocated_to"] \
+        if body["state"] == model.NodeState.READY and not body["allocated_to"] \
                 and body["type"] == ["small"]:
             out.append(child)
     return out
@@ -136,7 +136,7 @@ def pool_spares(client: KazooClient, pool: str) -> int:
             body = json.loads(client.get(paths.node_path(child))[0])
         except NoNodeError:
             continue
-        if body["state"] == model.READY and not body["allocated_to"] \
+        if body["state"] == model.NodeState.READY and not body["allocated_to"] \
                 and body.get("pool") == pool:
             count += 1
     return count
@@ -196,7 +196,7 @@ def test_finishing_a_min_ready_request_never_writes_a_node_locked_elsewhere(
                 body = json.loads(kazoo_client.get(paths.request_path(request_id))[0])
             except NoNodeError:
                 continue
-            if body["state"] == model.FULFILLED:
+            if body["state"] == model.RequestState.FULFILLED:
                 return str(body["nodes"][0])
         return None
     monkeypatch.setattr(MinReadyWorker, "_finish_own", gated)

@@ -1,27 +1,37 @@
 """Pure parts of the lifecycle conditions: update rules, failure placement, timings, the
-bounded reason set, decline codes, the spec-request quota of verbatim pod specs."""
+bounded reason set, the spec-request quota of verbatim pod specs."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
 from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.views import listing
 from nodepool_k8s.config import quantity
 from nodepool_k8s.config.loader import load_config_text
-from nodepool_k8s.launcher import lifecycle, plan
 from nodepool_k8s.core.model import Node
 
 
-def test_transition_time_moves_only_with_the_status() -> None:
+def test_transition_time_moves_with_the_status_or_the_reason() -> None:
     first = cond.update([], cond.Condition(cond.LAUNCHED, cond.UNKNOWN, "Pending", "", 1.0))
     same = cond.update(first, cond.Condition(cond.LAUNCHED, cond.UNKNOWN, "Pending", "x", 5.0))
     assert same[0].last_transition_time == 1.0 and same[0].message == "x"
-    done = cond.update(same, cond.Condition(cond.LAUNCHED, cond.TRUE, "NamespaceCreated",
-                                            "", 7.0))
+    retrying = cond.update(same, cond.Condition(cond.LAUNCHED, cond.UNKNOWN, "Retrying",
+                                                "attempt 2/3", 6.0))
+    assert retrying[0].last_transition_time == 6.0  # since the retry, not the first try
+    done = cond.update(retrying, cond.Condition(cond.LAUNCHED, cond.TRUE, "NamespaceCreated",
+                                                "", 7.0))
     assert done[0].last_transition_time == 7.0
+
+
+def test_node_records_keep_messages_to_the_limit_pools_whole() -> None:
+    long = cond.Condition(cond.LAUNCHED, cond.FALSE, "Forbidden", "x" * 1000, 1.0)
+    node = Node.from_dict("1", {"state": "building"})
+    node.set_condition(long)
+    assert len(node.to_dict()["conditions"][0]["message"]) == cond.MESSAGE_LIMIT
+    [pool] = cond.serialise([long], time_key=cond.POOL_TIME_KEY, message_limit=None)
+    assert len(pool["message"]) == 1000 and pool["last_transition"] == 1.0
+    assert cond.parse([pool], time_key=cond.POOL_TIME_KEY) == [long]
 
 
 def test_failure_marks_the_first_incomplete_phase_and_restart_resets() -> None:
@@ -63,24 +73,6 @@ def test_node_accessors_keep_conditions_in_an_extra_key() -> None:
     assert [c["type"] for c in data["conditions"]] == ["Launched", "Ready"]
     assert listing.failure_reason(data["conditions"]) == "Forbidden"
     assert listing.failure_reason(None) is None
-
-
-@pytest.mark.parametrize("message,code", [
-    ("pool is disabled", "PoolDisabled"),
-    ("label(s) not served by this pool: x", "LabelNotServed"),
-    ("it would exceed quota even with no nodes (cores)", "ExceedsQuota"),
-    ("the pool is no longer configured", "NotConfigured"),
-    ("at quota (pool max-servers)", "AtQuota"),
-])
-def test_decline_codes(message: str, code: str) -> None:
-    assert lifecycle.decline_code(message) == code
-
-
-def test_plan_messages_have_codes() -> None:
-    """Guards the prefix table against the planner's wording."""
-    text = open(plan.__file__).read()
-    for prefix in ("pool is disabled", "label(s) not served", "it would exceed quota"):
-        assert f'"{prefix}' in text or f"f\"{prefix}" in text
 
 
 def test_spec_requests() -> None:

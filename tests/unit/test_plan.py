@@ -53,7 +53,7 @@ def test_order_by_lacking_then_priority_then_relative_then_sequence() -> None:
 
 
 def test_skip_states_and_own_declines() -> None:
-    assert triage(req(state=model.PENDING), []).verdict is Verdict.SKIP
+    assert triage(req(state=model.RequestState.PENDING), []).verdict is Verdict.SKIP
     assert triage(req(declined_by=["me"]), []).verdict is Verdict.SKIP
     assert triage(req(), []).verdict is Verdict.ACCEPT
 
@@ -80,14 +80,20 @@ def test_yield_to_higher_priority_unless_paused() -> None:
 def test_decline_unknown_label_but_leave_it_to_pools_that_have_it() -> None:
     decision = triage(req(types=("a", "zzz")), [])
     assert decision.verdict is Verdict.DECLINE and "zzz" in decision.reason
+    assert decision.decline == plan.Decline("LabelNotServed",
+                                            "label(s) not served by this pool: zzz")
     has_it = PoolInfo("o", "q", frozenset({"a", "zzz"}), 100)
     assert triage(req(types=("a", "zzz")), [has_it]).verdict is Verdict.SKIP
 
 
 def test_decline_disabled_and_impossible() -> None:
-    assert triage(req(), [], pool(max_servers=0)).reason == "pool is disabled"
+    assert triage(req(), [], pool(max_servers=0)).decline == plan.Decline(
+        "PoolDisabled", "pool is disabled")
     decision = triage(req(types=("a", "a", "a")), [], pool(max_servers=2))
-    assert decision.verdict is Verdict.DECLINE and "quota" in decision.reason
+    assert decision.verdict is Verdict.DECLINE and decision.decline is not None
+    assert decision.decline.code == "ExceedsQuota"
+    assert decision.decline.message == (
+        "it would exceed quota even with no nodes (pool limit exceeded for instances)")
     p = pool()
     prov = provider(p, max_servers=1)
     decision = plan.triage(req(types=("a", "b")), ME, p, prov, [ME])
@@ -98,6 +104,23 @@ def test_all_declined() -> None:
     assert plan.all_declined(["a", "b"], {"a", "b"})
     assert plan.all_declined(["a", "b", "gone"], {"a", "b"})
     assert not plan.all_declined(["a"], {"a", "b"})
+
+
+def test_a_decline_code_comes_from_the_reason_registry() -> None:
+    with pytest.raises(ValueError):
+        plan.Decline("pool is disabled", "pool is disabled")
+    assert triage(req(), []).decline is None  # accepted
+    assert triage(req(state=model.RequestState.PENDING), []).decline is None  # skipped
+
+
+def test_record_decline_moves_the_request_and_its_time() -> None:
+    r = req(nodes=["0000000001"])
+    assert plan.record_decline(r, "me", {"me", "other"}, NOW) is model.RequestState.REQUESTED
+    assert (r.state, r.state_time, r.nodes, r.declined_by) == (
+        model.RequestState.REQUESTED, NOW, [], ["me"])
+    assert plan.record_decline(r, "other", {"me", "other"}, NOW + 1) \
+        is model.RequestState.FAILED
+    assert r.state_time == NOW + 1
 
 
 def config(**labels: LabelConfig) -> Config:
@@ -126,46 +149,46 @@ def test_unlocked_orphans_are_deleted_locked_never(state: str) -> None:
 
 
 def test_stale_init() -> None:
-    v = verdict(node(model.INIT, NOW - 30))
+    v = verdict(node(model.NodeState.INIT, NOW - 30))
     assert v.action is plan.CleanupAction.NONE and v.recheck_in == 30
-    assert verdict(node(model.INIT, NOW - 60)).action is plan.CleanupAction.DELETE
+    assert verdict(node(model.NodeState.INIT, NOW - 60)).action is plan.CleanupAction.DELETE
 
 
 def test_max_ready_age() -> None:
     cfg = config(a=LabelConfig("a", max_ready_age=100))
-    v = verdict(node(model.READY, NOW - 40), cfg)
+    v = verdict(node(model.NodeState.READY, NOW - 40), cfg)
     assert v.action is plan.CleanupAction.NONE and v.recheck_in == 60
-    assert verdict(node(model.READY, NOW - 100), cfg).action is plan.CleanupAction.DELETE
-    allocated = node(model.READY, NOW - 1000, allocated_to="200-0000000001")
+    assert verdict(node(model.NodeState.READY, NOW - 100), cfg).action is plan.CleanupAction.DELETE
+    allocated = node(model.NodeState.READY, NOW - 1000, allocated_to="200-0000000001")
     assert verdict(allocated, cfg).action is plan.CleanupAction.NONE
-    assert verdict(node(model.READY, NOW - 10**6)).action is plan.CleanupAction.NONE
+    assert verdict(node(model.NodeState.READY, NOW - 10**6)).action is plan.CleanupAction.NONE
 
 
 def test_deallocate_when_request_gone() -> None:
-    n = node(model.READY, allocated_to="200-0000000001")
+    n = node(model.NodeState.READY, allocated_to="200-0000000001")
     assert verdict(n, exists=False).action is plan.CleanupAction.DEALLOCATE
     assert verdict(n, exists=True).action is plan.CleanupAction.NONE
 
 
 def test_hold_limits() -> None:
-    held = node(model.HOLD, NOW - 50, hold_expiration=100)
+    held = node(model.NodeState.HOLD, NOW - 50, hold_expiration=100)
     assert verdict(held).recheck_in == 50
     assert verdict(held, now=NOW + 50).action is plan.CleanupAction.DELETE
     cfg = Config(zookeeper_servers=(ZkServer("h"),), max_hold_age=30)
     assert verdict(held, cfg).action is plan.CleanupAction.DELETE
-    forever = node(model.HOLD, NOW - 10**6, hold_expiration=0)
+    forever = node(model.NodeState.HOLD, NOW - 10**6, hold_expiration=0)
     assert verdict(forever).action is plan.CleanupAction.NONE
-    assert plan.hold_limit(node(model.HOLD, hold_expiration=-5), 0) == math.inf
-    assert plan.hold_limit(node(model.HOLD, hold_expiration=None), 20) == 20
+    assert plan.hold_limit(node(model.NodeState.HOLD, hold_expiration=-5), 0) == math.inf
+    assert plan.hold_limit(node(model.NodeState.HOLD, hold_expiration=None), 20) == 20
 
 
 def test_min_ready_shortfall_counts_spares_once() -> None:
-    spare = node(model.READY)
-    held_by_min_ready = node(model.READY, allocated_to="900-0000000004")
-    in_use = node(model.READY, allocated_to="200-0000000005")
+    spare = node(model.NodeState.READY)
+    held_by_min_ready = node(model.NodeState.READY, allocated_to="900-0000000004")
+    in_use = node(model.NodeState.READY, allocated_to="200-0000000005")
     outstanding = req("900-0000000006", requestor=model.MIN_READY_REQUESTOR)
     fulfilled = req("900-0000000004", requestor=model.MIN_READY_REQUESTOR,
-                    state=model.FULFILLED)
+                    state=model.RequestState.FULFILLED)
     zuul = req("200-0000000007")
     assert plan.min_ready_shortfall("a", 5, [spare, held_by_min_ready, in_use],
                                     [outstanding, fulfilled, zuul]) == 2
@@ -178,10 +201,10 @@ def test_min_ready_shortfall_counts_a_fulfilled_nodes_not_seen_yet() -> None:
     # Requests are read fresh, nodes from a cache that may be a moment behind: a request
     # seen fulfilled before its node must not make another launcher ask for that node again.
     fulfilled = req("900-0000000004", requestor=model.MIN_READY_REQUESTOR,
-                    state=model.FULFILLED, nodes=["0000000001"])
+                    state=model.RequestState.FULFILLED, nodes=["0000000001"])
     assert plan.min_ready_shortfall("a", 3, [], [fulfilled]) == 2
-    seen = node(model.READY, allocated_to="900-0000000004")  # id 0000000001
+    seen = node(model.NodeState.READY, allocated_to="900-0000000004")  # id 0000000001
     assert plan.min_ready_shortfall("a", 3, [seen], [fulfilled]) == 2
     other_pool = req("900-0000000005", requestor=model.MIN_READY_REQUESTOR,
-                     state=model.FULFILLED, nodes=["0000000009"], types=("b",))
+                     state=model.RequestState.FULFILLED, nodes=["0000000009"], types=("b",))
     assert plan.min_ready_shortfall("a", 3, [], [other_pool]) == 3

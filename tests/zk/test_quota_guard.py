@@ -46,7 +46,7 @@ def create_nodes(zkc: ZkClient, guard: QuotaGuard, count: int, *,
         known = guard.known_listing([GUARD]) if use_known and made[0] == 1 else None
         versions, ids = known if known is not None else guard.read_listing([GUARD])
         txn = Txn()
-        nodes = [Node(id="", state=model.INIT, state_time=1.0, type=["small"])
+        nodes = [Node(id="", state=model.NodeState.INIT, state_time=1.0, type=["small"])
                  for _ in range(count)]
         for node in nodes:
             node.set(provider="p", pool="main")
@@ -122,7 +122,7 @@ def test_a_deleted_node_found_gone_during_a_decision_stays_out(
             versions, ids = known
             guard.usage(NoCache(), lambda node: None, ids=ids)  # finds created[0] gone
             txn = Txn()
-            node = Node(id="", state=model.INIT, state_time=1.0, type=["small"])
+            node = Node(id="", state=model.NodeState.INIT, state_time=1.0, type=["small"])
             index = NodeStore.add_create(txn, node)
 
             def committed(results: list[Any]) -> list[str]:
@@ -155,7 +155,7 @@ def test_a_created_node_gone_before_the_cache_showed_it_is_not_kept(
     guard = QuotaGuard(zkc, clock)
     for _ in range(50):
         created, _ = create_nodes(zkc, guard, 1, use_known=True)
-        node = Node(id=created[0], state=model.INIT, state_time=1.0, type=["small"])
+        node = Node(id=created[0], state=model.NodeState.INIT, state_time=1.0, type=["small"])
         node.set(provider="p", pool="main")
         guard.note_created([node], created)
         kazoo_client.delete(paths.node_path(created[0]))

@@ -25,13 +25,13 @@ from nodepool_k8s.zk.txn import Txn
 
 
 def _new_locked_node(zkc: ZkClient, store: NodeStore) -> tuple[Node, HeldLock]:
-    node = Node(id="", state=model.INIT, state_time=1.0, type=["small"])
+    node = Node(id="", state=model.NodeState.INIT, state_time=1.0, type=["small"])
     node.set(provider="p", pool="main")
     txn = Txn()
     idx = NodeStore.add_create(txn, node)
     results = txn.commit(zkc)
     node.id, node.version = NodeStore.created_id(results[idx]), 0
-    held = store.lock_new(node, model.BUILDING, 2.0)
+    held = store.lock_new(node, model.NodeState.BUILDING, 2.0)
     assert held is not None
     return node, held
 
@@ -61,7 +61,7 @@ def test_read_back_adopts_an_applied_request_write(zkc: ZkClient, zuul: ZuulClie
     got = requests.lock_and_read(request_id)
     assert got is not None
     held, request = got
-    request.state = model.PENDING
+    request.state = model.RequestState.PENDING
     requests.store(request, held)
     applied = request.version
     request.version -= 1

@@ -31,7 +31,7 @@ from tests.zk.conftest import client_for
 
 
 def new_node(store: NodeStore, **fields: object) -> Node:
-    node = Node(id="", state=model.INIT, state_time=1.0, type=["small"])
+    node = Node(id="", state=model.NodeState.INIT, state_time=1.0, type=["small"])
     node.set(provider="p", pool="main", **fields)
     txn = Txn()
     idx = NodeStore.add_create(txn, node)
@@ -46,10 +46,15 @@ def test_sequential_ids_and_lock_new(zkc: ZkClient, kazoo_client: KazooClient) -
     first, second = new_node(store), new_node(store)
     assert (first.id, second.id) == ("0000000000", "0000000001")
     before = zkc.writes.snapshot()[0]
-    held = store.lock_new(first, model.BUILDING, 2.0)
+    held = store.lock_new(first, model.NodeState.BUILDING, 2.0)
     assert held is not None and zkc.writes.snapshot()[0] == before + 1
     data = json.loads(kazoo_client.get(paths.node_path(first.id))[0])
     assert data["state"] == "building" and data["type"] == ["small"]
+    # The launch conditions start with `building`, in the same write.
+    assert [(c["type"], c["status"], c["last_transition_time"]) for c in data["conditions"]] \
+        == [(t, "Unknown", 2.0) for t in ("Launched", "Registered", "Initialized", "Ready")]
+    assert (first.state, first.state_time, first.version) == (model.NodeState.BUILDING, 2.0, 1)
+    assert first.to_dict() == data
     assert len(kazoo_client.get_children(paths.node_lock_path(first.id))) == 1
     assert not Lock(kazoo_client, paths.node_lock_path(first.id)).acquire(blocking=False)
 
@@ -61,9 +66,20 @@ def test_lock_new_falls_back_when_someone_contends(zkc: ZkClient,
     node = new_node(store)
     other = Lock(kazoo_client, paths.node_lock_path(node.id))
     assert other.acquire()
-    assert store.lock_new(node, model.BUILDING, 2.0) is None
+    assert store.lock_new(node, model.NodeState.BUILDING, 2.0) is None
     assert json.loads(kazoo_client.get(paths.node_path(node.id))[0])["state"] == "init"
+    # Not written, so not moved: the node is as it was, without conditions.
+    assert (node.state, node.state_time, node.version, node.conditions) == (
+        model.NodeState.INIT, 1.0, 0, [])
     other.release()
+    # The lock dir stays behind: the next attempt takes the ordinary lock, then writes.
+    held = store.lock_new(node, model.NodeState.BUILDING, 3.0)
+    assert held is not None
+    raw, stat = kazoo_client.get(paths.node_path(node.id))
+    assert (node.state, node.state_time, node.version) == (model.NodeState.BUILDING, 3.0,
+                                                           stat.version)
+    assert node.to_dict() == json.loads(raw) and len(node.conditions) == 4
+    held.release()
 
 
 def test_guarded_write_refuses_without_lock(zkc: ZkClient, kazoo_client: KazooClient) -> None:
@@ -72,11 +88,11 @@ def test_guarded_write_refuses_without_lock(zkc: ZkClient, kazoo_client: KazooCl
     node = new_node(store)
     held = store.lock(node.id)
     assert held is not None
-    node.state = model.READY
+    node.state = model.NodeState.READY
     store.store(node, held)
     # Someone deletes our contender (as a session expiry would): the write must fail.
     kazoo_client.delete(held.child_path)
-    node.state = model.USED
+    node.state = model.NodeState.USED
     with pytest.raises(errors.LockLost):
         store.store(node, held)
     assert json.loads(kazoo_client.get(paths.node_path(node.id))[0])["state"] == "ready"
@@ -170,7 +186,7 @@ def test_tolerant_reads(zkc: ZkClient, kazoo_client: KazooClient,
     requests = RequestStore(zkc)
     assert requests.get("200-0000000001") is None and requests.get("200-0000000002") is None
     minimal = requests.get("200-0000000003")
-    assert minimal is not None and minimal.state == model.REQUESTED and minimal.reuse
+    assert minimal is not None and minimal.state == model.RequestState.REQUESTED and minimal.reuse
 
 
 def test_request_round_trip_is_lossless(zk: ZkConnection, zkc: ZkClient,
@@ -187,7 +203,7 @@ def test_request_round_trip_is_lossless(zk: ZkConnection, zkc: ZkClient,
     got = store.lock_and_read(request_id)
     assert got is not None
     held, request = got
-    request.state = model.PENDING
+    request.state = model.RequestState.PENDING
     store.store(request, held, release=True)
     after = json.loads(kazoo_client.get(paths.request_path(request_id))[0])
     assert after["requestor_data"] == original["requestor_data"]
@@ -213,7 +229,7 @@ def test_zuul_id_key_tolerated(zkc: ZkClient, kazoo_client: KazooClient) -> None
     assert node is not None and node.extra == {"id": "0000000007"}
     held = store.lock(node.id)
     assert held is not None
-    node.state = model.USED
+    node.state = model.NodeState.USED
     store.store(node, held)
     after = json.loads(kazoo_client.get(paths.node_path("0000000007"))[0])
     assert after["id"] == "0000000007" and after["user_data"] == {"zuul_system": "z"}

@@ -16,6 +16,9 @@ Mapping:
     429, 5xx, status 0 (TLS), urllib3/socket errors -> TemporaryError
 Retry-After (seconds) becomes `TemporaryError.delay`.
 
+`reason_code` gives each of these errors its reason code (`core.conditions.REASONS`), the
+bounded value written into node conditions, events and stats when a launch fails on it.
+
 A 401 says nothing about the object or the label: the server refused the launcher's own
 credentials. `Unauthorized` is therefore a `ProviderUnavailable` (the core keeps requests
 waiting and counts no failure), and `KubeClient.call` does not repeat it with the API
@@ -139,6 +142,26 @@ def map_api_error(exc: BaseException, what: str) -> NodepoolError:
         # An unparseable response body (e.g. a proxy's HTML error page).
         return TemporaryError(f"{what}: bad response: {exc}")
     return PermanentError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+# Error category -> reason code (`core.conditions.REASONS`), the most specific first.
+_REASON_CODES: tuple[tuple[type[NodepoolError], str], ...] = (
+    (QuotaExceeded, "QuotaExceeded"),
+    (Unauthorized, "Unauthorized"),
+    (NotFound, "NotFound"),
+    (Conflict, "Conflict"),
+    (Forbidden, "Forbidden"),
+    (Invalid, "Invalid"),
+    (TemporaryError, "ApiError"),
+)
+
+
+def reason_code(error: NodepoolError) -> str:
+    """The reason code of a mapped API failure; `Unknown` for an unexpected kind."""
+    for kind, code in _REASON_CODES:
+        if isinstance(error, kind):
+            return code
+    return "Unknown"
 
 
 def is_retryable(error: NodepoolError) -> bool:

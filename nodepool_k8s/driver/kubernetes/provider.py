@@ -74,6 +74,7 @@ from nodepool_k8s.driver.kubernetes.bodies import NamespacedBody, Subject
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
 from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
                                                    connect)
+from nodepool_k8s.driver.kubernetes import errors as api_errors
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
 from nodepool_k8s.driver.kubernetes.events import EventRecorder
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
@@ -1129,11 +1130,11 @@ def _as_launch_failure(exc: BaseException, cancel: threading.Event) -> BaseExcep
         return LaunchError(str(exc), reason="Invalid", retryable=False)
     if isinstance(exc, (NotFound, Conflict)):
         # Someone removed or raced our objects mid-launch: a fresh attempt can succeed.
-        return LaunchError(str(exc), reason=type(exc).__name__)
+        return LaunchError(str(exc), reason=api_errors.reason_code(exc))
     if isinstance(exc, PermanentError):
         # Forbidden and the like: an operator must act first. (Unauthorized is a
         # ProviderUnavailable, a TemporaryError, passed on above: the core waits.)
-        return LaunchError(str(exc), reason=type(exc).__name__, retryable=False)
+        return LaunchError(str(exc), reason=api_errors.reason_code(exc), retryable=False)
     return None
 
 

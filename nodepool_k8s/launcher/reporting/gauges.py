@@ -51,7 +51,7 @@ MIN_INTERVAL = 1.0
 TERM_CHECK = 5.0
 
 
-class NodeFacts(Protocol):
+class CountedNode(Protocol):
     """What a gauge needs of a node (a cached node record has it)."""
 
     @property
@@ -67,7 +67,7 @@ class NodeFacts(Protocol):
 class NodeSource(Protocol):
     """The node records a gauge report counts (`zk.cache.NodeCache`)."""
 
-    def nodes(self) -> Iterable[NodeFacts]: ...
+    def nodes(self) -> Iterable[CountedNode]: ...
 
 
 class RequestSource(Protocol):
@@ -82,7 +82,7 @@ class PoolSource(Protocol):
     def pools(self) -> Iterable[Component]: ...
 
 
-def global_gauges(nodes: Iterable[NodeFacts], requests: Iterable[NodeRequest],
+def global_gauges(nodes: Iterable[CountedNode], requests: Iterable[NodeRequest],
                   pools: Iterable[Component]) -> dict[str, float]:
     """The leader's gauges, from the caches' contents."""
     pools = list(pools)

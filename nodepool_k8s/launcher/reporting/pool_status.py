@@ -25,10 +25,12 @@ budget of ZooKeeper writes per node (tools/benchmark) is not touched by busy poo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
-from typing import Any, Iterable, Mapping, TypedDict
+from typing import Any, Iterable, Mapping, TypedDict, cast
 
+from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.core import quota
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.launcher import breaker as breakers
@@ -38,13 +40,22 @@ from nodepool_k8s.core.pool_records import (BreakerEntry, CapacityCondition, Con
                                             PoolCondition, PoolStatusRecord, SuspendedLabel,
                                             TargetRow, UsageRow)
 
-TRUE, FALSE, UNKNOWN = "True", "False", "Unknown"
+TRUE, FALSE, UNKNOWN = cond.TRUE, cond.FALSE, cond.UNKNOWN
 CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended", "Credentials")
 MODEL_VERSION = 1
 
 
-def _cond(status: str, reason: str, message: str = "") -> ConditionRecord:
-    return {"status": status, "reason": reason, "message": message}
+def _cond(status: str, reason: str, message: str = "") -> cond.Condition:
+    """A fresh pool condition: its type and transition time are set by `StatusBuilder`."""
+    return cond.Condition("", status, reason, message)
+
+
+def _reported(value: Mapping[str, object] | None, default: cond.Condition) -> cond.Condition:
+    """A condition the provider reports as a mapping (capacity, credentials)."""
+    if not value:
+        return default
+    return _cond(str(value.get("status", UNKNOWN)), str(value.get("reason", "")),
+                 str(value.get("message", "")))
 
 
 def _num(value: float) -> float | int | None:
@@ -54,7 +65,7 @@ def _num(value: float) -> float | int | None:
 
 
 def validated(pool: PoolConfig, provider: ProviderConfig,
-              cloud: Resources | None) -> ConditionRecord:
+              cloud: Resources | None) -> cond.Condition:
     if pool.disabled:
         return _cond(FALSE, "Disabled", "max-servers is 0: the pool takes no requests")
     bad = []
@@ -82,7 +93,7 @@ class _Target(TypedDict):
 
 
 def at_target(pool: PoolConfig, config: Config, nodes: list[Any],
-              pool_node_count: int) -> tuple[ConditionRecord, dict[str, TargetRow]]:
+              pool_node_count: int) -> tuple[cond.Condition, dict[str, TargetRow]]:
     """The AtTarget condition and, per label with a target, wanted vs spare."""
     targets: dict[str, _Target] = {}
     for name, label in sorted(pool.labels.items()):
@@ -137,7 +148,7 @@ def _full(row: UsageRow) -> bool:
     return limit is not None and used is not None and used >= limit
 
 
-def quota_condition(rows: list[UsageRow], blocked: str | None) -> ConditionRecord:
+def quota_condition(rows: list[UsageRow], blocked: str | None) -> cond.Condition:
     full = [r for r in rows if _full(r)]
     if blocked is not None or full:
         names = [f"{r['scope']} {r['resource']} {r['used']}/{r['limit']}" for r in full]
@@ -151,7 +162,7 @@ def quota_condition(rows: list[UsageRow], blocked: str | None) -> ConditionRecor
 
 
 def suspended_condition(suspended: Mapping[str, BreakerEntry],
-                        now: float) -> ConditionRecord:
+                        now: float) -> cond.Condition:
     if not suspended:
         return _cond(FALSE, "NoneSuspended")
     parts = []
@@ -170,26 +181,23 @@ class StatusBuilder:
 
     def __init__(self, interval: float) -> None:
         self.interval = interval
-        self._conditions: dict[str, PoolCondition] = {}
+        self._conditions: list[cond.Condition] = []
         self._published: PoolStatusRecord | None = None
         self._published_at = -math.inf
         self._significant: Any = None
 
-    def conditions(self, fresh: Mapping[str, ConditionRecord],
+    def conditions(self, fresh: Mapping[str, cond.Condition],
                    now: float) -> list[PoolCondition]:
-        out: list[PoolCondition] = []
+        """The pool's conditions as published: `fresh` (by type) with the transition times
+        kept across passes by the conditions' one update rule (`conditions.update`)."""
         for ctype in CONDITIONS:
-            new = fresh[ctype]
-            old = self._conditions.get(ctype)
-            same = old is not None and old["status"] == new["status"] \
-                and old["reason"] == new["reason"]
-            when = old["last_transition"] if old is not None and same else now
-            cond: PoolCondition = {"type": ctype, "status": new["status"],
-                                   "reason": new["reason"], "message": new["message"],
-                                   "last_transition": when}
-            self._conditions[ctype] = cond
-            out.append(cond)
-        return out
+            self._conditions = cond.update(self._conditions, dataclasses.replace(
+                fresh[ctype], type=ctype, last_transition_time=now))
+        by_type = {c.type: c for c in self._conditions}
+        # serialise writes exactly PoolCondition's keys (time under POOL_TIME_KEY).
+        return cast(list[PoolCondition], cond.serialise(
+            (by_type[ctype] for ctype in CONDITIONS), time_key=cond.POOL_TIME_KEY,
+            message_limit=None))
 
     def due(self, data: PoolStatusRecord, now: float) -> tuple[bool, float | None]:
         """(write now?, when to look again if something waits for the interval). `now`
@@ -242,7 +250,7 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
           suspended: Mapping[str, BreakerEntry], now: float,
           unhandable: frozenset[str] = frozenset(),
           credentials: ConditionRecord | None = None) -> tuple[
-              dict[str, ConditionRecord], PoolStatusRecord]:
+              dict[str, cond.Condition], PoolStatusRecord]:
     """Fresh conditions (without transition times) and the status record, whose
     `conditions` the caller fills from them (`StatusBuilder.conditions`)."""
     counts = node_counts(nodes, provider.name, pool.name)
@@ -251,18 +259,15 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
                       quota.total(records, provider=provider.name))
     countable = [n for n in nodes if n.id not in unhandable] if unhandable else nodes
     target, targets = at_target(pool, config, countable, sum(counts.values()))
-    cap = capacity or _cond(UNKNOWN, "Unknown", "capacity awareness is off")
-    creds = credentials or _cond(UNKNOWN, "Unknown", "the provider does not report them")
-    fresh: dict[str, ConditionRecord] = {
+    fresh: dict[str, cond.Condition] = {
         "Validated": validated(pool, provider, cloud),
         "AtTarget": target,
         "Quota": quota_condition(rows, blocked),
-        "Capacity": {"status": cap.get("status", UNKNOWN), "reason": cap.get("reason", ""),
-                     "message": cap.get("message", "")},
+        "Capacity": _reported(capacity, _cond(UNKNOWN, "Unknown",
+                                              "capacity awareness is off")),
         "Suspended": suspended_condition(suspended, now),
-        "Credentials": {"status": creds.get("status", UNKNOWN),
-                        "reason": creds.get("reason", ""),
-                        "message": creds.get("message", "")},
+        "Credentials": _reported(credentials, _cond(UNKNOWN, "Unknown",
+                                                    "the provider does not report them")),
     }
     rest: PoolStatusRecord = {
         "model": MODEL_VERSION, "id": pool_id, "hostname": hostname,

@@ -10,7 +10,7 @@ of the nodes created here and owns every later state change.
 Dependencies: only what `AllocationDeps` lists (a slice of the engine), so a test or a
 future caller can see what allocation reads and writes.
 
-Failure modes: a non-fitting `quota.Verdict` (the handler pauses or declines), a
+Failure modes: a non-fitting `quota.Fit` (the handler pauses or declines), a
 CONTENTION verdict when every guarded attempt lost to another launcher (the handler asks
 for another pass), and the typed ZooKeeper errors of the commit.
 """
@@ -136,7 +136,7 @@ class Allocator:
         return self.deps.config.tenant_resource_limits.get(tenant) if tenant else None
 
     def create(self, remaining: list[Slot], provider_cfg: ProviderConfig,
-               pool_cfg: PoolConfig) -> quota.Verdict:
+               pool_cfg: PoolConfig) -> quota.Fit:
         """Create nodes in `init` for `remaining` if the quotas allow (FITS: every slot has
         its `node`, not yet locked or launched); else the verdict that says why not."""
         tenant_limit = self.tenant_limit
@@ -159,13 +159,13 @@ class Allocator:
 
     def check(self, need: model.Resources, records: list[quota.UsageRecord],
               provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
-              tenant_limit: TenantLimit | None) -> quota.Verdict:
+              tenant_limit: TenantLimit | None) -> quota.Fit:
         return check_quota(need, records, self.provider, provider_cfg, pool_cfg,
                            self.request.node_types, self.request.tenant_name, tenant_limit)
 
     def new_node(self, label: str, pool_cfg: PoolConfig) -> Node:
         now = self.deps.clock.time()
-        node = Node(id="", state=model.INIT, state_time=now, type=[label])
+        node = Node(id="", state=model.NodeState.INIT, state_time=now, type=[label])
         attributes = dict(pool_cfg.node_attributes) if pool_cfg.node_attributes else None
         node.set(provider=self.ref.provider, pool=self.ref.pool, launcher=self.ref.pool_id,
                  allocated_to=self.request.id, tenant_name=self.request.tenant_name,
@@ -190,7 +190,7 @@ class Allocator:
         cache = self.deps.node_cache
         candidates = sorted(
             (n for n in cache.nodes()
-             if n.state == model.READY and not n.allocated_to
+             if n.state == model.NodeState.READY and not n.allocated_to
              and n.provider == self.ref.provider and n.pool == self.ref.pool
              and not cache.is_locked(n.id)),
             key=lambda n: (n.state_time or 0.0, n.id))
@@ -206,7 +206,7 @@ class Allocator:
                 if got is None:
                     continue
                 lock, node = got
-                if node.state != model.READY or node.allocated_to \
+                if node.state != model.NodeState.READY or node.allocated_to \
                         or node.provider != self.ref.provider or node.pool != self.ref.pool \
                         or node.label != slot.label \
                         or (node.external_id != candidate.external_id
@@ -246,7 +246,7 @@ def handout_problem(provider: Provider, node: Node) -> str | None:
 def check_quota(need: model.Resources, records: list[quota.UsageRecord], provider: Provider,
                 provider_cfg: ProviderConfig, pool_cfg: PoolConfig, labels: Sequence[str],
                 tenant: str | None = None,
-                tenant_limit: TenantLimit | None = None) -> quota.Verdict:
+                tenant_limit: TenantLimit | None = None) -> quota.Fit:
     """Whether `need` (of nodes with `labels`) fits the pool, provider, cloud and, with
     `tenant_limit`, the tenant's limits on top of `records`."""
     verdict = quota.check(
@@ -270,7 +270,7 @@ def _counted(provider_cfg: ProviderConfig, tenants: set[str | None]) -> Keep:
 
 def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[Slot]]],
                    provider_cfg: ProviderConfig, pool_cfg: PoolConfig
-                   ) -> tuple[int, quota.Verdict]:
+                   ) -> tuple[int, quota.Fit]:
     """Create nodes in `init` for the leading entries of `batch` (requests of one pool, in
     priority order, each with the slots it needs) that fit the quotas together, in one
     guarded transaction: one guard read (often none, see `QuotaGuard.known_listing`) and
@@ -288,7 +288,7 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
     counts = _counted(provider_cfg, tenants)
     tries = [0]
 
-    def fitting(records: list[quota.UsageRecord]) -> tuple[list[list[Node]], quota.Verdict]:
+    def fitting(records: list[quota.UsageRecord]) -> tuple[list[list[Node]], quota.Fit]:
         """New nodes for the longest prefix of `batch` that fits on top of `records`."""
         planned: list[list[Node]] = []
         added: list[quota.UsageRecord] = []
@@ -303,7 +303,7 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
             planned.append(nodes)
         return planned, quota.FITS
 
-    def attempt() -> GuardedWrite[tuple[int, quota.Verdict]] | tuple[int, quota.Verdict]:
+    def attempt() -> GuardedWrite[tuple[int, quota.Fit]] | tuple[int, quota.Fit]:
         tries[0] += 1
         known = deps.guard.known_listing(guards) if tries[0] == 1 else None
         if tries[0] > 1:
@@ -327,7 +327,7 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
             allocator.request_lock.guard(txn)
             indexes.append([NodeStore.add_create(txn, node) for node in nodes])
 
-        def committed(results: list[Any]) -> tuple[int, quota.Verdict]:
+        def committed(results: list[Any]) -> tuple[int, quota.Fit]:
             made: list[Node] = []
             for (_allocator, slots), nodes, where in zip(batch, planned, indexes):
                 for slot, node, index in zip(slots, nodes, where):
@@ -342,7 +342,7 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
 
     outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
     if outcome is CONTENDED:
-        return 0, quota.Verdict(False, CONTENTION, ())
+        return 0, quota.Fit(False, CONTENTION, ())
     return outcome
 
 

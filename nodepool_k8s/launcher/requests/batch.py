@@ -27,6 +27,7 @@ from typing import Callable, Protocol
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.core import model, quota
 from nodepool_k8s.core.model import NodeRequest, Resources
+from nodepool_k8s.core.transition import transition_request
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.requests.allocation import (
     AllocationDeps, PoolRef, SlotState, check_quota, create_batch)
@@ -130,7 +131,7 @@ class Batch:
         if self._spare_labels is None:
             self._spare_labels = {
                 n.label for n in self.deps.node_cache.nodes()
-                if n.state == model.READY and not n.allocated_to
+                if n.state == model.NodeState.READY and not n.allocated_to
                 and n.provider == self.ref.provider and n.pool == self.ref.pool}
         return not self._spare_labels.isdisjoint(request.node_types)
 
@@ -146,7 +147,7 @@ class Batch:
         sent: list[tuple[NodeRequest, PendingFresh | BaseException]] = []
         for request in requests:
             fresh = copy_request(request)
-            fresh.state, fresh.state_time = model.PENDING, self.deps.clock.time()
+            transition_request(fresh, model.RequestState.PENDING, self.deps.clock.time())
             try:
                 sent.append((fresh, self.deps.requests.store_fresh_async(fresh,
                                                                          release=False)))

@@ -36,18 +36,21 @@ from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from nodepool_k8s.runtime import logconfig
+from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.core import model, quota
 from nodepool_k8s.runtime.cancel import CancelEvent
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.requests import allocation
 from nodepool_k8s.launcher.requests import launch as launching
+from nodepool_k8s.launcher.requests.launch import LaunchEnd
 from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.requests.allocation import (
     CONTENTION, AllocationDeps, Allocator, Slot, SlotState)
 from nodepool_k8s.launcher.requests.allocation import PoolRef as PoolRef
 from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.core.transition import transition, transition_request
 from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import events as zk_events
@@ -141,7 +144,7 @@ class RequestHandler:
         # Set by the pool worker (circuit breaker): why the request must not be launched
         # here any more (declined then), and who hears of each finished launch (label,
         # None on success or the failure's error text).
-        self.refuse: Callable[[NodeRequest], str | None] = lambda request: None
+        self.refuse: Callable[[NodeRequest], plan.Decline | None] = lambda request: None
         self.on_launch_done: Callable[[str, str | None], None] = lambda label, error: None
         # Held by whoever advances this handler: its pool worker, or the launch thread whose
         # launch was the last to return (see `_returned`), or the shutdown.
@@ -235,7 +238,8 @@ class RequestHandler:
         failed = [s for s in self.slots if s.state is SlotState.FAILED]
         if failed:
             node = failed[0].node
-            self._decline("a node launch failed", node.failure_reason if node else None)
+            self._decline(plan.Decline(cond.reason(node.failure_reason if node else None),
+                                       "a node launch failed"))
             return False
         needed = [s for s in self.slots if s.state is SlotState.NEED]
         if not needed:
@@ -248,10 +252,10 @@ class RequestHandler:
             # remain. Declining here, in that window, failed requests another pool serves.
             return False
         provider_cfg, pool_cfg = configs
-        reason = plan.decline_reason(self.request, pool_cfg, provider_cfg,
-                                     self.provider.cloud_limits()) or self.refuse(self.request)
-        if reason:
-            self._decline(reason)
+        decline = plan.decline_for(self.request, pool_cfg, provider_cfg,
+                                   self.provider.cloud_limits()) or self.refuse(self.request)
+        if decline:
+            self._decline(decline)
             return False
         backing_off = self._backing_off()
         if backing_off or not may_allocate:
@@ -270,7 +274,7 @@ class RequestHandler:
             self.wake()
             return False
         if plan.is_min_ready(self.request):
-            self._decline(f"at quota ({verdict.describe()})")
+            self._decline(plan.Decline("AtQuota", f"at quota ({verdict.describe()})"))
             return False
         self._enter(HandlerState.AT_QUOTA, scope=verdict.scope, why=verdict.describe())
         return True
@@ -301,7 +305,7 @@ class RequestHandler:
             if future is None or not future.done():
                 return False
             try:
-                if future.result().kind in (launching.ABORTED, launching.UNLOCKED):
+                if future.result().kind in (LaunchEnd.ABORTED, LaunchEnd.UNLOCKED):
                     return False  # the slot needs a new node: allocation is the worker's
             except Exception:
                 continue  # collected as a failure
@@ -342,7 +346,7 @@ class RequestHandler:
                 self._take_launch_lock(slot)
                 if outcome is None:
                     continue
-                if outcome.kind in (launching.CANCELLED, launching.FAILED) and not slot.reused:
+                if outcome.kind in (LaunchEnd.CANCELLED, LaunchEnd.FAILED) and not slot.reused:
                     discarded.append(slot)
         if self.done or not self.lock.valid:
             self._enter(HandlerState.DONE)
@@ -366,8 +370,7 @@ class RequestHandler:
             else:
                 slot.lock.release_in(txn)
             held.append(slot.lock)
-        self.request.state = model.REQUESTED
-        self.request.state_time = self.engine.clock.time()
+        transition_request(self.request, model.RequestState.REQUESTED, self.engine.clock.time())
         self.request.nodes = []
         try:
             self.engine.requests.add_store(txn, self.request, self.lock, release=True)
@@ -403,11 +406,11 @@ class RequestHandler:
             try:
                 outcome = slot.future.result()
             except Exception as exc:  # run() catches everything; be defensive anyway
-                outcome = launching.LaunchOutcome(launching.FAILED, error=repr(exc))
+                outcome = launching.LaunchOutcome(LaunchEnd.FAILED, error=repr(exc))
             # The future (and so the outcome) is dropped only once the outcome is applied:
             # if writing the node's final state fails (ZooKeeper unreachable), the next
             # advance collects the same outcome again instead of waiting forever.
-            if outcome.kind is launching.UNLOCKED:
+            if outcome.kind is LaunchEnd.UNLOCKED:
                 if slot.node is not None:
                     self._node_log(slot.node).warning(
                         "Could not lock our new node (%s); replacing it", outcome.error)
@@ -415,22 +418,22 @@ class RequestHandler:
                 slot.future = slot.job = None
                 continue
             self._take_launch_lock(slot)
-            if outcome.kind in (launching.READY, launching.FAILED):
+            if outcome.kind in (LaunchEnd.READY, LaunchEnd.FAILED):
                 self._launch_done(slot.label, outcome)
-            if outcome.kind is launching.READY:
+            if outcome.kind is LaunchEnd.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
-            elif outcome.kind is launching.ABORTED:
+            elif outcome.kind is LaunchEnd.ABORTED:
+                self._finish_node(slot, model.NodeState.ABORTED, outcome)
                 if slot.node is not None:
                     lifecycle.record_outcome(self.engine.events, slot.node,
                                              zk_events.LAUNCH_ABORTED, outcome.reason,
                                              outcome.error)
-                self._finish_node(slot, model.ABORTED)
                 slot.state, slot.node, slot.lock = SlotState.NEED, None, None
                 self._back_off(outcome.reason)
             else:
-                if outcome.kind is launching.CANCELLED and not self.lock.valid:
+                if outcome.kind is LaunchEnd.CANCELLED and not self.lock.valid:
                     return  # advance() abandons on the next check
-                self._finish_node(slot, model.FAILED)
+                self._finish_node(slot, model.NodeState.FAILED, outcome)
                 slot.state = SlotState.FAILED
                 assert slot.node is not None
                 lifecycle.record_outcome(self.engine.events, slot.node,
@@ -447,17 +450,24 @@ class RequestHandler:
 
     def _launch_done(self, label: str, outcome: launching.LaunchOutcome) -> None:
         try:
-            self.on_launch_done(label, None if outcome.kind == launching.READY
+            self.on_launch_done(label, None if outcome.kind == LaunchEnd.READY
                                 else outcome.error)
         except Exception as exc:  # the breaker's bookkeeping never blocks the request
             self.log.warning("Could not record the launch outcome: %s", exc)
 
-    def _finish_node(self, slot: Slot, state: str) -> None:
-        """Write a node's final state and unlock it (cleanup deletes it later)."""
+    def _finish_node(self, slot: Slot, state: model.NodeState,
+                     outcome: launching.LaunchOutcome) -> None:
+        """Move a node to its final state (the failed condition saying why, for the event
+        log and the decline) and write it, unlocking it (cleanup deletes it later)."""
         node, lock = slot.node, slot.lock
-        if node is None or lock is None or not lock.valid:
+        if node is None:
             return
-        node.state, node.state_time = state, self.engine.clock.time()
+        reason = outcome.reason or ("Cancelled" if outcome.kind is LaunchEnd.CANCELLED
+                                    else "Unknown")
+        transition(node, state, self.engine.clock.time(), reason=reason,
+                   message=outcome.error)
+        if lock is None or not lock.valid:
+            return
         try:
             self.engine.nodes.store_and_release(node, lock)
         except (errors.LockLost, errors.NoNodeError, errors.VersionConflict) as exc:
@@ -465,7 +475,7 @@ class RequestHandler:
             lock.release()
 
     def _allocate(self, needed: list[Slot], provider_cfg: ProviderConfig,
-                  pool_cfg: PoolConfig) -> quota.Verdict:
+                  pool_cfg: PoolConfig) -> quota.Fit:
         created = [s for s in needed if s.node is not None]
         if created:
             # Created by a batch whose launches could not all be started (`launch_created`
@@ -483,7 +493,7 @@ class RequestHandler:
             verdict = self.allocator.create(remaining, provider_cfg, pool_cfg)
         except errors.LockLost:
             self.abandon("the request's lock vanished before its nodes were created")
-            return quota.Verdict(False, CONTENTION, ())
+            return quota.Fit(False, CONTENTION, ())
         if verdict:
             self._start_launches(remaining, provider_cfg, pool_cfg)
         return verdict
@@ -497,7 +507,7 @@ class RequestHandler:
             # in a burst the pool worker goes on to the next request meanwhile.
             # Not sent when this raises (ZooKeeper unreachable): the node is still `init`
             # and unlocked, and stays with its slot; the next pass launches it.
-            pending = self.engine.nodes.lock_new_async(node, model.BUILDING,
+            pending = self.engine.nodes.lock_new_async(node, model.NodeState.BUILDING,
                                                        self.engine.clock.time())
             slot.state = SlotState.LAUNCHING
             job = launching.NodeLaunch(
@@ -541,8 +551,7 @@ class RequestHandler:
             node = slot.node
             if not slot.reused and slot.result is not None:
                 launching.apply_result(node, slot.result)
-                node.state, node.state_time = model.READY, now
-                lifecycle.mark_ready(node, now)
+                transition(node, model.NodeState.READY, now)
             if not allocated:
                 node.set(allocated_to=None)
             self.engine.nodes.add_store(txn, node, slot.lock, release=True)
@@ -632,31 +641,47 @@ class RequestHandler:
 
     def _fulfil(self) -> None:
         txn, locks = self._final_txn(allocated=True)
-        self.request.nodes = [s.node.id for s in self.slots if s.node is not None]
-        self.request.state = model.FULFILLED
-        self.request.state_time = self.engine.clock.time()
-        self.engine.requests.add_store(txn, self.request, self.lock, release=True)
+        nodes = [s.node.id for s in self.slots if s.node is not None]
+        now = self.engine.clock.time()
+
+        def fulfil(request: NodeRequest) -> None:
+            request.nodes = list(nodes)
+            transition_request(request, model.RequestState.FULFILLED, now)
+
+        # The request is written as a fulfilled copy; it is fulfilled itself only once
+        # that write went through (a RETRY leaves it pending).
+        fulfilled = self.request.copy()
+        fulfil(fulfilled)
+        self.engine.requests.add_store(txn, fulfilled, self.lock, release=True)
         outcome = self._commit_final(txn, locks, with_request=True)
-        if self._settle(outcome, "Fulfilled request with nodes %s",
-                        self.request.nodes) is RETRY:
-            self.request.state = model.PENDING
-        elif outcome == DONE:
+        if outcome is not RETRY:
+            fulfil(self.request)
+        self._settle(outcome, "Fulfilled request with nodes %s", nodes)
+        if outcome == DONE:
             for slot in self.slots:
                 if slot.node is not None and not slot.reused:
                     lifecycle.report_ready(self.engine.stats, slot.node)
                     lifecycle.record_ready(self.engine.events, slot.node)
 
-    def _decline(self, reason: str, code: str | None = None) -> None:
+    def _decline(self, decline: plan.Decline) -> None:
         txn, locks = self._final_txn(allocated=False)
-        saved = (list(self.request.declined_by), self.request.state, list(self.request.nodes))
-        lifecycle.note_decline(self.request, self.ref.pool_id, reason, code)
         registered = self.registered_ids() | {self.ref.pool_id}
-        state = plan.record_decline(self.request, self.ref.pool_id, registered,
-                                    self.engine.clock.time())
-        self.engine.requests.add_store(txn, self.request, self.lock, release=True)
-        if self._settle(self._commit_final(txn, locks, with_request=True),
-                        "Declined request (%s); request is now %s", reason, state) is RETRY:
-            self.request.declined_by, self.request.state, self.request.nodes = saved
+        now = self.engine.clock.time()
+
+        def record(request: NodeRequest) -> str:
+            lifecycle.note_decline(request, self.ref.pool_id, decline)
+            return plan.record_decline(request, self.ref.pool_id, registered, now)
+
+        # Written as a declined copy; the request itself is declined once that write went
+        # through (a RETRY leaves it as it was).
+        declined = self.request.copy()
+        state = record(declined)
+        self.engine.requests.add_store(txn, declined, self.lock, release=True)
+        outcome = self._commit_final(txn, locks, with_request=True)
+        if outcome is not RETRY:
+            record(self.request)
+        self._settle(outcome, "Declined request (%s); request is now %s", decline.message,
+                     state)
 
     def _settle(self, outcome: Final, message: str, *args: object) -> Final:
         """Act on the outcome of the final transaction (see `_commit_final`)."""

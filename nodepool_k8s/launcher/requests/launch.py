@@ -12,7 +12,7 @@ Before anything else a launch collects the answer to the node's lock + `building
 transaction, which the pool worker sent without waiting (so it could go on to the next
 request of a burst): only a node locked by us is launched.
 
-Outcomes (`Outcome`): READY (with the LaunchResult), FAILED (every attempt failed, or a
+Outcomes (`LaunchEnd`): READY (with the LaunchResult), FAILED (every attempt failed, or a
 non-retryable error), ABORTED (the cloud refused for quota, or the provider cannot act at
 all now, `ProviderUnavailable`, e.g. its credentials are refused: not a failure, counted
 against no label, the request waits), CANCELLED (shutdown or session loss set the cancel
@@ -42,7 +42,7 @@ from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore, PendingLock
 
 
-class Outcome(enum.Enum):
+class LaunchEnd(enum.Enum):
     READY = "ready"
     FAILED = "failed"
     ABORTED = "aborted"
@@ -50,13 +50,9 @@ class Outcome(enum.Enum):
     UNLOCKED = "unlocked"  # the new node could not be locked: nothing was launched
 
 
-READY, FAILED, ABORTED, CANCELLED, UNLOCKED = (Outcome.READY, Outcome.FAILED, Outcome.ABORTED,
-                                               Outcome.CANCELLED, Outcome.UNLOCKED)
-
-
 @dataclass(frozen=True)
 class LaunchOutcome:
-    kind: Outcome
+    kind: LaunchEnd
     result: LaunchResult | None = None
     error: str = ""
     attempts: int = 0
@@ -185,21 +181,22 @@ class NodeLaunch:
             lock = self.pending_lock.result()
         except Exception as exc:
             self.log.warning("Could not lock the new node: %s", exc)
-            return LaunchOutcome(UNLOCKED, error=f"{type(exc).__name__}: {exc}")
+            return LaunchOutcome(LaunchEnd.UNLOCKED, error=f"{type(exc).__name__}: {exc}")
         if lock is None:
-            return LaunchOutcome(UNLOCKED, error="someone else locked the new node")
+            return LaunchOutcome(LaunchEnd.UNLOCKED, error="someone else locked the new node")
         self.lock = lock
         return self._run_locked(lock)
 
     def _run_locked(self, lock: HeldLock) -> LaunchOutcome:
         started = time.monotonic()
         outcome = self._attempts()
-        result = {READY: stats.RESULT_READY, ABORTED: stats.RESULT_QUOTA}.get(outcome.kind)
-        if outcome.kind is ABORTED and outcome.error_type is not None \
+        result = {LaunchEnd.READY: stats.RESULT_READY,
+                  LaunchEnd.ABORTED: stats.RESULT_QUOTA}.get(outcome.kind)
+        if outcome.kind is LaunchEnd.ABORTED and outcome.error_type is not None \
                 and issubclass(outcome.error_type, ProviderUnavailable):
             result = stats.RESULT_UNAVAILABLE
         if result is None:
-            if outcome.kind is CANCELLED:
+            if outcome.kind is LaunchEnd.CANCELLED:
                 result = stats.RESULT_ZKSESSION if not lock.valid \
                     else stats.RESULT_UNKNOWN
             else:
@@ -208,9 +205,7 @@ class NodeLaunch:
                 result = stats.RESULT_NODEPOOL if failed_by_driver else stats.RESULT_UNKNOWN
         self.stats.launch(self.provider_config.name, self.request.requestor, result,
                           (time.monotonic() - started) * 1000.0)
-        if outcome.kind in (FAILED, ABORTED):
-            self.node.conditions = cond.fail(self.node.conditions, outcome.reason,
-                                             outcome.error, self.clock.time())
+        if outcome.kind in (LaunchEnd.FAILED, LaunchEnd.ABORTED):
             self.stats.launch_error(self.provider_config.name, outcome.reason)
         return outcome
 
@@ -219,11 +214,9 @@ class NodeLaunch:
         error = ""
         error_type: type[BaseException] | None = None
         reason = "Unknown"
-        if not self.node.conditions:
-            self.node.conditions = cond.initial(self.clock.time())
         for attempt in range(1, attempts + 1):
             if self.cancel.is_set():
-                return LaunchOutcome(CANCELLED, attempts=attempt - 1)
+                return LaunchOutcome(LaunchEnd.CANCELLED, attempts=attempt - 1)
             if attempt > 1:
                 self.node.conditions = cond.restart(
                     self.node.conditions, self.clock.time(),
@@ -234,10 +227,10 @@ class NodeLaunch:
             try:
                 result = self.provider.launch(spec, self.cancel, self._progress)
                 self.log.info("Node launched as %s (attempt %d)", result.external_id, attempt)
-                return LaunchOutcome(READY, result, attempts=attempt)
+                return LaunchOutcome(LaunchEnd.READY, result, attempts=attempt)
             except QuotaExceeded as exc:
                 self.log.info("Cloud refused the launch for quota: %s", exc)
-                return LaunchOutcome(ABORTED, error=f"QuotaExceeded: {exc}",
+                return LaunchOutcome(LaunchEnd.ABORTED, error=f"QuotaExceeded: {exc}",
                                      attempts=attempt, error_type=type(exc),
                                      reason="QuotaExceeded")
             except ProviderUnavailable as exc:
@@ -246,11 +239,11 @@ class NodeLaunch:
                 # The driver reports the cause once; this is one line per node.
                 self.log.info("Provider cannot launch now; the request waits: %s", exc)
                 reason = cond.reason(exc.reason)
-                return LaunchOutcome(ABORTED, error=f"{reason}: {exc}", attempts=attempt,
+                return LaunchOutcome(LaunchEnd.ABORTED, error=f"{reason}: {exc}", attempts=attempt,
                                      error_type=type(exc), reason=reason)
             except LaunchError as exc:
                 if self.cancel.is_set():
-                    return LaunchOutcome(CANCELLED, attempts=attempt)
+                    return LaunchOutcome(LaunchEnd.CANCELLED, attempts=attempt)
                 error, error_type = f"LaunchError({exc.reason}): {exc}", type(exc)
                 reason = cond.reason(exc.reason)
                 self.log.warning("Launch attempt %d/%d failed: %s", attempt, attempts, error)
@@ -267,5 +260,5 @@ class NodeLaunch:
                 self.log.exception("Launch attempt %d/%d failed unexpectedly", attempt,
                                    attempts)
             self._attempt_failed(attempt, reason, error)
-        return LaunchOutcome(FAILED, error=error, attempts=attempts, error_type=error_type,
-                             reason=reason)
+        return LaunchOutcome(LaunchEnd.FAILED, error=error, attempts=attempts,
+                             error_type=error_type, reason=reason)

@@ -260,8 +260,8 @@ class MinReadyWorker(Worker):
         engine = self.engine
         session = engine.zk.session_id
         for request in engine.request_cache.requests():
-            if not plan.is_min_ready(request) or request.state not in (model.FULFILLED,
-                                                                       model.FAILED):
+            if not plan.is_min_ready(request) or request.state not in (
+                    model.RequestState.FULFILLED, model.RequestState.FAILED):
                 continue
             if engine.request_cache.owner(request.id) != session:
                 continue
@@ -272,7 +272,7 @@ class MinReadyWorker(Worker):
             txn = Txn()
             node_locks: list[HeldLock] = []
             try:
-                if fresh.state == model.FULFILLED:
+                if fresh.state == model.RequestState.FULFILLED:
                     for target in self._targets(fresh):
                         self._backoff.pop(target, None)
                     self._release_nodes(fresh, txn, node_locks)

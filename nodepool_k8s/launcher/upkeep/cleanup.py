@@ -46,6 +46,7 @@ from nodepool_k8s.launcher.upkeep.deleter import NodeDeleter
 from nodepool_k8s.launcher.upkeep.leaks import LeakDeps, LeakSweeper
 from nodepool_k8s.launcher.worker import PASS_COALESCE, RefusedRequests, Worker
 from nodepool_k8s.core.model import Node
+from nodepool_k8s.core.transition import transition, transition_request
 from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import errors, locks, paths
 from nodepool_k8s.zk.cache import CacheEvent, RequestCache
@@ -57,8 +58,9 @@ from nodepool_k8s.zk.txn import Txn
 # The earliest a timed cleanup pass follows the previous one (seconds).
 MIN_PASS_GAP = 0.5
 # Node states in which the launcher itself holds node locks (launching, deleting).
-OWN_LOCK_STATES = frozenset({model.INIT, model.BUILDING, model.DELETING, model.DELETED,
-                             model.ABORTED, model.FAILED})
+OWN_LOCK_STATES = frozenset({model.NodeState.INIT, model.NodeState.BUILDING,
+                             model.NodeState.DELETING, model.NodeState.DELETED,
+                             model.NodeState.ABORTED, model.NodeState.FAILED})
 
 
 class CleanupDeps(LeakDeps, Protocol):
@@ -199,7 +201,7 @@ class CleanupWorker(Worker):
 
     def _verdict(self, node: plan.NodeFacts, locked: bool) -> plan.NodeVerdict:
         allocated = node.allocated_to
-        exists = not (node.state == model.READY and allocated
+        exists = not (node.state == model.NodeState.READY and allocated
                       and allocated not in self.engine.request_cache)
         return plan.node_cleanup(node, age=self._age(node), locked=locked,
                                  config=self.engine.config, request_exists=exists,
@@ -256,7 +258,7 @@ class CleanupWorker(Worker):
         """
         engine = self.engine
         dirs = [paths.request_lock_path(r.id) for r in engine.request_cache.requests()
-                if r.state == model.PENDING]
+                if r.state == model.RequestState.PENDING]
         dirs += [paths.node_lock_path(n.id) for n in engine.node_cache.nodes()
                  if n.state in OWN_LOCK_STATES]
         found = set(locks.orphaned_contenders(engine.zk, dirs))
@@ -289,7 +291,7 @@ class CleanupWorker(Worker):
             for name in names:
                 owners[f"{lock_dir}/{name}"] = ("node", node_id)
         requests = {r.id: r for r in engine.request_cache.requests()
-                    if r.state in (model.REQUESTED, model.PENDING)}
+                    if r.state in (model.RequestState.REQUESTED, model.RequestState.PENDING)}
         waited = sorted(set(requests) & self._waiting_before)
         dirs = {paths.request_lock_path(i): i for i in waited}
         self._waiting_before = set(requests)
@@ -356,7 +358,7 @@ class CleanupWorker(Worker):
         lock, node = got
         try:
             request_id = node.allocated_to
-            if node.state != model.READY or not request_id \
+            if node.state != model.NodeState.READY or not request_id \
                     or engine.requests.exists(request_id):
                 return
             node.set(allocated_to=None)
@@ -401,7 +403,7 @@ class CleanupWorker(Worker):
         if self._refused:
             self._refused.keep_only({r.id for r in requests})
         for request in requests:
-            if request.state != model.PENDING or engine.stopping.is_set() \
+            if request.state != model.RequestState.PENDING or engine.stopping.is_set() \
                     or self._refused.skip(request):
                 continue
             try:
@@ -418,7 +420,7 @@ class CleanupWorker(Worker):
             return
         lock, fresh = got
         try:
-            if fresh.state == model.PENDING:
+            if fresh.state == model.RequestState.PENDING:
                 self._reset(fresh, lock)
         finally:
             if not lock.released:
@@ -436,16 +438,17 @@ class CleanupWorker(Worker):
                     continue
                 node_lock, node = got
                 node_locks.append(node_lock)
-                if node.allocated_to == request.id and node.state == model.INIT:
-                    node.state, node.state_time = model.DELETING, self.clock.time()
-                elif node.allocated_to == request.id and node.state == model.READY:
+                if node.allocated_to == request.id and node.state == model.NodeState.INIT:
+                    transition(node, model.NodeState.DELETING, self.clock.time(),
+                               message=f"its request {request.id} was lost and reset")
+                elif node.allocated_to == request.id and node.state == model.NodeState.READY:
                     node.set(allocated_to=None)
                 else:
                     # Building etc.: unlocked, so the node cleanup deletes it anyway.
                     node_lock.release_in(txn)
                     continue
                 engine.nodes.add_store(txn, node, node_lock, release=True)
-            request.state, request.state_time = model.REQUESTED, self.clock.time()
+            transition_request(request, model.RequestState.REQUESTED, self.clock.time())
             request.nodes = []
             engine.requests.add_store(txn, request, lock, release=True)
             try:

@@ -61,6 +61,7 @@ from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.driver.base import Deletion, Provider, Underway
 from nodepool_k8s.launcher.settings import EngineSettings, next_backoff
 from nodepool_k8s.core.model import Node
+from nodepool_k8s.core.transition import transition
 from nodepool_k8s.zk.errors import ZkAuthError, ZkConnectionError
 from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk.events import EventLog
@@ -174,10 +175,9 @@ def delete_locked(nodes: NodeWrites, node: Node, lock: HeldLock,
     """
     refused: str | None = None
     if resource is not None:
-        if node.state != model.DELETING:
+        if node.state != model.NodeState.DELETING:
             # Recorded first, so a failure below leaves a node its launcher finishes.
-            node.state, node.state_time = model.DELETING, now()
-            lifecycle.mark_deleting(node, node.state_time, reason)
+            transition(node, model.NodeState.DELETING, now(), message=reason)
             nodes.store(node, lock)
         if node.external_id:
             try:
@@ -487,7 +487,7 @@ class NodeDeleter:
         try:
             if check is not None and not check(node):
                 return Outcome.DONE
-            if node.state == model.DELETED or node.provider is None:
+            if node.state == model.NodeState.DELETED or node.provider is None:
                 return Outcome.DONE if engine.nodes.delete(node, lock) else Outcome.FAILED
             provider = engine.providers.get(node.provider)
             if provider is None:

@@ -83,7 +83,7 @@ def replace_drifted(engine: fleet.FleetDeps, provider: str, pool: PoolConfig,
     for node in engine.node_cache.nodes():
         if node.provider == provider and node.pool == pool.name:
             present.add(node.id)
-            if node.state in (model.DELETING, model.DELETED):
+            if node.state in (model.NodeState.DELETING, model.NodeState.DELETED):
                 deleting.add(node.id)
     asked &= present
     if not drifted_spares or not in_window(pool.drift_budget, engine.clock.time()):

@@ -48,7 +48,7 @@ def control(engine: FleetDeps, provider: str, pool: PoolConfig) -> PoolState | N
 
 def is_spare(node: Node, locked: bool) -> bool:
     """Ready, not allocated to a request, not locked (Zuul holds the lock while in use)."""
-    return node.state == model.READY and not node.allocated_to and not locked
+    return node.state == model.NodeState.READY and not node.allocated_to and not locked
 
 
 def spares(engine: FleetDeps, provider: str, pool: str) -> list[Node]:

@@ -38,7 +38,7 @@ from nodepool_k8s.zk.nodes import NodeStore
 
 log = logging.getLogger("nodepool_k8s.LeakSweeper")
 
-IN_PROGRESS = frozenset({model.INIT, model.BUILDING})
+IN_PROGRESS = frozenset({model.NodeState.INIT, model.NodeState.BUILDING})
 
 
 class LeakDeps(Protocol):

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.core import quota
-from nodepool_k8s.core.model import PENDING, NodeRequest, Resources
+from nodepool_k8s.core.model import NodeRequest, RequestState, Resources
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.fake import FakeProvider
 from nodepool_k8s.launcher.plan import PoolInfo
@@ -182,7 +182,7 @@ class Deps:
         cached = self.requests.get(request_id)
         assert cached is not None
         fresh = copy_request(cached)
-        fresh.state, fresh.state_time = PENDING, self.clock.time()
+        fresh.state, fresh.state_time = RequestState.PENDING, self.clock.time()
         lock = self.requests.store_fresh(fresh, release=False)
         assert lock is not None
         return fresh, lock

@@ -43,7 +43,7 @@ def test_creates_init_nodes_for_its_slots_in_one_guarded_write(make_deps: MakeDe
     for slot in slots:
         assert slot.node is not None and slot.state is SlotState.NEED
         stored = deps.nodes.get(slot.node.id)
-        assert stored is not None and stored.state == model.INIT
+        assert stored is not None and stored.state == model.NodeState.INIT
         assert stored.allocated_to == allocator.request.id
         assert not deps.node_cache.is_locked(slot.node.id)
 

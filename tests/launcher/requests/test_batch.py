@@ -81,13 +81,13 @@ def test_accepts_the_gathered_requests_with_one_guarded_create(make_deps: MakeDe
     assert batch.flush(paused=False) is False
 
     assert sorted(owner.kept) == sorted(ids)
-    assert [state(deps, i) for i in ids] == [model.PENDING] * 3
+    assert [state(deps, i) for i in ids] == [model.RequestState.PENDING] * 3
     assert len(deps.nodes.ids()) == 3 and owner.launches.in_flight == 3
     guard = deps.zk.exists(paths.provider_guard_path("fake"))
     assert guard is not None and guard.version == 1  # one guarded create for all three
     assert all(s.state is SlotState.LAUNCHING for h in owner.kept.values() for s in h.slots)
     owner.launches.run_all()
-    assert [state(deps, i) for i in ids] == [model.FULFILLED] * 3
+    assert [state(deps, i) for i in ids] == [model.RequestState.FULFILLED] * 3
 
 
 def test_gathers_only_what_fits_and_was_never_locked(make_deps: MakeDeps) -> None:
@@ -121,7 +121,7 @@ def test_a_request_locked_before_is_taken_the_ordinary_way(make_deps: MakeDeps) 
 
     assert taken == [False] and owner.lock_dir_seen(request_id)
     assert owner.kept == {} and deps.nodes.ids() == []
-    assert state(deps, request_id) == model.REQUESTED
+    assert state(deps, request_id) == model.RequestState.REQUESTED
 
 
 def test_a_paused_pool_locks_the_batch_but_creates_nothing(make_deps: MakeDeps) -> None:
@@ -136,4 +136,4 @@ def test_a_paused_pool_locks_the_batch_but_creates_nothing(make_deps: MakeDeps) 
     handler = owner.kept[request_id]
     assert handler.state is HandlerState.QUEUED
     assert deps.nodes.ids() == [] and owner.launches.in_flight == 0
-    assert state(deps, request_id) == model.PENDING
+    assert state(deps, request_id) == model.RequestState.PENDING

@@ -36,16 +36,16 @@ def test_fulfils_a_request_in_three_steps(make_deps: MakeDeps) -> None:
     assert handler.state is HandlerState.ACTIVE
     assert [s.state for s in handler.slots] == [SlotState.LAUNCHING] * 2
     assert launches.in_flight == 2
-    assert stored(deps, handler.request.id).state == model.PENDING
+    assert stored(deps, handler.request.id).state == model.RequestState.PENDING
 
     assert launches.run_all() == 2  # each launch thread's return finishes it at once
     assert wakes
     assert handler.done and handler.state is HandlerState.DONE
     request = stored(deps, handler.request.id)
-    assert request.state == model.FULFILLED and len(request.nodes) == 2
+    assert request.state == model.RequestState.FULFILLED and len(request.nodes) == 2
     for node_id in request.nodes:
         node = deps.nodes.get(node_id)
-        assert node is not None and node.state == model.READY
+        assert node is not None and node.state == model.NodeState.READY
         assert node.allocated_to == request.id
         assert not deps.node_cache.is_locked(node_id)
     assert handler.advance() is False  # nothing more to do
@@ -73,7 +73,7 @@ def test_waits_at_quota_and_resumes_when_a_node_goes(make_deps: MakeDeps) -> Non
     assert second.advance() is False
     assert second.state is HandlerState.ACTIVE and not second.paused
     assert launches.run_all() == 1
-    assert stored(deps, second.request.id).state == model.FULFILLED
+    assert stored(deps, second.request.id).state == model.RequestState.FULFILLED
 
 
 def test_queued_behind_a_waiting_request_takes_nothing(make_deps: MakeDeps) -> None:
@@ -99,7 +99,7 @@ def test_backs_off_after_the_cloud_refuses_then_launches_again(make_deps: MakeDe
     assert handler.state is HandlerState.BACKING_OFF
     assert handler.next_deadline == deps.clock.monotonic() + SETTINGS.quota_retry
     aborted = [deps.nodes.get(i) for i in deps.nodes.ids()]
-    assert [n.state for n in aborted if n is not None] == [model.ABORTED]
+    assert [n.state for n in aborted if n is not None] == [model.NodeState.ABORTED]
 
     deps.clock.advance(SETTINGS.quota_retry - 1)
     assert handler.advance() is True and launches.in_flight == 0
@@ -109,7 +109,7 @@ def test_backs_off_after_the_cloud_refuses_then_launches_again(make_deps: MakeDe
     assert handler.state is HandlerState.ACTIVE and handler.next_deadline is None
     assert launches.run_all() == 1
     assert handler.done
-    assert stored(deps, handler.request.id).state == model.FULFILLED
+    assert stored(deps, handler.request.id).state == model.RequestState.FULFILLED
 
 
 def test_a_failed_launch_declines_the_request(make_deps: MakeDeps) -> None:
@@ -121,10 +121,10 @@ def test_a_failed_launch_declines_the_request(make_deps: MakeDeps) -> None:
     assert handler.done
     request = stored(deps, handler.request.id)
     # The only registered pool declined it: it failed.
-    assert request.state == model.FAILED
+    assert request.state == model.RequestState.FAILED
     assert request.declined_by == [deps.ref.pool_id]
     failed = [deps.nodes.get(i) for i in deps.nodes.ids()]
-    assert [n.state for n in failed if n is not None] == [model.FAILED]
+    assert [n.state for n in failed if n is not None] == [model.NodeState.FAILED]
 
 
 def test_a_cancelled_request_keeps_its_node_for_reuse(make_deps: MakeDeps) -> None:
@@ -138,7 +138,7 @@ def test_a_cancelled_request_keeps_its_node_for_reuse(make_deps: MakeDeps) -> No
     assert handler.done
     [node_id] = deps.nodes.ids()
     node = deps.nodes.get(node_id)
-    assert node is not None and node.state == model.READY and node.allocated_to is None
+    assert node is not None and node.state == model.NodeState.READY and node.allocated_to is None
     assert not deps.node_cache.is_locked(node_id)
 
 
@@ -149,7 +149,7 @@ def test_abandons_without_writing_once_its_lock_is_gone(make_deps: MakeDeps) -> 
 
     assert handler.advance() is False
     assert handler.done and handler.cancel.is_set()
-    assert stored(deps, handler.request.id).state == model.PENDING
+    assert stored(deps, handler.request.id).state == model.RequestState.PENDING
     assert deps.nodes.ids() == []
 
 
@@ -168,7 +168,7 @@ def test_a_backward_wall_clock_step_does_not_stall_the_relaunch(make_deps: MakeD
 
     assert handler.advance() is False and launches.run_all() == 1
     request = stored(deps, handler.request.id)
-    assert request.state == model.FULFILLED and request.declined_by == []
+    assert request.state == model.RequestState.FULFILLED and request.declined_by == []
     keys = deps.stats.backend.keys("incr")  # type: ignore[attr-defined]
     assert "nodepool.launch.error.quota" in keys and "nodepool.launch.ready" in keys
 
@@ -186,5 +186,5 @@ def test_a_min_ready_request_at_quota_is_declined_not_paused(make_deps: MakeDeps
 
     assert min_ready.advance() is False
     assert min_ready.done and not min_ready.paused
-    assert stored(deps, request.id).state == model.FAILED
+    assert stored(deps, request.id).state == model.RequestState.FAILED
     assert len(deps.nodes.ids()) == 1 and launches.in_flight == 0

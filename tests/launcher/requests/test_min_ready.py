@@ -69,7 +69,7 @@ def test_a_fulfilled_request_leaves_a_spare(make_deps: MakeDeps) -> None:
     assert deps.zk.exists(paths.request_path(request.id)) is None
     [node_id] = deps.nodes.ids()
     node = deps.nodes.get(node_id)
-    assert node is not None and node.state == model.READY and node.allocated_to is None
+    assert node is not None and node.state == model.NodeState.READY and node.allocated_to is None
     assert min_ready_requests(deps) == []  # the spare counts: nothing more to ask for
 
 
@@ -79,7 +79,8 @@ def test_a_failed_request_backs_the_label_off(make_deps: MakeDeps) -> None:
     worker.run_once()
     [request] = min_ready_requests(deps)
     serve(deps, request)
-    assert deps.requests.get(request.id).state == model.FAILED  # type: ignore[union-attr]
+    failed = deps.requests.get(request.id)
+    assert failed is not None and failed.state == model.RequestState.FAILED
 
     until = worker.run_once()
 
@@ -106,7 +107,7 @@ def test_the_request_carries_every_key_zuul_reads(make_deps: MakeDeps) -> None:
                 "state_time", "event_id"):
         assert key in body
     assert body["requestor"] == "NodePool:min-ready" and body["reuse"] is False
-    assert body["node_types"] == ["small"] and body["state"] == model.REQUESTED
+    assert body["node_types"] == ["small"] and body["state"] == model.RequestState.REQUESTED
     assert stat.ephemeral_owner == deps.zk.session_id
 
 

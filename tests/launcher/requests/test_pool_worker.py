@@ -60,14 +60,14 @@ def test_one_pass_accepts_and_launches_every_waiting_request(
 
     worker.run_once()
 
-    assert [state(deps, i) for i in ids] == [model.PENDING] * 3
+    assert [state(deps, i) for i in ids] == [model.RequestState.PENDING] * 3
     assert sorted(worker.handlers) == sorted(ids) and launches.in_flight == 3
     guard = deps.zk.exists(paths.provider_guard_path("fake"))
     assert guard is not None and guard.version == 1  # accepted as one batch
     assert not worker.paused and not registered_paused(worker)
 
     launches.run_all()  # each launch's return writes its request's final transaction
-    assert [state(deps, i) for i in ids] == [model.FULFILLED] * 3
+    assert [state(deps, i) for i in ids] == [model.RequestState.FULFILLED] * 3
     worker.run_once()
     assert worker.handlers == {}
 
@@ -83,7 +83,7 @@ def test_at_quota_the_pool_pauses_and_resumes_when_capacity_frees(
     assert worker.handlers[second].state is HandlerState.AT_QUOTA
     assert worker.paused and registered_paused(worker)
     launches.run_all()
-    assert state(deps, first) == model.FULFILLED
+    assert state(deps, first) == model.RequestState.FULFILLED
     worker.run_once()
     assert worker.paused and launches.in_flight == 0
 
@@ -123,7 +123,7 @@ def test_declines_what_it_can_never_serve(make_worker_deps: MakeWorkerDeps) -> N
 
     worker.run_once()
 
-    assert state(deps, request_id) == model.FAILED  # the only registered pool declined
+    assert state(deps, request_id) == model.RequestState.FAILED  # the only registered pool declined
     request = deps.requests.get(request_id)
     assert request is not None and request.declined_by == [worker.id]
     assert worker.handlers == {}
@@ -138,11 +138,11 @@ def test_a_request_locked_elsewhere_is_looked_at_again_shortly(
     assert elsewhere is not None
 
     assert worker.run_once() == deps.clock.monotonic() + CONTENDED_RETRY
-    assert state(deps, request_id) == model.REQUESTED and worker.handlers == {}
+    assert state(deps, request_id) == model.RequestState.REQUESTED and worker.handlers == {}
 
     elsewhere.release()
     worker.run_once()
-    assert state(deps, request_id) == model.PENDING and launches.in_flight == 1
+    assert state(deps, request_id) == model.RequestState.PENDING and launches.in_flight == 1
 
 
 def test_serves_in_priority_order_as_capacity_frees(make_worker_deps: MakeWorkerDeps) -> None:
@@ -169,7 +169,7 @@ def test_serves_in_priority_order_as_capacity_frees(make_worker_deps: MakeWorker
         worker.run_once()
         assert launches.run_all() == 1
         [done] = [i for i in ids.values() if by_id[i] not in order
-                  and state(deps, i) == model.FULFILLED]
+                  and state(deps, i) == model.RequestState.FULFILLED]
         order.append(by_id[done])
         # The build is over: Zuul deletes the request, the node goes.
         deps.zk.delete(paths.request_path(done))
