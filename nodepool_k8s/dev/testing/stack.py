@@ -46,7 +46,8 @@ import yaml
 
 from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer, four_letter
 
-REPO = Path(__file__).resolve().parents[2]
+# nodepool_k8s/dev/testing/stack.py: three levels below the repository (etc/ is at its top).
+REPO = Path(__file__).resolve().parents[3]
 DEMO_CONFIG = REPO / "etc" / "demo" / "nodepool.yaml"
 DEMO_PROVIDER = "k8s-demo"
 SIM_CONTEXT = "sim"
