@@ -16,6 +16,7 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s.core import records
 from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
+from nodepool_k8s.dev.simulator.tls import make_tls_material
 from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection
@@ -102,13 +103,24 @@ def kazoo_client(zk: ZkConnection) -> Iterator[KazooClient]:
 
 # -- Kubernetes API simulator -----------------------------------------------------------------
 
+@pytest.fixture(scope="session")
+def sim_tls_material(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """One CA and server certificate for every `k8s_sim` of the session: making them is three
+    openssl runs, most of a simulator's start. Read-only; a test that needs a CA of its own
+    starts its simulator without it."""
+    directory = tmp_path_factory.mktemp("sim-tls")
+    make_tls_material(str(directory))
+    return str(directory)
+
+
 @pytest.fixture
-def k8s_sim(tmp_path: Path) -> Iterator[Simulator]:
-    """A fresh simulated Kubernetes API server: TLS on, zero delays, always stopped.
+def k8s_sim(tmp_path: Path, sim_tls_material: str) -> Iterator[Simulator]:
+    """A fresh simulated Kubernetes API server: TLS on (the session's certificate), zero
+    delays, empty store, always stopped.
 
     Its admin kubeconfig (context "sim") is at `k8s_sim.kubeconfig_path`.
     """
-    sim = Simulator(SimulatorConfig(tls=True)).start()
+    sim = Simulator(SimulatorConfig(tls=True, tls_material_dir=sim_tls_material)).start()
     try:
         sim.write_kubeconfig(tmp_path / "kubeconfig", context="sim")
         yield sim

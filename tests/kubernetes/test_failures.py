@@ -15,7 +15,7 @@ import gc
 import logging
 import threading
 import types
-from typing import Any
+from typing import Any, Callable
 
 import pytest
 
@@ -195,9 +195,12 @@ def test_an_unusable_token_request_answer_is_a_bad_token(
 
 
 def test_a_ca_bundle_too_large_for_node_records_fails_the_attempt_cleanly(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        make_sim: Callable[..., Simulator], make_k8s_provider: ProviderFactory) -> None:
     # Before, the node's result was built after the attempt's cleanup scope: an unreadable
     # CA left the namespace to the leak sweeper, and any size went into the node record.
+    # A CA of this test's own: the client keeps one file per distinct CA for the process,
+    # and this test grows it (k8s_sim's CA is shared by the session).
+    sim = make_sim()
     provider = make_k8s_provider(sim, NS)
     client, _ = provider._connected()
     with open(client.configuration.ssl_ca_cert, "ab") as f:

@@ -63,3 +63,8 @@ class SimulatorConfig:
     namespace_defaults: bool = False
     # Kubernetes version reported by /version (kubectl's version dispatcher reads it).
     server_version: tuple[int, int, int] = (1, 32, 4)
+    # A directory made by `tls.make_tls_material` whose CA and server certificate this
+    # simulator serves instead of making its own (None: a new CA per simulator). The test
+    # suite shares one per session, as three openssl runs are most of a start; the files
+    # are read, never removed. The hosts they were made for must include `host`.
+    tls_material_dir: str | None = None

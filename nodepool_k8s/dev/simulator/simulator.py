@@ -34,7 +34,8 @@ from nodepool_k8s.dev.simulator.selectors import label_matcher
 from nodepool_k8s.dev.simulator.server import ApiServer
 from nodepool_k8s.dev.simulator.store import Store
 from nodepool_k8s.dev.simulator.timers import Scheduler
-from nodepool_k8s.dev.simulator.tls import TlsMaterial, make_tls_material, server_context
+from nodepool_k8s.dev.simulator.tls import (
+    TlsMaterial, load_tls_material, make_tls_material, server_context)
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +75,11 @@ class Simulator:
             self._workdir = tempfile.mkdtemp(prefix="nodepool-k8s-sim-")
             ssl_context = None
             if self.config.tls:
-                self._tls = make_tls_material(os.path.join(self._workdir, "tls"),
-                                              (self.config.host,))
+                if self.config.tls_material_dir is not None:
+                    self._tls = load_tls_material(self.config.tls_material_dir)
+                else:
+                    self._tls = make_tls_material(os.path.join(self._workdir, "tls"),
+                                                  (self.config.host,))
                 ssl_context = server_context(self._tls)
             self._controllers = Controllers(self.store, self._scheduler, self._faults,
                                             self.authority, self.config, self.ca_pem)

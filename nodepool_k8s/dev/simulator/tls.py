@@ -1,8 +1,9 @@
 """Throwaway TLS material for the simulator, made with the `openssl` command line tool.
 
 Owns: creating a private CA and a server certificate for 127.0.0.1/localhost signed by it (EC
-P-256 keys: generating them takes milliseconds, unlike RSA), and the server-side SSLContext.
-Fails with `TlsError` when openssl is missing or refuses (its stderr is included).
+P-256 keys: generating them takes milliseconds, unlike RSA), reading such material back for
+reuse, and the server-side SSLContext. Fails with `TlsError` when openssl is missing or refuses
+(its stderr is included) or when material to reuse is incomplete.
 """
 
 from __future__ import annotations
@@ -62,6 +63,19 @@ def make_tls_material(directory: str, hosts: tuple[str, ...] = ("127.0.0.1",)) -
              "-CAcreateserial", "-days", "30", "-extfile", str(ext), "-out", str(crt))
     for private in (ca_key, key):
         private.chmod(0o600)
+    return TlsMaterial(ca_pem=ca_crt.read_text(), ca_file=str(ca_crt), cert_file=str(crt),
+                       key_file=str(key))
+
+
+def load_tls_material(directory: str) -> TlsMaterial:
+    """The material an earlier `make_tls_material(directory)` wrote; `TlsError` if a file
+    is missing."""
+    d = Path(directory)
+    files = (d / "ca.pem", d / "server.pem", d / "server.key")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise TlsError(f"TLS material missing: {', '.join(missing)}")
+    ca_crt, crt, key = files
     return TlsMaterial(ca_pem=ca_crt.read_text(), ca_file=str(ca_crt), cert_file=str(crt),
                        key_file=str(key))
 
