@@ -38,6 +38,9 @@ def setup(path: str | None = None, debug: bool = False) -> None:
                 data = json.load(f) if path.endswith(".json") else yaml.safe_load(f)
             if not isinstance(data, dict):
                 raise ConfigError("logging config must be a mapping", path)
+            # As for INI files: loggers made before this call (module-level ones, kazoo's)
+            # keep logging unless the file itself says to disable them.
+            data.setdefault("disable_existing_loggers", False)
             logging.config.dictConfig(data)
         else:
             logging.config.fileConfig(path, disable_existing_loggers=False)

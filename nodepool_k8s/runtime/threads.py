@@ -13,6 +13,9 @@ normal return) the guard logs the traceback with the thread's name, calls `repor
 
 A body that returns normally ends its thread; it is not restarted.
 
+`fixed_pool(workers, name)`: a thread pool whose threads all start at once (bounded pools
+of launches and deletions).
+
 How it fails: `report` and `stop` are called inside their own try (a failing stats client
 does not hide the crash); the guard itself never raises.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 log = logging.getLogger("nodepool_k8s.runtime.threads")
@@ -87,3 +91,19 @@ def start(name: str, body: Callable[[], None], *, on_crash: Crash,
         name=name, daemon=True)
     thread.start()
     return thread
+
+
+def fixed_pool(workers: int, name: str) -> ThreadPoolExecutor:
+    """A thread pool with all `workers` threads started now, not as work first overlaps.
+
+    A bounded pool that grows to its bound only under load would add threads hours into a
+    run (a burst, a slow API); started at once, a launcher's thread count is known from
+    the start and never changes, so a new thread always means something is wrong. Each
+    thread is started by a task that waits until all have started, so the executor has to
+    make one per task."""
+    executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
+    everyone = threading.Barrier(workers + 1)
+    for _ in range(workers):
+        executor.submit(everyone.wait)
+    everyone.wait()
+    return executor

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -15,7 +16,7 @@ from nodepool_k8s.cmd.nodepoolcmd import main
 from nodepool_k8s.runtime import envfile
 from nodepool_k8s.core.errors import ConfigError
 from nodepool_k8s.zk import paths
-from tests.cli.conftest import CONFIG, Cli, config_text, foreign_node, node_data
+from tests.cli.conftest import CONFIG, SCRIPT, Cli, config_text, foreign_node, node_data
 from tests.helpers import ZkConnection
 
 TYPO = CONFIG.replace("        max-servers: 20\n",
@@ -146,7 +147,9 @@ def test_unreadable_environment_file(cli: Cli, tmp_path: Path) -> None:
     assert "not UTF-8" in cli("--env-file", str(binary), "list").err
 
 
-def test_logconfig_option(cli: Cli, tmp_path: Path) -> None:
+def test_logconfig_option(config_file: Path, tmp_path: Path) -> None:
+    # In a process of its own: a logging configuration replaces the process's logging
+    # (dictConfig disables every existing logger), which must not leak into other tests.
     log_file = tmp_path / "cli.log"
     logging_yaml = tmp_path / "logging.yaml"
     logging_yaml.write_text(textwrap.dedent(f"""\
@@ -155,11 +158,19 @@ def test_logconfig_option(cli: Cli, tmp_path: Path) -> None:
           file: {{class: logging.FileHandler, filename: {log_file}}}
         root: {{level: DEBUG, handlers: [file]}}
         """))
-    assert cli("-l", str(logging_yaml), "list").code == 0
-    assert log_file.exists()
-    missing = cli("-l", str(tmp_path / "nope.yaml"), "list")
-    assert (missing.code, missing.out) == (1, "")
-    assert missing.err.startswith("nodepool: ")
+    done = _nodepool("-c", str(config_file), "-l", str(logging_yaml), "--debug", "list")
+    assert done.returncode == 0, done.stderr
+    assert log_file.exists() and log_file.read_text()  # the debug lines went to the file
+    missing = _nodepool("-c", str(config_file), "-l", str(tmp_path / "nope.yaml"), "list")
+    assert (missing.returncode, missing.stdout) == (1, "")
+    assert missing.stderr.startswith("nodepool: ")
+
+
+def _nodepool(*args: str) -> subprocess.CompletedProcess[str]:
+    if not SCRIPT.exists():
+        pytest.fail(f"{SCRIPT} is missing: run `bash tools/test-setup.sh`")
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin"})
 
 
 def test_version_formats_agree(capsys: pytest.CaptureFixture[str]) -> None:

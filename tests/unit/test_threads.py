@@ -87,3 +87,23 @@ def test_end_policy_and_normal_return_run_once() -> None:
 def test_stop_policy_needs_a_callback() -> None:
     with pytest.raises(ValueError):
         threads.guard("t", lambda: None, on_crash=threads.Crash.STOP)
+
+
+def test_a_fixed_pool_starts_all_its_threads_at_once() -> None:
+    from nodepool_k8s.runtime.threads import fixed_pool
+
+    def named() -> list[str]:
+        return sorted(t.name for t in threading.enumerate() if t.name.startswith("fixed-test"))
+
+    pool = fixed_pool(4, "fixed-test")
+    try:
+        assert named() == [f"fixed-test_{i}" for i in range(4)]
+        gate = threading.Event()
+        busy = [pool.submit(gate.wait) for _ in range(4)]
+        assert len(named()) == 4  # overlapping work starts no thread
+        gate.set()
+        for future in busy:
+            future.result(10)
+    finally:
+        pool.shutdown(wait=True)
+    assert named() == []

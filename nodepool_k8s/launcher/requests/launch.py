@@ -4,9 +4,9 @@ Owns: calling `provider.launch` for one node (attempt after attempt, up to the p
 `launch-retries`), recording the external id on the node as soon as the driver reports it
 (so a crash leaves a traceable record), classifying the outcome and reporting
 `nodepool.launch.*` stats. Launches run on a `LaunchPool`: at most `max-concurrency`
-threads per provider (or `launch_workers` when unlimited), never one thread per node. The
-threads start as launches overlap and then stay: a launcher's thread count grows to that
-bound over its first busy minutes and never past it.
+threads per provider (or `launch_workers` when unlimited), never one thread per node. All
+of them start with the pool (`threads.fixed_pool`), so the thread count is known from the
+start and never grows.
 
 Before anything else a launch collects the answer to the node's lock + `building`
 transaction, which the pool worker sent without waiting (so it could go on to the next
@@ -27,12 +27,12 @@ import enum
 import logging
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Callable
 
 from nodepool_k8s.core import conditions as cond
-from nodepool_k8s.runtime import stats
+from nodepool_k8s.runtime import stats, threads
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import LaunchResult, LaunchSpec, Provider, RequestInfo
@@ -68,8 +68,7 @@ class LaunchPool:
     def __init__(self, provider: str, workers: int) -> None:
         self.provider = provider
         self.workers = workers
-        self._executor = ThreadPoolExecutor(max_workers=workers,
-                                            thread_name_prefix=f"launch-{provider}")
+        self._executor = threads.fixed_pool(workers, f"launch-{provider}")
         self._lock = threading.Lock()
         self._in_flight = 0
 

@@ -28,7 +28,7 @@ provider asks the cloud, not its watch) decides: still underway is a failure, re
 back-off and a fresh deadline. So a gate reset that releases hundreds of nodes has every
 deletion in the cluster at once, however few deleter threads there are.
 
-Bounded: `delete_workers` threads at most (started as deletions overlap, then kept); the
+Bounded: `delete_workers` threads, all started with the deleter (`threads.fixed_pool`); the
 retry table only holds work that is still wanted. A node's entry is dropped
 when the deletion succeeds or the node is gone (`forget`, `prune`, called by the cleanup
 worker), a leak's when the resource is no longer listed (`prune_leaks`); `next_retry` only
@@ -45,12 +45,12 @@ import enum
 import logging
 import math
 import threading
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol
 
 from nodepool_k8s.core import conditions as cond
-from nodepool_k8s.runtime import logconfig
+from nodepool_k8s.runtime import logconfig, threads
 from nodepool_k8s.core import model, records
 from nodepool_k8s.config import schema
 from nodepool_k8s.config.model import ProviderConfig
@@ -233,8 +233,7 @@ class NodeDeleter:
                  executor: Executor | None = None) -> None:
         self.engine = engine
         # Tests may pass an executor that runs each pass at once, in the caller's thread.
-        self._executor = executor or ThreadPoolExecutor(max_workers=workers,
-                                                        thread_name_prefix="deleter")
+        self._executor = executor or threads.fixed_pool(workers, "deleter")
         self._lock = threading.Lock()
         self._in_flight: set[RetryKey] = set()
         self._retry: dict[RetryKey, Retry] = {}
