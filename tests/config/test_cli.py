@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from nodepool_k8s.cmd.nodepoolcmd import DEFAULT_CONFIG, build_parser, main
+from nodepool_k8s.cmd.nodepoolcmd import (DEFAULT_CONFIG, DEFAULT_SECURE, build_parser, main,
+                                          resolve_files)
 from tests.config.common import FIXTURES, SAMPLE
 
 BROKEN = str(FIXTURES / "broken.yaml")
@@ -104,10 +105,16 @@ def test_env_substitution_through_the_cli(capsys: pytest.CaptureFixture[str],
     assert main(["-c", path, "config-validate"]) == 0
 
 
-def test_global_options_and_defaults() -> None:
+def test_global_options_and_defaults(tmp_path: Path) -> None:
     args = build_parser().parse_args(["config-validate"])
-    assert (args.config, args.secure, args.debug) == (DEFAULT_CONFIG, None, False)
+    resolve_files(args, {})
+    assert (args.config, args.debug) == (DEFAULT_CONFIG, False)
+    assert args.secure == (DEFAULT_SECURE if os.path.exists(DEFAULT_SECURE) else None)
     assert DEFAULT_CONFIG == "/etc/nodepool/nodepool.yaml"
+    # The unit's files come from the environment too; options win over it.
+    args = build_parser().parse_args(["config-validate"])
+    resolve_files(args, {"NODEPOOL_CONFIG": "c.yaml", "NODEPOOL_SECURE": "s.conf"})
+    assert (args.config, args.secure) == ("c.yaml", "s.conf")
     args = build_parser().parse_args(["-c", "a", "-s", "b", "--debug", "config-validate"])
     assert (args.config, args.secure, args.debug) == ("a", "b", True)
 

@@ -84,7 +84,7 @@ def assert_failure_recorded(launcher: Launcher, kube_events: KubeEventLog, kind:
     assert entry["reason"] in reasons, entry
     false = [c for c in entry["conditions"] if c["status"] == "False"]
     assert [(c["type"], c["reason"]) for c in false] == [(condition, entry["reason"])], entry
-    assert f"nodepool.launch.provider.k8s.error.{entry['reason']}" in incr_keys(launcher)
+    assert f"nodepool.launch.provider.k8s.reason.{entry['reason']}" in incr_keys(launcher)
     counters = launcher.engine.stats.counters()
     assert counters[("nodepool_launch_errors_total",
                      (("provider", "k8s"), ("reason", entry["reason"])))] >= 1
