@@ -19,7 +19,8 @@ from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
 from nodepool_k8s.dev.simulator.tls import make_tls_material
 from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
-from tests.helpers import ZkConnection
+from nodepool_k8s.zk.client import ZkClient
+from tests.helpers import ZkConnection, client_for
 from tests.launcher.util import Processes
 from tests.launchers import LauncherFactory
 
@@ -126,6 +127,16 @@ def k8s_sim(tmp_path: Path, sim_tls_material: str) -> Iterator[Simulator]:
         yield sim
     finally:
         sim.stop()
+
+
+@pytest.fixture
+def zkc(zk: ZkConnection) -> Iterator[ZkClient]:
+    """A started `ZkClient` in the test's chroot (the ZooKeeper layer's own client)."""
+    client = client_for(zk)
+    try:
+        yield client
+    finally:
+        client.stop()
 
 
 # -- launchers and a Zuul-like client on the test's chroot ------------------------------------

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 
 from nodepool_k8s.dev.testing.zuul_client import NodeSet, ZuulClient
+from nodepool_k8s.zk.client import ZkClient, ZkSettings
 
 T = TypeVar("T")
 
@@ -67,3 +68,10 @@ def in_use(zuul: ZuulClient, labels: list[str], timeout: float = 30.0) -> NodeSe
     nodeset = zuul.accept(request_id)
     zuul.use(nodeset)
     return nodeset
+
+
+def client_for(zk: ZkConnection, timeout: float = 5.0) -> ZkClient:
+    """A started `ZkClient` on `zk` (stop it when done)."""
+    client = ZkClient(ZkSettings(hosts=zk.hosts, timeout=timeout))
+    assert client.start()
+    return client

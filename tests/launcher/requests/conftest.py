@@ -4,7 +4,7 @@ started ZooKeeper client in the test's chroot, stepped by a ManualClock."""
 from __future__ import annotations
 
 import textwrap
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
@@ -13,18 +13,8 @@ from nodepool_k8s.zk.client import ZkClient
 from tests.helpers import ZkConnection
 from tests.launcher.requests.support import Deps, WorkerDeps, pool_yaml
 from tests.launchers import make_config
-from tests.zk.conftest import client_for
 
 MakeDeps = Callable[..., Deps]
-
-
-@pytest.fixture
-def zkc(zk: ZkConnection) -> Iterator[ZkClient]:
-    client = client_for(zk)
-    try:
-        yield client
-    finally:
-        client.stop()
 
 
 @pytest.fixture
