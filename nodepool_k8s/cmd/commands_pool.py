@@ -17,6 +17,8 @@ import argparse
 import datetime as dt
 import getpass
 import socket
+import sys
+import time
 from typing import Any
 
 from nodepool_k8s.core import model
@@ -26,6 +28,9 @@ from nodepool_k8s.core.model import NodeView
 from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.core.records import clip
 from nodepool_k8s.zk.pool_state import DRAIN, PAUSE, PoolState, PoolStateStore, strongest
+
+# How often `drain --wait` looks again (a command in the foreground; launchers never poll).
+WAIT_INTERVAL = 1.0
 
 POOL_STATE_COLUMNS = (
     ("Provider", "provider"), ("Pool", "pool"), ("State", "state"), ("Source", "source"),
@@ -132,14 +137,43 @@ def _warn_malformed(path: str, reason: str) -> None:
                 " remove it)")
 
 
-def _show(args: argparse.Namespace, s: common.Session, only: list[PoolConfig] | None) -> None:
+def _rows(s: common.Session, only: list[PoolConfig] | None) -> list[dict[str, Any]]:
     states = PoolStateStore(s.zk).list(_warn_malformed)
-    records = s.reader.nodes()
-    rows = pool_rows(s.config, states, records, common.now())
+    rows = pool_rows(s.config, states, s.reader.nodes(), common.now())
     if only is not None:
         wanted = {(p.provider, p.name) for p in only}
         rows = [r for r in rows if (r["provider"], r["pool"]) in wanted]
-    common.emit(rows, POOL_STATE_COLUMNS, args.json)
+    return rows
+
+
+def _show(args: argparse.Namespace, s: common.Session, only: list[PoolConfig] | None) -> None:
+    common.emit(_rows(s, only), POOL_STATE_COLUMNS, args.json)
+
+
+def _wait_empty(args: argparse.Namespace, s: common.Session, pools: list[PoolConfig]) -> int:
+    """`drain --wait`: one progress line (stderr) whenever a pool's counts change, until
+    every pool is empty; 1 if the drain is lifted or `--timeout` passes first."""
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    said: dict[tuple[str, str], str] = {}
+    while True:
+        rows = _rows(s, pools)
+        for row in rows:
+            line = (f"{row['provider']}/{row['pool']}: {row['state']} (spare {row['spare']},"
+                    f" deleting {row['deleting']}, in use {row['in_use']})")
+            if said.get((row["provider"], row["pool"])) != line:
+                said[(row["provider"], row["pool"])] = line
+                print(line, file=sys.stderr, flush=True)
+        if all(row["state"] == "empty" for row in rows):
+            return 0
+        lifted = [f"{r['provider']}/{r['pool']}" for r in rows if r["action"] != DRAIN]
+        if lifted:
+            common.warn(f"no longer draining: {', '.join(lifted)} (resumed or paused"
+                        " instead); stopped waiting")
+            return 1
+        if deadline is not None and time.monotonic() >= deadline:
+            common.warn(f"not empty after {args.timeout:g}s; the drain stays in force")
+            return 1
+        time.sleep(WAIT_INTERVAL)
 
 
 def _set(args: argparse.Namespace, action: str) -> int:
@@ -155,7 +189,14 @@ def cmd_pause(args: argparse.Namespace) -> int:
 
 
 def cmd_drain(args: argparse.Namespace) -> int:
-    return _set(args, DRAIN)
+    if not args.wait:
+        return _set(args, DRAIN)
+    with common.session(args, full=True) as s:
+        target, pools = _target(s.config, args.target)
+        PoolStateStore(s.zk).set(target, DRAIN, args.reason or "", _who(), common.now())
+        status = _wait_empty(args, s, pools)
+        _show(args, s, pools)
+    return status
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
@@ -191,6 +232,15 @@ def add_parsers(subparsers: Any) -> None:
                                        f" every launcher at once: {text}.")
         _target_arg(parser)
         parser.add_argument("--reason", default=None, help="why (shown by pool-state)")
+        if name == "drain":
+            parser.add_argument("--wait", action="store_true",
+                                help="stay until every pool of the target is empty (nodes in"
+                                     " use are released by Zuul, spares deleted), printing"
+                                     " each change of its counts on stderr; exit 1 if the"
+                                     " drain is lifted or --timeout passes first")
+            parser.add_argument("--timeout", type=common.seconds_arg, default=None,
+                                metavar="SECONDS", help="with --wait: give up after this long"
+                                " (the drain stays in force)")
         common.add_json_option(parser)
         parser.set_defaults(func=func)
     parser = subparsers.add_parser(

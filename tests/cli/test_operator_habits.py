@@ -184,3 +184,20 @@ def test_version_formats_agree(capsys: pytest.CaptureFixture[str]) -> None:
     launcher_version = capsys.readouterr().out.split()
     assert cli_version[0] == "nodepool" and launcher_version[0] == "nodepool-launcher"
     assert cli_version[1:] == launcher_version[1:] and len(cli_version) == 2
+
+
+def test_drain_wait_follows_the_pool_until_it_is_empty(cli: Cli,
+                                                       kazoo_client: KazooClient) -> None:
+    body = {"state": "in-use", "provider": "fake", "pool": "main", "type": ["small"],
+            "external_id": "main-1", "state_time": 1.0}
+    in_use = kazoo_client.create(f"{paths.NODES}/", json.dumps(body).encode(),
+                                 sequence=True).rsplit("/", 1)[1]
+    waited = cli("drain", "fake/main", "--wait", "--timeout", "1.5")
+    assert waited.code == 1
+    assert "fake/main: drained (spare 0, deleting 0, in use 1)" in waited.err
+    assert "not empty after 1.5s; the drain stays in force" in waited.err
+    kazoo_client.delete(f"{paths.NODES}/{in_use}")  # Zuul released it, a launcher deleted it
+    done = cli("drain", "fake/main", "--wait")
+    assert done.code == 0, done.err
+    assert "fake/main: empty (spare 0, deleting 0, in use 0)" in done.err
+    assert cli("resume", "fake/main").code == 0
