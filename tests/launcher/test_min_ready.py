@@ -186,7 +186,10 @@ def test_finishing_a_min_ready_request_never_writes_a_node_locked_elsewhere(
     original = MinReadyWorker._finish_own
 
     def gated(self: MinReadyWorker, now: float) -> None:
-        if fulfilled_spare() is not None:  # hold the finishing step, not the whole pass
+        # Hold the finishing step (not the pass that creates the request) as soon as the
+        # request exists: gating only once it is fulfilled let a pass that looked just
+        # before the fulfilment finish it before the operator could lock the node.
+        if min_ready_requests(kazoo_client):
             gate.wait(30)
         original(self, now)
 
