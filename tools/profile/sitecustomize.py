@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Callable
 
 _AT_EXIT = []
 
@@ -136,7 +137,6 @@ def _zkops(prefix: str) -> None:
 
 
 def _tracemalloc(prefix: str) -> None:
-    import json
     import threading
     import time
     import tracemalloc
@@ -203,10 +203,43 @@ def _tracemalloc(prefix: str) -> None:
             del objs[:]
         return out
 
+    first: tracemalloc.Snapshot | None = None
+    last: tracemalloc.Snapshot | None = None
+    first_types: dict[str, int] | None = None
+
+    def report(label: str) -> dict[str, object]:
+        nonlocal first, last, first_types
+        snap = tracemalloc.take_snapshot().filter_traces(ignore)
+        first = first or snap
+        now_types = types()
+        first_types = first_types or now_types
+        grown = sorted(((now_types.get(k, 0) - first_types.get(k, 0), k)
+                        for k in set(now_types) | set(first_types)), reverse=True)
+        current, peak = tracemalloc.get_traced_memory()
+        answer = {"label": label, "time": time.time(),
+                  "traced_kib": round(current / 1024, 1),
+                  "traced_peak_kib": round(peak / 1024, 1),
+                  "threads": sorted(t.name for t in threading.enumerate()),
+                  "since_first": top(snap, first),
+                  "since_last": top(snap, last or snap),
+                  "types_since_first": [[k, n] for n, k in grown[:25] if n],
+                  "holders": holders(grown),
+                  "stacks_since_first": stacks(snap, first)
+                  if tracemalloc.get_traceback_limit() > 1 else []}
+        last = snap
+        return answer
+    _answer_requests(ask, out_path, "profile-tracemalloc", report)
+
+
+def _answer_requests(ask: str, out_path: str, name: str,
+                     report: Callable[[str], dict[str, object]]) -> None:
+    """On a thread: whenever the file `ask` appears, append `report(its label)` as one JSON
+    line to `out_path` and remove `ask` (the benchmark waits for that)."""
+    import json
+    import threading
+    import time
+
     def serve() -> None:
-        first: tracemalloc.Snapshot | None = None
-        last: tracemalloc.Snapshot | None = None
-        first_types: dict[str, int] | None = None
         while True:
             time.sleep(0.2)
             try:
@@ -214,28 +247,10 @@ def _tracemalloc(prefix: str) -> None:
                     label = f.read().strip()
             except FileNotFoundError:
                 continue
-            snap = tracemalloc.take_snapshot().filter_traces(ignore)
-            first = first or snap
-            now_types = types()
-            first_types = first_types or now_types
-            grown = sorted(((now_types.get(k, 0) - first_types.get(k, 0), k)
-                            for k in set(now_types) | set(first_types)), reverse=True)
-            current, peak = tracemalloc.get_traced_memory()
-            report = {"label": label, "time": time.time(),
-                      "traced_kib": round(current / 1024, 1),
-                      "traced_peak_kib": round(peak / 1024, 1),
-                      "threads": sorted(t.name for t in threading.enumerate()),
-                      "since_first": top(snap, first),
-                      "since_last": top(snap, last or snap),
-                      "types_since_first": [[k, n] for n, k in grown[:25] if n],
-                      "holders": holders(grown),
-                      "stacks_since_first": stacks(snap, first)
-                      if tracemalloc.get_traceback_limit() > 1 else []}
-            last = snap
             with open(out_path, "a") as out:
-                out.write(json.dumps(report) + "\n")
+                out.write(json.dumps(report(label)) + "\n")
             os.unlink(ask)
-    threading.Thread(target=serve, daemon=True, name="profile-tracemalloc").start()
+    threading.Thread(target=serve, daemon=True, name=name).start()
 
 
 def _rss_kib() -> int:
@@ -333,7 +348,6 @@ def _smaps() -> dict[str, int]:
 def _memstats(prefix: str) -> None:
     import collections
     import gc
-    import json
     import threading
     import time
 
@@ -441,30 +455,21 @@ def _memstats(prefix: str) -> None:
             largest_seen.clear()
             del found
 
-    def serve() -> None:
-        while True:
-            time.sleep(0.2)
-            try:
-                with open(ask) as f:
-                    label = f.read().strip()
-            except FileNotFoundError:
-                continue
-            report = {"label": label, "time": time.time(), "rss_kib": _rss_kib(),
-                      "gc_count": gc.get_count(), "gc_threshold": gc.get_threshold(),
-                      "gc_stats": gc.get_stats(), "gc_freeze_count": gc.get_freeze_count(),
-                      "gc_objects": [len(gc.get_objects(g)) for g in range(3)],
-                      "collections": list(collections_by_gen),
-                      "collected": list(collected_by_gen),
-                      "full_collections": list(full),
-                      "threads": len(threading.enumerate()),
-                      "malloc": _mallocstats(), "libc": _mallinfo(), "smaps": _smaps(),
-                      "largest": largest()}
-            if census:
-                report["garbage"] = garbage()
-            with open(out_path, "a") as out:
-                out.write(json.dumps(report) + "\n")
-            os.unlink(ask)
-    threading.Thread(target=serve, daemon=True, name="profile-memstats").start()
+    def report(label: str) -> dict[str, object]:
+        answer = {"label": label, "time": time.time(), "rss_kib": _rss_kib(),
+                  "gc_count": gc.get_count(), "gc_threshold": gc.get_threshold(),
+                  "gc_stats": gc.get_stats(), "gc_freeze_count": gc.get_freeze_count(),
+                  "gc_objects": [len(gc.get_objects(g)) for g in range(3)],
+                  "collections": list(collections_by_gen),
+                  "collected": list(collected_by_gen),
+                  "full_collections": list(full),
+                  "threads": len(threading.enumerate()),
+                  "malloc": _mallocstats(), "libc": _mallinfo(), "smaps": _smaps(),
+                  "largest": largest()}
+        if census:
+            answer["garbage"] = garbage()
+        return answer
+    _answer_requests(ask, out_path, "profile-memstats", report)
 
 
 if _launcher():
