@@ -89,8 +89,8 @@ def test_soak_smoke(tmp_path: Path) -> None:
     heaps' (whether memory stays flat is recorded in doc/benchmark.md, not asserted
     here)."""
     done = run_module("nodepool_k8s.dev.testing.bench", "--soak", "3", "--soak-requests", "5",
-                      "--soak-warmup", "5", "--soak-tracemalloc", "2",
-                      "--soak-memstats", "2", "--soak-memstats-collect",
+                      "--soak-warmup", "5", "--soak-tracemalloc", "3",
+                      "--soak-memstats", "3", "--soak-memstats-collect",
                       "--error-rate", "0.05", "--json", "--timeout", "900", tmp=tmp_path,
                       timeout=960)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
@@ -105,12 +105,13 @@ def test_soak_smoke(tmp_path: Path) -> None:
     assert soak["lock_dir_max_age_s"] == 30.0
     assert results["targets"] == [soak["target"]] and soak["target"]["met"] in (True, False)
     assert "extrapolated from 10 measured nodes" in soak["target"]["note"]
-    # Reports after the first, the second and the last round, from the launcher itself.
+    # Reports after the first and the last round, from the launcher itself (each report
+    # walks every object the launcher holds: two are enough to show the comparison).
     reports = soak["tracemalloc"]
-    assert [r["label"] for r in reports] == ["1", "2", "3"]
+    assert [r["label"] for r in reports] == ["1", "3"]
     assert "MainThread" in reports[-1]["threads"] and reports[-1]["since_first"]
     memstats = soak["memstats"]
-    assert [r["label"] for r in memstats] == ["1", "2", "3"]
+    assert [r["label"] for r in memstats] == ["1", "3"]
     last = memstats[-1]
     # pymalloc's figures are empty here: tracemalloc's hooks hide pymalloc from its report.
     assert isinstance(last["malloc"], dict) and last["libc"]["heap_kib"] > 0
