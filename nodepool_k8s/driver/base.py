@@ -215,6 +215,30 @@ class ClusterAware(Protocol):
         """The `Credentials` condition of the provider's pools (None: not started)."""
 
 
+# `ApiCallListener`'s `code` of a request that got no HTTP answer (refused, reset, timed
+# out, TLS failure).
+API_NO_ANSWER = "none"
+
+
+class ApiCallListener(Protocol):
+    """Hears of every request a provider sent to its cloud's API: `verb` (`get`, `list`,
+    `watch`, `create`, `update`, `patch`, `delete`, `deletecollection`), `resource`
+    (`pods`, `serviceaccounts/token`, ...) and the HTTP status `code` (`"none"` when no
+    answer came). Called on the thread that made the request: it must not block."""
+
+    def __call__(self, provider: str, verb: str, resource: str, code: str) -> None: ...
+
+
+class ApiMetered(Protocol):
+    """An optional capability: a provider that reports each API request it sends.
+
+    Declared like `ClusterAware` (named among the class's bases); the launcher hands it
+    the listener (`driver.registry.api_metered`) before `start`."""
+
+    def on_api_call(self, listener: ApiCallListener) -> None:
+        """Report every API request from now on to `listener` (replacing any earlier one)."""
+
+
 ProviderFactory = Callable[[ProviderConfig], Provider]
 
 

@@ -1,11 +1,12 @@
 """Which class implements a provider's `driver:` name: an explicit map, no directory scan.
 
 Owns: turning a `ProviderConfig` into a `Provider`, and checking, when the launcher registers
-a provider, the optional capabilities its class declares (`cluster_aware`). The Kubernetes
-driver is imported only when a configuration uses it, so the fake driver (tests, demo,
-benchmark) never loads the `kubernetes` client. An unknown driver name raises `ConfigError`
-(the schema should have caught it first); a driver class that declares a capability it does
-not implement, or implements one it does not declare, raises `DriverContractError`.
+a provider, the optional capabilities its class declares (`cluster_aware`, `api_metered`).
+The Kubernetes driver is imported only when a configuration uses it, so the fake driver
+(tests, demo, benchmark) never loads the `kubernetes` client. An unknown driver name raises
+`ConfigError` (the schema should have caught it first); a driver class that declares a
+capability it does not implement, or implements `ClusterAware`'s methods without declaring
+it, raises `DriverContractError`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable, cast
 
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import ProviderConfig
-from nodepool_k8s.driver.base import ClusterAware, Provider
+from nodepool_k8s.driver.base import ApiMetered, ClusterAware, Provider
 from nodepool_k8s.core.errors import ConfigError, DriverContractError
 
 Factory = Callable[[ProviderConfig, Clock], Provider]
@@ -82,3 +83,15 @@ def cluster_aware(provider: Provider) -> ClusterAware | None:
 def _owner(cls: type, name: str) -> type | None:
     """The class in `cls`'s MRO whose body defines `name`."""
     return next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+
+
+def api_metered(provider: Provider) -> ApiMetered | None:
+    """`provider` as an `ApiMetered` when its class declares it (names it among its bases),
+    None when not. Raises `DriverContractError` for a declaration without the method."""
+    cls = type(provider)
+    if ApiMetered not in cls.__mro__:
+        return None
+    if _owner(cls, "on_api_call") is ApiMetered:
+        raise DriverContractError(f"provider {provider.name}: {cls.__qualname__} declares"
+                                  " ApiMetered but does not implement on_api_call")
+    return cast(ApiMetered, provider)

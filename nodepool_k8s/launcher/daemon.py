@@ -34,7 +34,7 @@ from nodepool_k8s.runtime import threads
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import Config, ProviderConfig, with_installation_id
 from nodepool_k8s.driver.base import ClusterAware, Provider
-from nodepool_k8s.driver.registry import cluster_aware, make_provider
+from nodepool_k8s.driver.registry import api_metered, cluster_aware, make_provider
 from nodepool_k8s.core.errors import ConfigError, NodepoolError
 from nodepool_k8s.launcher.upkeep.cleanup import CleanupWorker
 from nodepool_k8s.launcher.context import Engine
@@ -160,6 +160,9 @@ class Launcher:
         engine = self.engine
         engine.set_config(self._with_installation_id(engine.config))
         self._registered_epoch = self.zk.epoch
+        engine.stats.zk_connection(engine.registry.hostname, ConnectionState.CONNECTED.value,
+                                   initial=True)
+        self.zk.add_listener(self._report_session)
         self.zk.add_listener(self._on_session)
         records.REPORTS.add_listener(self._on_malformed)
         for cache in (engine.components, engine.node_cache, engine.request_cache,
@@ -227,6 +230,9 @@ class Launcher:
         try:
             provider = self.provider_factory(provider_cfg, self.engine.clock)
             cluster = cluster_aware(provider)
+            metered = api_metered(provider)
+            if metered is not None:
+                metered.on_api_call(self.engine.stats.api_call)
             if cluster is not None:
                 # Freed capacity (or credentials accepted again) wakes the workers, so a
                 # pool paused at the cloud's limit resumes without polling.
@@ -345,6 +351,11 @@ class Launcher:
     def _on_breaker_event(self, kind: CacheEvent, key: str) -> None:
         for worker in list(self.pool_workers.values()):
             worker.wake()
+
+    def _report_session(self, state: ConnectionState, epoch: int) -> None:
+        """The connection's state for statsd and /metrics (every event after the first
+        connect: a CONNECTED one is a reconnect)."""
+        self.engine.stats.zk_connection(self.engine.registry.hostname, state.value)
 
     def _on_session(self, state: ConnectionState, epoch: int) -> None:
         """Runs on the ZooKeeper state thread (may use ZooKeeper)."""

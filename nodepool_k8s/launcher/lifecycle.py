@@ -4,15 +4,18 @@ Owns: what the request handler, the pool worker and the deleter add to records t
 about to write anyway (no write of its own, but for a failed deletion's note): the
 per-pool `declined_reasons` of a request (an extra key, from a `plan.Decline`; Zuul reads
 `declined_by`, which is unchanged), the failed deletion's `Deleting` condition, the phase
-timings reported once a node is ready, and the event log entries of launches and
-deletions. The conditions a state implies are set by `core.transition`.
+timings reported once a node is ready, how long a finished request waited, and the event
+log entries of launches and deletions. The conditions a state implies are set by
+`core.transition`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from nodepool_k8s.config.model import PoolConfig
 from nodepool_k8s.core import conditions as cond
+from nodepool_k8s.core import model
 from nodepool_k8s.core.model import Node, NodeRequest
 from nodepool_k8s.launcher.plan import Decline
 from nodepool_k8s.runtime.stats import Stats
@@ -62,6 +65,20 @@ def report_ready(stats: Stats, node: Node) -> None:
     seconds = cond.timings(node.conditions, node.created_time)
     if seconds:
         stats.phases(node.provider or "", node.pool or "", node.label or "", seconds)
+
+
+def report_request_done(stats: Stats, request: NodeRequest, provider: str,
+                        pool: PoolConfig, now: float) -> None:
+    """How long a request this launcher just fulfilled or failed waited, from its
+    requestor's `created_time` (nothing reported without a usable one). Labels the pool
+    does not know are not named: they come from requestors (unbounded)."""
+    created = request.created_time
+    if not isinstance(created, (int, float)) or isinstance(created, bool) \
+            or request.state not in (model.RequestState.FULFILLED, model.RequestState.FAILED):
+        return
+    known = [t for t in request.node_types if t in pool.labels]
+    labels = known if len(known) == len(request.node_types) else []
+    stats.request_done(provider, pool.name, labels, request.state.value, now - created)
 
 
 # -- the event log (zk/events.py) -----------------------------------------------------------

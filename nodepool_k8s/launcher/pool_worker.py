@@ -384,6 +384,8 @@ class PoolWorker(Worker):
         if decline is not None:
             logconfig.annotate(self.log, fresh.event_id, fresh.id).info(
                 "Declined (%s); request is now %s", decline.message, fresh.state)
+            lifecycle.report_request_done(self.engine.stats, fresh, self.ref.provider,
+                                          view.pool_cfg, self.engine.clock.time())
             return None
         return self.new_handler(view.provider, fresh, lock)
 

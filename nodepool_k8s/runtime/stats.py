@@ -2,14 +2,16 @@
 
 Owns: the statsd client (configured from `STATSD_HOST` / `STATSD_PORT` like Nodepool, no
 prefix), the names of every metric the launcher emits (Nodepool's keys, so existing
-dashboards keep working) and the in-process counters the web app's `/metrics` exposes in
+dashboards keep working; its own where Nodepool has none, documented in doc/operation.md)
+and the in-process counters, histograms and gauges the web app's `/metrics` exposes in
 Prometheus form. When `STATSD_HOST` is unset the facade is a null client, so callers never
 check for None; the Prometheus counters are kept either way. Sending is fire-and-forget
 UDP: a broken statsd never raises into the engine (errors are logged at debug level).
 
 Names are sanitised (`.` and `:` become `_`) exactly where Nodepool does it: requestor,
-tenant and tenant-limit names. Provider, pool and label names are used as they are, as in
-Nodepool (a `.` in them adds a level to the key).
+tenant and tenant-limit names (and the launcher's host name in the `zk` keys, which are not
+Nodepool's). Provider, pool and label names are used as they are, as in Nodepool (a `.` in
+them adds a level to the key).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import math
 import re
 import os
 import threading
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 from nodepool_k8s.core.errors import ConfigError
 
@@ -114,6 +116,35 @@ def phase_keys(provider: str, pool: str, label: str, phase: str) -> list[str]:
             f"nodepool.launch.label.{key_part(label)}.{leaf}"]
 
 
+def request_keys(provider: str, labels: Sequence[str], result: str) -> list[str]:
+    """Timers of one finished request (`REQUEST_RESULTS`) overall, per provider and per
+    distinct label it asked for (a request for several labels counts under each)."""
+    keys = [f"nodepool.request.{result}",
+            f"nodepool.request.provider.{key_part(provider)}.{result}"]
+    keys += [f"nodepool.request.label.{key_part(label)}.{result}"
+             for label in sorted(set(labels))]
+    return keys
+
+
+def api_call_key(provider: str, verb: str, resource: str, code: str) -> str:
+    """One Kubernetes API request; a subresource (`serviceaccounts/token`) becomes one key
+    component (`serviceaccounts_token`)."""
+    return (f"nodepool.provider.{key_part(provider)}.kubernetes.{key_part(verb)}"
+            f".{key_part(resource).replace('/', '_')}.{key_part(code)}")
+
+
+def zk_state_key(hostname: str, state: str) -> str:
+    return f"nodepool.launcher.{sanitize(hostname)}.zk.state.{key_part(state)}"
+
+
+def zk_session_lost_key(hostname: str) -> str:
+    return f"nodepool.launcher.{sanitize(hostname)}.zk.session_lost"
+
+
+def zk_reconnects_key(hostname: str) -> str:
+    return f"nodepool.launcher.{sanitize(hostname)}.zk.reconnects"
+
+
 def leaked_nodes_key(provider: str) -> str:
     return f"nodepool.provider.{key_part(provider)}.leaked.nodes"
 
@@ -172,6 +203,18 @@ PROM_THREAD_CRASHES = "nodepool_thread_crashes_total"
 PROM_LAUNCH_ERRORS = "nodepool_launch_errors_total"
 PROM_PHASE_SECONDS = "nodepool_node_phase_seconds"
 PROM_LAUNCH_SECONDS = "nodepool_node_launch_seconds"
+PROM_REQUEST_WAIT = "nodepool_request_wait_seconds"
+PROM_API_REQUESTS = "nodepool_kubernetes_api_requests_total"
+PROM_ZK_STATE = "nodepool_zk_connection_state"
+PROM_ZK_SESSION_LOSSES = "nodepool_zk_session_losses_total"
+PROM_ZK_RECONNECTS = "nodepool_zk_reconnects_total"
+
+# A request's end as this launcher wrote it.
+REQUEST_FULFILLED = "fulfilled"
+REQUEST_FAILED = "failed"
+REQUEST_RESULTS = (REQUEST_FULFILLED, REQUEST_FAILED)
+# The ZooKeeper connection's states (`zk.client.ConnectionState` values).
+ZK_STATES = ("connected", "suspended", "lost")
 
 # HELP texts of the in-process counters and histograms (`/metrics`), with their units.
 HELP = {
@@ -192,9 +235,22 @@ HELP = {
                         " deletion); the phases of one node add up to"
                         " nodepool_node_launch_seconds.",
     PROM_LAUNCH_SECONDS: "Seconds from a node's creation to ready.",
+    PROM_REQUEST_WAIT: "Seconds from a node request's creation (by its requestor) to this"
+                       " launcher fulfilling or failing it, by provider, pool, the request's"
+                       " labels and result.",
+    PROM_API_REQUESTS: "Requests this launcher sent to a provider's Kubernetes API, by"
+                       " provider, verb, resource and HTTP status code (none: no answer).",
+    PROM_ZK_STATE: "1 for the state the ZooKeeper connection is in (connected, suspended,"
+                   " lost), 0 for the others.",
+    PROM_ZK_SESSION_LOSSES: "ZooKeeper sessions this launcher lost (expired: its locks and"
+                            " ephemeral znodes went with them).",
+    PROM_ZK_RECONNECTS: "Times this launcher connected to ZooKeeper again after the"
+                        " connection dropped (in the same session or a new one).",
 }
 # Histogram buckets (seconds) of the lifecycle phases: image pulls take minutes.
 PHASE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+# Requests also wait in the queue behind others and for quota: up to hours.
+REQUEST_BUCKETS = PHASE_BUCKETS + (1800.0, 3600.0, 7200.0)
 
 CounterKey = tuple[str, tuple[tuple[str, str], ...]]
 
@@ -273,6 +329,7 @@ class Stats:
         self.backend: StatsBackend = backend or NullBackend()
         self._counts: dict[CounterKey, float] = {}
         self._histograms: dict[CounterKey, Histogram] = {}
+        self._gauges: dict[CounterKey, float] = {}
         self._counts_lock = threading.Lock()
 
     def _safe(self, fn: str, key: str, value: float) -> None:
@@ -292,14 +349,27 @@ class Stats:
         with self._counts_lock:
             return dict(self._counts)
 
-    def observe(self, name: str, value: float, **labels: str) -> None:
-        """Add to an in-process (Prometheus) histogram of `PHASE_BUCKETS`."""
+    def observe(self, name: str, value: float, buckets: tuple[float, ...] = PHASE_BUCKETS,
+                **labels: str) -> None:
+        """Add to an in-process (Prometheus) histogram (`buckets`: its upper bounds, the
+        same for every observation of one name)."""
         key = (name, tuple(sorted(labels.items())))
         with self._counts_lock:
             histogram = self._histograms.get(key)
             if histogram is None:
-                histogram = self._histograms[key] = Histogram(PHASE_BUCKETS)
+                histogram = self._histograms[key] = Histogram(buckets)
             histogram.observe(value)
+
+    def set_gauge(self, name: str, value: float, **labels: str) -> None:
+        """Set an in-process (Prometheus) gauge only; nothing is sent to statsd."""
+        key = (name, tuple(sorted(labels.items())))
+        with self._counts_lock:
+            self._gauges[key] = value
+
+    def gauge_values(self) -> dict[CounterKey, float]:
+        """A snapshot of the in-process gauges, for Prometheus (`/metrics`)."""
+        with self._counts_lock:
+            return dict(self._gauges)
 
     def histograms(self) -> dict[CounterKey, Histogram]:
         """A snapshot of the in-process histograms, for Prometheus (`/metrics`)."""
@@ -330,6 +400,45 @@ class Stats:
             self._safe("timing", key, duration_ms)
             self._safe("incr", key, 1)
         self.count(PROM_LAUNCHES, provider=provider, result=result)
+
+    def request_done(self, provider: str, pool: str, labels: Sequence[str], result: str,
+                     seconds: float) -> None:
+        """A request this launcher fulfilled or failed (`REQUEST_RESULTS`), `seconds` after
+        its requestor created it. `labels`: the labels it asked for that the pool knows
+        (empty when it asked for any other: one bounded `(unsupported)` series then)."""
+        seconds = max(0.0, seconds)
+        for key in request_keys(provider, labels, result):
+            self._safe("timing", key, seconds * 1000.0)
+        self.observe(PROM_REQUEST_WAIT, seconds, REQUEST_BUCKETS, provider=provider,
+                     pool=pool, labels=",".join(sorted(set(labels))) or "(unsupported)",
+                     result=result)
+
+    def api_call(self, provider: str, verb: str, resource: str, code: str) -> None:
+        """One request sent to a provider's Kubernetes API and its HTTP status (`none` when
+        no answer came; see `driver.base.ApiCallListener`)."""
+        self._safe("incr", api_call_key(provider, verb, resource, code), 1)
+        self.count(PROM_API_REQUESTS, provider=provider, verb=verb, resource=resource,
+                   code=code)
+
+    def zk_connection(self, hostname: str, state: str, initial: bool = False) -> None:
+        """The ZooKeeper connection is now in `state` (`ZK_STATES`): one gauge per state, 1
+        for this one. After the `initial` connect, a `lost` state counts a session loss and
+        a `connected` one a reconnect (the counters start at 0 with the initial call)."""
+        gauges = {}
+        for name in ZK_STATES:
+            value = 1.0 if name == state else 0.0
+            gauges[zk_state_key(hostname, name)] = value
+            self.set_gauge(PROM_ZK_STATE, value, state=name)
+        self.gauges(gauges)
+        if initial:
+            self.count(PROM_ZK_SESSION_LOSSES, 0)
+            self.count(PROM_ZK_RECONNECTS, 0)
+        elif state == "lost":
+            self._safe("incr", zk_session_lost_key(hostname), 1)
+            self.count(PROM_ZK_SESSION_LOSSES)
+        elif state == "connected":
+            self._safe("incr", zk_reconnects_key(hostname), 1)
+            self.count(PROM_ZK_RECONNECTS)
 
     def leaked_nodes(self, provider: str, count: int = 1) -> None:
         self._safe("incr", leaked_nodes_key(provider), count)

@@ -29,7 +29,8 @@ HistogramValues = Mapping[tuple[str, tuple[tuple[str, str], ...]], Histogram]
 
 
 def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
-             counters: CounterValues | None = None) -> list[Metric]:
+             counters: CounterValues | None = None,
+             gauges: CounterValues | None = None) -> list[Metric]:
     """The launcher's own metric families for one scrape."""
     views = list(views)
     out: list[Metric] = []
@@ -75,15 +76,24 @@ def families(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: 
     build.add_metric([__version__, platform.python_version()], 1)
     out.append(build)
 
+    out += _labelled(CounterMetricFamily, counters or {})
+    out += _labelled(GaugeMetricFamily, gauges or {})
+    return out
+
+
+def _labelled(kind: type[CounterMetricFamily] | type[GaugeMetricFamily],
+              values: CounterValues) -> list[Metric]:
+    """In-process counters or gauges (`Stats.count`, `Stats.set_gauge`), one family per name."""
     by_name: dict[str, list[tuple[tuple[tuple[str, str], ...], float]]] = {}
-    for (name, pairs), value in sorted((counters or {}).items()):
+    for (name, pairs), value in sorted(values.items()):
         by_name.setdefault(name, []).append((pairs, value))
+    out: list[Metric] = []
     for name, samples in by_name.items():
         label_names = sorted({k for pairs, _ in samples for k, _ in pairs})
-        family = CounterMetricFamily(name, _help(name), labels=label_names)
+        family = kind(name, _help(name), labels=label_names)
         for pairs, value in samples:
-            values = dict(pairs)
-            family.add_metric([values.get(k, "") for k in label_names], value)
+            labels = dict(pairs)
+            family.add_metric([labels.get(k, "") for k in label_names], value)
         out.append(family)
     return out
 
@@ -198,12 +208,13 @@ def _named(pools: Iterable[Mapping[str, Any]]) -> list[tuple[list[str], Mapping[
 def render(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
            counters: CounterValues | None = None, process: bool = True,
            histograms: HistogramValues | None = None,
-           pools: Iterable[Mapping[str, Any]] = ()) -> str:
-    """The /metrics body (text format 0.0.4). `counters` maps (metric name, sorted label
-    pairs) to a value, `histograms` to a `stats.Histogram`; `process` adds
+           pools: Iterable[Mapping[str, Any]] = (),
+           gauges: CounterValues | None = None) -> str:
+    """The /metrics body (text format 0.0.4). `counters` and `gauges` map (metric name,
+    sorted label pairs) to a value, `histograms` to a `stats.Histogram`; `process` adds
     prometheus_client's process_* metrics."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Snapshot(families(views, requests, ready, counters)
+    registry.register(_Snapshot(families(views, requests, ready, counters, gauges)
                                 + histogram_families(histograms or {})
                                 + pool_families(pools)))
     if process:

@@ -141,6 +141,7 @@ class Snapshot:
     pool_records: list[dict[str, Any]]
     counters: Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
     histograms: Any
+    gauges: Mapping[tuple[str, tuple[tuple[str, str], ...]], float] | None = None
     _metrics: bytes | None = None
     _metrics_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -155,7 +156,7 @@ class Snapshot:
                 self._metrics = prometheus.render(
                     list(self.views.values()), self.request_records, self.ready,
                     self.counters, histograms=self.histograms,
-                    pools=self.pool_records).encode("utf8")
+                    pools=self.pool_records, gauges=self.gauges).encode("utf8")
             return self._metrics
 
 
@@ -169,6 +170,8 @@ def build_snapshot(source: StatusSource, taken: float, now: float) -> Snapshot:
     pools = pool_view.pool_records(read_pools()) if callable(read_pools) else []
     read_histograms = getattr(source, "histograms", None)
     histograms = read_histograms() if callable(read_histograms) else None
+    read_gauges = getattr(source, "gauges", None)
+    gauges = read_gauges() if callable(read_gauges) else None
     node_rows = status.node_list(views, now, None,
                                  [m for m in malformed if m.kind == "node"])
     return Snapshot(
@@ -181,7 +184,7 @@ def build_snapshot(source: StatusSource, taken: float, now: float) -> Snapshot:
         labels=Listing(status.label_list(labels)),
         pools=Listing(pools, pool_view.pool_rows(pools)),
         request_records=requests, pool_records=pools,
-        counters=dict(source.counters()), histograms=histograms)
+        counters=dict(source.counters()), histograms=histograms, gauges=gauges)
 
 
 @dataclass

@@ -5,10 +5,13 @@ driver and the test's ZooKeeper chroot, with its output in a log file, and alway
 at the end. `notify_socket` is a real AF_UNIX datagram socket standing in for systemd's
 `NOTIFY_SOCKET`; `statsd` a real UDP listener on 127.0.0.1 standing in for statsd. Both
 collect on a background thread; tests wait for what they expect with deadlines.
+`running_service` runs the launcher service (launcher and web app) in the test's process
+instead, with the `Stats` the test gives it, and scrapes its `/metrics`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,12 +21,18 @@ import sys
 import tempfile
 import textwrap
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from nodepool_k8s.config.loader import load_config
+from nodepool_k8s.launcher.service import LauncherService
+from nodepool_k8s.runtime.stats import Stats
 from tests.helpers import ZkConnection, wait_for
+from tests.launchers import TEST_SETTINGS
 
 LAUNCHER = Path(sys.executable).with_name("nodepool-launcher")
 
@@ -266,3 +275,49 @@ def free_port() -> int:
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class ServiceUnderTest:
+    """A `LauncherService` (launcher and web app) running in this process on its own thread,
+    with its `Stats` given by the test (e.g. a real statsd client aimed at `StatsdListener`)."""
+
+    def __init__(self, service: LauncherService, base_url: str) -> None:
+        self.service = service
+        self.base_url = base_url
+
+    def samples(self) -> list[tuple[str, dict[str, str], float]]:
+        """`/metrics` as (sample name, labels, value); [] while it answers 503."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/metrics", timeout=10) as answer:
+                text = answer.read().decode()
+        except OSError:
+            return []
+        return [(sample.name, dict(sample.labels), sample.value)
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples]
+
+    def scrape(self) -> dict[str, float]:
+        """`/metrics` as {'name[(label, value), ...]': value}; {} while it answers 503."""
+        return {f"{name}{sorted(labels.items())}": value
+                for name, labels, value in self.samples()}
+
+
+@contextlib.contextmanager
+def running_service(config_path: Path, stats: Stats) -> Iterator[ServiceUnderTest]:
+    """Run the launcher service of `config_path` (which must enable the web app on port 0)
+    until the block ends; yields once `/metrics` says the launcher is ready."""
+    service = LauncherService(str(config_path), None, load_config(str(config_path)),
+                              settings=TEST_SETTINGS, stats=stats, poll_interval=0.1)
+    status: list[int] = []
+    thread = threading.Thread(target=lambda: status.append(service.run()))
+    thread.start()
+    try:
+        webapp = wait_for(lambda: service.webapp, 30, message="web app started")
+        running = ServiceUnderTest(service, f"http://127.0.0.1:{webapp.port}")
+        wait_for(lambda: running.scrape().get("nodepool_launcher_ready[]") == 1, 30,
+                 message="launcher ready")
+        yield running
+    finally:
+        service.request_stop()
+        thread.join(60)
+        assert not thread.is_alive()

@@ -8,8 +8,9 @@ the target labels Prometheus adds and `le`).
 The render comes from a launcher running in process (fake driver, real ZooKeeper): nodes and
 requests in several states, a ready and a failed launch, its registered pool. Counters that
 only exist after rare events (a leak, a stuck or refused deletion, a malformed record, a
-thread crash) are recorded through the `Stats` methods the launcher's code calls for them,
-on the running launcher's own `Stats`, so their names and labels come from the code.
+thread crash) or with another driver (Kubernetes API requests) are recorded through the
+`Stats` methods the launcher's code calls for them, on the running launcher's own `Stats`,
+so their names and labels come from the code.
 """
 
 from __future__ import annotations
@@ -144,6 +145,7 @@ def metrics(tmp_path: Path, zk: ZkConnection, zuul: ZuulClient) -> Iterator[Expo
         service.stats.delete_refused("fake")
         service.stats.malformed("node")
         service.stats.thread_crashed("example")
+        service.stats.api_call("fake", "get", "namespaces", "200")  # Kubernetes providers only
 
         def exported() -> Exported | None:
             out: Exported = {}
@@ -154,7 +156,10 @@ def metrics(tmp_path: Path, zk: ZkConnection, zuul: ZuulClient) -> Iterator[Expo
             # phase durations, its pool's status and a gauge report.
             wanted = ("nodepool_launch_errors_total", "nodepool_node_phase_seconds_bucket",
                       "nodepool_pool_condition", "nodepool_pool_nodes",
-                      "nodepool_stats_gauge_reports_total", "nodepool_thread_crashes_total")
+                      "nodepool_stats_gauge_reports_total", "nodepool_thread_crashes_total",
+                      "nodepool_request_wait_seconds_bucket",
+                      "nodepool_kubernetes_api_requests_total",
+                      "nodepool_zk_connection_state", "nodepool_zk_session_losses_total")
             return out if all(name in out for name in wanted) else None
 
         yield wait_for(exported, 30, message="every metric family rendered")

@@ -5,7 +5,9 @@ there is no kubeconfig; every exec credential plugin bounded by `credentials-exe
 through `exec_limit`), keeping its logging from dumping bodies (service-account tokens
 travel in them), and `KubeClient.call`: one API call with typed errors and retries configured
 by the provider's `api_retries`/`api_backoff`/`api_timeout`. Responses are decoded to plain
-dicts (`_preload_content=False`), never to client model objects. Every request, `call`'s and
+dicts (`_preload_content=False`), never to client model objects. Every HTTP request goes
+out through `MeteredApiClient.request`, which reports its verb, resource and status code to
+the provider's `on_api_call` listener (the launcher's metrics). Every request, `call`'s and
 a watch's (`stream`), goes through the client's live credentials (`credentials`): a 401 has
 them loaded again (rate-limited) and the request sent once more.
 
@@ -23,6 +25,7 @@ import base64
 import json
 import logging
 import os
+import re
 import sys
 import threading
 import time
@@ -30,9 +33,11 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
+from urllib.parse import urlsplit
 
 import urllib3.exceptions
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
@@ -44,6 +49,8 @@ from nodepool_k8s.driver.kubernetes.credentials import Credentials, LiveConfigur
 from nodepool_k8s.driver.kubernetes.errors import (Conflict, Unauthorized, is_retryable,
                                                    map_api_error)
 from nodepool_k8s.core.errors import LaunchError, NodepoolError, TemporaryError
+from nodepool_k8s.driver.base import API_NO_ANSWER as NO_ANSWER
+from nodepool_k8s.driver.base import ApiCallListener
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -206,6 +213,78 @@ def _read_body(response: Any, deadline: float, what: str, timeout: float) -> byt
             raise TemporaryError(f"{what}: the answer took longer than {timeout:g}s")
 
 
+# Namespace subresources: `/namespaces/NAME/status` is the namespace's, not a resource kind.
+_NAMESPACE_SUBRESOURCES = frozenset({"status", "finalize"})
+_RESOURCE = re.compile(r"[a-z0-9.-]{1,63}(/[a-z0-9.-]{1,63})?")
+# The listener of `MeteredApiClient`: (verb, resource, code).
+RequestListener = Callable[[str, str, str], None]
+
+
+def describe_request(method: str, path: str, query: Any) -> tuple[str, str]:
+    """The Kubernetes verb and resource (`plural` or `plural/subresource`) of one request,
+    as the API server's authorizer names them; `other` for a path outside the API groups
+    (`/version`) or one that does not look like a resource."""
+    parts = [p for p in path.split("/") if p]
+    if len(parts) >= 2 and parts[0] == "api":
+        rest = parts[2:]
+    elif len(parts) >= 3 and parts[0] == "apis":
+        rest = parts[3:]
+    else:
+        rest = []
+    watch_path = bool(rest) and rest[0] == "watch"
+    if watch_path:
+        rest = rest[1:]
+    if len(rest) >= 3 and rest[0] == "namespaces" and rest[2] not in _NAMESPACE_SUBRESOURCES:
+        rest = rest[2:]
+    named = len(rest) >= 2
+    resource = "/".join(rest[0:1] + rest[2:3])
+    if not rest or len(rest) > 3 or not _RESOURCE.fullmatch(resource):
+        resource = "other"
+    method = method.upper()
+    if method == "GET":
+        watching = any(str(k) == "watch" and str(v).lower() in ("true", "1")
+                       for k, v in (query.items() if isinstance(query, dict) else query or ()))
+        verb = "watch" if watch_path or watching else "get" if named else "list"
+    elif method == "DELETE":
+        verb = "delete" if named else "deletecollection"
+    else:
+        verb = {"POST": "create", "PUT": "update", "PATCH": "patch"}.get(method,
+                                                                         method.lower())
+    return verb, resource
+
+
+class MeteredApiClient(k8s.ApiClient):  # type: ignore[misc]
+    """The official ApiClient, reporting every request it sends to `listener`.
+
+    `request` is where every call of the generated API classes goes out (calls, watches,
+    `call_api` itself), so counting there counts each HTTP request once, including those
+    that got no answer; swapping `rest_client` (a credentials reload) does not bypass it."""
+
+    listener: RequestListener | None = None
+
+    def request(self, method: str, url: str, query_params: Any = None,
+                *args: Any, **kwargs: Any) -> Any:
+        code = NO_ANSWER
+        try:
+            response = super().request(method, url, query_params, *args, **kwargs)
+            code = str(getattr(response, "status", "") or NO_ANSWER)
+            return response
+        except ApiException as exc:
+            code = str(exc.status) if exc.status else NO_ANSWER
+            raise
+        finally:
+            listener = self.listener
+            if listener is not None:
+                try:
+                    host = str(self.configuration.host or "")
+                    path = url[len(host):] if url.startswith(host) else urlsplit(url).path
+                    verb, resource = describe_request(method, path.partition("?")[0],
+                                                      query_params)
+                    listener(verb, resource, code)
+                except Exception:  # noqa: BLE001 - counting must not fail a request
+                    log.debug("reporting an API request failed", exc_info=True)
+
+
 def _cannot_reload() -> tuple[k8s.Configuration, str | None]:
     raise TemporaryError("this client was not given a way to load its credentials again")
 
@@ -215,16 +294,21 @@ class KubeClient:
 
     `load` loads the credentials again as at the start (see `credentials`); `backoff` is the
     provider's `credentials-backoff`, on `clock`; `on_change` hears when the credentials
-    become refused or accepted again."""
+    become refused or accepted again; `on_api_call` hears of every HTTP request sent."""
 
     def __init__(self, configuration: k8s.Configuration, context: str | None,
                  retry: RetryPolicy, provider: str = "", load: Loader | None = None,
                  backoff: tuple[float, ...] = (1.0,), clock: Clock = SYSTEM_CLOCK,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None,
+                 on_api_call: ApiCallListener | None = None) -> None:
         self.configuration = configuration
         self.context = context
         self.retry = retry
-        self.api_client = k8s.ApiClient(configuration)
+        self.api_client = MeteredApiClient(configuration)
+        if on_api_call is not None:
+            name = provider or str(context)
+            self.api_client.listener = (
+                lambda verb, resource, code: on_api_call(name, verb, resource, code))
         self.core = k8s.CoreV1Api(self.api_client)
         self.rbac = k8s.RbacAuthorizationV1Api(self.api_client)
         self.networking = k8s.NetworkingV1Api(self.api_client)
@@ -369,7 +453,8 @@ class KubeClient:
 
 def connect(config: ProviderConfig, kubeconfig: str | None, pool_maxsize: int,
             clock: Clock = SYSTEM_CLOCK, on_change: Callable[[], None] | None = None,
-            service_account: str = SERVICE_ACCOUNT_DIR) -> KubeClient:
+            service_account: str = SERVICE_ACCOUNT_DIR,
+            on_api_call: ApiCallListener | None = None) -> KubeClient:
     """A client for `config`'s context whose credentials are loaded again, from the same
     place, when the API server refuses them (see `credentials`)."""
     def load() -> tuple[k8s.Configuration, str | None]:
@@ -383,4 +468,4 @@ def connect(config: ProviderConfig, kubeconfig: str | None, pool_maxsize: int,
         warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
     return KubeClient(configuration, used, RetryPolicy.from_config(config), provider=config.name,
                       load=load, backoff=tuple(config.credentials_backoff), clock=clock,
-                      on_change=on_change)
+                      on_change=on_change, on_api_call=on_api_call)

@@ -66,9 +66,9 @@ from nodepool_k8s.runtime.cancel import CancelEvent
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock, StampAges
 from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
-from nodepool_k8s.driver.base import (CloudResource, ClusterAware, Deletion, Gone,
-                                      LaunchResult, LaunchSpec, Progress, Provider,
-                                      Underway)
+from nodepool_k8s.driver.base import (ApiCallListener, ApiMetered, CloudResource,
+                                      ClusterAware, Deletion, Gone, LaunchResult, LaunchSpec,
+                                      Progress, Provider, Underway)
 from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, slim
 from nodepool_k8s.driver.kubernetes.bodies import NamespacedBody, Subject
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
@@ -164,11 +164,12 @@ def _plain_number(value: float) -> float | int:
     return int(value) if float(value).is_integer() else value
 
 
-class KubernetesProvider(ClusterAware):
+class KubernetesProvider(ClusterAware, ApiMetered):
     """Hands out namespaces (`namespace` labels) and pods (`pod` labels) in one context.
 
     Implements `Provider` and declares `ClusterAware`: it watches the cluster's capacity
-    (when `capacity` is configured) and its own credentials."""
+    (when `capacity` is configured) and its own credentials; and `ApiMetered`: every API
+    request it sends is reported to the listener given before `start`."""
 
     def __init__(self, config: ProviderConfig, clock: Clock = SYSTEM_CLOCK,
                  kubeconfig: str | None = None,
@@ -219,6 +220,7 @@ class KubernetesProvider(ClusterAware):
         self._wakers: dict[str, Callable[[], None]] = {}
         # The RBAC subject the API server knows this launcher as (job-role: cluster-role).
         self._subject: Subject | None = None
+        self._api_listener: ApiCallListener | None = None
 
     @property
     def unschedulable_grace(self) -> float:
@@ -238,7 +240,8 @@ class KubernetesProvider(ClusterAware):
                             self.config.max_concurrency + 8)
             client = connect(self.config, self._kubeconfig, pool_size, clock=self._clock,
                              on_change=self._credentials_changed,
-                             service_account=self.settings.service_account)
+                             service_account=self.settings.service_account,
+                             on_api_call=self._api_listener)
             selector = self.selector
             # Both keep only what the launcher created (`_created_pod`, `_created_namespace`),
             # as slim copies: whatever else carries our labels is dropped where it arrives.
@@ -1081,6 +1084,10 @@ class KubernetesProvider(ClusterAware):
         if capacity is None:
             return None
         return capacity.condition(pool.labels.values())
+
+    def on_api_call(self, listener: ApiCallListener) -> None:
+        """Report every API request of the client made by the next `start` to `listener`."""
+        self._api_listener = listener
 
     def on_capacity_change(self, listener: Callable[[], None]) -> None:
         """Call `listener` (coalesced, on a watch thread) when capacity may have changed,

@@ -2,8 +2,9 @@
 
 Owns: answering the web app from what the launcher already keeps. Requests come from the
 request cache, labels from the registered pool components (every launcher's, as Nodepool's
-`/label-list` shows them), readiness from `Launcher.ready`, and the Prometheus counters from
-the stats facade (launch results by provider and result, leaked nodes, gauge reports).
+`/label-list` shows them), readiness from `Launcher.ready`, and the Prometheus counters,
+histograms and gauges from the stats facade (launch results, leaked nodes, gauge reports,
+request waits, Kubernetes API requests, the ZooKeeper connection's state).
 
 Nodes: the node cache keeps slim records (no hostname, comment, hold job, user data), so the
 full records are fetched in one batched read (multiRead): only those whose version in the
@@ -174,6 +175,9 @@ class LauncherStatus:
 
     def histograms(self) -> dict[CounterKey, Histogram]:
         return self.stats.histograms()
+
+    def gauges(self) -> dict[CounterKey, float]:
+        return self.stats.gauge_values()
 
     def events(self) -> list[dict[str, Any]]:
         """The installation's event log (`/events`), oldest first."""

@@ -662,6 +662,7 @@ class RequestHandler:
                 if slot.node is not None and not slot.reused:
                     lifecycle.report_ready(self.engine.stats, slot.node)
                     lifecycle.record_ready(self.engine.events, slot.node)
+            self._report_done(now)
 
     def _decline(self, decline: plan.Decline) -> None:
         txn, locks = self._final_txn(allocated=False)
@@ -682,6 +683,15 @@ class RequestHandler:
             record(self.request)
         self._settle(outcome, "Declined request (%s); request is now %s", decline.message,
                      state)
+        if outcome == DONE:
+            self._report_done(now)
+
+    def _report_done(self, now: float) -> None:
+        """The request's wait, once it is fulfilled or failed (not declined for others)."""
+        configs = self._configs()
+        if configs is not None:
+            lifecycle.report_request_done(self.engine.stats, self.request, self.ref.provider,
+                                          configs[1], now)
 
     def _settle(self, outcome: Final, message: str, *args: object) -> Final:
         """Act on the outcome of the final transaction (see `_commit_final`)."""
