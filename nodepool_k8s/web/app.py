@@ -69,6 +69,7 @@ from aiohttp import web
 
 from nodepool_k8s.views import pools, listing as status, node_detail
 from nodepool_k8s.web import page as status_page, snapshot as status_snapshot
+from nodepool_k8s.runtime import stats
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.core.errors import TemporaryError
 from nodepool_k8s.web.snapshot import EventsSnapshot, Listing, Snapshot, StatusSource
@@ -659,7 +660,8 @@ class WebApp:
         await self._off_loop(snap.metrics_ready, snap.metrics)
         answer = self._data("snapshot", snap.taken, snap.taken_wall,
                             "text/plain; version=0.0.4; charset=utf-8",
-                            [snap.metrics(), _age_family(snap.taken, self.clock.monotonic())])
+                            [snap.metrics(), _age_family(snap.taken, self.clock.monotonic()),
+                             _live_families(self.source)])
         answer.cacheable = False
         return answer
 
@@ -763,6 +765,21 @@ def _age_family(taken: float, now: float) -> bytes:
             "here was read from ZooKeeper.\n"
             "# TYPE nodepool_status_age_seconds gauge\n"
             f"nodepool_status_age_seconds {max(0.0, now - taken):.3f}\n").encode("ascii")
+
+
+def _live_families(source: StatusSource) -> bytes:
+    """The ZooKeeper connection state as it is now, appended per request: the snapshot is
+    read from ZooKeeper, so while the connection is down it is the state from before."""
+    read_gauges = getattr(source, "gauges", None)
+    gauges = read_gauges() if callable(read_gauges) else {}
+    lines = [(dict(labels).get("state", ""), value)
+             for (name, labels), value in gauges.items() if name == stats.PROM_ZK_STATE]
+    if not lines:
+        return b""
+    family = stats.PROM_ZK_STATE
+    text = [f"# HELP {family} {stats.HELP[family]}", f"# TYPE {family} gauge"]
+    text += [f'{family}{{state="{state}"}} {value}' for state, value in sorted(lines)]
+    return ("\n".join(text) + "\n").encode("ascii", "replace")
 
 
 def _header_safe(text: str) -> str:

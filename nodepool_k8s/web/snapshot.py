@@ -25,6 +25,7 @@ from typing import Any, Iterator, Mapping, Protocol, Sequence
 from nodepool_k8s.views import (pools as pool_view, prometheus, listing as status, node_detail)
 from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.core.records import MalformedRecord
+from nodepool_k8s.runtime import stats
 
 # Rows per chunk of a streamed answer: small enough that rendering one chunk on the event
 # loop takes well under a millisecond, large enough that chunk overhead does not matter.
@@ -172,6 +173,10 @@ def build_snapshot(source: StatusSource, taken: float, now: float) -> Snapshot:
     histograms = read_histograms() if callable(read_histograms) else None
     read_gauges = getattr(source, "gauges", None)
     gauges = read_gauges() if callable(read_gauges) else None
+    if gauges is not None:
+        # Rendered live per /metrics request by the web app, not frozen in the snapshot.
+        gauges = {key: value for key, value in gauges.items()
+                  if key[0] != stats.PROM_ZK_STATE}
     node_rows = status.node_list(views, now, None,
                                  [m for m in malformed if m.kind == "node"])
     return Snapshot(

@@ -18,7 +18,7 @@ import pytest
 from nodepool_k8s.runtime import stats
 from tests.helpers import ZkConnection, wait_for
 from tests.ops.conftest import StatsdListener, config_text, running_service
-from tests.sessions import expire_session
+from tests.sessions import CuttingProxy, expire_session
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +62,27 @@ def test_session_expiry_is_counted_on_metrics_and_statsd(
         assert 1.0 in statsd.gauge_history(f"{key}.state.lost")
         assert statsd.gauges()[f"{key}.state.lost"] == 0
         assert 0.0 in statsd.gauge_history(f"{key}.state.connected")
+
+
+def test_metrics_show_the_connection_down_while_it_is_down(
+        tmp_path: Path, zk: ZkConnection) -> None:
+    """The status snapshot is read from ZooKeeper, so while the connection is down it
+    still holds the state from before: the connection state is rendered live."""
+    proxy = CuttingProxy(zk.port)
+    via = ZkConnection(host=zk.host, port=proxy.port, chroot=zk.chroot)
+    path = tmp_path / "nodepool.yaml"
+    path.write_text(config_text(via, webapp=WEBAPP))
+    try:
+        with running_service(path, stats.Stats(stats.RecordingBackend())) as running:
+            assert running.scrape()["nodepool_zk_connection_state[('state', 'connected')]"] == 1
+            proxy.stop()  # no way back until the relay is replaced
+
+            def down() -> bool:
+                now = running.scrape()
+                return (now.get("nodepool_zk_connection_state[('state', 'connected')]") == 0
+                        and now.get("nodepool_zk_connection_state[('state', 'suspended')]",
+                                    0) + now.get("nodepool_zk_connection_state"
+                                                 "[('state', 'lost')]", 0) == 1)
+            wait_for(down, 30, message="/metrics says the connection is down")
+    finally:
+        proxy.stop()
