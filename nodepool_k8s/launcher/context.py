@@ -2,9 +2,9 @@
 
 Owns: references to the ZooKeeper client, stores, caches, registry and quota guard, the
 current configuration (swapped atomically on reload), the live providers, the clock, stats,
-the tracer and engine settings, plus a few derived views every worker needs (registered pools, quota
-fallbacks, usage). It holds no threads and makes no decisions; workers take what they need
-from it instead of reaching into each other.
+the tracer and engine settings, plus a few derived views every worker needs (registered
+pools, quota fallbacks, usage). It holds no threads and makes no decisions; workers take
+what they need from it instead of reaching into each other.
 """
 
 from __future__ import annotations

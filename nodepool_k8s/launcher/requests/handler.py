@@ -17,6 +17,11 @@ ZooKeeper writes per new node: the guarded create (one transaction for all nodes
 request), lock + `building` (one transaction), the external id (driver progress) and a
 share of the final transaction.
 
+Tracing: the handler holds its request's root span (`span`; the one no-op span when
+tracing is off) with `accept` under it from the start, a `launch` per new node (the phases
+under it are the launch's, see launch.py) and `fulfil` or `decline` around the final
+transaction; the root ends when the handler enters DONE, saying how (`OUTCOME`).
+
 Failure modes: a launch that fails after its retries declines the request for this pool
 (`failed` once every registered pool declined); the cloud refusing for quota, or the
 provider being unable to act at all (its credentials refused), aborts the node and pauses
