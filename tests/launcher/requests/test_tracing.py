@@ -3,13 +3,15 @@ a real ZooKeeper with the fake provider (launches run when the test says so).
 
 Aspects: one trace per request whose root `request` span holds `accept`, one `launch` per
 node (its phases `Launched`, `Registered`, `Initialized` under it) and `fulfil`, with the
-request's attributes; a failed launch is an error (status ERROR, reason code) on the phase
-it stopped in, on its launch and on the request, which is declined; with tracing off
-every handler and launch shares the one no-op span.
+request's attributes, and the accept line in the log names the trace; a failed launch is
+an error (status ERROR, reason code) on the phase it stopped in, on its launch and on the
+request, which is declined; with tracing off every handler and launch shares the one
+no-op span.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Callable, Iterator
 
 import pytest
@@ -66,7 +68,9 @@ def span_id(span: ReadableSpan) -> int:
 
 
 def test_one_trace_per_request_with_accept_each_phase_and_fulfil(
-        make_worker_deps: MakeWorkerDeps, exporter: InMemorySpanExporter) -> None:
+        make_worker_deps: MakeWorkerDeps, exporter: InMemorySpanExporter,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="nodepool_k8s")
     deps = make_worker_deps()
     worker, launches = traced(deps, exporter)
     request_id = deps.submit(["small", "other"])
@@ -95,6 +99,9 @@ def test_one_trace_per_request_with_accept_each_phase_and_fulfil(
     for child in [accept, fulfil, *launches_]:
         assert parent_of(child) == span_id(root)
     assert accept.start_time == root.start_time
+    # The accept line names the trace.
+    trace_id = format(root.context.trace_id, "032x")  # type: ignore[union-attr]
+    assert f"Accepted request for ['small', 'other'] (trace {trace_id})" in caplog.text
     assert sorted(str((s.attributes or {})["nodepool.node.label"]) for s in launches_) \
         == ["other", "small"]
     nodes = sorted(str((s.attributes or {})["nodepool.node.id"]) for s in launches_)
