@@ -204,8 +204,12 @@ def _serve(args: argparse.Namespace, relay: SignalRelay, config: Config,
     for warning in config.warnings:
         log.warning("%s", warning)
 
-    service = LauncherService(args.config, args.secure, config, fingerprint=fingerprint,
-                              stats=stats, settings=settings, webapp=not args.no_webapp)
+    try:
+        service = LauncherService(args.config, args.secure, config, fingerprint=fingerprint,
+                                  stats=stats, settings=settings, webapp=not args.no_webapp)
+    except ConfigError as exc:  # the tracing packages are installed but cannot be loaded
+        print(f"nodepool-launcher: invalid configuration:\n{exc}", file=sys.stderr)
+        return 1
 
     def stop(signum: int) -> None:
         if service.stopping:

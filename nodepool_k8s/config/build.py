@@ -20,7 +20,7 @@ from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.cron import parse_duration
 from nodepool_k8s.config.model import (
     INF, Config, DriftBudget, LabelConfig, MaintenanceWindow, PoolConfig, PoolLabel,
-    ProviderConfig, TenantLimit, WebappConfig,
+    ProviderConfig, TenantLimit, TracingConfig, WebappConfig,
     ZkAcl, ZkAuth, ZkGrant, ZkServer, ZkTls,
 )
 from nodepool_k8s.core.model import Resources
@@ -363,6 +363,16 @@ def build_zk_acl(acl: Raw | None) -> ZkAcl | None:
         for g in acl.get("grants") or ()))
 
 
+def build_tracing(tracing: Raw | None) -> TracingConfig:
+    tracing = tracing or {}
+    return TracingConfig(enabled=tracing.get("enabled", S.TRACING_ENABLED),
+                         endpoint=tracing.get("endpoint"),
+                         protocol=tracing.get("protocol", S.TRACING_PROTOCOL),
+                         service_name=tracing.get("service-name", S.TRACING_SERVICE_NAME),
+                         insecure=tracing.get("insecure", S.TRACING_INSECURE),
+                         timeout=tracing.get("timeout", S.TRACING_TIMEOUT))
+
+
 def build_config(data: Raw, sources: tuple[str, ...] = (),
                  warnings: tuple[str, ...] = ()) -> Config:
     tls = data.get("zookeeper-tls")
@@ -399,6 +409,7 @@ def build_config(data: Raw, sources: tuple[str, ...] = (),
                             max_connections=webapp.get("max-connections",
                                                        S.WEBAPP_MAX_CONNECTIONS),
                             allow_origin=webapp.get("allow-origin")),
+        tracing=build_tracing(data.get("tracing")),
         tenant_resource_limits={t["tenant-name"]: build_tenant(t)
                                 for t in data.get("tenant-resource-limits", [])},
         sources=sources,

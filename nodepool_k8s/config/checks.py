@@ -21,6 +21,7 @@ from nodepool_k8s.config import build, cron
 from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.model import PoolConfig, PoolLabel
 from nodepool_k8s.config.schema import format_path
+from nodepool_k8s.runtime import tracing
 
 Raw = Mapping[str, Any]
 Path = tuple[Any, ...]
@@ -93,6 +94,7 @@ def check(data: Raw, skip: Iterable[str] = ()) -> tuple[list[str], list[str]]:
     for index, provider in enumerate(providers):
         _provider(provider, ("providers", index), top_labels, report)
     _min_ready(data, report)
+    _tracing(data.get("tracing") or {}, report)
     return report.errors, report.warnings
 
 
@@ -161,6 +163,32 @@ def _zookeeper(data: Raw, report: _Report, skip: set[str]) -> None:
     if acl and "zookeeper-acl" not in skip:
         for index, grant in enumerate(acl.get("grants") or ()):
             _zk_grant(grant, ("zookeeper-acl", "grants", index), report)
+
+
+def _tracing(section: Raw, report: _Report) -> None:
+    protocol = section.get("protocol", S.TRACING_PROTOCOL)
+    endpoint = section.get("endpoint")
+    enabled = section.get("enabled", S.TRACING_ENABLED)
+    if endpoint is not None:
+        scheme = endpoint.split("://", 1)[0].lower() if "://" in endpoint else ""
+        if protocol == "http/protobuf" and scheme not in ("http", "https"):
+            report.error(("tracing", "endpoint"), f"{endpoint!r} must be a URL starting with"
+                         " https:// (or http:// with insecure: true), such as"
+                         " https://collector:4318/v1/traces")
+        elif protocol == "grpc" and scheme not in ("", "http", "https"):
+            report.error(("tracing", "endpoint"), f"{endpoint!r} must be host:port or a URL"
+                         " starting with https:// (or http:// with insecure: true)")
+        elif scheme == "http" and not section.get("insecure", S.TRACING_INSECURE):
+            # Spans name requests, requestors and nodes: clear text only when asked for.
+            report.error(("tracing", "endpoint"), f"{endpoint!r} sends spans in clear text:"
+                         " use https://, or set insecure: true to allow it")
+    if not enabled:
+        return
+    if endpoint is None:
+        report.error(("tracing", "endpoint"), "required when tracing is enabled")
+    missing = tracing.missing_packages(protocol)
+    if missing:
+        report.error(("tracing", "enabled"), tracing.unavailable_message(missing))
 
 
 def _zk_grant(grant: Raw, path: Path, report: _Report) -> None:

@@ -90,6 +90,18 @@ class WebappConfig:
 
 
 @dataclass(frozen=True)
+class TracingConfig:
+    """`tracing`: OpenTelemetry spans of each request sent over OTLP (`runtime.tracing`)."""
+
+    enabled: bool = S.TRACING_ENABLED
+    endpoint: str | None = None  # required when enabled
+    protocol: str = S.TRACING_PROTOCOL
+    service_name: str = S.TRACING_SERVICE_NAME
+    insecure: bool = S.TRACING_INSECURE  # a plaintext endpoint is allowed
+    timeout: float = S.TRACING_TIMEOUT  # seconds
+
+
+@dataclass(frozen=True)
 class TenantLimit:
     tenant_name: str
     # Keys as stored in node `resources`: instances, cores, ram, volumes, volume-gb, <other>.
@@ -303,6 +315,7 @@ class Config:
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     max_hold_age: float = INF  # seconds; 0 in the file means "no limit"
     webapp: WebappConfig = field(default_factory=WebappConfig)
+    tracing: TracingConfig = field(default_factory=TracingConfig)
     tenant_resource_limits: Mapping[str, TenantLimit] = field(default_factory=dict)
     # Files this configuration was read from (for reload change detection).
     sources: tuple[str, ...] = ()

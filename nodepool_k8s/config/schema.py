@@ -117,6 +117,14 @@ MAINTENANCE_ACTIONS = ("pause", "drain")
 MAINTENANCE_ACTION = "pause"
 TIMEZONE = "UTC"
 DRIFT_MAX_NODES = 1  # drifted spares replaced at once when no budget is configured
+# OpenTelemetry tracing (`tracing`): off unless asked for; spans go over OTLP to `endpoint`.
+# A plaintext endpoint (`http://...`) needs `insecure: true`.
+TRACING_ENABLED = False
+TRACING_PROTOCOLS = ("http/protobuf", "grpc")
+TRACING_PROTOCOL = "http/protobuf"
+TRACING_SERVICE_NAME = "nodepool-launcher"
+TRACING_INSECURE = False
+TRACING_TIMEOUT = 10.0  # seconds one export may take
 # Label keys whose pool and provider defaults are `default-label-<key>`.
 GUARD_KEYS = ("pod-security", "resource-quota", "network-policy", "egress-allow",
               "allow-external-services", "allow-job-secrets", "object-quota")
@@ -441,6 +449,14 @@ _WEBAPP = mapping({
     Optional("max-connections"): integer(16, 65536),
     Optional("allow-origin"): string(),
 })
+_TRACING = mapping({
+    Optional("enabled"): boolean,
+    Optional("endpoint"): string(),
+    Optional("protocol"): one_of(*TRACING_PROTOCOLS),
+    Optional("service-name"): string(),
+    Optional("insecure"): boolean,
+    Optional("timeout"): number(positive=True, maximum=3600),
+})
 _TENANT = mapping(
     {Required("tenant-name"): string(),
      **{Optional(k): integer(minimum=0) for k in TENANT_LIMIT_KEYS}},
@@ -680,6 +696,7 @@ MAIN = mapping({
     Optional("providers"): list_of(provider, allow_none=True),
     Optional("max-hold-age"): _seconds,
     Optional("webapp"): _WEBAPP,
+    Optional("tracing"): _TRACING,
     Optional("tenant-resource-limits"): list_of(_TENANT, allow_none=True),
     **{Optional(k): anything for k in BUILDER_KEYS},
 })

@@ -1,10 +1,10 @@
 """The shared state of one launcher process, built by the daemon and handed to workers.
 
 Owns: references to the ZooKeeper client, stores, caches, registry and quota guard, the
-current configuration (swapped atomically on reload), the live providers, the clock, stats
-and engine settings, plus a few derived views every worker needs (registered pools, quota
-fallbacks, usage). It holds no threads and makes no decisions; workers take what they need
-from it instead of reaching into each other.
+current configuration (swapped atomically on reload), the live providers, the clock, stats,
+the tracer and engine settings, plus a few derived views every worker needs (registered
+pools, quota fallbacks, usage). It holds no threads and makes no decisions; workers take
+what they need from it instead of reaching into each other.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from nodepool_k8s.launcher.plan import PoolInfo
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.core.model import Resources
 from nodepool_k8s.runtime.stats import Stats
+from nodepool_k8s.runtime.tracing import NOOP_TRACER, Tracer
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.events import EventLog
@@ -36,13 +37,15 @@ class Engine:
     def __init__(self, zk: ZkClient, config: Config, *, clock: Clock, stats: Stats,
                  settings: EngineSettings, hostname: str | None = None,
                  wake_all: Callable[[], None] = lambda: None,
-                 request_delete: Callable[[str, str], bool] = lambda node_id, reason: False
-                 ) -> None:
+                 request_delete: Callable[[str, str], bool] = lambda node_id, reason: False,
+                 tracer: Tracer = NOOP_TRACER) -> None:
         self.zk = zk
         self._config = config
         self.clock = clock
         self.stats = stats
         self.settings = settings
+        # The spans of each request (`runtime.tracing`): the no-op tracer unless enabled.
+        self.tracer = tracer
         self.nodes = NodeStore(zk)
         self.requests = RequestStore(zk)
         self.node_cache = NodeCache(zk)

@@ -11,7 +11,9 @@ cancel launches, hand pending requests back, release locks, unregister, close th
 What other components use: `ready` (True once serving), `reader` (a `ZkReader` for
 read-only views), `node_cache` / `request_cache` / `component_cache`, `reload(config)`,
 `refresh_credentials()` (a reload with an unchanged configuration), `wake_all()`, and
-`engine` (shared state: config, providers, stats, clock).
+`engine` (shared state: config, providers, stats, clock, tracer). The tracer is made
+from the configuration's `tracing` at construction (a reload does not change it) unless
+one is given, and flushed last when stopping.
 
 Failure modes: `start` blocks until ZooKeeper is reachable (retrying, logging every 10 s)
 and returns False if `stop` was requested meanwhile; a provider that fails to start is
@@ -30,7 +32,7 @@ import time
 from typing import Any, Callable
 
 from nodepool_k8s.core import model, records
-from nodepool_k8s.runtime import threads
+from nodepool_k8s.runtime import threads, tracing
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config.model import Config, ProviderConfig, with_installation_id
 from nodepool_k8s.driver.base import ClusterAware, Provider
@@ -74,14 +76,17 @@ class Launcher:
     def __init__(self, config: Config, *, clock: Clock = SYSTEM_CLOCK,
                  stats: Stats | None = None, settings: EngineSettings | None = None,
                  provider_factory: ProviderFactory = make_provider,
-                 hostname: str | None = None, fqdn: str | None = None) -> None:
+                 hostname: str | None = None, fqdn: str | None = None,
+                 tracer: tracing.Tracer | None = None) -> None:
         self.zk = ZkClient(ZkSettings.from_config(config))
         # Callbacks are wired here, at construction; they reach workers made below, and are
         # only called once start() runs.
         self.engine = Engine(self.zk, config, clock=clock, stats=stats or Stats(),
                              settings=settings or EngineSettings(),
                              hostname=hostname or socket.gethostname(),
-                             wake_all=self.wake_all, request_delete=self._request_delete)
+                             wake_all=self.wake_all, request_delete=self._request_delete,
+                             tracer=tracer if tracer is not None
+                             else tracing.start(config.tracing))
         self.provider_factory = provider_factory
         self.fqdn = fqdn
         self.deleter = NodeDeleter(self.engine, self.engine.settings.delete_workers,
@@ -562,6 +567,8 @@ class Launcher:
                 except Exception:
                     log.exception("Error stopping provider %s", provider.name)
             self.zk.stop()
+            # Last: the spans of the requests handed back above are flushed too.
+            engine.tracer.shutdown()
         log.info("Launcher stopped")
 
 

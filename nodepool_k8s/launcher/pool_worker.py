@@ -346,6 +346,7 @@ class PoolWorker(Worker):
               paused: bool, refusal: plan.Decline | None = None) -> RequestHandler | None:
         """Lock the request and decline or accept it; the accepted one's handler."""
         requests = self.engine.requests
+        started = self.engine.tracer.now()
         # Fast path (most requests): nobody ever locked it, so its lock dir does not exist;
         # lock + write (+ unlock for a decline) is one transaction, versioned against the
         # copy we decided on (which stands in for the re-read after locking).
@@ -387,15 +388,19 @@ class PoolWorker(Worker):
             lifecycle.report_request_done(self.engine.stats, fresh, self.ref.provider,
                                           view.pool_cfg, self.engine.clock.time())
             return None
-        return self.new_handler(view.provider, fresh, lock)
+        return self.new_handler(view.provider, fresh, lock, started)
 
     def new_handler(self, provider: Provider, request: NodeRequest,
-                    lock: HeldLock) -> RequestHandler:
+                    lock: HeldLock, accept_started: int = 0) -> RequestHandler:
         handler = RequestHandler(self.engine, self.ref, provider, self.launches, request,
-                                 lock, self.registered_ids, self.wake)
+                                 lock, self.registered_ids, self.wake, accept_started)
         handler.refuse = self._breaker_refusal
         handler.on_launch_done = self._launch_done
-        handler.log.info("Accepted request for %s", request.node_types)
+        if handler.span.recording:
+            handler.log.info("Accepted request for %s (trace %s)", request.node_types,
+                             handler.span.trace_id)
+        else:
+            handler.log.info("Accepted request for %s", request.node_types)
         return handler
 
     # -- circuit breaker and status --------------------------------------------------------

@@ -10,11 +10,11 @@ Owns the process around `daemon.Launcher`:
   for one interval, so an editor's half-written file is not loaded. The new files are
   validated completely before anything is switched: an invalid configuration is logged
   with all its problems and the running one stays. Changed ZooKeeper connection settings
-  (servers, chroot, TLS, timeout) are logged as needing a restart; everything else is
-  applied (`Launcher.reload`), and a changed `webapp` port or address restarts the web
-  server. Every valid reload, even of an unchanged configuration, has the providers read
-  their credentials again (a rewritten kubeconfig). systemd hears `RELOADING=1` ...
-  `READY=1` around each reload;
+  (servers, chroot, TLS, timeout) and `tracing` settings are logged as needing a restart;
+  everything else is applied (`Launcher.reload`), and a changed `webapp` port or address
+  restarts the web server. Every valid reload, even of an unchanged configuration, has the
+  providers read their credentials again (a rewritten kubeconfig). systemd hears
+  `RELOADING=1` ... `READY=1` around each reload;
 * stopping: `request_stop()` (SIGTERM, SIGINT) ends `run()`, which sends `STOPPING=1`,
   stops the launcher gracefully (see `Launcher.stop`) and then the web app.
 
@@ -62,6 +62,7 @@ class LauncherService:
         self._webapp_enabled = webapp
         self._web_config: WebappConfig | None = None
         self._zk_settings = ZkSettings.from_config(config)
+        self._tracing = config.tracing  # the launcher's tracer is made from it, once
         # Taken by the caller before it read the files, so an edit in between is noticed.
         self._fingerprint = fingerprint if fingerprint is not None \
             else config_fingerprint(config_path, secure_path)
@@ -173,6 +174,9 @@ class LauncherService:
                 log.warning("The ZooKeeper connection settings changed (servers, chroot, TLS, "
                             "timeout, auth or ACL); they take effect when the launcher is "
                             "restarted")
+            if config.tracing != self._tracing:
+                log.warning("The tracing settings changed; they take effect when the "
+                            "launcher is restarted")
             if config == self.launcher.config:
                 log.info("The configuration is unchanged")
                 # The kubeconfig is not one of the watched files, and may be why the

@@ -28,6 +28,11 @@ FROM_SCHEMA: dict[tuple[type, str], str] = {
     (model.WebappConfig, "send_timeout"): "WEBAPP_SEND_TIMEOUT",
     (model.WebappConfig, "max_header_size"): "WEBAPP_MAX_HEADER_SIZE",
     (model.WebappConfig, "max_connections"): "WEBAPP_MAX_CONNECTIONS",
+    (model.TracingConfig, "enabled"): "TRACING_ENABLED",
+    (model.TracingConfig, "protocol"): "TRACING_PROTOCOL",
+    (model.TracingConfig, "service_name"): "TRACING_SERVICE_NAME",
+    (model.TracingConfig, "insecure"): "TRACING_INSECURE",
+    (model.TracingConfig, "timeout"): "TRACING_TIMEOUT",
     (model.PoolLabel, "image_pull"): "IMAGE_PULL",
     (model.PoolLabel, "python_path"): "PYTHON_PATH",
     (model.PoolLabel, "pod_security"): "POD_SECURITY",
@@ -128,5 +133,6 @@ def test_every_default_with_a_value_comes_from_the_schema() -> None:
 def test_nested_defaults_are_the_nested_models_defaults() -> None:
     config = model.Config(zookeeper_servers=())
     assert config.webapp == model.WebappConfig()
+    assert config.tracing == model.TracingConfig()
     assert model.PoolConfig(name="p", provider="q", labels={}).drift_budget \
         == model.DriftBudget()

@@ -32,6 +32,7 @@ from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.requests.allocation import (
     AllocationDeps, PoolRef, SlotState, check_quota, create_batch)
 from nodepool_k8s.launcher.requests.handler import RequestHandler
+from nodepool_k8s.runtime.tracing import Tracer
 from nodepool_k8s.zk import errors
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.requests import PendingFresh, RequestStore
@@ -55,6 +56,9 @@ class BatchDeps(AllocationDeps, Protocol):
     @property
     def requests(self) -> RequestStore: ...
 
+    @property
+    def tracer(self) -> Tracer: ...
+
 
 class BatchOwner(Protocol):
     """What a batch asks of the pool worker that gathers it."""
@@ -66,8 +70,9 @@ class BatchOwner(Protocol):
     def saw_lock_dir(self, request_id: str) -> None: ...
 
     def new_handler(self, provider: Provider, request: NodeRequest,
-                    lock: HeldLock) -> RequestHandler:
-        """The handler of a request just locked and written `pending`."""
+                    lock: HeldLock, accept_started: int = 0) -> RequestHandler:
+        """The handler of a request just locked and written `pending`; accepting it began
+        at `accept_started` (`Tracer.now()`)."""
         ...
 
     def keep(self, handler: RequestHandler) -> None:
@@ -144,6 +149,7 @@ class Batch:
         if not requests:
             return paused
         owner = self.owner
+        started = self.deps.tracer.now()
         sent: list[tuple[NodeRequest, PendingFresh | BaseException]] = []
         for request in requests:
             fresh = copy_request(request)
@@ -167,7 +173,7 @@ class Batch:
                     owner.saw_lock_dir(fresh.id)
                     handler = take(paused)
                 else:
-                    handler = owner.new_handler(self.provider, fresh, lock)
+                    handler = owner.new_handler(self.provider, fresh, lock, started)
             except (errors.NoNodeError, errors.VersionConflict):
                 continue  # it changed meanwhile; the cache event brings us back
             except errors.ZkAuthError as exc:

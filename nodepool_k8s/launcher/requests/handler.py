@@ -17,6 +17,11 @@ ZooKeeper writes per new node: the guarded create (one transaction for all nodes
 request), lock + `building` (one transaction), the external id (driver progress) and a
 share of the final transaction.
 
+Tracing: the handler holds its request's root span (`span`; the one no-op span when
+tracing is off) with `accept` under it from the start, a `launch` per new node (the phases
+under it are the launch's, see launch.py) and `fulfil` or `decline` around the final
+transaction; the root ends when the handler enters DONE, saying how (`OUTCOME`).
+
 Failure modes: a launch that fails after its retries declines the request for this pool
 (`failed` once every registered pool declined); the cloud refusing for quota, or the
 provider being unable to act at all (its credentials refused), aborts the node and pauses
@@ -52,6 +57,7 @@ from nodepool_k8s.launcher.requests.allocation import PoolRef as PoolRef
 from nodepool_k8s.core.model import Node, NodeRequest
 from nodepool_k8s.core.transition import transition, transition_request
 from nodepool_k8s.runtime.stats import Stats
+from nodepool_k8s.runtime.tracing import NOOP_SPAN, Tracer
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import locks as zk_locks
@@ -73,6 +79,10 @@ class Final(enum.Enum):
 
 DONE, GONE, RETRY = Final.DONE, Final.GONE, Final.RETRY
 
+# The request span's attribute saying how the handler ended: fulfilled, declined,
+# cancelled (the requestor deleted it), returned (on shutdown) or abandoned.
+OUTCOME = "nodepool.outcome"
+
 
 class HandlerDeps(AllocationDeps, Protocol):
     """What a request handler uses of the engine, on top of its allocator's
@@ -89,6 +99,9 @@ class HandlerDeps(AllocationDeps, Protocol):
 
     @property
     def stats(self) -> Stats: ...
+
+    @property
+    def tracer(self) -> Tracer: ...
 
     def provider_config(self, name: str | None) -> ProviderConfig | None: ...
 
@@ -124,7 +137,10 @@ class Backoff:
 class RequestHandler:
     def __init__(self, engine: HandlerDeps, ref: PoolRef, provider: Provider,
                  launches: launching.LaunchPool, request: NodeRequest, lock: HeldLock,
-                 registered_ids: Callable[[], set[str]], wake: Callable[[], None]) -> None:
+                 registered_ids: Callable[[], set[str]], wake: Callable[[], None],
+                 accept_started: int = 0) -> None:
+        """`accept_started` (`Tracer.now()`) is when accepting the request began: its
+        trace starts there."""
         self.engine = engine
         self.ref = ref
         self.provider = provider
@@ -152,6 +168,19 @@ class RequestHandler:
         base = logging.getLogger(f"nodepool_k8s.PoolWorker.{ref.provider}-{ref.pool}")
         self.log = logconfig.annotate(base, request.event_id, request.id)
         self.allocator = Allocator(engine, ref, provider, request, lock, self.log)
+        # The request's trace (`runtime.tracing`): its root span ends when the handler is
+        # DONE (`_enter`). Launch threads add spans too, always under the root explicitly.
+        self.span = NOOP_SPAN
+        if engine.tracer.enabled:
+            self.span = engine.tracer.root("request", {
+                "nodepool.request.id": request.id,
+                "nodepool.request.labels": list(request.node_types),
+                "nodepool.request.requestor": request.requestor or "",
+                "nodepool.request.priority": request.priority,
+                "nodepool.request.relative_priority": request.relative_priority,
+                "nodepool.provider": ref.provider, "nodepool.pool": ref.pool,
+            }, start_ns=accept_started)
+            self.span.child("accept", start_ns=accept_started).end()
 
     # -- state --------------------------------------------------------------------------
     @property
@@ -181,12 +210,16 @@ class RequestHandler:
                 self.log.info("Resuming: %s", "capacity is available"
                               if reason in (None, "QuotaExceeded")
                               else f"launching again after {reason}")
+                self.span.event("resumed")
             self.backoff = None
         elif state is HandlerState.AT_QUOTA:
             if old not in PAUSED:
                 self.log.info("Pausing: %s", why)
+                self.span.event("paused", why)
             self.blocked_scope = scope
         self.state = state
+        if state is HandlerState.DONE:
+            self.span.end()
 
     def _back_off(self, reason: str) -> None:
         """A launch was aborted: no new one for the engine's `quota_retry`."""
@@ -316,6 +349,8 @@ class RequestHandler:
         self.cancel.set()
         if not self.done:
             self.log.warning("Abandoning request: %s", why)
+            self.span.set(OUTCOME, "abandoned")
+            self.span.fail("Cancelled", why)
         self._enter(HandlerState.DONE)
 
     def shutdown(self, timeout: float) -> None:
@@ -349,6 +384,9 @@ class RequestHandler:
                 if outcome.kind in (LaunchEnd.CANCELLED, LaunchEnd.FAILED) and not slot.reused:
                     discarded.append(slot)
         if self.done or not self.lock.valid:
+            if not self.done:
+                self.span.set(OUTCOME, "abandoned")
+                self.span.fail("Cancelled", "stopping without the request's lock")
             self._enter(HandlerState.DONE)
             return
         for slot in discarded:
@@ -382,6 +420,7 @@ class RequestHandler:
                 lock.release()
         for lock in held + [self.lock]:
             lock.mark_released()
+        self.span.set(OUTCOME, "returned")
         self._enter(HandlerState.DONE)
 
     # -- internals ------------------------------------------------------------------------
@@ -517,6 +556,9 @@ class RequestHandler:
                 stats=self.engine.stats, log=self._node_log(node), clock=self.engine.clock,
                 on_attempt_failed=functools.partial(lifecycle.record_attempt_failed,
                                                     self.engine.events, node))
+            if self.span.recording:
+                job.span = self.span.child("launch", {
+                    "nodepool.node.id": node.id, "nodepool.node.label": slot.label})
             self._node_log(node).info("Launching %s node", slot.label)
             slot.job = job
             slot.future = self.launches.submit(job.run, self._returned)
@@ -650,12 +692,23 @@ class RequestHandler:
 
         # The request is written as a fulfilled copy; it is fulfilled itself only once
         # that write went through (a RETRY leaves it pending).
+        span = self.span.child("fulfil")
         fulfilled = self.request.copy()
         fulfil(fulfilled)
         self.engine.requests.add_store(txn, fulfilled, self.lock, release=True)
-        outcome = self._commit_final(txn, locks, with_request=True)
+        try:
+            outcome = self._commit_final(txn, locks, with_request=True)
+        except Exception as exc:
+            span.fail("Unknown", str(exc))
+            raise
+        finally:
+            span.end()  # a RETRY writes again in a fulfil span of its own
         if outcome is not RETRY:
             fulfil(self.request)
+        if outcome is DONE and not self.done:
+            self.span.set(OUTCOME, "fulfilled")
+            if self.span.recording:
+                self.span.set("nodepool.nodes", list(nodes))
         self._settle(outcome, "Fulfilled request with nodes %s", nodes)
         if outcome == DONE:
             for slot in self.slots:
@@ -675,12 +728,22 @@ class RequestHandler:
 
         # Written as a declined copy; the request itself is declined once that write went
         # through (a RETRY leaves it as it was).
+        span = self.span.child("decline")
         declined = self.request.copy()
         state = record(declined)
         self.engine.requests.add_store(txn, declined, self.lock, release=True)
-        outcome = self._commit_final(txn, locks, with_request=True)
+        try:
+            outcome = self._commit_final(txn, locks, with_request=True)
+        except Exception as exc:
+            span.fail("Unknown", str(exc))
+            raise
+        finally:
+            span.end()
         if outcome is not RETRY:
             record(self.request)
+        if outcome is DONE and not self.done:
+            self.span.set(OUTCOME, "declined")
+            self.span.fail(decline.code, decline.message)
         self._settle(outcome, "Declined request (%s); request is now %s", decline.message,
                      state)
         if outcome == DONE:
@@ -717,6 +780,7 @@ class RequestHandler:
                 if slot.lock is not None and not slot.lock.released:
                     slot.lock.release()
             self.lock.release()
+        self.span.set(OUTCOME, "cancelled")
         self._enter(HandlerState.DONE)
         self.log.info("Request was cancelled; released %d ready node(s) for reuse",
                       len(locks))

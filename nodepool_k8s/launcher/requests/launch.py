@@ -19,6 +19,11 @@ against no label, the request waits), CANCELLED (shutdown or session loss set th
 event), UNLOCKED (the node could not be locked: nothing was launched, the handler
 replaces the node). This module writes only the external id; the request handler writes
 every other state change.
+
+Tracing: a launch's span (`NodeLaunch.span`, under its request's) has one child per launch
+phase of each attempt, named after the node condition the phase makes True (`Launched`,
+`Registered`, `Initialized`): a phase ends when the driver reports its condition True, and
+the one still open when an attempt fails carries the failure (status ERROR, reason code).
 """
 
 from __future__ import annotations
@@ -28,12 +33,13 @@ import logging
 import threading
 import time
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.runtime import stats, threads
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
+from nodepool_k8s.runtime.tracing import NOOP_SPAN, Span
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import LaunchResult, LaunchSpec, Provider, RequestInfo
 from nodepool_k8s.core.errors import LaunchError, ProviderUnavailable, QuotaExceeded, TemporaryError
@@ -124,6 +130,11 @@ def request_info(request: NodeRequest) -> RequestInfo:
                        tenant_name=request.tenant_name)
 
 
+# The launch phases, named after the node condition each one makes True (the handler's
+# `fulfil` span is the last, `Ready`).
+PHASES = (cond.LAUNCHED, cond.REGISTERED, cond.INITIALIZED)
+
+
 @dataclass
 class NodeLaunch:
     """Everything one launch needs; `run` executes on a LaunchPool thread.
@@ -149,6 +160,37 @@ class NodeLaunch:
     clock: Clock = SYSTEM_CLOCK
     # Set by `run` once the pending lock is ours: the handler takes it from here.
     lock: HeldLock | None = None
+    # The launch's span (the handler's child of its request span), ended by `run`.
+    span: Span = NOOP_SPAN
+    # The running attempt, its phase not yet reported done (an index of PHASES) and that
+    # phase's span; only the launch thread touches them.
+    attempt: int = field(default=0, init=False)
+    _phase: int = field(default=0, init=False)
+    _phase_span: Span = field(default=NOOP_SPAN, init=False)
+
+    def _open_phase(self, index: int, attempt: int) -> None:
+        """Start phase `index` of `attempt` (no phase left past the last)."""
+        self._phase = index
+        self._phase_span = NOOP_SPAN
+        if index < len(PHASES) and self.span.recording:
+            self._phase_span = self.span.child(PHASES[index], {"nodepool.attempt": attempt})
+
+    def _phases_done(self, updates: tuple[cond.Condition, ...]) -> None:
+        """End the open phase once the driver reports it (or a later one) True."""
+        for update in updates:
+            if update.status != cond.TRUE or update.type not in PHASES:
+                continue
+            index = PHASES.index(update.type)
+            if index < self._phase:
+                continue
+            self._phase_span.set("nodepool.phase.reason", update.reason)
+            self._phase_span.end()
+            self._open_phase(index + 1, self.attempt)
+
+    def _phase_failed(self, reason: str, error: str) -> None:
+        self._phase_span.fail(reason, error)
+        self._phase_span.end()
+        self._phase_span = NOOP_SPAN
 
     def _attempt_failed(self, attempt: int, reason: str, error: str) -> None:
         if self.on_attempt_failed is not None:
@@ -162,9 +204,11 @@ class NodeLaunch:
         # handler's final one): no write of their own.
         for update in updates:
             self.node.set_condition(update)
+        self._phases_done(updates)
         if self.node.external_id == external_id:
             return
         self.node.set(external_id=external_id)
+        self.span.set("nodepool.node.external_id", external_id)
         lock = self.lock
         assert lock is not None  # progress is reported only after `run` took the lock
         try:
@@ -180,11 +224,33 @@ class NodeLaunch:
             lock = self.pending_lock.result()
         except Exception as exc:
             self.log.warning("Could not lock the new node: %s", exc)
+            self._end_span(LaunchEnd.UNLOCKED)
             return LaunchOutcome(LaunchEnd.UNLOCKED, error=f"{type(exc).__name__}: {exc}")
         if lock is None:
+            self._end_span(LaunchEnd.UNLOCKED)
             return LaunchOutcome(LaunchEnd.UNLOCKED, error="someone else locked the new node")
         self.lock = lock
-        return self._run_locked(lock)
+        try:
+            outcome = self._run_locked(lock)
+        except BaseException:
+            self._phase_failed("Unknown", "the launch raised")
+            self._end_span(LaunchEnd.FAILED, "Unknown", "the launch raised")
+            raise
+        self._end_span(outcome.kind, outcome.reason, outcome.error, outcome.attempts)
+        return outcome
+
+    def _end_span(self, kind: LaunchEnd, reason: str = "", error: str = "",
+                  attempts: int = 0) -> None:
+        """Anything but READY is an error of the launch (UNLOCKED launched nothing)."""
+        span = self.span
+        span.set("nodepool.outcome", kind.value)
+        if attempts:
+            span.set("nodepool.attempts", attempts)
+        if kind is LaunchEnd.CANCELLED:
+            span.fail("Cancelled", error)
+        elif kind is LaunchEnd.FAILED or kind is LaunchEnd.ABORTED:
+            span.fail(reason or "Unknown", error)
+        span.end()
 
     def _run_locked(self, lock: HeldLock) -> LaunchOutcome:
         started = time.monotonic()
@@ -210,12 +276,29 @@ class NodeLaunch:
 
     def _attempts(self) -> LaunchOutcome:
         attempts = max(1, self.provider_config.launch_retries)
+        outcome = self._attempt_all(attempts)
+        # The phase still open when the last attempt ended: READY leaves none from a driver
+        # that reports every phase; any other outcome says why it stopped there.
+        if outcome.kind is LaunchEnd.READY:
+            self._phase_span.end()
+        elif outcome.kind is LaunchEnd.CANCELLED:
+            self._phase_failed("Cancelled", outcome.error)
+        else:
+            self._phase_failed(outcome.reason or "Unknown", outcome.error)
+        return outcome
+
+    def _attempt_all(self, attempts: int) -> LaunchOutcome:
         error = ""
         error_type: type[BaseException] | None = None
         reason = "Unknown"
         for attempt in range(1, attempts + 1):
+            if attempt > 1:
+                # The previous attempt's failure ends the phase it stopped in.
+                self._phase_failed(reason, error)
             if self.cancel.is_set():
                 return LaunchOutcome(LaunchEnd.CANCELLED, attempts=attempt - 1)
+            self.attempt = attempt
+            self._open_phase(0, attempt)
             if attempt > 1:
                 self.node.conditions = cond.restart(
                     self.node.conditions, self.clock.time(),

@@ -28,6 +28,7 @@ from nodepool_k8s.launcher.requests.launch import LaunchOutcome
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.runtime.stats import RecordingBackend, Stats
+from nodepool_k8s.runtime.tracing import NOOP_TRACER, Tracer
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.client import ZkClient
@@ -117,12 +118,13 @@ class Deps:
     """The engine slice the request path uses (see the module docstring)."""
 
     def __init__(self, zk: ZkClient, config: Config, clock: ManualClock,
-                 settings: EngineSettings = SETTINGS) -> None:
+                 settings: EngineSettings = SETTINGS, tracer: Tracer = NOOP_TRACER) -> None:
         self.zk = zk
         self.config = config
         self.clock = clock
         self.settings = settings
         self.stats = Stats(RecordingBackend())
+        self.tracer = tracer
         self.nodes = NodeStore(zk)
         self.requests = RequestStore(zk)
         self.node_cache = ReadThroughNodes(zk, self.nodes)

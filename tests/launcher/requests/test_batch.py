@@ -32,10 +32,10 @@ class Owner:
         self.seen.add(request_id)
 
     def new_handler(self, provider: Provider, request: NodeRequest,
-                    lock: HeldLock) -> RequestHandler:
+                    lock: HeldLock, accept_started: int = 0) -> RequestHandler:
         return RequestHandler(self.deps, self.deps.ref, provider,  # type: ignore[arg-type]
                               self.launches, request, lock,  # type: ignore[arg-type]
-                              lambda: {self.deps.ref.pool_id}, lambda: None)
+                              lambda: {self.deps.ref.pool_id}, lambda: None, accept_started)
 
     def keep(self, handler: RequestHandler) -> None:
         self.kept[handler.request.id] = handler
