@@ -44,7 +44,9 @@ class ZkConnection:
 
 def wait_for(predicate: Callable[[], T], timeout: float = 15.0, interval: float = 0.01,
              message: str = "condition") -> T:
-    """Poll `predicate` until it returns a truthy value or the deadline passes."""
+    """Poll `predicate` until it returns a truthy value or the deadline passes. Only for
+    what tells of no change (another process, a file): anything with a listener hook is
+    waited on with `Signal` instead."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
