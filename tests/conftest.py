@@ -1,7 +1,8 @@
 """Shared pytest fixtures: a real ZooKeeper per test session, a fresh chroot per test.
 
 Fixtures here start real servers (Debian's ZooKeeper) as child processes and always stop
-them at the end of the session. Waiting helpers poll a condition against a deadline; no test
+them at the end of the session. Waiting helpers check a condition against a deadline, on each
+change a listener reports (`helpers.Signal`) or, where nothing reports one, by polling; no test
 sleeps a fixed time to wait for something.
 """
 

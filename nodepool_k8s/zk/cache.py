@@ -251,6 +251,10 @@ class ComponentCache:
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
 
+    def remove_listener(self, listener: Listener) -> None:
+        if listener in self._listeners:
+            self._listeners.remove(listener)
+
     def start(self) -> None:
         tree = TreeCache(self.zk.kazoo, paths.COMPONENTS)
         tree.listen(self._on_event)

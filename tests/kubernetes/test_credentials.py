@@ -49,8 +49,8 @@ from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
 from nodepool_k8s.core.errors import LaunchError, TemporaryError
 from nodepool_k8s.dev.simulator import Simulator
 from tests.credentials import ExecPlugin
-from tests.helpers import wait_for
-from tests.kubernetes.conftest import FAST, ProviderFactory
+from tests.helpers import Signal
+from tests.kubernetes.conftest import FAST, ProviderFactory, watching
 from tests.kubernetes.factories import make_label, make_provider, make_spec
 
 NS = make_label("k8s-namespace", "namespace", boot_timeout=60)
@@ -81,8 +81,9 @@ def _streaming(provider: KubernetesProvider) -> Any:
     """Wait until both shared watches stream: from then on only the test's own calls send
     requests. Returns the provider's client."""
     client, pods = provider._connected()
-    wait_for(lambda: pods.watches and provider._namespace_watch().watches,
-             message="both watches to stream")
+    with watching(provider) as changes:
+        changes.until(lambda: pods.watches and provider._namespace_watch().watches,
+                      message="both watches to stream")
     return client
 
 
@@ -192,7 +193,8 @@ def test_in_cluster_token_rotated_by_the_kubelet_is_read_again(
         settings=dataclasses.replace(FAST, service_account=str(account)))
     try:
         provider.start()
-        wait_for(provider.watches_synced, message="the provider's watches to sync")
+        with watching(provider) as changes:
+            changes.until(provider.watches_synced, message="the provider's watches to sync")
         _streaming(provider)
         assert "in-cluster" in provider.credentials_condition()["message"]
         # The kubelet writes a fresh token; the old one is refused from now on.
@@ -254,7 +256,7 @@ def test_refused_credentials_leave_the_launch_waiting_and_reload_on_a_backoff(
 
 def test_watches_reconnect_with_the_rewritten_kubeconfig(
         sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Path,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, changes: Signal) -> None:
     kubeconfig = sim.write_kubeconfig(tmp_path / "kubeconfig", context="sim",
                                       token=sim.admin_token)
     provider = make_k8s_provider(sim, NS, kubeconfig=kubeconfig)
@@ -267,8 +269,8 @@ def test_watches_reconnect_with_the_rewritten_kubeconfig(
               manifests.NODE_ID_LABEL: "0000000042"}
     _admin(sim, tmp_path).create_namespace(
         {"metadata": {"name": "main-0000000042", "labels": labels}})
-    wait_for(lambda: provider._namespace_watch().get("", "main-0000000042"), 30,
-             message="the namespace watch to see the new namespace")
+    changes.until(lambda: provider._namespace_watch().get("", "main-0000000042"), 30,
+                  message="the namespace watch to see the new namespace")
     assert sim.rejected_requests >= 1
     warnings = [r for r in caplog.records if r.name.startswith(LOGGER)
                 and r.levelno >= logging.WARNING]

@@ -27,7 +27,7 @@ from nodepool_k8s.core.conditions import LAUNCHED, Condition
 from nodepool_k8s.core.errors import LaunchCancelled, LaunchError, QuotaExceeded, TemporaryError
 from nodepool_k8s.driver.kubernetes import client as kube_client
 from nodepool_k8s.dev.simulator import Simulator
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.kubernetes.conftest import FAST, ProviderFactory
 from tests.kubernetes.factories import make_label, make_spec
 
@@ -63,7 +63,7 @@ def test_api_errors_are_retried(sim: Simulator, make_k8s_provider: ProviderFacto
 
 
 def test_api_errors_beyond_retries_raise_temporary_and_clean_up(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     provider = make_k8s_provider(sim, POD, api_retries=2)
     sim.fail_next("create", "roles", count=5, code=500)
     updates: list[Condition] = []
@@ -74,7 +74,7 @@ def test_api_errors_beyond_retries_raise_temporary_and_clean_up(
     assert sim.counters["create roles"] == 3  # 1 + api-retries, then given up
     # The namespace was launched; access never got registered (the core records ApiError).
     assert [c.type for c in updates] == [LAUNCHED]
-    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
 def test_failed_api_calls_leave_no_reference_cycle(sim: Simulator,
@@ -183,7 +183,7 @@ def _with_status(status: Any) -> Any:
     _with_status({"token": "t" * (1 << 20), "expirationTimestamp": "2030-01-01T00:00:00Z"}),
 ], ids=["status-string", "status-list", "token-1MiB"])
 def test_an_unusable_token_request_answer_is_a_bad_token(
-        sim: Simulator, make_k8s_provider: ProviderFactory, rewrite: Any) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, rewrite: Any, changes: Signal) -> None:
     # A 1 MiB token was handed out: it travels in the node's ZooKeeper record, which then
     # exceeds what our own readers accept (256 KiB) or what ZooKeeper stores (1 MiB).
     provider = make_k8s_provider(sim, NS)
@@ -191,11 +191,12 @@ def test_an_unusable_token_request_answer_is_a_bad_token(
     with pytest.raises(LaunchError) as info:
         _launch(provider, "k8s-namespace")
     assert info.value.reason == "BadToken"
-    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
 def test_a_ca_bundle_too_large_for_node_records_fails_the_attempt_cleanly(
-        make_sim: Callable[..., Simulator], make_k8s_provider: ProviderFactory) -> None:
+        make_sim: Callable[..., Simulator], make_k8s_provider: ProviderFactory,
+        changes: Signal) -> None:
     # Before, the node's result was built after the attempt's cleanup scope: an unreadable
     # CA left the namespace to the leak sweeper, and any size went into the node record.
     # A CA of this test's own: the client keeps one file per distinct CA for the process,
@@ -208,7 +209,7 @@ def test_a_ca_bundle_too_large_for_node_records_fails_the_attempt_cleanly(
     with pytest.raises(LaunchError) as info:
         _launch(provider, "k8s-namespace")
     assert info.value.reason == "BadCA" and not info.value.retryable
-    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
 @pytest.mark.parametrize("expires", ["soon", 12345, {"at": 1}, "0001-01-01T00:00:00Z"])
@@ -244,8 +245,8 @@ def test_an_answer_that_is_not_an_object_is_a_temporary_error(
     assert sim.get("namespaces", result.external_id) is None
 
 
-def _launch_in_thread(provider: Any, label: str, **kw: Any) -> list[Any]:
-    """Launch on a thread; the list gets its result or exception."""
+def _launch_in_thread(provider: Any, label: str, ended: Signal, **kw: Any) -> list[Any]:
+    """Launch on a thread; the list gets its result or exception, then `ended` is told."""
     outcome: list[Any] = []
 
     def run() -> None:
@@ -253,6 +254,7 @@ def _launch_in_thread(provider: Any, label: str, **kw: Any) -> list[Any]:
             outcome.append(_launch(provider, label, **kw))
         except BaseException as exc:  # noqa: BLE001 - the test looks at it
             outcome.append(exc)
+        ended()
     threading.Thread(target=run, daemon=True).start()
     return outcome
 
@@ -263,32 +265,33 @@ def _launch_in_thread(provider: Any, label: str, **kw: Any) -> list[Any]:
 ], ids=["statuses-object", "status-string", "items-of-odd-shape"])
 def test_a_pod_status_of_odd_shape_is_waited_out(sim: Simulator,
                                                  make_k8s_provider: ProviderFactory,
-                                                 status: Any) -> None:
+                                                 status: Any, changes: Signal) -> None:
     # The watch delivers whatever the API serves: a status of the wrong shape made the
     # launch raise AttributeError (a traceback, reason Unknown) instead of waiting for a
     # readable version or, as here, the boot timeout.
     provider = make_k8s_provider(sim, POD)
     sim.set_faults(unschedulable=True)
-    outcome = _launch_in_thread(provider, "pod-fedora", boot_timeout=2)
-    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
-             message="the pod to be created")
+    outcome = _launch_in_thread(provider, "pod-fedora", changes, boot_timeout=2)
+    changes.until(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+                  message="the pod to be created")
     sim.patch("pods", "pod-fedora", {"status": status}, namespace="main-0000000000")
-    wait_for(lambda: outcome, message="the launch to end")
+    changes.until(lambda: outcome, message="the launch to end")
     assert isinstance(outcome[0], LaunchError) and outcome[0].reason == "BootTimeout"
 
 
 def test_a_node_name_of_odd_shape_is_not_recorded(sim: Simulator,
-                                                  make_k8s_provider: ProviderFactory) -> None:
+                                                  make_k8s_provider: ProviderFactory,
+                                                  changes: Signal) -> None:
     # host_id goes into the node's ZooKeeper record, whose readers want a string.
     provider = make_k8s_provider(sim, POD)
     sim.set_faults(unschedulable=True)
-    outcome = _launch_in_thread(provider, "pod-fedora")
-    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
-             message="the pod to be created")
+    outcome = _launch_in_thread(provider, "pod-fedora", changes)
+    changes.until(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+                  message="the pod to be created")
     sim.patch("pods", "pod-fedora", {"spec": {"nodeName": {"name": "n1"}},
                                      "status": {"phase": "Running"}},
               namespace="main-0000000000")
-    wait_for(lambda: outcome, message="the launch to end")
+    changes.until(lambda: outcome, message="the launch to end")
     assert outcome[0].host_id is None
 
 
@@ -309,7 +312,8 @@ def test_timed_out_creates_are_retried_and_their_409_accepted(
 
 
 def test_timeouts_beyond_retries_raise_temporary(sim: Simulator,
-                                                 make_k8s_provider: ProviderFactory) -> None:
+                                                 make_k8s_provider: ProviderFactory,
+                                                 changes: Signal) -> None:
     provider = make_k8s_provider(sim, NS, api_timeout=1.5, api_retries=0)
     sim.stall_next("create", "namespaces", seconds=4.0)
     with pytest.raises(TemporaryError):
@@ -317,18 +321,19 @@ def test_timeouts_beyond_retries_raise_temporary(sim: Simulator,
     assert _launch(provider, "k8s-namespace", node_id="0000000001").external_id
     # The first attempt's namespace reached the server; a GET proved it this node's (our
     # labels, our installation, node id), so it was deleted.
-    wait_for(lambda: sim.get("namespaces", "main-0000000000") is None,
-             message="the first namespace to be removed")
+    changes.until(lambda: sim.get("namespaces", "main-0000000000") is None,
+                  message="the first namespace to be removed")
 
 
-def test_forbidden_is_not_retried(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+def test_forbidden_is_not_retried(sim: Simulator, make_k8s_provider: ProviderFactory,
+                                  changes: Signal) -> None:
     provider = make_k8s_provider(sim, NS)
     sim.fail_next("create", "roles", count=1, code=403)
     with pytest.raises(LaunchError) as info:
         _launch(provider, "k8s-namespace")
     assert info.value.reason == "Forbidden" and not info.value.retryable
     assert sim.counters["create roles"] == 1
-    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
 # -- pod failures ------------------------------------------------------------------------------
@@ -336,7 +341,8 @@ def test_forbidden_is_not_retried(sim: Simulator, make_k8s_provider: ProviderFac
 @pytest.mark.parametrize("backoff_delay,reasons", [
     (0.0, {"ErrImagePull", "ImagePullBackOff"}), (30.0, {"ErrImagePull"})])
 def test_image_pull_failure_fails_fast(make_sim: Any, make_k8s_provider: ProviderFactory,
-                                       backoff_delay: float, reasons: set[str]) -> None:
+                                       backoff_delay: float, reasons: set[str],
+                                       changes: Signal) -> None:
     sim = make_sim(image_pull_backoff_delay=backoff_delay)
     sim.set_faults(image_pull_fail=("*bad*",))
     # On a clock that never moves the 60 s boot timeout cannot end the launch: only the
@@ -357,11 +363,12 @@ def test_image_pull_failure_fails_fast(make_sim: Any, make_k8s_provider: Provide
     [error] = outcome
     assert isinstance(error, LaunchError) and error.reason in reasons, error
     assert error.retryable
-    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
 def test_unschedulable_fails_after_grace(sim: Simulator,
-                                         make_k8s_provider: ProviderFactory) -> None:
+                                         make_k8s_provider: ProviderFactory,
+                                         changes: Signal) -> None:
     clock = ManualClock()
     provider = make_k8s_provider(sim, POD, clock=clock)  # grace 30 s, boot_timeout 60 s
     sim.set_faults(unschedulable=True)
@@ -381,7 +388,7 @@ def test_unschedulable_fails_after_grace(sim: Simulator,
         conditions = ((pod or {}).get("status") or {}).get("conditions") or []
         return any(c.get("reason") == "Unschedulable" for c in conditions)
 
-    wait_for(unschedulable, message="the pod to be unschedulable")
+    changes.until(unschedulable, message="the pod to be unschedulable")
     # Inside the grace period the launch keeps waiting. (The driver starts the grace when it
     # first sees the condition: at the latest at +20 s here.)
     clock.advance(20)
@@ -392,10 +399,11 @@ def test_unschedulable_fails_after_grace(sim: Simulator,
     assert not thread.is_alive()
     error = outcome["error"]
     assert isinstance(error, LaunchError) and error.reason == "Unschedulable"
-    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
-def test_failed_pod_fails_the_attempt(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
+def test_failed_pod_fails_the_attempt(make_sim: Any, make_k8s_provider: ProviderFactory,
+                                      changes: Signal) -> None:
     sim = make_sim(start_delay=3600)
     provider = make_k8s_provider(sim, POD)
     cancel = threading.Event()
@@ -409,8 +417,8 @@ def test_failed_pod_fails_the_attempt(make_sim: Any, make_k8s_provider: Provider
 
     thread = threading.Thread(target=run)
     thread.start()
-    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
-             message="the pod to exist")
+    changes.until(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+                  message="the pod to exist")
     sim.patch("pods", "pod-fedora", {"status": {"phase": "Failed", "reason": "Evicted"}},
               namespace="main-0000000000")
     thread.join(10)
@@ -420,16 +428,17 @@ def test_failed_pod_fails_the_attempt(make_sim: Any, make_k8s_provider: Provider
     assert "Evicted" in str(error)
 
 
-def test_quota_exceeded(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+def test_quota_exceeded(sim: Simulator, make_k8s_provider: ProviderFactory,
+                        changes: Signal) -> None:
     provider = make_k8s_provider(sim, POD)
     sim.set_faults(quota_exceeded=True)
     with pytest.raises(QuotaExceeded):
         _launch(provider, "pod-fedora")
     assert sim.counters["create pods"] == 1  # not retried
-    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
-def test_boot_timeout(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
+def test_boot_timeout(make_sim: Any, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     # The token is requested at once (TokenRequest); what a launch waits for is the pod.
     sim = make_sim(start_delay=3600)
     clock = ManualClock()
@@ -451,10 +460,11 @@ def test_boot_timeout(make_sim: Any, make_k8s_provider: ProviderFactory) -> None
     thread.join(10)
     error = outcome["error"]
     assert isinstance(error, LaunchError) and error.reason == "BootTimeout"
-    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
-def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: ProviderFactory) -> None:
+def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: ProviderFactory,
+                                      changes: Signal) -> None:
     sim = make_sim(start_delay=3600)
     # No wait tick (as in the daemon): the launch's wait ends on an event, a cancel, or
     # after the time left to its boot timeout, a day on a clock that never moves.
@@ -474,8 +484,8 @@ def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: Provider
     thread = threading.Thread(target=run)
     thread.start()
     assert progressed.wait(10)
-    wait_for(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
-             message="the pod to exist")
+    changes.until(lambda: sim.get("pods", "pod-fedora", "main-0000000000"),
+                  message="the pod to exist")
     cancel.set()
     # Only the cancel waking the launch's wait can end it (the join's deadline only keeps
     # a regression from hanging the run for a day).
@@ -483,7 +493,7 @@ def test_cancel_stops_launch_promptly(make_sim: Any, make_k8s_provider: Provider
     assert not thread.is_alive(), "the cancel did not end the launch"
     error = outcome["error"]
     assert isinstance(error, LaunchCancelled) and error.reason == "Cancelled"
-    wait_for(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
 def test_cancel_before_start(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
@@ -556,7 +566,7 @@ def test_tokens_never_logged(sim: Simulator, make_k8s_provider: ProviderFactory,
 
 
 def test_cancel_during_api_retries_reports_cancelled(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     provider = make_k8s_provider(sim, NS, api_retries=5, api_backoff=(30.0,))
     sim.fail_next("create", "namespaces", count=10, code=503)
     cancel = threading.Event()
@@ -570,8 +580,8 @@ def test_cancel_during_api_retries_reports_cancelled(
 
     thread = threading.Thread(target=run)
     thread.start()
-    wait_for(lambda: sim.counters.get("create namespaces", 0) >= 1,
-             message="the first create")
+    changes.until(lambda: sim.counters.get("create namespaces", 0) >= 1,
+                  message="the first create")
     cancel.set()
     thread.join(5)
     assert not thread.is_alive()  # the 30 s backoff was cut short

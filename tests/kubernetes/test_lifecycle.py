@@ -28,7 +28,7 @@ from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
 from nodepool_k8s.core.errors import NotOwned, QuotaExceeded, TemporaryError
 from nodepool_k8s.driver.base import Gone, Underway
 from nodepool_k8s.dev.simulator import Simulator
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.kubernetes.conftest import FAST, ProviderFactory
 from tests.kubernetes.factories import make_label, make_spec
 
@@ -87,7 +87,8 @@ def test_concurrent_deletes_both_wait(make_sim: Any,
 
 
 def test_hanging_deletion_raises_then_succeeds(sim: Simulator,
-                                               make_k8s_provider: ProviderFactory) -> None:
+                                               make_k8s_provider: ProviderFactory,
+                                               changes: Signal) -> None:
     # The deletion timeout runs on the provider's clock, which only the test moves: the
     # hanging deletion gives up once that clock has passed `delete-timeout`, not before.
     clock = ManualClock()
@@ -106,8 +107,8 @@ def test_hanging_deletion_raises_then_succeeds(sim: Simulator,
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    wait_for(lambda: ((sim.get("namespaces", result.external_id) or {}).get("status") or {})
-             .get("phase") == "Terminating", message="the deletion to be under way")
+    changes.until(lambda: ((sim.get("namespaces", result.external_id) or {}).get("status") or {})
+                  .get("phase") == "Terminating", message="the deletion to be under way")
     clock.advance(0.4)
     thread.join(0.1)  # given the chance, it must keep waiting: the timeout is not up
     assert thread.is_alive() and outcome == []
@@ -161,19 +162,20 @@ def _per_node(sim: Simulator) -> dict[str, int]:
 
 
 def test_delete_survives_a_broken_namespace_watch(sim: Simulator,
-                                                  make_k8s_provider: ProviderFactory) -> None:
+                                                  make_k8s_provider: ProviderFactory,
+                                                  changes: Signal) -> None:
     # The shared namespace watch ends every second; its next request fails (500), it lists
     # again after a backoff and the pending deletion is still confirmed through it.
     provider = make_k8s_provider(sim, NS, settings=dataclasses.replace(FAST, watch_timeout=1))
     result = _launch(provider)
-    wait_for(lambda: provider._namespace_watch().get("", result.external_id) is not None,
-             message="the namespace watch to see the namespace")
+    changes.until(lambda: provider._namespace_watch().get("", result.external_id) is not None,
+                  message="the namespace watch to see the namespace")
     sim.set_faults(namespace_delete_hang=True)
     sim.reset_counters()
     sim.fail_next("watch", "namespaces", count=1, code=500)
     thread, outcome = _delete_in_thread(provider, result.external_id)
-    wait_for(lambda: sim.counters.get("watch namespaces", 0) >= 2, timeout=10,
-             message="the namespace watch to be re-established")
+    changes.until(lambda: sim.counters.get("watch namespaces", 0) >= 2, timeout=10,
+                  message="the namespace watch to be re-established")
     assert outcome == []
     sim.set_faults(namespace_delete_hang=False)
     thread.join(10)
@@ -186,7 +188,7 @@ def test_delete_survives_a_broken_namespace_watch(sim: Simulator,
 
 
 def test_delete_confirmed_after_the_namespace_watch_expires(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     # 410 Gone on resuming: the cache is rebuilt from a list; the deletion completes while
     # the watch is away, so the re-list (without it) is confirmed by one read (404).
     provider = make_k8s_provider(sim, NS, settings=dataclasses.replace(FAST, watch_timeout=1))
@@ -195,8 +197,8 @@ def test_delete_confirmed_after_the_namespace_watch_expires(
     sim.reset_counters()
     sim.fail_next("watch", "namespaces", count=1, code=410)
     thread, outcome = _delete_in_thread(provider, result.external_id)
-    wait_for(lambda: sim.counters.get("list namespaces", 0) >= 1, timeout=10,
-             message="the namespace watch to list again")
+    changes.until(lambda: sim.counters.get("list namespaces", 0) >= 1, timeout=10,
+                  message="the namespace watch to list again")
     sim.set_faults(namespace_delete_hang=False)
     thread.join(10)
     assert outcome == [None]
@@ -220,15 +222,16 @@ def test_delete_of_a_namespace_without_our_labels_is_refused(
 
 
 def test_delete_uses_one_call_and_no_new_watch(make_sim: Any,
-                                               make_k8s_provider: ProviderFactory) -> None:
+                                               make_k8s_provider: ProviderFactory,
+                                               changes: Signal) -> None:
     # With a real finalization delay the namespace is seen Terminating, then DELETED on the
     # shared watch: no per-deletion watch and no read (the ownership proof is the watch's
     # copy), however many deletions run at once.
     sim = make_sim(namespace_delete_delay=0.3)
     provider = make_k8s_provider(sim, NS)
     results = [_launch(provider, node_id=f"{i:010d}") for i in range(5)]
-    wait_for(lambda: all(provider._namespace_watch().get("", r.external_id)
-                         for r in results), message="the namespace watch to see them")
+    changes.until(lambda: all(provider._namespace_watch().get("", r.external_id)
+                              for r in results), message="the namespace watch to see them")
     sim.reset_counters()
     threads = [_delete_in_thread(provider, r.external_id) for r in results]
     for thread, _ in threads:
@@ -311,49 +314,52 @@ def test_one_watch_per_kind_for_many_launches(sim: Simulator,
     assert sim.counters.get("create serviceaccounts/token") == 20
 
 
-def test_watches_list_again_on_410(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+def test_watches_list_again_on_410(sim: Simulator, make_k8s_provider: ProviderFactory,
+                                   changes: Signal) -> None:
     provider = make_k8s_provider(sim, NS,
                                  settings=dataclasses.replace(FAST, watch_timeout=1))
     sim.reset_counters()
     sim.fail_next("watch", "pods", count=1, code=410)
     # The watch ends after 1 s; resuming is refused with 410 Gone, so the cache is rebuilt.
-    wait_for(lambda: sim.counters.get("list pods", 0) >= 1, timeout=10,
-             message="the pod watch to list again")
+    changes.until(lambda: sim.counters.get("list pods", 0) >= 1, timeout=10,
+                  message="the pod watch to list again")
     assert _launch(provider).external_id
 
 
-def test_watches_recover_from_errors(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+def test_watches_recover_from_errors(sim: Simulator, make_k8s_provider: ProviderFactory,
+                                     changes: Signal) -> None:
     provider = make_k8s_provider(sim, NS, POD,
                                  settings=dataclasses.replace(FAST, watch_timeout=1))
     sim.fail_next("watch", "pods", count=2, code=500)
-    wait_for(lambda: sim.counters.get("watch pods", 0) >= 3, timeout=15,
-             message="the pod watch to be re-established")
+    changes.until(lambda: sim.counters.get("watch pods", 0) >= 3, timeout=15,
+                  message="the pod watch to be re-established")
     assert _launch(provider, "pod-fedora").external_id
 
 
-def test_stop_ends_watch_threads(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+def test_stop_ends_watch_threads(sim: Simulator, make_k8s_provider: ProviderFactory,
+                                 changes: Signal) -> None:
     # Streams the server keeps open for an hour: only the provider closing them ends them
     # (stop waits for each watch thread a few seconds at most, then returns regardless).
     provider = make_k8s_provider(sim, NS,
                                  settings=dataclasses.replace(FAST, watch_timeout=3600))
-    wait_for(lambda: sim.open_watches == 2, message="the two shared watches to open")
+    changes.until(lambda: sim.open_watches == 2, message="the two shared watches to open")
     provider.stop()
     assert not [t for t in threading.enumerate() if t.name.startswith("k8s-watch-")
                 and t.is_alive()]
-    wait_for(lambda: sim.open_watches == 0, message="the watches to close")
+    changes.until(lambda: sim.open_watches == 0, message="the watches to close")
 
 
 # -- deletion as a reconcile step (no thread waits) -------------------------------------------
 
 def test_delete_returns_underway_at_once_and_wakes_when_gone(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     # A Terminating namespace is not waited for: Underway at once, the wake-up once the
     # shared watch sees it go, and asking again costs no API call.
     provider = make_k8s_provider(sim, NS)
     result = _launch(provider)
     name = result.external_id
-    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
-             message="the namespace watch to see the namespace")
+    changes.until(lambda: provider._namespace_watch().get("", name) is not None,
+                  message="the namespace watch to see the namespace")
     sim.set_faults(namespace_delete_hang=True)
     sim.reset_counters()
     notices: list[str] = []
@@ -363,13 +369,13 @@ def test_delete_returns_underway_at_once_and_wakes_when_gone(
     assert sim.get("namespaces", name)["status"]["phase"] == "Terminating"
     assert notices == []
     # Asked again while still Terminating: underway again, from the watch's copy.
-    wait_for(lambda: (provider._namespace_watch().get("", name) or {}).get(
+    changes.until(lambda: (provider._namespace_watch().get("", name) or {}).get(
         "metadata", {}).get("deletionTimestamp"), message="the watch to see Terminating")
     again = provider.delete(name, node_id=NODE_ID, wake=lambda: notices.append("again"))
     assert isinstance(again, Underway), again
     sim.set_faults(namespace_delete_hang=False)
-    wait_for(lambda: sorted(notices) == sorted([name, "again"]), timeout=10,
-             message="each wake-up, once")
+    changes.until(lambda: sorted(notices) == sorted([name, "again"]), timeout=10,
+                  message="each wake-up, once")
     assert isinstance(provider.delete(name, node_id=NODE_ID,
                                       wake=lambda: notices.append("third")), Gone)
     assert sim.get("namespaces", name) is None
@@ -380,7 +386,7 @@ def test_delete_returns_underway_at_once_and_wakes_when_gone(
 
 
 def test_delete_called_again_is_safe(sim: Simulator,
-                                     make_k8s_provider: ProviderFactory) -> None:
+                                     make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     # Calls in a row, right after the first (the watch may still hold the copy from before
     # the DELETE: a DELETE from it is refused by its preconditions), while Terminating and
     # once gone: every call answers without waiting, the namespace is deleted once, a
@@ -393,39 +399,39 @@ def test_delete_called_again_is_safe(sim: Simulator,
     assert all(isinstance(a, Underway) for a in answers), answers
     current = sim.get("namespaces", name)
     assert current["status"]["phase"] == "Terminating" and current["metadata"]["uid"] == uid
-    wait_for(lambda: (provider._namespace_watch().get("", name) or {}).get(
+    changes.until(lambda: (provider._namespace_watch().get("", name) or {}).get(
         "metadata", {}).get("deletionTimestamp"), message="the watch to see Terminating")
     sim.reset_counters()
     for verify in (False, True):
         assert isinstance(provider.delete(name, node_id=NODE_ID, verify=verify), Underway)
     assert "delete namespaces" not in sim.counters, sim.counters
     sim.set_faults(namespace_delete_hang=False)
-    wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
+    changes.until(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
     for verify in (True, False):
         assert isinstance(provider.delete(name, node_id=NODE_ID, verify=verify), Gone)
     assert "delete namespaces" not in sim.counters, sim.counters
 
 
 def test_a_parked_deletion_nobody_finishes_leaves_nothing_behind(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     # The node record of a parked deletion may be removed meanwhile (an operator, a lost
     # race): nobody calls delete again once the namespace is gone. What the provider tracked
     # for that deletion must go with the namespace, not stay for the process's lifetime.
     provider = make_k8s_provider(sim, NS)
     name = _launch(provider).external_id
-    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
-             message="the namespace watch to see the namespace")
+    changes.until(lambda: provider._namespace_watch().get("", name) is not None,
+                  message="the namespace watch to see the namespace")
     sim.set_faults(namespace_delete_hang=True)
     assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Underway)
     assert len(provider._terminating) == 1
     sim.set_faults(namespace_delete_hang=False)
-    wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
-    wait_for(lambda: len(provider._terminating) == 0 and not provider._wakers,
-             message="the provider to forget the deletion")
+    changes.until(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
+    changes.until(lambda: len(provider._terminating) == 0 and not provider._wakers,
+                  message="the provider to forget the deletion")
 
 
 def test_delete_keeps_no_deadline_and_verify_asks_the_api(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     # The caller owns `delete-timeout`: asked again long after it, the provider still
     # answers from what is there (underway), never a timeout of its own; `verify` makes it
     # read the namespace from the API instead of the watch's copy.
@@ -433,11 +439,11 @@ def test_delete_keeps_no_deadline_and_verify_asks_the_api(
     provider = make_k8s_provider(sim, NS, clock=clock,
                                  settings=dataclasses.replace(FAST, delete_timeout=0.5))
     name = _launch(provider).external_id
-    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
-             message="the namespace watch to see the namespace")
+    changes.until(lambda: provider._namespace_watch().get("", name) is not None,
+                  message="the namespace watch to see the namespace")
     sim.set_faults(namespace_delete_hang=True)
     assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Underway)
-    wait_for(lambda: (provider._namespace_watch().get("", name) or {}).get(
+    changes.until(lambda: (provider._namespace_watch().get("", name) or {}).get(
         "metadata", {}).get("deletionTimestamp"), message="the watch to see Terminating")
     clock.advance(60.0)  # far past delete-timeout, within terminating-grace
     sim.reset_counters()
@@ -447,29 +453,29 @@ def test_delete_keeps_no_deadline_and_verify_asks_the_api(
                                       verify=True), Underway)
     assert _per_node(sim) == {"get namespaces": 1}, sim.counters
     sim.set_faults(namespace_delete_hang=False)
-    wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
+    changes.until(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
     assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Gone)
 
 
 def test_a_stale_watch_copy_does_not_block_the_confirmation(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     # The namespace watch breaks for good after it saw the namespace Terminating (every new
     # list and watch fails), so its copy stays Terminating after the namespace is gone.
     # The deleter's verifying call (past its deadline) asks the API instead of trusting it.
     provider = make_k8s_provider(sim, NS)
     name = _launch(provider).external_id
     watch = provider._namespace_watch()
-    wait_for(lambda: watch.get("", name) is not None,
-             message="the namespace watch to see the namespace")
+    changes.until(lambda: watch.get("", name) is not None,
+                  message="the namespace watch to see the namespace")
     sim.set_faults(namespace_delete_hang=True)
     assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Underway)
-    wait_for(lambda: (watch.get("", name) or {}).get("metadata", {}).get(
+    changes.until(lambda: (watch.get("", name) or {}).get("metadata", {}).get(
         "deletionTimestamp"), message="the watch to see Terminating")
     sim.fail_next("list", "namespaces", count=10**6, code=500)
     sim.fail_next("watch", "namespaces", count=10**6, code=500)
     sim.end_watches()
     sim.set_faults(namespace_delete_hang=False)
-    wait_for(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
+    changes.until(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
     assert watch.get("", name) is not None  # stale
     assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Underway)
     assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None,

@@ -24,7 +24,7 @@ from nodepool_k8s.driver.kubernetes.errors import Conflict
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
 from nodepool_k8s.core.errors import LaunchError, NotOwned
 from nodepool_k8s.dev.simulator import Simulator
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.kubernetes.conftest import ProviderFactory
 from tests.kubernetes.factories import make_label, make_spec
 
@@ -100,11 +100,11 @@ def test_names_that_are_no_namespace_name_are_refused_without_a_call(
 
 
 def test_ownership_problem_before_a_ready_node_is_handed_out(
-        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any, changes: Signal) -> None:
     provider = make_k8s_provider(sim, NS)
     name = _launch(provider).external_id
-    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
-             message="the namespace watch to see the namespace")
+    changes.until(lambda: provider._namespace_watch().get("", name) is not None,
+                  message="the namespace watch to see the namespace")
     sim.reset_counters()
     assert provider.ownership_problem(name, "0000000000") is None  # from the watch
     assert "nodepool_node_id" in str(provider.ownership_problem(name, "0000000005"))
@@ -138,11 +138,11 @@ def test_uid_precondition_mismatch_is_not_a_delete(sim: Simulator,
 
 
 def test_delete_proves_ownership_from_the_watch_without_a_get(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     provider = make_k8s_provider(sim, NS)
     name = _launch(provider).external_id
-    wait_for(lambda: provider._namespace_watch().get("", name) is not None,
-             message="the namespace watch to see the namespace")
+    changes.until(lambda: provider._namespace_watch().get("", name) is not None,
+                  message="the namespace watch to see the namespace")
     sim.reset_counters()
     provider.delete_and_confirm(name, node_id="0000000000")
     assert sim.get("namespaces", name) is None
@@ -151,15 +151,15 @@ def test_delete_proves_ownership_from_the_watch_without_a_get(
 
 
 def test_a_stale_watch_copy_never_deletes_a_namespace_changed_since(
-        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any, changes: Signal) -> None:
     """The DELETE carries the resourceVersion of the copy that was proven ours: a namespace
     relabelled after that copy was taken (here: the watch stopped, so its copy is as stale
     as a lagging watch's could be) is refused by the API, then judged afresh from a GET."""
     provider = make_k8s_provider(sim, NS)
     name = _launch(provider).external_id
     watch = provider._namespace_watch()
-    wait_for(lambda: watch.get("", name) is not None,
-             message="the namespace watch to see the namespace")
+    changes.until(lambda: watch.get("", name) is not None,
+                  message="the namespace watch to see the namespace")
     watch.stop()
     admin = _admin(sim, tmp_path)
     admin.patch_namespace(name, {"metadata": {"labels": {"nodepool_installation_id": None}}})

@@ -26,7 +26,7 @@ from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, Kubernet
 from nodepool_k8s.core.errors import TemporaryError
 from nodepool_k8s.dev.simulator import Simulator
 from tests.e2e.util import node_api
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.kubernetes.conftest import ProviderFactory
 from tests.kubernetes.factories import make_label, make_provider, make_spec
 
@@ -217,7 +217,8 @@ def _launch_calls(sim: Simulator) -> dict[str, int]:
             and not k.endswith(" events")}
 
 
-def test_api_calls_per_node(sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+def test_api_calls_per_node(sim: Simulator, make_k8s_provider: ProviderFactory,
+                            changes: Signal) -> None:
     provider = make_k8s_provider(sim, NS_LABEL, POD_LABEL)
     sim.reset_counters()
     result = _launch(provider, "k8s-namespace")
@@ -227,8 +228,8 @@ def test_api_calls_per_node(sim: Simulator, make_k8s_provider: ProviderFactory) 
     _launch(provider, "pod-fedora", node_id="0000000001")
     assert sum(_launch_calls(sim).values()) == 8, sim.counters
     # The ownership proof comes from the namespace watch's copy once it has one (else a GET).
-    wait_for(lambda: provider._namespace_watch().get("", result.external_id) is not None,
-             message="the namespace watch to see the namespace")
+    changes.until(lambda: provider._namespace_watch().get("", result.external_id) is not None,
+                  message="the namespace watch to see the namespace")
     sim.reset_counters()
     provider.delete_and_confirm(result.external_id)
     assert _launch_calls(sim) == {"delete namespaces": 1}, sim.counters

@@ -15,7 +15,7 @@ import pytest
 from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.core.errors import LaunchError
 from nodepool_k8s.dev.simulator import Simulator
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.kubernetes.conftest import ProviderFactory
 from tests.kubernetes.factories import make_label, make_spec
 
@@ -70,7 +70,7 @@ def test_preferred_requirements_pick_the_preferred_node(
 
 
 def test_requirement_matching_no_node_is_unschedulable_then_fails(
-        cluster: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        cluster: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     clock = ManualClock()
     label = make_label("h100", boot_timeout=60, node_requirements=(
         {"key": "gpu", "operator": "In", "values": ["h100"]},))
@@ -90,7 +90,7 @@ def test_requirement_matching_no_node_is_unschedulable_then_fails(
         found = [c for c in ((pod or {}).get("status") or {}).get("conditions") or []
                  if c.get("reason") == "Unschedulable"]
         return found[0] if found else None
-    found = wait_for(condition, message="the pod to be unschedulable")
+    found = changes.until(condition, message="the pod to be unschedulable")
     assert found["type"] == "PodScheduled" and found["status"] == "False"
     # Without the toleration the GPU nodes fail on their taint first, as in kube-scheduler.
     assert found["message"].startswith(

@@ -23,7 +23,7 @@ from nodepool_k8s.driver.kubernetes.errors import Gone
 from nodepool_k8s.driver.kubernetes import slim
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch, iter_events, wait_namespace_deleted
 from nodepool_k8s.core.errors import LaunchCancelled, LaunchError, NotFound, TemporaryError
-from tests.helpers import wait_for
+from tests.helpers import Signal
 
 
 class _Chunked:
@@ -84,16 +84,17 @@ def test_an_event_without_an_object_ends_the_watch(event: Any) -> None:
 
 
 def test_a_list_answer_of_odd_shape_caches_only_objects(make_k8s_provider: Any,
-                                                        sim: Any) -> None:
+                                                        sim: Any, changes: Signal) -> None:
     provider = make_k8s_provider(sim)
     client = provider._client
     odd = ["pod", 7, None, ["x"], {"metadata": {"name": "p", "namespace": "n"}}]
     sim.rewrite_next("list", "pods", lambda body: {**body, "items": odd})
     watch = ObjectWatch("pods", client, client.core.list_pod_for_all_namespaces,
                         provider.selector, SYSTEM_CLOCK, watch_timeout=5, slim=slim.pod)
+    changes.listen(watch)
     watch.start()
     try:
-        wait_for(lambda: watch.synced, message="the list")
+        changes.until(lambda: watch.synced, message="the list")
         assert watch.objects() == [slim.pod({"metadata": {"name": "p", "namespace": "n"}})]
     finally:
         watch.stop()
@@ -249,6 +250,7 @@ class _Reads:
     def __init__(self, answer: dict[str, Any] | None) -> None:
         self.answer = answer
         self.reads = 0
+        self.read = Signal()  # told after each read is counted
         self.core = self
 
     def read_namespace(self, name: str) -> None:  # pragma: no cover - only passed along
@@ -256,6 +258,7 @@ class _Reads:
 
     def call(self, what: str, fn: Any, *args: Any, **kw: Any) -> dict[str, Any]:
         self.reads += 1
+        self.read()
         if self.answer is None:
             raise NotFound(what)
         return self.answer
@@ -343,7 +346,7 @@ def test_a_watch_that_never_saw_it_reads_once(monkeypatch: pytest.MonkeyPatch) -
 def test_after_the_read_the_watch_answers() -> None:
     watch, client = _ns_watch(), _Reads(_ns("ns", "u1", terminating=True))
     thread, outcome = _in_thread(lambda: _confirm(watch, client, ask_after=0.0))
-    wait_for(lambda: client.reads == 1, message="the one read")
+    client.read.until(lambda: client.reads == 1, message="the one read")
     thread.join(0.1)  # given the chance, it must neither finish nor read again
     assert thread.is_alive() and outcome == [] and client.reads == 1
     watch._apply({"type": "ADDED", "object": _ns("ns", "u1", terminating=True)}, "")
@@ -391,8 +394,21 @@ def test_tombstones_are_bounded_and_relists_leave_unconfirmed_ones() -> None:
     assert watch.tombstone("", "n9") == ("u9", False)
 
 
+class _LogSignal(logging.Handler):
+    """Tells `signal` of every record the root logger handles, after the handlers added
+    before it (pytest's `caplog` among them) have it."""
+
+    def __init__(self, signal: Signal) -> None:
+        super().__init__()
+        self._signal = signal
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._signal()
+
+
 def test_watch_failures_back_off_across_relists(make_sim: Any, make_k8s_provider: Any,
-                                                caplog: pytest.LogCaptureFixture) -> None:
+                                                caplog: pytest.LogCaptureFixture,
+                                                changes: Signal) -> None:
     """Watch forbidden but list allowed: every round lists fine and then fails. The
     backoff must keep growing across those successful lists (it used to reset after each
     list and relist every 0.2 s forever)."""
@@ -403,7 +419,7 @@ def test_watch_failures_back_off_across_relists(make_sim: Any, make_k8s_provider
     # Drop the running pods watch so the next one meets the fault. Only once it is open:
     # a watch still being opened would reach the server unfaulted and run for 30 s.
     pods = provider._pods
-    wait_for(lambda: pods._response is not None, message="the pods watch to be open")
+    changes.until(lambda: pods._response is not None, message="the pods watch to be open")
     sim.fail_next("watch", "pods", count=1000, code=403)
     with pods._lock:
         response = pods._response
@@ -412,7 +428,12 @@ def test_watch_failures_back_off_across_relists(make_sim: Any, make_k8s_provider
 
     def delays() -> list[str]:
         return [r.getMessage() for r in caplog.records if "pods watch failed" in r.getMessage()]
-    wait_for(lambda: len(delays()) >= 3, 30, message="three failed watch rounds")
+    logged_any = _LogSignal(changes)
+    logging.getLogger().addHandler(logged_any)
+    try:
+        changes.until(lambda: len(delays()) >= 3, 30, message="three failed watch rounds")
+    finally:
+        logging.getLogger().removeHandler(logged_any)
     logged = delays()[:3]
     for index, line in enumerate(logged):
         assert f"(#{index + 1}), restarting in {restart_delay(index):.1f}s" in line, logged

@@ -42,8 +42,8 @@ from nodepool_k8s.driver.kubernetes.readiness import PodCheck
 from nodepool_k8s.driver.kubernetes.waiter import ObjectWatch
 from nodepool_k8s.core.errors import LaunchError
 from nodepool_k8s.dev.simulator import Simulator
-from tests.helpers import wait_for
-from tests.kubernetes.conftest import FAST, ProviderFactory
+from tests.helpers import Signal, wait_for
+from tests.kubernetes.conftest import FAST, ProviderFactory, watching
 from tests.kubernetes.factories import make_label, make_provider, make_spec
 
 # The operator lets this label's jobs have more pods than the default object quota, so a
@@ -126,7 +126,8 @@ def test_a_jobs_pods_with_our_labels_cost_no_memory_and_no_capacity(
 
 
 def _flood(provider: KubernetesProvider, kubeconfig: Path) -> None:
-    wait_for(provider.watches_synced, message="the provider's watches to sync")
+    changes = watching(provider)
+    changes.until(provider.watches_synced, message="the provider's watches to sync")
     capacity, pods = provider._capacity, provider._pods
     assert capacity is not None and pods is not None
     node = _launch(provider, "k8s-namespace", "0000000001")
@@ -183,12 +184,13 @@ def _flood(provider: KubernetesProvider, kubeconfig: Path) -> None:
         marked = admin.patch_namespaced_pod(key[1], key[0],
                                             {"metadata": {"labels": {"mark": "1"}}})
         version = marked.metadata.resource_version
-        wait_for(lambda: all((w.get(*key) or {}).get("metadata", {}).get("resourceVersion")
-                             == version for w in (pods, capacity.watches["all-pods"])), 60,
-                 message="both pod watches to apply the last change")
+        changes.until(lambda: all((w.get(*key) or {}).get("metadata", {}).get(
+            "resourceVersion") == version for w in (pods, capacity.watches["all-pods"])), 60,
+            message="both pod watches to apply the last change")
         grown = _traced() - before
     finally:
         tracemalloc.stop()
+        changes.close()
     assert grown < 8 * MiB, f"the launcher grew by {grown / MiB:.1f} MiB"
     ours = {(n.external_id, n.connection_port["pod"]) for n in launched + [last]}
     cached = {(p["metadata"]["namespace"], p["metadata"]["name"]) for p in pods.objects()}
@@ -203,7 +205,7 @@ def _flood(provider: KubernetesProvider, kubeconfig: Path) -> None:
 
 
 def test_after_a_restart_existing_nodes_are_still_recognised(
-        sim: Simulator, make_k8s_provider: ProviderFactory) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
     config = make_provider(NS, POD, capacity_nodes=True)
     first = make_k8s_provider(sim, config=config)
     ns_node = _launch(first, "k8s-namespace", "0000000001")
@@ -214,13 +216,13 @@ def test_after_a_restart_existing_nodes_are_still_recognised(
     assert {ns_node.external_id, pod_node.external_id} <= {
         manifests.label_value(o["metadata"]["name"]) for o in watch.objects()}
     assert second._capacity is not None
-    wait_for(lambda: second._capacity._ours_bound().get("cores") == 1, 15,  # type: ignore
-             message="capacity to count the pod node's pod as ours")
+    changes.until(lambda: second._capacity._ours_bound().get("cores") == 1, 15,  # type: ignore
+                  message="capacity to count the pod node's pod as ours")
     assert second.cloud_limits(POD)["cores"] == pytest.approx(16)
 
 
 def test_a_namespace_not_named_for_its_node_is_not_kept(
-        sim: Simulator, provider: KubernetesProvider, tmp_path: Any) -> None:
+        sim: Simulator, provider: KubernetesProvider, tmp_path: Any, changes: Signal) -> None:
     admin = _api(sim, tmp_path, "admin")
     labels = {manifests.PROVIDER_LABEL: provider.name,
               manifests.INSTALLATION_LABEL: provider.installation_id,
@@ -229,7 +231,7 @@ def test_a_namespace_not_named_for_its_node_is_not_kept(
     admin.create_namespace({"metadata": {"name": "scratch", "labels": labels}})
     node = _launch(provider, "k8s-namespace", "0000000007")
     watch = provider._namespace_watch()
-    wait_for(lambda: watch.get("", node.external_id), message="our namespace in the watch")
+    changes.until(lambda: watch.get("", node.external_id), message="our namespace in the watch")
     assert watch.get("", "main-0000000006") is None and watch.get("", "scratch") is None
     assert watch.dropped >= 2
 
@@ -250,7 +252,7 @@ def test_deleting_a_labelled_namespace_the_watch_does_not_keep_is_confirmed(
 
 
 def test_capacity_keeps_only_pods_that_hold_a_node(
-        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any) -> None:
+        sim: Simulator, make_k8s_provider: ProviderFactory, tmp_path: Any, changes: Signal) -> None:
     provider = make_k8s_provider(sim, POD, capacity_nodes=True)
     assert provider._capacity is not None
     pods = provider._capacity.watches["all-pods"]
@@ -262,12 +264,12 @@ def test_capacity_keeps_only_pods_that_hold_a_node(
         "nodeSelector": {"no-such": "node"}, "containers": [container]}})
     admin.create_namespaced_pod("others", {"metadata": {"name": "bound"},
                                            "spec": {"containers": [container]}})
-    wait_for(lambda: (pods.get("others", "bound") or {}).get("status", {}).get("phase")
-             == "Running", message="the bound pod running in the capacity watch")
+    changes.until(lambda: (pods.get("others", "bound") or {}).get("status", {}).get("phase")
+                  == "Running", message="the bound pod running in the capacity watch")
     assert pods.get("others", "pending") is None and pods.dropped >= 1
     sim.patch("pods", "bound", {"status": {"phase": "Succeeded"}}, "others")
-    wait_for(lambda: pods.get("others", "bound") is None,
-             message="the finished pod to leave the capacity watch")
+    changes.until(lambda: pods.get("others", "bound") is None,
+                  message="the finished pod to leave the capacity watch")
 
 
 # -- ObjectWatch mechanics, against the simulator ------------------------------------------------
@@ -291,13 +293,14 @@ def _make_pods(sim: Simulator, tmp_path: Any, count: int, containers: int = 1) -
 
 
 def test_relists_are_paged(sim: Simulator, provider: KubernetesProvider,
-                           tmp_path: Any) -> None:
+                           tmp_path: Any, changes: Signal) -> None:
     _make_pods(sim, tmp_path, 7)
     sim.reset_counters()
     watch = _pod_watch(provider, page_size=3)
+    changes.listen(watch)
     watch.start()
     try:
-        wait_for(lambda: watch.synced, message="the paged list")
+        changes.until(lambda: watch.synced, message="the paged list")
         assert len(watch.objects()) == 7
         assert sim.counters.get("list pods") == 3  # 3 + 3 + 1
     finally:
@@ -305,7 +308,7 @@ def test_relists_are_paged(sim: Simulator, provider: KubernetesProvider,
 
 
 def test_an_expired_continue_lists_again_from_the_start(
-        sim: Simulator, provider: KubernetesProvider, tmp_path: Any) -> None:
+        sim: Simulator, provider: KubernetesProvider, tmp_path: Any, changes: Signal) -> None:
     _make_pods(sim, tmp_path, 5)
     compacted = threading.Event()
 
@@ -320,9 +323,10 @@ def test_an_expired_continue_lists_again_from_the_start(
     sim.rewrite_next("list", "pods", compact_after_first_page)
     sim.reset_counters()
     watch = _pod_watch(provider, page_size=2)
+    changes.listen(watch)
     watch.start()
     try:
-        wait_for(lambda: watch.synced, message="the list after 410 Expired")
+        changes.until(lambda: watch.synced, message="the list after 410 Expired")
         assert compacted.is_set()
         names = sorted(o["metadata"]["name"] for o in watch.objects())
         assert names == ["p00", "p01", "p02", "p03", "p04"]
@@ -335,14 +339,15 @@ def test_an_expired_continue_lists_again_from_the_start(
 
 def test_an_oversized_copy_is_not_kept_and_logged_once(
         sim: Simulator, provider: KubernetesProvider, tmp_path: Any,
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, changes: Signal) -> None:
     # 400 containers' requests survive slimming: about 20 KB a pod.
     _make_pods(sim, tmp_path, 3, containers=400)
     caplog.set_level(logging.DEBUG, "nodepool_k8s.driver.kubernetes.waiter")
     watch = _pod_watch(provider, max_object_bytes=16 * 1024)
+    changes.listen(watch)
     watch.start()
     try:
-        wait_for(lambda: watch.synced, message="the list")
+        changes.until(lambda: watch.synced, message="the list")
         assert watch.objects() == [] and watch.refused >= 3
     finally:
         watch.stop()
@@ -351,12 +356,13 @@ def test_an_oversized_copy_is_not_kept_and_logged_once(
 
 
 def test_a_full_cache_keeps_no_new_names(sim: Simulator, provider: KubernetesProvider,
-                                         tmp_path: Any) -> None:
+                                         tmp_path: Any, changes: Signal) -> None:
     _make_pods(sim, tmp_path, 5)
     watch = _pod_watch(provider, max_objects=3)
+    changes.listen(watch)
     watch.start()
     try:
-        wait_for(lambda: watch.synced, message="the list")
+        changes.until(lambda: watch.synced, message="the list")
         assert len(watch.objects()) == 3 and watch.refused == 2
     finally:
         watch.stop()

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client, config
 
 from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
+from tests.helpers import Signal
 
 
 @dataclass
@@ -41,12 +42,26 @@ def kube(k8s_sim: Simulator) -> Iterator[Kube]:
 
 
 @pytest.fixture
-def make_sim(tmp_path: Any) -> Iterator[Callable[..., tuple[Simulator, Kube]]]:
+def changes(request: pytest.FixtureRequest) -> Iterator[Signal]:
+    """Told of every change of the test's simulators (`k8s_sim`, if the test has it, and
+    each one `make_sim` starts): objects stored, changed or deleted, watches opened or
+    ended; not of API calls, as the checks read through the API."""
+    signal = Signal()
+    if "k8s_sim" in request.fixturenames:
+        signal.listen(request.getfixturevalue("k8s_sim"))
+    yield signal
+    signal.close()
+
+
+@pytest.fixture
+def make_sim(tmp_path: Any,
+             changes: Signal) -> Iterator[Callable[..., tuple[Simulator, Kube]]]:
     """Start a simulator with custom settings; returns (sim, connected client)."""
     started: list[tuple[Simulator, Kube]] = []
 
     def factory(**settings: Any) -> tuple[Simulator, Kube]:
         sim = Simulator(SimulatorConfig(**settings)).start()
+        changes.listen(sim)
         path = sim.write_kubeconfig(tmp_path / f"kubeconfig-{len(started)}")
         pair = (sim, connect(path))
         started.append(pair)

@@ -9,7 +9,7 @@ import pytest
 from kubernetes.client import ApiException
 
 from nodepool_k8s.dev.simulator import Simulator
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.simulator.conftest import Kube, existing, pod_body, token_secret_body
 
 
@@ -75,10 +75,10 @@ def test_pod_crud_defaults_and_generation(kube: Kube) -> None:
     assert info.value.status == 404
 
 
-def test_pod_status_is_kept_on_update_but_written_via_status(kube: Kube) -> None:
+def test_pod_status_is_kept_on_update_but_written_via_status(kube: Kube, changes: Signal) -> None:
     kube.core.create_namespace({"metadata": {"name": "st"}})
     kube.core.create_namespaced_pod("st", pod_body("p"))
-    wait_for(lambda: kube.core.read_namespaced_pod("p", "st").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("p", "st").status.phase == "Running")
     kube.core.patch_namespaced_pod("p", "st", {"status": {"phase": "Failed"}})
     assert kube.core.read_namespaced_pod("p", "st").status.phase == "Running"
     kube.core.patch_namespaced_pod_status("p", "st", {"status": {"phase": "Failed"}})

@@ -13,7 +13,7 @@ from kubernetes import client, config
 from kubernetes.client import ApiException
 
 from nodepool_k8s.dev.simulator import Simulator
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.simulator.conftest import Kube, pod_body, token_secret_body
 from tests.simulator.test_watch import Collector
 
@@ -24,12 +24,13 @@ def as_token(sim: Simulator, token: str, tmp_path: Path) -> client.CoreV1Api:
     return client.CoreV1Api(config.new_client_from_config(config_file=path, context="sim"))
 
 
-def test_pod_goes_pending_scheduled_running(kube: Kube, k8s_sim: Simulator) -> None:
+def test_pod_goes_pending_scheduled_running(kube: Kube, k8s_sim: Simulator,
+                                            changes: Signal) -> None:
     kube.core.create_namespace({"metadata": {"name": "life"}})
     watches = k8s_sim.open_watches
     c = Collector(kube.core.list_namespaced_pod, "life", timeout_seconds=10)
     # The watch must be open before the pod exists, or its first event is a later state.
-    wait_for(lambda: k8s_sim.open_watches > watches, message="the watch to open")
+    changes.until(lambda: k8s_sim.open_watches > watches, message="the watch to open")
     try:
         kube.core.create_namespaced_pod("life", pod_body("p"))
         created = c.next()["raw_object"]
@@ -51,39 +52,39 @@ def test_pod_goes_pending_scheduled_running(kube: Kube, k8s_sim: Simulator) -> N
         c.stop()
 
 
-def test_delays_are_observable(make_sim: Any) -> None:
+def test_delays_are_observable(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim(schedule_delay=0.3, start_delay=0.3)
     kube.core.create_namespace({"metadata": {"name": "slow"}})
     kube.core.create_namespaced_pod("slow", pod_body("p"))
     assert kube.core.read_namespaced_pod("p", "slow").spec.node_name is None
-    wait_for(lambda: kube.core.read_namespaced_pod("p", "slow").spec.node_name)
+    changes.until(lambda: kube.core.read_namespaced_pod("p", "slow").spec.node_name)
     assert kube.core.read_namespaced_pod("p", "slow").status.phase == "Pending"
-    wait_for(lambda: kube.core.read_namespaced_pod("p", "slow").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("p", "slow").status.phase == "Running")
 
 
-def test_node_selector_and_configured_nodes(make_sim: Any) -> None:
+def test_node_selector_and_configured_nodes(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim(node_labels={"n1": {"disk": "hdd"}, "n2": {"disk": "ssd"}})
     assert [n.metadata.name for n in kube.core.list_node().items] == ["n1", "n2"]
     kube.core.create_namespace({"metadata": {"name": "ns"}})
     kube.core.create_namespaced_pod("ns", pod_body("fast", nodeSelector={"disk": "ssd"}))
     kube.core.create_namespaced_pod("ns", pod_body("gpu", nodeSelector={"gpu": "yes"}))
-    wait_for(lambda: kube.core.read_namespaced_pod("fast", "ns").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("fast", "ns").status.phase == "Running")
     assert kube.core.read_namespaced_pod("fast", "ns").spec.node_name == "n2"
 
     def unschedulable() -> Any:
         pod = kube.core.read_namespaced_pod("gpu", "ns")
         return [c for c in pod.status.conditions or [] if c.reason == "Unschedulable"]
-    (condition,) = wait_for(unschedulable)
+    (condition,) = changes.until(unschedulable)
     assert condition.type == "PodScheduled" and condition.status == "False"
     assert "didn't match Pod's node affinity/selector" in condition.message
     # A node that matches appears: the pending pod gets scheduled.
     kube.core.patch_node("n1", {"metadata": {"labels": {"gpu": "yes"}}})
-    wait_for(lambda: kube.core.read_namespaced_pod("gpu", "ns").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("gpu", "ns").status.phase == "Running")
     assert kube.core.read_namespaced_pod("gpu", "ns").spec.node_name == "n1"
 
 
 def test_token_controller_fills_secret_and_token_authenticates(
-        kube: Kube, k8s_sim: Simulator, tmp_path: Path) -> None:
+        kube: Kube, k8s_sim: Simulator, tmp_path: Path, changes: Signal) -> None:
     kube.core.create_namespace({"metadata": {"name": "tok"}})
     kube.core.create_namespaced_service_account("tok", {"metadata": {"name": "zuul-worker"}})
     kube.core.create_namespaced_secret("tok", token_secret_body("zuul-worker", "zuul-worker"))
@@ -91,7 +92,7 @@ def test_token_controller_fills_secret_and_token_authenticates(
     def filled() -> Any:
         secret = kube.core.read_namespaced_secret("zuul-worker", "tok")
         return secret if (secret.data or {}).get("token") else None
-    secret = wait_for(filled)
+    secret = changes.until(filled)
     assert base64.b64decode(secret.data["ca.crt"]).decode() == k8s_sim.ca_pem
     assert base64.b64decode(secret.data["namespace"]) == b"tok"
     sa_uid = kube.core.read_namespaced_service_account("zuul-worker", "tok").metadata.uid
@@ -107,24 +108,26 @@ def test_token_controller_fills_secret_and_token_authenticates(
     worker.api_client.close()
 
 
-def test_secret_created_before_its_service_account_is_filled_later(kube: Kube) -> None:
+def test_secret_created_before_its_service_account_is_filled_later(kube: Kube,
+                                                                   changes: Signal) -> None:
     kube.core.create_namespace({"metadata": {"name": "order"}})
     kube.core.create_namespaced_secret("order", token_secret_body("s", "late"))
     assert not kube.core.read_namespaced_secret("s", "order").data
     kube.core.create_namespaced_service_account("order", {"metadata": {"name": "late"}})
-    wait_for(lambda: (kube.core.read_namespaced_secret("s", "order").data or {}).get("token"))
+    changes.until(lambda: (kube.core.read_namespaced_secret("s", "order").data or {}).get("token"))
 
 
-def test_token_delay(make_sim: Any) -> None:
+def test_token_delay(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim(token_delay=0.3)
     kube.core.create_namespace({"metadata": {"name": "td"}})
     kube.core.create_namespaced_service_account("td", {"metadata": {"name": "w"}})
     kube.core.create_namespaced_secret("td", token_secret_body("w", "w"))
     assert not kube.core.read_namespaced_secret("w", "td").data
-    wait_for(lambda: (kube.core.read_namespaced_secret("w", "td").data or {}).get("token"))
+    changes.until(lambda: (kube.core.read_namespaced_secret("w", "td").data or {}).get("token"))
 
 
-def test_namespace_deletion_terminates_then_removes_contents(make_sim: Any) -> None:
+def test_namespace_deletion_terminates_then_removes_contents(make_sim: Any,
+                                                             changes: Signal) -> None:
     sim, kube = make_sim(namespace_delete_delay=0.3)
     kube.core.create_namespace({"metadata": {"name": "doomed"}})
     kube.core.create_namespaced_service_account("doomed", {"metadata": {"name": "sa"}})
@@ -149,7 +152,7 @@ def test_namespace_deletion_terminates_then_removes_contents(make_sim: Any) -> N
             except ApiException as exc:
                 return exc.status == 404
             return False
-        wait_for(gone)
+        changes.until(gone)
         assert sim.list("pods", "doomed") == [] and sim.list("serviceaccounts", "doomed") == []
         while True:
             event = c.next()
@@ -160,24 +163,24 @@ def test_namespace_deletion_terminates_then_removes_contents(make_sim: Any) -> N
         c.stop()
 
 
-def test_pod_delete_delay(make_sim: Any) -> None:
+def test_pod_delete_delay(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim(pod_delete_delay=0.3)
     kube.core.create_namespace({"metadata": {"name": "pd"}})
     kube.core.create_namespaced_pod("pd", pod_body("p"))
     kube.core.delete_namespaced_pod("p", "pd")
     pod = kube.core.read_namespaced_pod("p", "pd")
     assert pod.metadata.deletion_timestamp is not None
-    wait_for(lambda: sim.get("pods", "p", "pd") is None)
+    changes.until(lambda: sim.get("pods", "p", "pd") is None)
     kube.core.create_namespaced_pod("pd", pod_body("q"))
     kube.core.delete_namespaced_pod("q", "pd", grace_period_seconds=0)  # immediate
     assert sim.get("pods", "q", "pd") is None
 
 
-def test_namespace_defaults_option(make_sim: Any) -> None:
+def test_namespace_defaults_option(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim(namespace_defaults=True)
     kube.core.create_namespace({"metadata": {"name": "nd"}})
-    wait_for(lambda: sim.get("serviceaccounts", "default", "nd"))
-    cm = wait_for(lambda: sim.get("configmaps", "kube-root-ca.crt", "nd"))
+    changes.until(lambda: sim.get("serviceaccounts", "default", "nd"))
+    cm = changes.until(lambda: sim.get("configmaps", "kube-root-ca.crt", "nd"))
     assert cm["data"]["ca.crt"] == sim.ca_pem
 
 

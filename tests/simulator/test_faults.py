@@ -12,7 +12,7 @@ from kubernetes.client import ApiException
 from nodepool_k8s.dev.simulator import Faults, Simulator
 from nodepool_k8s.dev.simulator.api import Api
 from nodepool_k8s.dev.simulator.faults import FaultInjector
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.simulator.conftest import Kube, pod_body
 
 
@@ -132,28 +132,28 @@ def test_counters(kube: Kube, k8s_sim: Simulator) -> None:
     assert k8s_sim.counters == {}
 
 
-def test_image_pull_failure_then_recovery(kube: Kube, k8s_sim: Simulator) -> None:
+def test_image_pull_failure_then_recovery(kube: Kube, k8s_sim: Simulator, changes: Signal) -> None:
     k8s_sim.set_faults(image_pull_fail=("registry.example/*",))
     kube.core.create_namespace({"metadata": {"name": "img"}})
     kube.core.create_namespaced_pod("img", pod_body("bad", image="registry.example/app:1"))
     kube.core.create_namespaced_pod("img", pod_body("good"))
-    wait_for(lambda: waiting_reason(kube, "bad", "img") == "ImagePullBackOff")
+    changes.until(lambda: waiting_reason(kube, "bad", "img") == "ImagePullBackOff")
     pod = kube.core.read_namespaced_pod("bad", "img")
     assert pod.status.phase == "Pending" and pod.spec.node_name == "sim-node-1"
-    wait_for(lambda: kube.core.read_namespaced_pod("good", "img").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("good", "img").status.phase == "Running")
     k8s_sim.set_faults(image_pull_fail=())
-    wait_for(lambda: kube.core.read_namespaced_pod("bad", "img").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("bad", "img").status.phase == "Running")
 
 
-def test_err_image_pull_comes_before_back_off(make_sim: Any) -> None:
+def test_err_image_pull_comes_before_back_off(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim(image_pull_backoff_delay=0.5, faults=Faults(image_pull_fail=("bad",)))
     kube.core.create_namespace({"metadata": {"name": "img"}})
     kube.core.create_namespaced_pod("img", pod_body("p", image="bad"))
-    wait_for(lambda: waiting_reason(kube, "p", "img") == "ErrImagePull")
-    wait_for(lambda: waiting_reason(kube, "p", "img") == "ImagePullBackOff")
+    changes.until(lambda: waiting_reason(kube, "p", "img") == "ErrImagePull")
+    changes.until(lambda: waiting_reason(kube, "p", "img") == "ImagePullBackOff")
 
 
-def test_unschedulable_fault(kube: Kube, k8s_sim: Simulator) -> None:
+def test_unschedulable_fault(kube: Kube, k8s_sim: Simulator, changes: Signal) -> None:
     k8s_sim.set_faults(unschedulable=True)
     kube.core.create_namespace({"metadata": {"name": "un"}})
     kube.core.create_namespaced_pod("un", pod_body("p"))
@@ -161,20 +161,20 @@ def test_unschedulable_fault(kube: Kube, k8s_sim: Simulator) -> None:
     def reason() -> str | None:
         conditions = kube.core.read_namespaced_pod("p", "un").status.conditions or []
         return next((c.reason for c in conditions if c.type == "PodScheduled"), None)
-    wait_for(lambda: reason() == "Unschedulable")
+    changes.until(lambda: reason() == "Unschedulable")
     assert kube.core.read_namespaced_pod("p", "un").spec.node_name is None
     k8s_sim.set_faults(unschedulable=False)
-    wait_for(lambda: kube.core.read_namespaced_pod("p", "un").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("p", "un").status.phase == "Running")
 
 
-def test_namespace_delete_hang(kube: Kube, k8s_sim: Simulator) -> None:
+def test_namespace_delete_hang(kube: Kube, k8s_sim: Simulator, changes: Signal) -> None:
     k8s_sim.set_faults(namespace_delete_hang=True)
     kube.core.create_namespace({"metadata": {"name": "stuck"}})
     kube.core.delete_namespace("stuck")
     k8s_sim.set_faults(latency=0)  # other changes re-check, but the hang holds
     assert kube.core.read_namespace("stuck").status.phase == "Terminating"
     k8s_sim.set_faults(namespace_delete_hang=False)
-    wait_for(lambda: k8s_sim.get("namespaces", "stuck") is None)
+    changes.until(lambda: k8s_sim.get("namespaces", "stuck") is None)
 
 
 def test_quota_exceeded_always_and_for_next_n(kube: Kube, k8s_sim: Simulator) -> None:

@@ -11,7 +11,7 @@ from kubernetes import client, config
 from kubernetes.client import ApiException
 
 from nodepool_k8s.dev.simulator import Simulator
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.simulator.conftest import Kube, pod_body
 
 FINALIZER = "example.com/hold"
@@ -48,13 +48,14 @@ def test_delete_with_finalizers_only_marks(kube: Kube, k8s_sim: Simulator) -> No
     assert gone.value.status == 404
 
 
-def test_terminating_namespace_waits_for_finalizers(kube: Kube, k8s_sim: Simulator) -> None:
+def test_terminating_namespace_waits_for_finalizers(kube: Kube, k8s_sim: Simulator,
+                                                    changes: Signal) -> None:
     kube.core.create_namespace({"metadata": {"name": "stuck"}})
     _held_config_map(kube, "stuck")
     kube.core.create_namespaced_config_map("stuck", {"metadata": {"name": "plain"}})
     kube.core.delete_namespace("stuck")
-    wait_for(lambda: "NamespaceFinalizersRemaining" in _conditions(k8s_sim, "stuck"),
-             message="the namespace controller's conditions")
+    changes.until(lambda: "NamespaceFinalizersRemaining" in _conditions(k8s_sim, "stuck"),
+                  message="the namespace controller's conditions")
     conditions = _conditions(k8s_sim, "stuck")
     assert conditions["NamespaceContentRemaining"]["status"] == "True"
     assert conditions["NamespaceContentRemaining"]["message"] == \
@@ -66,11 +67,11 @@ def test_terminating_namespace_waits_for_finalizers(kube: Kube, k8s_sim: Simulat
     namespace = k8s_sim.get("namespaces", "stuck")
     assert namespace is not None and namespace["status"]["phase"] == "Terminating"
     kube.core.patch_namespaced_config_map("held", "stuck", {"metadata": {"finalizers": []}})
-    wait_for(lambda: k8s_sim.get("namespaces", "stuck") is None,
-             message="the namespace to go once its content is gone")
+    changes.until(lambda: k8s_sim.get("namespaces", "stuck") is None,
+                  message="the namespace to go once its content is gone")
 
 
-def test_pod_grace_period_is_honoured_and_can_be_shortened(make_sim: Any) -> None:
+def test_pod_grace_period_is_honoured_and_can_be_shortened(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim()
     sim.set_faults(ignore_sigterm=True)
     kube.core.create_namespace({"metadata": {"name": "slow"}})
@@ -78,7 +79,7 @@ def test_pod_grace_period_is_honoured_and_can_be_shortened(make_sim: Any) -> Non
     body["spec"]["terminationGracePeriodSeconds"] = 10 ** 9
     kube.core.create_namespaced_pod("slow", body)
     kube.core.delete_namespace("slow")
-    wait_for(lambda: (sim.get("pods", "p", "slow") or {}).get("metadata", {}).get(
+    changes.until(lambda: (sim.get("pods", "p", "slow") or {}).get("metadata", {}).get(
         "deletionGracePeriodSeconds") == 10 ** 9, message="the pod's own grace period")
     assert sim.get("namespaces", "slow") is not None
     # A shorter grace period wins; 0 removes the pod, and then the namespace goes.
@@ -86,7 +87,7 @@ def test_pod_grace_period_is_honoured_and_can_be_shortened(make_sim: Any) -> Non
     pod = sim.get("pods", "p", "slow")
     assert pod is not None and pod["metadata"]["deletionGracePeriodSeconds"] == 5
     kube.core.delete_namespaced_pod("p", "slow", grace_period_seconds=0)
-    wait_for(lambda: sim.get("namespaces", "slow") is None, message="the namespace to go")
+    changes.until(lambda: sim.get("namespaces", "slow") is None, message="the namespace to go")
 
 
 def test_self_subject_review_names_the_caller(make_sim: Any, tmp_path: Path) -> None:

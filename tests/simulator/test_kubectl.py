@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from nodepool_k8s.dev.simulator import Simulator
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.simulator.conftest import existing
 
 KUBECTL = shutil.which("kubectl")
@@ -57,7 +57,7 @@ def kubectl(sim: Simulator, *args: str, check: bool = True) -> str:
     return result.stdout + result.stderr
 
 
-def test_get_create_delete(k8s_sim: Simulator, tmp_path: Path) -> None:
+def test_get_create_delete(k8s_sim: Simulator, tmp_path: Path, changes: Signal) -> None:
     out = kubectl(k8s_sim, "get", "ns")
     assert out.split()[:3] == ["NAME", "STATUS", "AGE"] and "kube-system" in out
     manifest = tmp_path / "objects.yaml"
@@ -65,7 +65,7 @@ def test_get_create_delete(k8s_sim: Simulator, tmp_path: Path) -> None:
     out = kubectl(k8s_sim, "create", "-f", str(manifest))
     assert "namespace/demo created" in out and "pod/web created" in out
     assert "role.rbac.authorization.k8s.io/reader created" in out
-    wait_for(lambda: (k8s_sim.get("pods", "web", "demo") or {}).get(
+    changes.until(lambda: (k8s_sim.get("pods", "web", "demo") or {}).get(
         "status", {}).get("phase") == "Running")
     out = kubectl(k8s_sim, "get", "pods", "-n", "demo", "-o", "wide")
     assert "web" in out and "Running" in out and "sim-node-1" in out and "1/1" in out
@@ -119,7 +119,7 @@ def test_imperative_creates_send_protobuf(k8s_sim: Simulator) -> None:
     assert 'The Namespace "Bad_Name" is invalid' in out
 
 
-def test_watch_with_kubectl(k8s_sim: Simulator) -> None:
+def test_watch_with_kubectl(k8s_sim: Simulator, changes: Signal) -> None:
     assert KUBECTL is not None and k8s_sim.kubeconfig_path
     proc = subprocess.Popen([KUBECTL, "--kubeconfig", k8s_sim.kubeconfig_path, "get", "ns",
                              "-w", "--request-timeout=5s"],
@@ -127,7 +127,7 @@ def test_watch_with_kubectl(k8s_sim: Simulator) -> None:
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline().split() == ["NAME", "STATUS", "AGE"]
-        wait_for(lambda: k8s_sim.open_watches == 1)
+        changes.until(lambda: k8s_sim.open_watches == 1)
         subprocess.run([KUBECTL, "--kubeconfig", k8s_sim.kubeconfig_path, "create", "namespace",
                         "watched"], check=True, capture_output=True, timeout=30)
         line = "first"

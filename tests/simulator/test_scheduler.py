@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from nodepool_k8s.dev.simulator import scheduler
-from tests.helpers import wait_for
+from tests.helpers import Signal
 
 
 def pod_body(name: str, **spec: Any) -> dict[str, Any]:
@@ -20,7 +20,7 @@ def _condition(kube: Any, name: str) -> Any:
     return found[0] if found else None
 
 
-def test_fit_error_counts_reasons_like_the_real_scheduler(make_sim: Any) -> None:
+def test_fit_error_counts_reasons_like_the_real_scheduler(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim(node_labels={"gpu": {"gpu": "yes"}, "a": {}, "b": {}},
                          node_taints={"gpu": [{"key": "gpu", "value": "true",
                                                "effect": "NoSchedule"}]})
@@ -29,7 +29,7 @@ def test_fit_error_counts_reasons_like_the_real_scheduler(make_sim: Any) -> None
         "nodeSelectorTerms": [{"matchExpressions": [
             {"key": "gpu", "operator": "In", "values": ["yes"]}]}]}}}
     kube.core.create_namespaced_pod("ns", pod_body("p", affinity=affinity))
-    condition = wait_for(lambda: _condition(kube, "p"))
+    condition = changes.until(lambda: _condition(kube, "p"))
     assert condition.message == (
         "0/3 nodes are available: 1 node(s) had untolerated taint {gpu: true}, 2 node(s)"
         " didn't match Pod's node affinity/selector. preemption: 0/3 nodes are available:"
@@ -37,14 +37,14 @@ def test_fit_error_counts_reasons_like_the_real_scheduler(make_sim: Any) -> None
     # Tolerating the taint lets it run on the GPU node.
     kube.core.create_namespaced_pod("ns", pod_body(
         "q", affinity=affinity, tolerations=[{"key": "gpu", "operator": "Exists"}]))
-    wait_for(lambda: kube.core.read_namespaced_pod("q", "ns").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("q", "ns").status.phase == "Running")
     assert kube.core.read_namespaced_pod("q", "ns").spec.node_name == "gpu"
     # Removing the taint from the node (a Node change) lets the first pod run too.
     kube.core.patch_node("gpu", {"spec": {"taints": []}})
-    wait_for(lambda: kube.core.read_namespaced_pod("p", "ns").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("p", "ns").status.phase == "Running")
 
 
-def test_taints_added_through_the_api_and_cordoned_nodes(make_sim: Any) -> None:
+def test_taints_added_through_the_api_and_cordoned_nodes(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim(node_labels={})
     kube.core.create_node({"metadata": {"name": "n1", "labels": {"cores": "4"}},
                            "spec": {"unschedulable": True}})
@@ -52,17 +52,17 @@ def test_taints_added_through_the_api_and_cordoned_nodes(make_sim: Any) -> None:
         {"key": "dedicated", "value": "ci", "effect": "NoExecute"}]}})
     kube.core.create_namespace({"metadata": {"name": "ns"}})
     kube.core.create_namespaced_pod("ns", pod_body("p"))
-    condition = wait_for(lambda: _condition(kube, "p"))
+    condition = changes.until(lambda: _condition(kube, "p"))
     assert condition.message.startswith(
         "0/2 nodes are available: 1 node(s) had untolerated taint {dedicated: ci},"
         " 1 node(s) were unschedulable.")
 
 
-def test_without_node_objects_pods_schedule_anywhere(make_sim: Any) -> None:
+def test_without_node_objects_pods_schedule_anywhere(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim(node_labels={})
     kube.core.create_namespace({"metadata": {"name": "ns"}})
     kube.core.create_namespaced_pod("ns", pod_body("p", nodeSelector={"any": "thing"}))
-    wait_for(lambda: kube.core.read_namespaced_pod("p", "ns").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("p", "ns").status.phase == "Running")
 
 
 def test_operators_and_tolerations_unit() -> None:

@@ -10,7 +10,7 @@ from kubernetes.client import ApiException
 from nodepool_k8s.dev.simulator import errors
 from nodepool_k8s.dev.simulator.resources import by_plural
 from nodepool_k8s.dev.simulator.selectors import field_matcher, label_matcher
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.simulator.conftest import Kube, pod_body
 
 OBJS: list[dict[str, Any]] = [
@@ -61,13 +61,13 @@ def test_field_selector_paths_are_checked() -> None:
                                                                "metadata": {"name": "s"}})
 
 
-def test_selectors_through_the_client(kube: Kube) -> None:
+def test_selectors_through_the_client(kube: Kube, changes: Signal) -> None:
     kube.core.create_namespace({"metadata": {"name": "sel"}})
     kube.core.create_namespace({"metadata": {"name": "other"}})
     kube.core.create_namespaced_pod("sel", pod_body("one"))
     kube.core.create_namespaced_pod("sel", pod_body("two", nodeSelector={"disk": "ssd"}))
     kube.core.create_namespaced_pod("other", pod_body("three"))
-    wait_for(lambda: kube.core.read_namespaced_pod("one", "sel").status.phase == "Running")
+    changes.until(lambda: kube.core.read_namespaced_pod("one", "sel").status.phase == "Running")
 
     def names(**kw: str) -> list[str]:
         return [p.metadata.name for p in kube.core.list_pod_for_all_namespaces(**kw).items]

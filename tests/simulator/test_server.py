@@ -20,7 +20,7 @@ import yaml
 from kubernetes.client import ApiException
 
 from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
-from tests.helpers import wait_for
+from tests.helpers import Signal, wait_for
 from tests.simulator.conftest import Kube, connect
 
 
@@ -90,14 +90,14 @@ def test_admin_credentials_change_at_runtime(k8s_sim: Simulator) -> None:
     assert k8s_sim.rejected_requests == 3
 
 
-def test_end_watches(k8s_sim: Simulator, kube: Kube) -> None:
+def test_end_watches(k8s_sim: Simulator, kube: Kube, changes: Signal) -> None:
     response = kube.core.list_namespace(watch=True, _preload_content=False,
                                         timeout_seconds=60)
-    wait_for(lambda: k8s_sim.open_watches == 1, message="the watch to open")
+    changes.until(lambda: k8s_sim.open_watches == 1, message="the watch to open")
     k8s_sim.end_watches()
     response.read()  # the stream ends instead of running for 60 s
     response.release_conn()
-    wait_for(lambda: k8s_sim.open_watches == 0, message="the watch to be gone")
+    changes.until(lambda: k8s_sim.open_watches == 0, message="the watch to be gone")
 
 
 def test_plain_http_and_keep_alive(make_sim: Any) -> None:

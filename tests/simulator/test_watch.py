@@ -16,7 +16,7 @@ from kubernetes.client import ApiException
 
 from nodepool_k8s.dev.simulator import Simulator
 from nodepool_k8s.dev.simulator import watch as sim_watch
-from tests.helpers import wait_for
+from tests.helpers import Signal
 from tests.simulator.conftest import Kube
 
 
@@ -119,9 +119,11 @@ def test_watch_timeout_ends_the_stream(kube: Kube, k8s_sim: Simulator,
     # the timeout is observed as the deadline the server sets, then as the end it causes.
     now = [1000.0]
     waits: list[float] = []
+    waiting = Signal()
 
     def select(rlist: Any, wlist: Any, xlist: Any, timeout: float) -> Any:
         waits.append(timeout)
+        waiting()
         return real_select.select(rlist, wlist, xlist, timeout)
 
     real_select = sim_watch.select
@@ -136,7 +138,7 @@ def test_watch_timeout_ends_the_stream(kube: Kube, k8s_sim: Simulator,
             events.append(event)
         ended.set()
     threading.Thread(target=stream, daemon=True).start()
-    wait_for(lambda: waits, message="the stream to wait for events")
+    waiting.until(lambda: waits, message="the stream to wait for events")
     # Its end is due one second (of its clock) after it started, not before.
     assert set(waits) == {1.0} and not ended.is_set()
     now[0] += 1.0
@@ -205,12 +207,13 @@ def test_watch_client_can_resume_from_bookmark(make_sim: Any) -> None:
     assert w.resource_version == str(sim.resource_version)
 
 
-def test_client_disconnect_mid_watch_is_harmless(kube: Kube, k8s_sim: Simulator) -> None:
+def test_client_disconnect_mid_watch_is_harmless(kube: Kube, k8s_sim: Simulator,
+                                                 changes: Signal) -> None:
     c = Collector(kube.core.list_namespace, timeout_seconds=60)
     c.next()
-    wait_for(lambda: k8s_sim.open_watches == 1)
+    changes.until(lambda: k8s_sim.open_watches == 1)
     c.stop()
-    wait_for(lambda: k8s_sim.open_watches == 0, message="the server to notice the disconnect")
+    changes.until(lambda: k8s_sim.open_watches == 0, message="the server to notice the disconnect")
     # And abruptly: a raw TLS connection that asks for a watch and vanishes.
     ctx = ssl.create_default_context(cadata=k8s_sim.ca_pem)
     raw = socket.create_connection(("127.0.0.1", k8s_sim.port))
@@ -219,15 +222,15 @@ def test_client_disconnect_mid_watch_is_harmless(kube: Kube, k8s_sim: Simulator)
                 f"{k8s_sim.admin_token}\r\n\r\n".encode())
     assert tls.recv(100).startswith(b"HTTP/1.1 200")
     tls.close()  # no TLS close_notify, no end of the HTTP exchange: just gone
-    wait_for(lambda: k8s_sim.open_watches == 0)
+    changes.until(lambda: k8s_sim.open_watches == 0)
     kube.core.create_namespace({"metadata": {"name": "still-alive"}})
 
 
-def test_stop_closes_open_watches_promptly(make_sim: Any) -> None:
+def test_stop_closes_open_watches_promptly(make_sim: Any, changes: Signal) -> None:
     sim, kube = make_sim()
     c = Collector(kube.core.list_namespace, timeout_seconds=600)
     c.next()
-    wait_for(lambda: sim.open_watches == 1)
+    changes.until(lambda: sim.open_watches == 1)
     stopped = threading.Event()
     threading.Thread(target=lambda: (sim.stop(), stopped.set()), daemon=True).start()
     # An open watch must not hold the stop up (its deadline: the stream's 600 s timeout).

@@ -21,7 +21,7 @@ from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import CacheEvent, ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ConnectionState, ZkClient
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
-from tests.helpers import ZkConnection, wait_for
+from tests.helpers import Signal, ZkConnection
 from tests.sessions import expire_session
 
 
@@ -40,6 +40,7 @@ def test_node_cache_events_and_contenders(zkc: ZkClient, kazoo_client: KazooClie
         changed.set()
 
     cache.add_listener(listener)
+    changes = Signal().listen(cache)
     kazoo_client.ensure_path(paths.NODES)
     # Nodes are born in `init` without a lock dir; the cache watches for the dir.
     kazoo_client.create(paths.node_path("0000000001"),
@@ -52,24 +53,26 @@ def test_node_cache_events_and_contenders(zkc: ZkClient, kazoo_client: KazooClie
         assert cache.allocated_to("200-1") == ["0000000001"]
         lock = Lock(kazoo_client, paths.node_lock_path("0000000001"))
         lock.acquire()
-        wait_for(lambda: cache.is_locked("0000000001"))
+        changes.until(lambda: cache.is_locked("0000000001"))
         kazoo_client.set(paths.node_path("0000000001"), node_json("in-use"))
-        wait_for(lambda: (n := cache.get("0000000001")) is not None and n.state == "in-use")
+        changes.until(lambda: (n := cache.get("0000000001")) is not None
+                      and n.state == "in-use")
         assert cache.allocated_to("200-1") == []
         lock.release()
-        wait_for(lambda: not cache.is_locked("0000000001"))
+        changes.until(lambda: not cache.is_locked("0000000001"))
         lock.acquire()
-        wait_for(lambda: cache.is_locked("0000000001"))
+        changes.until(lambda: cache.is_locked("0000000001"))
         lock.release()
-        wait_for(lambda: not cache.is_locked("0000000001"))
+        changes.until(lambda: not cache.is_locked("0000000001"))
         with caplog.at_level(logging.WARNING):
             kazoo_client.create(paths.node_path("0000000002"), b"{broken")
             kazoo_client.create(paths.node_path("0000000003"), b"")
-            wait_for(lambda: "0000000003" in cache.empty_ids())
-        wait_for(lambda: "/nodepool/nodes/0000000002" in caplog.text)
+            changes.until(lambda: "0000000003" in cache.empty_ids())
+            # Reported before the cache tells its listeners of the change.
+            changes.until(lambda: "/nodepool/nodes/0000000002" in caplog.text)
         assert cache.get("0000000002") is None
         kazoo_client.delete(paths.node_path("0000000001"), recursive=True)
-        wait_for(lambda: cache.get("0000000001") is None)
+        changes.until(lambda: cache.get("0000000001") is None)
         assert (CacheEvent.REMOVED, "0000000001") in seen
         assert (CacheEvent.LOCK, "0000000001") in seen
     finally:
@@ -79,13 +82,14 @@ def test_node_cache_events_and_contenders(zkc: ZkClient, kazoo_client: KazooClie
 def test_request_cache_owner_and_children_ignored(zkc: ZkClient,
                                                   kazoo_client: KazooClient) -> None:
     cache = RequestCache(zkc)
+    changes = Signal().listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10)
         zkc.create(paths.request_path("900-0000000001"), b'{"state": "requested"}',
                    ephemeral=True, makepath=True)
         kazoo_client.create(paths.request_path("200-0000000002"), b'{"state": "requested"}')
-        wait_for(lambda: "200-0000000002" in cache and "900-0000000001" in cache)
+        changes.until(lambda: "200-0000000002" in cache and "900-0000000001" in cache)
         assert cache.owner("900-0000000001") == zkc.session_id
         assert cache.owner("200-0000000002") == 0
     finally:
@@ -118,14 +122,16 @@ def test_registry_components(zk: ZkConnection, zkc: ZkClient,
     assert kazoo_client.exists(pool.path).ephemeralOwner == zkc.session_id
 
     cache = ComponentCache(zkc)
+    changes = Signal().listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10)
-        wait_for(lambda: [c.id for c in cache.pools()] == [pool_id])
+        changes.until(lambda: [c.id for c in cache.pools()] == [pool_id])
         assert cache.pools()[0].supported_labels == {"a", "b"} and cache.pools()[0].paused
         registry.unregister(pool)
-        wait_for(lambda: not cache.pools())
+        changes.until(lambda: not cache.pools())
     finally:
+        changes.close()
         cache.stop()
 
 
@@ -133,26 +139,29 @@ def test_session_expiry_epoch_reregister_and_resync(zk: ZkConnection, zkc: ZkCli
                                                     kazoo_client: KazooClient) -> None:
     states: list[ConnectionState] = []
     zkc.add_listener(lambda state, epoch: states.append(state))
+    changes = Signal().listen(zkc)  # after the list's listener: it sees a change first
     registry = ComponentRegistry(zkc, hostname="h")
     reg = registry.register_pool("pid", "p", "main", ["a"], 100)
     old_path = reg.path
     kazoo_client.ensure_path(paths.NODES)
     kazoo_client.create(paths.node_path("0000000001"), node_json())
     cache = NodeCache(zkc)
+    changes.listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10) and cache.get("0000000001") is not None
         epoch = zkc.epoch
         expire_session(zk, zkc)
-        wait_for(lambda: zkc.epoch == epoch + 1, 20)
+        changes.until(lambda: zkc.epoch == epoch + 1, 20)
         kazoo_client.delete(paths.node_path("0000000001"))
-        wait_for(lambda: zkc.connected, 20)
-        wait_for(lambda: ConnectionState.CONNECTED in states[states.index(
+        changes.until(lambda: zkc.connected, 20)
+        changes.until(lambda: ConnectionState.CONNECTED in states[states.index(
             ConnectionState.LOST):] if ConnectionState.LOST in states else False, 20)
         assert kazoo_client.exists(old_path) is None
         registry.forget_paths()
         registry.reregister_all()
         assert reg.path is not None and kazoo_client.exists(reg.path) is not None
-        wait_for(lambda: cache.get("0000000001") is None, 20)
+        changes.until(lambda: cache.get("0000000001") is None, 20)
     finally:
+        changes.close()
         cache.stop()

@@ -7,7 +7,7 @@ import threading
 from kazoo.client import KazooClient
 
 from nodepool_k8s.dev.testing.zookeeper import four_letter
-from tests.helpers import ZkConnection, wait_for
+from tests.helpers import Signal, ZkConnection
 
 
 def test_server_reports_mode(zk_server):
@@ -49,7 +49,11 @@ def test_chroot_create_read_watch_lock(zk: ZkConnection, kazoo_client: KazooClie
         contenders = kazoo_client.get_children("/nodepool/nodes/0000000000/lock")
         assert len(contenders) == 1 and "__lock__" in contenders[0]
         lock.release()
-        wait_for(lambda: not kazoo_client.get_children("/nodepool/nodes/0000000000/lock"))
+        # Each listing sets a one-shot watch that tells of the next change.
+        with Signal() as changes:
+            changes.until(lambda: not kazoo_client.get_children(
+                "/nodepool/nodes/0000000000/lock", watch=changes))
+
     finally:
         other.stop()
         other.close()

@@ -21,7 +21,7 @@ from nodepool_k8s.zk import mirror, paths
 from nodepool_k8s.zk.cache import NodeCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.pool_state import ROOT, PoolState, PoolStateCache, target_path
-from tests.helpers import wait_for
+from tests.helpers import Signal
 
 NODE = "0000000007"
 
@@ -36,24 +36,28 @@ def test_lock_dir_created_before_the_exists_watch(
     kazoo_client.create(paths.node_path(NODE), node_json("init"))
     real_exists = zkc.kazoo.exists_async
     raced: list[str] = []
+    changes = Signal()
 
     def exists_async(path: str, watch: Any = None) -> Any:
         if path == paths.node_lock_path(NODE) and not raced:
             # What the launcher's lock_new does right then: lock dir + contender.
             raced.append(kazoo_client.create(f"{path}/abc__lock__", b"", makepath=True,
                                              sequence=True))
+            changes()
         return real_exists(path, watch=watch)
 
     monkeypatch.setattr(zkc.kazoo, "exists_async", exists_async)
     zkc.persistent_watches = False  # the race is one of one-shot watches
     cache = NodeCache(zkc)
+    changes.listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10)
-        wait_for(lambda: raced, 10, message="the exists call")
-        wait_for(lambda: cache.is_locked(NODE), 10, message="the contender to be seen")
+        changes.until(lambda: raced, 10, message="the exists call")
+        changes.until(lambda: cache.is_locked(NODE), 10, message="the contender to be seen")
         kazoo_client.delete(raced[0])  # unlocked: cleanup must hear of it
-        wait_for(lambda: not cache.is_locked(NODE), 10, message="the unlock to be seen")
+        changes.until(lambda: not cache.is_locked(NODE), 10,
+                      message="the unlock to be seen")
     finally:
         cache.stop()
 
@@ -81,6 +85,7 @@ def test_bulk_creation_is_read_once_and_bounded(zkc: ZkClient, kazoo_client: Kaz
 
     monkeypatch.setattr(zkc.kazoo, "get_async", get_async)
     cache = NodeCache(zkc)
+    changes = Signal().listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10)
@@ -90,7 +95,7 @@ def test_bulk_creation_is_read_once_and_bounded(zkc: ZkClient, kazoo_client: Kaz
             for node_id in ids[start:start + 100]:
                 txn.create(paths.node_path(node_id), node_json("ready"))
             txn.commit()
-        wait_for(lambda: len(cache) == len(ids), 20, message="every node in the cache")
+        changes.until(lambda: len(cache) == len(ids), 20, message="every node in the cache")
         assert counts["reads"] == len(ids)
         assert counts["max_in_flight"] <= 16
     finally:
@@ -104,6 +109,7 @@ def test_a_name_that_comes_back_is_seen_again(zkc: ZkClient,
     the launcher restarted (the operator was told the pool was paused; it was not)."""
     kazoo_client.ensure_path(ROOT)
     cache = PoolStateCache(zkc)
+    changes = Signal().listen(cache)
     cache.start()
     path = target_path("fake/main")
     try:
@@ -112,10 +118,11 @@ def test_a_name_that_comes_back_is_seen_again(zkc: ZkClient,
             state = PoolState(target="fake/main", action="pause", reason=f"r{round_}",
                               by="test", time=float(round_))
             kazoo_client.create(path, json.dumps(state.to_dict()).encode())
-            wait_for(lambda: [s.reason for s in cache.states()] == [f"r{round_}"], 10,
-                     message=f"pause #{round_ + 1} to be seen")
+            changes.until(lambda: [s.reason for s in cache.states()] == [f"r{round_}"], 10,
+                          message=f"pause #{round_ + 1} to be seen")
             kazoo_client.delete(path)
-            wait_for(lambda: cache.states() == [], 10,
-                     message=f"resume #{round_ + 1} to be seen")
+            changes.until(lambda: cache.states() == [], 10,
+                          message=f"resume #{round_ + 1} to be seen")
+
     finally:
         cache.stop()

@@ -22,7 +22,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
-from tests.helpers import ZkConnection, wait_for
+from tests.helpers import Signal, ZkConnection, submissions
 from tests.sessions import expire_session
 
 NODE = "0000000011"
@@ -64,11 +64,13 @@ class Listings:
 
 
 def lock_once(kazoo_client: KazooClient, cache: NodeCache, node_id: str) -> None:
-    contender = kazoo_client.create(f"{paths.node_lock_path(node_id)}/c__lock__", b"",
-                                    ephemeral=True, sequence=True, makepath=True)
-    wait_for(lambda: cache.is_locked(node_id), 10, message="the lock to be seen")
-    kazoo_client.delete(contender)
-    wait_for(lambda: not cache.is_locked(node_id), 10, message="the unlock to be seen")
+    with Signal().listen(cache) as changes:
+        contender = kazoo_client.create(f"{paths.node_lock_path(node_id)}/c__lock__", b"",
+                                        ephemeral=True, sequence=True, makepath=True)
+        changes.until(lambda: cache.is_locked(node_id), 10, message="the lock to be seen")
+        kazoo_client.delete(contender)
+        changes.until(lambda: not cache.is_locked(node_id), 10,
+                      message="the unlock to be seen")
 
 
 def test_changes_are_followed_from_events_without_listings(
@@ -77,6 +79,7 @@ def test_changes_are_followed_from_events_without_listings(
     kazoo_client.create(paths.node_path(NODE), node_json("ready"))
     listings = Listings(zkc, monkeypatch)
     cache = NodeCache(zkc)
+    changes = Signal().listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10)
@@ -85,13 +88,13 @@ def test_changes_are_followed_from_events_without_listings(
             lock_once(kazoo_client, cache, NODE)
         other = "0000000012"
         kazoo_client.create(paths.node_path(other), node_json("building"))
-        wait_for(lambda: cache.get(other) is not None, 10, message="the new node")
+        changes.until(lambda: cache.get(other) is not None, 10, message="the new node")
         lock_once(kazoo_client, cache, other)
         kazoo_client.set(paths.node_path(other), node_json("ready"))
-        wait_for(lambda: (n := cache.get(other)) is not None and n.state == "ready", 10,
-                 message="the data change")
+        changes.until(lambda: (n := cache.get(other)) is not None and n.state == "ready", 10,
+                      message="the data change")
         kazoo_client.delete(paths.node_path(other), recursive=True)
-        wait_for(lambda: cache.get(other) is None, 10, message="the deletion")
+        changes.until(lambda: cache.get(other) is None, 10, message="the deletion")
         assert listings.count() == after_sync, listings.paths[after_sync:]
     finally:
         cache.stop()
@@ -105,6 +108,7 @@ def test_contender_events_during_a_listing_are_applied_after_it(
     first = kazoo_client.create(f"{lock_dir}/a__lock__", b"", sequence=True, makepath=True)
     cache = NodeCache(zkc)
     queued = cache._mirror._tasks
+    submitted = submissions(cache._mirror, monkeypatch)
     real = zkc.kazoo.get_children_async
     later: list[str] = []
 
@@ -117,18 +121,20 @@ def test_contender_events_during_a_listing_are_applied_after_it(
             assert result.wait(10)
             kazoo_client.delete(first)
             later.append(kazoo_client.create(f"{lock_dir}/b__lock__", b"", sequence=True))
-            wait_for(lambda: queued.qsize() >= 2, 10, message="the two contender events")
+            submitted.until(lambda: queued.qsize() >= 2, 10,
+                            message="the two contender events")
         return result
 
     monkeypatch.setattr(zkc.kazoo, "get_children_async", get_children_async)
+    changes = Signal().listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10)
         second = later[0].rsplit("/", 1)[1]
-        wait_for(lambda: cache._mirror.contenders.get(NODE) == frozenset({second}), 10,
-                 message="only the second contender")
+        changes.until(lambda: cache.held().get(NODE) == frozenset({second}), 10,
+                      message="only the second contender")
         kazoo_client.delete(later[0])
-        wait_for(lambda: not cache.is_locked(NODE), 10, message="the unlock")
+        changes.until(lambda: not cache.is_locked(NODE), 10, message="the unlock")
     finally:
         cache.stop()
 
@@ -147,6 +153,7 @@ def test_the_watch_is_added_again_after_a_reconnect(
     kazoo_client.ensure_path(paths.REQUESTS)
     kazoo_client.create(paths.node_path(NODE), node_json("ready"))
     nodes, requests = NodeCache(zkc), RequestCache(zkc)
+    changes = Signal().listen(nodes).listen(requests).listen(zkc)
     nodes.start()
     requests.start()
     try:
@@ -157,19 +164,20 @@ def test_the_watch_is_added_again_after_a_reconnect(
         else:
             expire_session(zk, zkc)
             # Deadlines, not expectations: a busy machine delays the reconnect attempts.
-            wait_for(lambda: zkc.epoch == epoch + 1, 60, message="the session loss")
-        wait_for(lambda: zkc.connected, 60, message="the reconnect")
-        wait_for(lambda: nodes.wait_synced(0) and requests.wait_synced(0), 20,
-                 message="the resync")
+            changes.until(lambda: zkc.epoch == epoch + 1, 60, message="the session loss")
+        changes.until(lambda: zkc.connected, 60, message="the reconnect")
+        changes.until(lambda: nodes.wait_synced(0) and requests.wait_synced(0), 20,
+                      message="the resync")
         # Only the watches added again can tell of these.
         lock_once(kazoo_client, nodes, NODE)
         kazoo_client.create(paths.node_path("0000000013"), node_json("building"))
-        wait_for(lambda: nodes.get("0000000013") is not None, 10, message="a new node")
+        changes.until(lambda: nodes.get("0000000013") is not None, 10, message="a new node")
         request = kazoo_client.create(f"{paths.REQUESTS}/100-", request_json(),
                                       sequence=True).rsplit("/", 1)[1]
-        wait_for(lambda: any(r.id == request for r in requests.requests()), 10,
-                 message="a new request")
+        changes.until(lambda: any(r.id == request for r in requests.requests()), 10,
+                      message="a new request")
     finally:
+        changes.close()
         nodes.stop()
         requests.stop()
 
@@ -181,15 +189,16 @@ def test_one_shot_watches_when_persistent_ones_are_off(
     kazoo_client.create(paths.node_path(NODE), node_json("ready"))
     kazoo_client.ensure_path(paths.node_lock_path(NODE))  # locked once before, as a real one
     cache = NodeCache(zkc)
+    changes = Signal().listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10)
         assert not cache._mirror._tree
         lock_once(kazoo_client, cache, NODE)
         kazoo_client.create(paths.node_path("0000000014"), node_json("ready"))
-        wait_for(lambda: cache.get("0000000014") is not None, 10, message="a new node")
+        changes.until(lambda: cache.get("0000000014") is not None, 10, message="a new node")
         kazoo_client.delete(paths.node_path(NODE), recursive=True)
-        wait_for(lambda: cache.get(NODE) is None, 10, message="the deletion")
+        changes.until(lambda: cache.get(NODE) is None, 10, message="the deletion")
     finally:
         cache.stop()
 
@@ -200,10 +209,12 @@ def test_changes_during_a_read_are_read_once_more(
     path = paths.node_path(NODE)
     kazoo_client.create(path, node_json("building"))
     cache = NodeCache(zkc)
+    changes = Signal().listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10)
         queued = cache._mirror._tasks
+        submitted = submissions(cache._mirror, monkeypatch)
         real = zkc.kazoo.get_async
         reads: list[str] = []
 
@@ -216,13 +227,14 @@ def test_changes_during_a_read_are_read_once_more(
                     assert result.wait(10)
                     for state in ("ready", "in-use", "used", "ready", "deleting"):
                         kazoo_client.set(path, node_json(state))
-                    wait_for(lambda: queued.qsize() >= 5, 10, message="five change events")
+                    submitted.until(lambda: queued.qsize() >= 5, 10,
+                                    message="five change events")
             return result
 
         monkeypatch.setattr(zkc.kazoo, "get_async", get_async)
         kazoo_client.set(path, node_json("init"))
-        wait_for(lambda: (n := cache.get(NODE)) is not None and n.state == "deleting", 10,
-                 message="the last state")
+        changes.until(lambda: (n := cache.get(NODE)) is not None and n.state == "deleting",
+                      10, message="the last state")
         assert len(reads) == 2  # the first change, then once for the five
     finally:
         cache.stop()
@@ -234,10 +246,12 @@ def test_an_answer_that_has_the_changes_is_not_read_again(
     version counts all the change events seen is current, however they interleave."""
     kazoo_client.ensure_path(paths.NODES)
     cache = NodeCache(zkc)
+    changes = Signal().listen(cache)
     cache.start()
     try:
         assert cache.wait_synced(10)
         queued = cache._mirror._tasks
+        submitted = submissions(cache._mirror, monkeypatch)
         real = zkc.kazoo.get_async
         reads: list[str] = []
         path = f"{paths.NODES}/0000000000"  # the first sequential child of a new dir
@@ -249,18 +263,20 @@ def test_an_answer_that_has_the_changes_is_not_read_again(
                     # Three writes land before the first read: its answer has them all.
                     for state in ("ready", "in-use", "used"):
                         kazoo_client.set(read_path, node_json(state))
-                    wait_for(lambda: queued.qsize() >= 3, 10, message="three change events")
+                    submitted.until(lambda: queued.qsize() >= 3, 10,
+                                    message="three change events")
+
             return real(read_path, *args, **kwargs)
 
         monkeypatch.setattr(zkc.kazoo, "get_async", get_async)
         assert kazoo_client.create(f"{paths.NODES}/", node_json("building"),
                                    sequence=True) == path
         node_id = path.rsplit("/", 1)[1]
-        wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == "used", 10,
-                 message="the last state")
+        changes.until(lambda: (n := cache.get(node_id)) is not None and n.state == "used", 10,
+                      message="the last state")
         kazoo_client.set(path, node_json("deleting"))  # and a later change is read
-        wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == "deleting", 10,
-                 message="the change after")
+        changes.until(lambda: (n := cache.get(node_id)) is not None
+                      and n.state == "deleting", 10, message="the change after")
         assert len(reads) == 2, reads
     finally:
         cache.stop()
@@ -274,6 +290,7 @@ def test_changes_missed_while_the_watch_was_gone_do_not_hide_later_ones(
     to `requested` stayed `pending` in the cache, and no launcher took it again)."""
     kazoo_client.ensure_path(paths.NODES)
     cache = NodeCache(zkc)
+    changes = Signal().listen(cache).listen(zkc)
     cache.start()
     try:
         assert cache.wait_synced(10)
@@ -285,17 +302,19 @@ def test_changes_missed_while_the_watch_was_gone_do_not_hide_later_ones(
             return node.state if node is not None else None
 
         kazoo_client.set(path, node_json("ready"))
-        wait_for(lambda: state() == "ready", 10, message="ready")
+        changes.until(lambda: state() == "ready", 10, message="ready")
         held = threading.Event()
         cache._mirror._submit(held.wait, 30)  # the cache's thread waits: no resync yet
         epoch = zkc.epoch
         expire_session(zk, zkc)
-        wait_for(lambda: zkc.epoch == epoch + 1 and zkc.connected, 20, message="a new session")
+        changes.until(lambda: zkc.epoch == epoch + 1 and zkc.connected, 20,
+                      message="a new session")
         kazoo_client.set(path, node_json("in-use"))  # unseen: no watch on the new session
         kazoo_client.set(path, node_json("used"))
         held.set()
-        wait_for(lambda: state() == "used", 10, message="the resync's read")
+        changes.until(lambda: state() == "used", 10, message="the resync's read")
         kazoo_client.set(path, node_json("deleting"))
-        wait_for(lambda: state() == "deleting", 10, message="the change after the resync")
+        changes.until(lambda: state() == "deleting", 10, message="the change after the resync")
     finally:
+        changes.close()
         cache.stop()

@@ -26,7 +26,7 @@ from nodepool_k8s.zk.requests import RequestStore, min_ready_request
 from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.dev.testing.zuul_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
 from nodepool_k8s.zk.txn import Txn
-from tests.helpers import ZkConnection, wait_for
+from tests.helpers import Signal, ZkConnection
 from tests.zk.conftest import client_for
 
 
@@ -284,8 +284,11 @@ def test_own_min_ready_request_is_ours_while_disconnected() -> None:
         assert found is not None
         session = zkc.session_id
         assert session is not None and found[1].ephemeral_owner == session
+        changes = Signal().listen(zkc)
         server.stop()
-        wait_for(lambda: not zkc.connected, 30, message="the connection dropped")
+        changes.until(lambda: not zkc.connected, 30, message="the connection dropped")
+        changes.close()
+
         assert zkc.session_id == session
         store.delete_own_min_ready(Txn(), *found)  # queued: not NotOurs
     finally:

@@ -23,7 +23,7 @@ from nodepool_k8s.zk.cache import NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.mirror import ChildMirror
 from nodepool_k8s.zk.txn import Txn
-from tests.helpers import wait_for
+from tests.helpers import Signal, submissions
 
 
 def node_json(state: str) -> bytes:
@@ -45,6 +45,9 @@ class Node:
                                         sequence=True)
         self.id = self.path.rsplit("/", 1)[1]
         self.cache = cache
+        self.changes = Signal()
+        # Never removed: the cache lives no longer than the test.
+        cache.add_listener(self.changes)
         self.wait("building")
 
     def state(self) -> str | None:
@@ -52,13 +55,15 @@ class Node:
         return node.state if node is not None else None
 
     def wait(self, state: str) -> None:
-        wait_for(lambda: self.state() == state, 10, message=f"the cache to show {state}")
+        self.changes.until(lambda: self.state() == state, 10,
+                           message=f"the cache to show {state}")
 
 
 def drained(mirror: ChildMirror[Any]) -> None:
-    """Wait until the cache's thread has handled everything queued before now."""
+    """Wait until the cache's thread has handled everything queued before now (queued
+    past `_submit`: a test's `submissions` signal hears nothing of it)."""
     done = threading.Event()
-    mirror._submit(done.set)
+    mirror._tasks.put((done.set, ()))
     assert done.wait(10)
 
 
@@ -101,12 +106,14 @@ def test_own_writes_are_seen_without_a_read(zkc: ZkClient, kazoo_client: KazooCl
 
 @pytest.mark.parametrize("answer", ["ours", "failed"])
 def test_a_change_by_someone_else_while_ours_is_unanswered_is_read(
-        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache, answer: str) -> None:
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache, answer: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """The other client's write comes after ours (version 2 after 1): our answer must not
     pass for the latest data. The cache's thread is held so that our write's expectation,
     both events and our answer are all queued before it looks at any of them."""
     node = Node(kazoo_client, cache)
     mirror = cache._mirror
+    queued = submissions(mirror, monkeypatch)
     held = threading.Event()
     mirror._submit(held.wait, 30)
     try:
@@ -118,8 +125,8 @@ def test_a_change_by_someone_else_while_ours_is_unanswered_is_read(
         kazoo_client.set(node.path, node_json("in-use"))
         # The expectation, two change events (one, if ours was never sent) and the
         # settling of our write.
-        wait_for(lambda: mirror._tasks.qsize() >= (4 if answer == "ours" else 2), 10,
-                 message="the queued events")
+        queued.until(lambda: mirror._tasks.qsize() >= (4 if answer == "ours" else 2), 10,
+                     message="the queued events")
         if answer == "failed":
             mirror.settle_write(node.id, node_json("ready"), None)
     finally:
@@ -145,15 +152,22 @@ def test_a_write_that_is_refused_holds_nothing_back(
 
 
 def test_ours_answered_after_someone_elses_later_write_is_not_taken(
-        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Our answer (version 1) reaching the cache after the other client's write (version
     2) was read must not bring the older data back."""
     node = Node(kazoo_client, cache)
     mirror = cache._mirror
+    queued = submissions(mirror, monkeypatch)
     assert mirror.expect_write(node.id)  # our write, sent
     stat = kazoo_client.set(node.path, node_json("ready"))  # ... and applied: version 1
     kazoo_client.set(node.path, node_json("in-use"))  # someone else's, version 2
-    wait_for(lambda: node.id in mirror._deferred, 10, message="the deferred read")
+
+    def deferred() -> bool:
+        drained(mirror)  # what is queued now has been handled: the thread is between tasks
+        return node.id in mirror._deferred
+
+    queued.until(deferred, 10, message="the deferred read")
     mirror.settle_write(node.id, node_json("ready"), stat)  # our answer, late
     node.wait("in-use")
     held = threading.Event()
@@ -163,28 +177,31 @@ def test_ours_answered_after_someone_elses_later_write_is_not_taken(
 
 
 def test_a_child_a_resync_listed_first_is_counted_from_its_creation(
-        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A resync on the same connection (here: queued just before the child is created)
     lists the child before its creation event is handled; the watch saw the creation, so
     the changes after it are counted and our own writes still cost no read."""
     mirror = cache._mirror
+    changes = Signal().listen(cache)
+    queued = submissions(mirror, monkeypatch)
     held = threading.Event()
     mirror._submit(held.wait, 30)
     mirror._submit(mirror._resync)
     path = kazoo_client.create(f"{paths.NODES}/", node_json("building"), sequence=True)
     node_id = path.rsplit("/", 1)[1]
-    wait_for(lambda: mirror._tasks.qsize() >= 2, 10, message="the resync and the event")
+    queued.until(lambda: mirror._tasks.qsize() >= 2, 10, message="the resync and the event")
     held.set()
-    wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == "building", 10,
-             message="the new node")
+    changes.until(lambda: (n := cache.get(node_id)) is not None and n.state == "building",
+                  10, message="the new node")
     before = mirror.reads
     for state in ("ready", "in-use"):
         write(zkc, path, state)
-        wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == state, 10,
-                 message=state)
+        changes.until(lambda: (n := cache.get(node_id)) is not None and n.state == state,
+                      10, message=state)
     kazoo_client.set(path, node_json("used"))  # someone else's: read
-    wait_for(lambda: (n := cache.get(node_id)) is not None and n.state == "used", 10,
-             message="used")
+    changes.until(lambda: (n := cache.get(node_id)) is not None and n.state == "used", 10,
+                  message="used")
     assert mirror.reads - before == 1
 
 
@@ -207,7 +224,8 @@ def test_a_resync_on_the_same_connection_keeps_the_counts(
 
 
 def test_a_creation_seen_on_the_connection_before_a_resync_is_not_counted(
-        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache) -> None:
+        zkc: ZkClient, kazoo_client: KazooClient, cache: NodeCache,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """A resync that runs after a reconnect but was queued before it (here: the root's
     deletion and creation, seen on the old connection) leaves the old connection's events
     queued behind it. A creation event among them must not start a count: the changes made
@@ -215,6 +233,8 @@ def test_a_creation_seen_on_the_connection_before_a_resync_is_not_counted(
     answered already (the cache kept showing the second write)."""
     mirror = cache._mirror
     drained(mirror)  # the start's own resyncs (the root created) are over
+    changes = Signal().listen(cache).listen(zkc)
+    queued = submissions(mirror, monkeypatch)
     held = threading.Event()
     mirror._submit(held.wait, 30)
     try:
@@ -222,12 +242,12 @@ def test_a_creation_seen_on_the_connection_before_a_resync_is_not_counted(
         kazoo_client.create(paths.NODES)
         path = kazoo_client.create(f"{paths.NODES}/", node_json("building"), sequence=True)
         node_id = path.rsplit("/", 1)[1]
-        wait_for(lambda: mirror._tasks.qsize() >= 3, 10,
-                 message="the root's deletion and creation and the node's creation")
+        queued.until(lambda: mirror._tasks.qsize() >= 3, 10,
+                     message="the root's deletion and creation and the node's creation")
         connections = zkc.connections
         zkc.kazoo._connection._socket.shutdown(socket.SHUT_RDWR)  # the session lives on
-        wait_for(lambda: zkc.connections > connections and zkc.connected, 20,
-                 message="the reconnect")
+        changes.until(lambda: zkc.connections > connections and zkc.connected, 20,
+                      message="the reconnect")
         # Unseen: the cache's thread has not added the watch on the new connection yet.
         kazoo_client.set(path, node_json("ready"))
         kazoo_client.set(path, node_json("in-use"))
@@ -238,9 +258,10 @@ def test_a_creation_seen_on_the_connection_before_a_resync_is_not_counted(
         node = cache.get(node_id)
         return node.state if node is not None else None
 
-    wait_for(lambda: state() == "in-use", 10, message="the resync's read")
+    changes.until(lambda: state() == "in-use", 10, message="the resync's read")
     kazoo_client.set(path, node_json("used"))  # version 3, and the third change event
-    wait_for(lambda: state() == "used", 10, message="the change after the reconnect")
+    changes.until(lambda: state() == "used", 10, message="the change after the reconnect")
+    changes.close()
 
 
 def test_one_transaction_writing_a_node_and_a_request_costs_no_read(
@@ -248,6 +269,7 @@ def test_one_transaction_writing_a_node_and_a_request_costs_no_read(
     """Sets to children of two caches in one transaction (as a fulfilment writes a node
     and its request): each cache takes its own set's answer, and none is read."""
     requests = RequestCache(zkc)
+    changes = Signal().listen(requests)
     requests.start()
     try:
         assert requests.wait_synced(10)
@@ -262,7 +284,7 @@ def test_one_transaction_writing_a_node_and_a_request_costs_no_read(
             request = requests.get(request_id)
             return request.state if request is not None else None
 
-        wait_for(lambda: request_state() == "requested", 10, message="the request")
+        changes.until(lambda: request_state() == "requested", 10, message="the request")
         before = (cache._mirror.reads, requests._mirror.reads)
         txn = Txn()
         txn.check(node.path)
@@ -270,7 +292,7 @@ def test_one_transaction_writing_a_node_and_a_request_costs_no_read(
         txn.set(request_path, json.dumps({**body, "state": "pending"}).encode(), 0)
         txn.commit(zkc)
         node.wait("ready")
-        wait_for(lambda: request_state() == "pending", 10, message="the pending request")
+        changes.until(lambda: request_state() == "pending", 10, message="the pending request")
         drained(cache._mirror)
         drained(requests._mirror)
         assert (cache._mirror.reads, requests._mirror.reads) == before
@@ -293,10 +315,12 @@ def test_change_events_that_come_after_our_answer_hide_nothing(
     mirror = cache._mirror
     submit = mirror._submit
     held: list[tuple[Any, ...]] = []
+    holding_back = Signal()
 
     def holding(fn: Any, *args: Any) -> None:
         if fn == mirror._on_tree_event and args[1] == node.path:
             held.append(args)
+            holding_back()
         else:
             submit(fn, *args)
 
@@ -305,7 +329,8 @@ def test_change_events_that_come_after_our_answer_hide_nothing(
     write(zkc, node.path, "ready")  # version 1: answered, its event held back
     node.wait("ready")
     kazoo_client.set(node.path, node_json("in-use"))  # version 2, someone else's
-    wait_for(lambda: len(held) == 2, 10, message="both change events")
+    holding_back.until(lambda: len(held) == 2, 10, message="both change events")
+
     monkeypatch.undo()
     for args in held:
         submit(mirror._on_tree_event, *args)

@@ -93,14 +93,17 @@ class Route:
 class Counters:
     """API calls by "verb resource" plus "total"; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_add: Callable[[str], None] | None = None) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[str] = Counter()
+        self._on_add = on_add
 
     def add(self, key: str) -> None:
         with self._lock:
             self._counts[key] += 1
             self._counts["total"] += 1
+        if self._on_add is not None:
+            self._on_add(key)
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:

@@ -54,7 +54,13 @@ class Simulator:
         self.store = Store(self.config.watch_history)
         self.authority = TokenAuthority(self.store, self.config.admin_token)
         self._faults = FaultInjector(self.config.faults)
-        self._counters = Counters()
+        # (listener, whether it hears of API calls); replaced, never changed in place, so
+        # the threads that tell them iterate without a lock.
+        self._listeners: tuple[tuple[Callable[[str], None], bool], ...] = ()
+        self._listeners_lock = threading.Lock()
+        self._counters = Counters(on_add=lambda _key: self._tell("call"))
+        self.store.subscribe(lambda _event: self._tell("object"))
+        self.store.subscribe_watchers(lambda _count: self._tell("watch"))
         self._stop_event = threading.Event()
         self._scheduler = Scheduler()
         self._workdir: str | None = None
@@ -313,6 +319,31 @@ class Simulator:
     def connections_nodelay(self) -> "builtins.list[bool]":
         """Whether Nagle is off on each open client connection (it must be, see server.py)."""
         return self._server.nodelay_flags() if self._server is not None else []
+
+    # -- change notification (event-driven waits in tests) ----------------------------------
+    def add_listener(self, listener: Callable[[str], None], calls: bool = False) -> None:
+        """Call `listener(what)` after every change a test may wait for: an object stored,
+        changed or deleted by anyone (`"object"`: the API, a controller, `patch`), a watch
+        opened or ended (`"watch"`), and with `calls` every API call counted in `counters`
+        (`"call"`; leave it off when the waiter's own check calls the API, or each check
+        would wake the next). Called on the thread that made the change, some with the
+        store's lock held: it must only hand on (set an event), never block or call back
+        into the simulator."""
+        with self._listeners_lock:
+            self._listeners = self._listeners + ((listener, calls),)
+
+    def remove_listener(self, listener: Callable[[str], None]) -> None:
+        with self._listeners_lock:
+            self._listeners = tuple(entry for entry in self._listeners
+                                    if entry[0] != listener)
+
+    def _tell(self, what: str) -> None:
+        for listener, calls in self._listeners:
+            if calls or what != "call":
+                try:
+                    listener(what)
+                except Exception:  # a test's listener must not break the server
+                    log.exception("simulator change listener failed")
 
     def idle(self) -> bool:
         """True when no controller step is due right now (delays still pending count idle)."""

@@ -8,8 +8,8 @@ Concurrency: one re-entrant lock guards everything; callers that need check-then
 "namespace exists and is not terminating, then create") hold `store.lock` around both.
 Stored dicts are never modified after insertion (every change stores a new dict), so readers
 may serialize them outside the lock; callers must treat returned objects as read-only, and
-`Simulator` hands deep copies to users. Listeners (the controllers) are called under the lock
-and must only schedule work, never block.
+`Simulator` hands deep copies to users. Listeners (the controllers; watch-count listeners) are
+called under the lock and must only schedule work, never block.
 
 Finalizers: `delete_or_mark` removes an object only when its `metadata.finalizers` is empty;
 otherwise it sets `deletionTimestamp` and keeps it (readable, updatable). An update of a
@@ -173,6 +173,7 @@ class Store:
         self._compacted_rv = 0
         self._watchers: set[Watcher] = set()
         self._listeners: list[Callable[[Event], None]] = []
+        self._watch_listeners: list[Callable[[int], None]] = []
 
     # -- reads ------------------------------------------------------------------------------
     @property
@@ -359,6 +360,15 @@ class Store:
         with self.lock:
             self._listeners.append(listener)
 
+    def subscribe_watchers(self, listener: Callable[[int], None]) -> None:
+        """Call `listener(count)` (under the lock) whenever a watch opens or ends."""
+        with self.lock:
+            self._watch_listeners.append(listener)
+
+    def _watchers_changed(self) -> None:
+        for listener in self._watch_listeners:
+            listener(len(self._watchers))
+
     def watch(self, resource: str, namespace: str | None, matcher: Matcher,
               since_rv: int | None, initial: bool) -> Watcher:
         """Register a watch.
@@ -384,11 +394,14 @@ class Store:
                     if event.rv > since_rv:
                         watcher.offer(event)
             self._watchers.add(watcher)
+            self._watchers_changed()
             return watcher
 
     def remove_watcher(self, watcher: Watcher) -> None:
         with self.lock:
-            self._watchers.discard(watcher)
+            if watcher in self._watchers:
+                self._watchers.discard(watcher)
+                self._watchers_changed()
 
     def close_watchers(self) -> None:
         """End every open watch (used at shutdown)."""

@@ -14,7 +14,8 @@ for their own object only, so a launch costs no API calls while it waits. The na
 also keeps tombstones (uids of recently deleted namespaces), and `wait_namespace_deleted`
 confirms a deletion through it: no API call unless the watch cannot answer, then one read.
 `ObjectWatch.notify_gone` tells a caller when an object leaves the cache without any thread
-waiting for it (the deleter's many Terminating namespaces).
+waiting for it (the deleter's many Terminating namespaces); `ObjectWatch.add_listener` tells of
+every change of the cache at all (what tests and diagnostics wait on instead of polling).
 `wait_namespace_gone` watches one namespace by name (field selector) until it is deleted: the
 fallback for a namespace without our labels, which the shared watch never sees.
 
@@ -221,6 +222,8 @@ class ObjectWatch:
         self._max_tombstones = max(0, int(tombstones))
         self._owned = owned
         self._on_change = on_change
+        # Replaced, never changed in place: the watch thread iterates without a lock.
+        self._listeners: tuple[Callable[[], None], ...] = ()
         self._slim = slim
         self._keep = keep
         self._page_size = max(1, int(page_size))
@@ -269,13 +272,33 @@ class ObjectWatch:
         with self._lock:
             return list(self._objects.values())
 
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` on the watch thread, outside the lock, after every change a
+        reader of this watch can see: an applied event (after `on_change`), a (re)list, a
+        watch request answered. It must be quick (set an event): what waits on the watch
+        without being one object's waiter (the tests, diagnostics) sleeps on it instead of
+        polling."""
+        with self._lock:
+            self._listeners = self._listeners + (listener,)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        with self._lock:
+            self._listeners = tuple(fn for fn in self._listeners if fn != listener)
+
+    def _tell(self) -> None:
+        for listener in self._listeners:
+            try:
+                listener()
+            except Exception:  # noqa: BLE001 - a listener must not break the watch
+                log.exception("%s watch: listener failed", self.kind)
+
     def _changed(self, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
-        if self._on_change is None:
-            return
-        try:
-            self._on_change(old, new)
-        except Exception:  # noqa: BLE001 - a listener must not break the watch
-            log.exception("%s watch: change listener failed", self.kind)
+        if self._on_change is not None:
+            try:
+                self._on_change(old, new)
+            except Exception:  # noqa: BLE001 - a listener must not break the watch
+                log.exception("%s watch: change listener failed", self.kind)
+        self._tell()
 
     def tombstone(self, namespace: str, name: str) -> tuple[str, bool] | None:
         """(uid, confirmed) of the last deletion of (namespace, name) seen, if remembered."""
@@ -532,6 +555,7 @@ class ObjectWatch:
         self.watches += 1
         with self._lock:
             self._response = response
+        self._tell()
         if self._stopped.is_set():
             _close(response)
         try:
