@@ -65,9 +65,11 @@ def _hold(control: PoolState | None) -> pool_status.Hold | None:
     """The pause or drain in force, as the pool status shows it."""
     if control is None:
         return None
+    verb = "drained" if control.action == DRAIN else "paused"
+    if control.source == "maintenance":
+        return pool_status.Hold(control.action, f"{verb} by a {control.reason}")
     by = f" by {control.by}" if control.by else ""
     why = f": {control.reason}" if control.reason else ""
-    verb = "drained" if control.action == DRAIN else "paused"
     return pool_status.Hold(control.action, f"{verb}{by} ({control.source}){why}")
 
 

@@ -212,13 +212,14 @@ class TrustFollower:
 
 class ApiProbe:
     """Probes the API server every `interval` seconds on a thread of its own, and looks at
-    the trust files first (`TrustFollower.check`)."""
+    the trust files first (`check_trust`: `TrustFollower.check`)."""
 
-    def __init__(self, provider: str, probe: Callable[[], None], trust: TrustFollower,
-                 health: ApiHealth, clock: Clock, interval: float) -> None:
+    def __init__(self, provider: str, probe: Callable[[], None],
+                 check_trust: Callable[[], bool], health: ApiHealth, clock: Clock,
+                 interval: float) -> None:
         self.provider = provider
         self._probe = probe
-        self._trust = trust
+        self._check_trust = check_trust
         self._health = health
         self._clock = clock
         self._interval = interval
@@ -237,7 +238,7 @@ class ApiProbe:
     def probe_once(self) -> None:
         """One look: the trust files, then GET /version (the outcome lands in `health`)."""
         try:
-            self._trust.check()
+            self._check_trust()
         except Exception:  # noqa: BLE001 - the probe must go on
             log.exception("Provider %s: looking at the kubeconfig failed", self.provider)
         try:

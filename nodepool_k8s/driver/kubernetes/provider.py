@@ -271,7 +271,8 @@ class KubernetesProvider(ClusterAware):
             self._probe = ApiProbe(
                 self.name, lambda: client.probe(config.api_probe_connect_timeout,
                                                 config.api_probe_read_timeout),
-                client.trust, client.health, self._clock, config.api_probe_interval)
+                client.trust.check, client.health, self._clock,
+                config.api_probe_interval)
             self._probe.start()
             if self.config.capacity_nodes or self.config.capacity_resource_quota:
                 tracker = CapacityTracker(
