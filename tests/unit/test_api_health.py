@@ -3,9 +3,10 @@ the provider's `ApiReachable` state (a plain callable stands in for the GET /ver
 
 Aspects: the state starts Unknown; a probe that raises `Unreachable` or `TlsUntrusted`
 turns it False with that reason and the error as message, and the listener hears each
-transition once (not a repeat); an answer with an error (a 403, a 5xx) counts as
-reachable; any answer turns it True again; a failure that says nothing about reaching the
-server (a 404 on a real call) leaves it alone; `since` moves only on a transition.
+transition once (not a repeat); a 5xx or another failure of the probe counts as
+unreachable, a 403 as reachable; any answer turns it True again; a failure of a real call
+that says nothing about reaching the server (a 404, a 500) leaves it alone; `since` moves
+only on a transition.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def test_probe_outcomes_drive_the_state() -> None:
     assert health.current().reason == "TLSUntrusted"
 
     clock.advance(10)
+    outcome[0] = TemporaryError("probe: 503 the storage is not ready")  # not usable either
+    prober.probe_once()
+    assert (health.current().reason, health.current().message) \
+        == ("Unreachable", "probe: 503 the storage is not ready")
+
+    clock.advance(10)
     outcome[0] = errors.Forbidden("probe: 403 forbidden")  # answered: the server is there
     prober.probe_once()
     assert (health.current().healthy, health.current().reason) == (True, "Reachable")
@@ -62,4 +69,4 @@ def test_probe_outcomes_drive_the_state() -> None:
     assert health.current().healthy is True
 
     assert heard == [(True, "Reachable"), (False, "Unreachable"), (False, "TLSUntrusted"),
-                     (True, "Reachable")]
+                     (False, "Unreachable"), (True, "Reachable")]

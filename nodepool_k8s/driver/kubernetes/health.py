@@ -40,7 +40,7 @@ from typing import Callable
 from kubernetes import client as k8s
 from kubernetes.client import rest
 
-from nodepool_k8s.core.errors import NodepoolError
+from nodepool_k8s.core.errors import NodepoolError, PermanentError
 from nodepool_k8s.driver.base import ProviderHealth
 from nodepool_k8s.driver.kubernetes.credentials import TRUST_FIELDS, Credentials, Loader
 from nodepool_k8s.driver.kubernetes.errors import TlsUntrusted, Unauthorized, Unreachable
@@ -243,14 +243,18 @@ class ApiProbe:
             log.exception("Provider %s: looking at the kubeconfig failed", self.provider)
         try:
             self._probe()
+        except PermanentError as exc:
+            # Answered, though not with 200 (a 403 for /version, say): the server is there
+            # and took the credentials; real calls tell the rest.
+            self._health.answered(f"the API server answers the probe with an error:"
+                                  f" {str(exc)[:MESSAGE_LIMIT]}")
         except NodepoolError as exc:
             if failure_reason(exc) is None:
-                # Answered, though not with 200 (a 403, a 5xx from a proxy): the server (or
-                # what fronts it) is there; real calls tell the rest.
-                self._health.answered(f"the API server answers the probe with an error:"
-                                      f" {str(exc)[:MESSAGE_LIMIT]}")
-            else:
-                self._health.failed(exc)
+                # A 5xx (from a load balancer with nothing behind it, an API server without
+                # its storage), a TLS handshake that is no verification failure, an answer
+                # that never ended: not usable either.
+                exc = Unreachable(str(exc))
+            self._health.failed(exc)
         except Exception:  # noqa: BLE001 - the probe must go on
             log.exception("Provider %s: the API probe failed unexpectedly", self.provider)
         else:
