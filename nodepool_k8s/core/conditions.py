@@ -154,7 +154,8 @@ POOL_REASONS: dict[str, str] = {
     "Reachable": "Nothing: the API server answers, its certificate is trusted and it accepts "
                  "the launcher's credentials.",
     "Unreachable": "Nobody answers at the API server's address (connection refused or "
-                   "reset, a timeout, a name that does not resolve): check the API server, "
+                   "reset, a timeout, a name that does not resolve), or the probe gets a "
+                   "5xx (a load balancer with nothing behind it): check the API server, "
                    "its load balancer and the network from the launcher. Launches fail "
                    "meanwhile; the condition turns True by itself with the next answer.",
     "TLSUntrusted": "The API server's certificate does not verify against the CA the launcher "
