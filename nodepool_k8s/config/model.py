@@ -265,6 +265,11 @@ class ProviderConfig:
     # Kubernetes driver: seconds a kubeconfig exec credential plugin may run; then it is
     # killed (with what it started) and that load of the credentials fails.
     credentials_exec_timeout: float = S.CREDENTIALS_EXEC_TIMEOUT
+    # Kubernetes driver: how often the API server is probed (GET /version) and how long a
+    # probe may take to connect and to be answered (the pools' ApiReachable condition).
+    api_probe_interval: float = S.API_PROBE_INTERVAL
+    api_probe_connect_timeout: float = S.API_PROBE_CONNECT_TIMEOUT
+    api_probe_read_timeout: float = S.API_PROBE_READ_TIMEOUT
     # Kubernetes driver: how long a pod may stay Unschedulable before the attempt fails, and
     # how long a deletion waits for the namespace to vanish (then TemporaryError, retried).
     unschedulable_grace: float = S.UNSCHEDULABLE_GRACE

@@ -66,6 +66,12 @@ CREDENTIALS_BACKOFF = (1.0, 5.0, 15.0, 30.0, 60.0)
 # Kubernetes driver: seconds a kubeconfig exec credential plugin may run before it (and
 # every process it started) is killed and the load counts as failed.
 CREDENTIALS_EXEC_TIMEOUT = 30.0
+# Kubernetes driver: the API server is probed (GET /version) this often, in seconds, each
+# probe given this long to connect and this long to answer: the pools' ApiReachable
+# condition turns False within about interval + timeout of an outage.
+API_PROBE_INTERVAL = 5.0
+API_PROBE_CONNECT_TIMEOUT = 3.0
+API_PROBE_READ_TIMEOUT = 5.0
 UNSCHEDULABLE_GRACE = 30.0  # seconds a pod may stay Unschedulable before the attempt fails
 DELETE_TIMEOUT = 300.0  # seconds a deletion waits for the namespace to vanish
 # Kubernetes driver: a node namespace of ours Terminating this long is stuck (a job's
@@ -536,6 +542,9 @@ _KUBERNETES_PROVIDER_ONLY: dict[Any, Validator] = {
     Optional("capacity"): _CAPACITY,
     Optional("credentials-backoff"): list_of(_seconds, min_items=1),
     Optional("credentials-exec-timeout"): _timeout,
+    Optional("api-probe-interval"): _timeout,
+    Optional("api-probe-connect-timeout"): _timeout,
+    Optional("api-probe-read-timeout"): _timeout,
 }
 
 # One schema holds both forms; `checks` enforces that `spec` excludes the form A keys and

@@ -76,7 +76,8 @@ _NODE_REASONS: dict[str, str] = {
     "Forbidden": "The launcher's service account lacks a permission: apply "
                  "etc/kubernetes/launcher-rbac.yaml.",
     "Unauthorized": "The API server refuses the launcher's own credentials (expired, rotated, "
-                    "revoked), even after loading them again. Not a failed launch: the node "
+                    "revoked), even after loading them again (a node's launch, or the "
+                    "pool's ApiReachable condition). Not a failed launch: the node "
                     "is aborted and the request waits. Fix the kubeconfig, its exec plugin "
                     "or the service account; the launcher picks that up by itself (or at "
                     "once with a reload, SIGHUP).",
@@ -120,13 +121,14 @@ _NODE_REASONS: dict[str, str] = {
 }
 FAILURE_REASONS = frozenset(list(_NODE_REASONS)[list(_NODE_REASONS).index("ErrImagePull"):])
 
-# The reasons of a pool's conditions (`launcher.reporting.pool_status`; Capacity and
-# Credentials as the provider reports them). `Unknown` and `LabelSuspended` above serve
-# pools too.
+# The reasons of a pool's conditions (`launcher.reporting.pool_status`; Capacity,
+# Credentials and ApiReachable as the provider reports them). `Unknown`, `Unauthorized` and
+# `LabelSuspended` above serve pools too.
 POOL_REASONS: dict[str, str] = {
     "Valid": "Nothing: every label of the pool can fit.",
-    "Disabled": "The pool has max-servers 0 and takes no requests: nothing to do unless it "
-                "should serve.",
+    "Disabled": "Off by configuration, not a fault: the pool has max-servers 0 and takes no "
+                "requests (Validated), or capacity awareness is off (Capacity, see the "
+                "provider's `capacity` key). Nothing to do unless it should be on.",
     "LabelExceedsLimits": "A label never fits even in an empty pool: raise the limits or "
                           "shrink the label.",
     "TargetMet": "Nothing: the spare nodes match min-ready.",
@@ -134,7 +136,12 @@ POOL_REASONS: dict[str, str] = {
                    "look at Quota, Capacity and Suspended.",
     "OverTarget": "More spare nodes than min-ready: nothing to do (they are used or age out "
                   "with max-ready-age).",
-    "Draining": "The pool is disabled and its nodes are being used up or deleted.",
+    "Draining": "The operator (or a maintenance window) drains the pool, or it is disabled: "
+                "it accepts nothing and its spare nodes are deleted. Nothing to do; "
+                "`nodepool resume` ends an operator's drain.",
+    "Paused": "The operator (or a maintenance window) paused the pool: it accepts nothing, "
+              "so min-ready is not looked at. Nothing to do; `nodepool resume` ends an "
+              "operator's pause.",
     "Under": "Nothing: usage is below every limit.",
     "AtLimit": "A limit binds: requests wait until nodes are returned; raise the limit if it "
                "should not.",
@@ -144,8 +151,24 @@ POOL_REASONS: dict[str, str] = {
     "NoneAvailable": "The cluster has room for no label: add capacity.",
     "NoneSuspended": "Nothing: no label is held by the circuit breaker.",
     "Accepted": "Nothing: the API server accepts the launcher's credentials.",
+    "Reachable": "Nothing: the API server answers, its certificate is trusted and it accepts "
+                 "the launcher's credentials.",
+    "Unreachable": "Nobody answers at the API server's address (connection refused or "
+                   "reset, a timeout, a name that does not resolve), or the probe gets a "
+                   "5xx (a load balancer with nothing behind it): check the API server, "
+                   "its load balancer and the network from the launcher. Launches fail "
+                   "meanwhile; the condition turns True by itself with the next answer.",
+    "TLSUntrusted": "The API server's certificate does not verify against the CA the launcher "
+                    "trusts (the cluster CA was rotated, or something else answers): write "
+                    "the new CA into the kubeconfig (certificate-authority-data or the CA "
+                    "file); the launcher follows a changed CA file by itself, no reload "
+                    "needed.",
     "Rejected": "The API server refuses the launcher's credentials (see Unauthorized).",
 }
+
+# Reasons of a state the operator chose (a pause, a drain, something switched off): shown
+# as neutral, neither healthy nor a fault (the published pool condition's `neutral`).
+NEUTRAL_REASONS = frozenset({"Paused", "Draining", "Disabled"})
 
 # The one registry: every reason a condition, an event, a decline or a launch failure
 # carries is a key of it.

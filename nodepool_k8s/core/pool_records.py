@@ -38,6 +38,9 @@ class PoolCondition(ConditionRecord):
 
     type: str
     last_transition: float  # wall time the (status, reason) last changed
+    # A state the operator chose (paused, draining, disabled): neither healthy nor a fault.
+    # Absent from records of launchers that predate it.
+    neutral: NotRequired[bool]
 
 
 class UsageRow(TypedDict):

@@ -2,9 +2,9 @@
 
 Owns: `Provider` (what a driver must do), `ClusterAware` (what a driver may do besides,
 declared by its class), the value types crossing the boundary
-(`LaunchSpec`, `LaunchResult`, `CloudResource`) and the contract of the errors a driver
-raises. The core never imports a concrete driver or `kubernetes`; `driver.registry` maps a
-config `driver:` name to a factory.
+(`LaunchSpec`, `LaunchResult`, `CloudResource`, `ProviderHealth`) and the contract of the
+errors a driver raises. The core never imports a concrete driver or `kubernetes`;
+`driver.registry` maps a config `driver:` name to a factory.
 
 Error contract:
 - `launch` raises `LaunchError` for a failed attempt (`retryable=False` when retrying the
@@ -122,6 +122,28 @@ Deletion = Gone | Underway
 """What one `Provider.delete` call found: gone, or underway with a time to look again."""
 
 
+@dataclass(frozen=True)
+class ProviderHealth:
+    """Whether a provider can reach its cloud's API now (`ClusterAware.api_health`): the
+    server answers, its certificate is trusted and it accepts the launcher's credentials.
+
+    `healthy` is None until the provider has found out once. `reason` is one of
+    `conditions.REASONS` (`Reachable`, `Unreachable`, `TLSUntrusted`, `Unauthorized`);
+    `since` the wall time `healthy` and `reason` took their values. The pools of the
+    provider publish it as their `ApiReachable` condition; a request handler may take an
+    unhealthy provider as a reason to leave requests to others."""
+
+    healthy: bool | None
+    reason: str
+    message: str = ""
+    since: float | None = None
+
+    def condition(self) -> ConditionRecord:
+        """The pools' `ApiReachable` condition (status, reason, message)."""
+        status = "Unknown" if self.healthy is None else "True" if self.healthy else "False"
+        return {"status": status, "reason": self.reason, "message": self.message}
+
+
 class Progress(Protocol):
     """The core's progress callback: `progress(external_id, *conditions)`.
 
@@ -190,8 +212,8 @@ class Provider(Protocol):
 
 
 class ClusterAware(Protocol):
-    """An optional capability: a provider that watches its cluster's capacity and its own
-    credentials, and reports both as pool conditions.
+    """An optional capability: a provider that watches its cluster's capacity, its own
+    credentials and whether its API answers, and reports them as pool conditions.
 
     A driver class declares it by naming it among its bases (`class X(ClusterAware)`);
     `driver.registry.cluster_aware` checks the declaration once, when the launcher
@@ -200,8 +222,9 @@ class ClusterAware(Protocol):
     """
 
     def on_capacity_change(self, listener: Callable[[], None]) -> None:
-        """Call `listener` (it must not block) when capacity may have freed, and when the
-        credentials become refused or accepted again: paused pools look again at once."""
+        """Call `listener` (it must not block) when capacity may have freed, when the
+        credentials become refused or accepted again, and when the API becomes unreachable
+        or reachable again: paused pools look again at once."""
 
     def reload_credentials(self) -> bool:
         """Read the credentials again now (the operator reloaded the configuration).
@@ -213,6 +236,10 @@ class ClusterAware(Protocol):
 
     def credentials_condition(self) -> ConditionRecord | None:
         """The `Credentials` condition of the provider's pools (None: not started)."""
+
+    def api_health(self) -> ProviderHealth | None:
+        """Whether the provider's API answers now (None: not started); cheap, never
+        blocks on the network (the provider keeps it current by itself)."""
 
 
 # `ApiCallListener`'s `code` of a request that got no HTTP answer (refused, reset, timed

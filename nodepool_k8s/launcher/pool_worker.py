@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Mapping, Protocol
 
 from nodepool_k8s.runtime import logconfig, stats
+from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.core import model, quota
 from nodepool_k8s.runtime.clock import wall_deadline
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
@@ -55,8 +56,21 @@ from nodepool_k8s.core.pool_records import PoolStatusRecord
 from nodepool_k8s.zk import errors
 from nodepool_k8s.zk.cache import ComponentCache
 from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.pool_state import DRAIN, PoolState
 from nodepool_k8s.zk.pool_status import BreakerRecord, JsonDirCache, StatusWriter
 from nodepool_k8s.zk.registry import ComponentRegistry, Registration, pool_worker_id
+
+
+def _hold(control: PoolState | None) -> pool_status.Hold | None:
+    """The pause or drain in force, as the pool status shows it."""
+    if control is None:
+        return None
+    verb = "drained" if control.action == DRAIN else "paused"
+    if control.source == "maintenance":
+        return pool_status.Hold(control.action, f"{verb} by a {control.reason}")
+    by = f" by {control.by}" if control.by else ""
+    why = f": {control.reason}" if control.reason else ""
+    return pool_status.Hold(control.action, f"{verb}{by} ({control.source}){why}")
 
 
 # After losing the race for a request's lock, look at the request again this much later.
@@ -133,6 +147,8 @@ class PoolWorker(Worker):
         self._drift_waiting = 0
         self._drift_asked: set[str] = set()
         self._reported_paused = False  # the pause state last put in the event log
+        # The ApiReachable (status, reason) last seen: its transitions go to the event log.
+        self._api_seen: tuple[str, str] | None = None
         # Circuit breaker (shared by every launcher of this pool) and the published status.
         self.breaker = PoolBreaker(engine.zk, engine.breakers, provider, pool, self.id,
                                    engine.clock)
@@ -220,7 +236,7 @@ class PoolWorker(Worker):
             deadlines.append(wall_deadline(engine.clock, window_change))
         if drift_due is not None:
             deadlines.append(drift_due)
-        deadlines += self._publish_status(provider_cfg, pool_cfg, provider)
+        deadlines += self._publish_status(provider_cfg, pool_cfg, provider, control)
         if self._contended:
             self._contended = False
             deadlines.append(self.clock.monotonic() + CONTENDED_RETRY)
@@ -425,7 +441,7 @@ class PoolWorker(Worker):
             self.breaker.record(label_cfg, pool_cfg, error, self.clock.time())
 
     def _publish_status(self, provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
-                        provider: Provider) -> list[float]:
+                        provider: Provider, control: PoolState | None = None) -> list[float]:
         """Publish this pool's status if it changed; the time to look again, if any."""
         self._probes &= set(self.handlers)
         # Wall time for what is written (transition times, "probe in"); monotonic for
@@ -434,9 +450,10 @@ class PoolWorker(Worker):
         engine = self.engine
         nodes = engine.node_cache.nodes()
         paused = [h for h in self.handlers.values() if h.paused]
-        # A cluster-aware provider's view of the cluster's capacity and of its own
-        # credentials (refused: launches wait); others report neither.
+        # A cluster-aware provider's view of the cluster's capacity, of its own
+        # credentials (refused: launches wait) and of its API server; others report none.
         cluster = engine.cluster_aware.get(self.ref.provider)
+        health = cluster.api_health() if cluster is not None else None
         suspended = self.breaker.suspended(pool_cfg, now)
         fresh, data = pool_status.build(
             pool_id=self.id, hostname=engine.registry.hostname, pool=pool_cfg,
@@ -450,7 +467,10 @@ class PoolWorker(Worker):
             queued=len(paused), pending=len(self.handlers),
             suspended=suspended, now=now,
             unhandable=engine.unhandable,
-            credentials=cluster.credentials_condition() if cluster is not None else None)
+            credentials=cluster.credentials_condition() if cluster is not None else None,
+            api=health.condition() if health is not None else None,
+            hold=_hold(control))
+        self._note_api_health(fresh["ApiReachable"])
         data["conditions"] = self._status.conditions(fresh, now)
         write, at = self._status.due(data, mono)
         if write:
@@ -470,6 +490,20 @@ class PoolWorker(Worker):
             if wait is not None and wait > 0:
                 deadlines.append(mono + wait)
         return deadlines
+
+    def _note_api_health(self, condition: cond.Condition) -> None:
+        """An event when the pool's ApiReachable condition turns False, or True again (not
+        for its first value, nor while it stays, nor for the first probe's good news)."""
+        seen = (condition.status, condition.reason)
+        before, self._api_seen = self._api_seen, seen
+        if before is None or before == seen or condition.status == cond.UNKNOWN \
+                or (before[0] == cond.UNKNOWN and condition.status == cond.TRUE):
+            return
+        self.engine.events.record(
+            zk_events.API_REACHABLE if condition.status == cond.TRUE
+            else zk_events.API_UNREACHABLE,
+            provider=self.ref.provider, pool=self.ref.pool, reason=condition.reason,
+            message=condition.message)
 
     def _creator_starting(self, request: NodeRequest) -> bool:
         """A min-ready request of another launcher that has no pool registered yet.

@@ -13,12 +13,13 @@ POOL_STATUS_COLUMNS = (
     ("Provider", "provider"), ("Pool", "pool"), ("Hostname", "hostname"),
     ("Validated", "validated"), ("AtTarget", "at_target"), ("Quota", "quota"),
     ("Capacity", "capacity"), ("Suspended", "suspended_labels"),
-    ("Credentials", "credentials"), ("Nodes", "node_counts"),
+    ("Credentials", "credentials"), ("ApiReachable", "api_reachable"),
+    ("Nodes", "node_counts"),
     ("Launching", "launches_in_progress"), ("Queued", "requests_queued"),
 )
 CONDITION_KEYS = {"Validated": "validated", "AtTarget": "at_target", "Quota": "quota",
                   "Capacity": "capacity", "Suspended": "suspended",
-                  "Credentials": "credentials"}
+                  "Credentials": "credentials", "ApiReachable": "api_reachable"}
 
 
 def conditions(record: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -35,7 +36,8 @@ def pool_records(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
 
 def pool_rows(records: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Table rows: each condition as `Reason` (its status in the JSON)."""
+    """Table rows: each condition as `Reason` (its status in the JSON; a neutral state such
+    as `Paused` or `Disabled` reads as just that)."""
     rows = []
     for record in pool_records(records):
         conds = conditions(record)

@@ -137,7 +137,8 @@ def _bound(value: float) -> str:
 
 
 def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
-    """Per running pool worker: its conditions (1 = status True), usage and limits.
+    """Per running pool worker: its conditions (1 = status True; `_neutral` 1 for a state
+    the operator chose, so that alerts can leave a paused pool alone), usage and limits.
 
     A pool worker is named by its provider, pool and `launcher` (the launcher's host name,
     `host/2`, `host/3` for further workers of the same pool on the same host, in the order
@@ -146,6 +147,11 @@ def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
     and would make a new series each time): `nodepool pool-list` and `/pool-list` show it."""
     condition = GaugeMetricFamily(
         "nodepool_pool_condition", "Pool conditions (1 when the condition's status is True).",
+        labels=["provider", "pool", "launcher", "condition"])
+    neutral = GaugeMetricFamily(
+        "nodepool_pool_condition_neutral",
+        "Pool conditions in a state the operator chose (1: paused, draining, disabled;"
+        " neither healthy nor a fault).",
         labels=["provider", "pool", "launcher", "condition"])
     usage = GaugeMetricFamily("nodepool_pool_usage",
                               "Pool usage per limited resource (servers: nodes, cores: CPUs,"
@@ -167,6 +173,8 @@ def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
             if isinstance(cond, dict):
                 condition.add_metric(key + [str(cond.get("type", ""))],
                                      1 if cond.get("status") == "True" else 0)
+                neutral.add_metric(key + [str(cond.get("type", ""))],
+                                   1 if cond.get("neutral") is True else 0)
         for row in record.get("usage") or []:
             if not isinstance(row, dict):
                 continue
@@ -182,7 +190,7 @@ def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
             launching.add_metric(key, record["launches_in_progress"])
         if _number(record.get("requests_queued")):
             queued.add_metric(key, record["requests_queued"])
-    return [condition, usage, limit, nodes, launching, queued]
+    return [condition, neutral, usage, limit, nodes, launching, queued]
 
 
 def _number(value: Any) -> bool:

@@ -5,7 +5,8 @@ step: the script fetches the JSON endpoints (`/pool-list`, `/request-list`, `/ev
 with `Accept: application/json`, one request at a time (each abandoned after 10 s, the next
 round planned 5 s after the last one ended, so the page never has two requests in flight),
 shows when the launcher marks its answer stale, and renders one card per running pool
-(its conditions, usage against limits, nodes by state, launches and queued requests,
+(its conditions, green/red/yellow by status, grey when `neutral`: a pause, a drain,
+something switched off; usage against limits, nodes by state, launches and queued requests,
 suspended labels), the request counts and the most recent lifecycle events. The JSON
 endpoints stay the source of truth; the page only shows them, and shows the error when
 they fail. Readable on a phone (one column below 40em). Text is inserted with
@@ -21,7 +22,8 @@ PAGE = """<!DOCTYPE html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>nodepool-k8s status</title>
 <style>
-:root { --ok: #1b7f3b; --bad: #b3261e; --unk: #7a6a00; --fg: #1d1d1f; --muted: #666;
+:root { --ok: #1b7f3b; --bad: #b3261e; --unk: #7a6a00; --off: #6b7280; --fg: #1d1d1f;
+        --muted: #666;
         --card: #fff; --bg: #f3f4f6; }
 * { box-sizing: border-box; }
 body { margin: 0; font: 15px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif;
@@ -41,6 +43,7 @@ main { padding: 1em; display: grid; gap: 1em;
 .cond.True { background: var(--ok); } .cond.False { background: var(--bad); }
 .cond.Unknown { background: var(--unk); }
 .cond.Suspended.True { background: var(--bad); } .cond.Suspended.False { background: var(--ok); }
+.cond.neutral, .cond.neutral.True, .cond.neutral.False { background: var(--off); }
 table { border-collapse: collapse; width: 100%; font-size: .9em; margin: .4em 0; }
 td, th { text-align: left; padding: .15em .3em; border-bottom: 1px solid #eee; }
 .bar { height: .5em; background: #e5e7eb; border-radius: 3px; overflow: hidden; }
@@ -107,7 +110,9 @@ function poolCard(p) {
   card.appendChild(el("div", "sub", (p.hostname || "") + " \\u00b7 " + (p.id || "")));
   const conds = el("div", "conds");
   for (const c of p.conditions || []) {
-    const b = el("span", "cond " + c.type + " " + c.status, c.type + ": " + c.reason);
+    // A state the operator chose (paused, draining, disabled) is grey: neither ok nor bad.
+    const b = el("span", "cond " + c.type + " " + c.status + (c.neutral ? " neutral" : ""),
+                 c.type + ": " + c.reason);
     const since = c.last_transition ? " (since " + ago(c.last_transition) + ")" : "";
     b.title = (c.message || "") + since;
     conds.appendChild(b);

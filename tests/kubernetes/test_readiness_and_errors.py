@@ -7,7 +7,10 @@ reasons, failed phases, unschedulable grace on an injected clock, deletion), the
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
+
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
@@ -201,10 +204,26 @@ def test_retry_after_becomes_delay() -> None:
 
 
 def test_transport_errors_are_temporary() -> None:
-    for exc in (urllib3.exceptions.MaxRetryError(None, "/", "refused"),
-                urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"),
-                ConnectionResetError("reset"), ApiException(status=0, reason="SSLError")):
-        assert type(errors.map_api_error(exc, "x")) is TemporaryError
+    """Every transport error is temporary; nobody answering and a certificate that does not
+    verify are told apart (the ApiReachable condition names them)."""
+    refused = urllib3.exceptions.NewConnectionError(
+        None, "Connection refused")  # type: ignore[arg-type]
+    untrusted = urllib3.exceptions.SSLError(ssl.SSLCertVerificationError(
+        1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed"))
+    for exc, kind in ((urllib3.exceptions.MaxRetryError(None, "/", "refused"), TemporaryError),
+                      (urllib3.exceptions.MaxRetryError(None, "/", refused),
+                       errors.Unreachable),
+                      (urllib3.exceptions.ReadTimeoutError(None, "/", "timed out"),
+                       errors.Unreachable),
+                      (ConnectionResetError("reset"), errors.Unreachable),
+                      (urllib3.exceptions.MaxRetryError(None, "/", untrusted),
+                       errors.TlsUntrusted),
+                      (ApiException(status=0, reason="SSLError"), TemporaryError),
+                      (ApiException(status=0, reason="SSLError CERTIFICATE_VERIFY_FAILED"),
+                       errors.TlsUntrusted)):
+        mapped = errors.map_api_error(exc, "x")
+        assert type(mapped) is kind, (exc, mapped)
+        assert isinstance(mapped, TemporaryError) and errors.is_retryable(mapped)
 
 
 def test_retry_policy_delays_honour_retry_after() -> None:

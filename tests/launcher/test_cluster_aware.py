@@ -17,7 +17,7 @@ import pytest
 
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.core.pool_records import CapacityCondition, ConditionRecord
-from nodepool_k8s.driver.base import ClusterAware
+from nodepool_k8s.driver.base import ClusterAware, ProviderHealth
 from nodepool_k8s.driver.fake import FakeProvider
 from nodepool_k8s.runtime.clock import Clock
 from tests.helpers import wait_for
@@ -25,6 +25,7 @@ from tests.launchers import LauncherFactory, small_pool
 
 REFUSED: ConditionRecord = {"status": "False", "reason": "Rejected",
                             "message": "the test refuses them"}
+UNREACHABLE = ProviderHealth(False, "Unreachable", "the test's API server is down", 5.0)
 
 
 class AwareProvider(FakeProvider, ClusterAware):
@@ -49,9 +50,12 @@ class AwareProvider(FakeProvider, ClusterAware):
     def credentials_condition(self) -> ConditionRecord | None:
         return REFUSED
 
+    def api_health(self) -> ProviderHealth | None:
+        return UNREACHABLE
+
 
 class IncompleteProvider(FakeProvider, ClusterAware):
-    """Declares the capability but implements one method of four."""
+    """Declares the capability but implements one method of five."""
 
     def reload_credentials(self) -> bool:
         return True
@@ -78,6 +82,9 @@ def test_a_declared_capability_is_used_by_the_launcher(launchers: LauncherFactor
         == ("False", "NoneAvailable")
     assert conditions["Credentials"]["reason"] == "Rejected"
     assert conditions["Credentials"]["message"] == REFUSED["message"]
+    assert (conditions["ApiReachable"]["status"], conditions["ApiReachable"]["reason"],
+            conditions["ApiReachable"]["message"]) \
+        == ("False", "Unreachable", "the test's API server is down")
     assert status["capacity"] == {"labels": {"small": {"available": False}}}
 
     launcher.refresh_credentials()  # a reload of an unchanged configuration
@@ -93,7 +100,11 @@ def test_a_plain_provider_reports_neither_condition(launchers: LauncherFactory) 
     assert status is not None
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Capacity"]["status"] == conditions["Credentials"]["status"] \
-        == "Unknown"
+        == conditions["ApiReachable"]["status"] == "Unknown"
+    # Capacity awareness off is a setting, not a fault: neutral, reason Disabled.
+    assert (conditions["Capacity"]["reason"], conditions["Capacity"]["neutral"]) \
+        == ("Disabled", True)
+    assert not conditions["Credentials"]["neutral"]
 
 
 def test_an_incomplete_declaration_is_refused_at_registration(

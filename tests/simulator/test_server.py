@@ -4,6 +4,7 @@ the CLI."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import os
@@ -273,3 +274,41 @@ def test_admin_is_not_affected_by_missing_rbac(kube: Kube) -> None:
     with pytest.raises(ApiException) as info:
         kube.core.read_namespaced_pod("none", "adm")
     assert info.value.status == 404
+
+
+def test_the_server_goes_away_and_comes_back(k8s_sim: Simulator) -> None:
+    """`stop_serving` refuses connections (the objects stay), `resume_serving` listens on
+    the same address again."""
+    conn = https(k8s_sim)
+    assert call(conn, "POST", "/api/v1/namespaces", k8s_sim.admin_token,
+                {"metadata": {"name": "kept"}})[0] == 201
+    conn.close()
+    url = k8s_sim.url
+    k8s_sim.stop_serving()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", k8s_sim.port), timeout=5).close()
+    k8s_sim.resume_serving()
+    assert k8s_sim.url == url
+    status, body = call(https(k8s_sim), "GET", "/api/v1/namespaces/kept",
+                        k8s_sim.admin_token)
+    assert status == 200 and body["metadata"]["name"] == "kept"
+
+
+def test_a_rotated_ca_is_served_to_new_connections(k8s_sim: Simulator) -> None:
+    """After `rotate_ca` the old CA no longer verifies the server, the new one does; open
+    connections are cut; the session's shared material is untouched."""
+    old = k8s_sim.ca_pem
+    assert old is not None
+    shared = Path(k8s_sim.config.tls_material_dir or "") / "ca.pem"
+    new = k8s_sim.rotate_ca()
+    assert new != old and k8s_sim.ca_pem == new
+    assert shared.read_text() == old
+    stale = http.client.HTTPSConnection(
+        "127.0.0.1", k8s_sim.port, context=ssl.create_default_context(cadata=old), timeout=5)
+    with pytest.raises(ssl.SSLCertVerificationError):
+        call(stale, "GET", "/version", None)
+    assert call(https(k8s_sim), "GET", "/version", None)[0] == 200
+    doc = yaml.safe_load(Path(k8s_sim.write_kubeconfig(
+        Path(k8s_sim.kubeconfig_path or "").with_name("rotated"))).read_text())
+    data = doc["clusters"][0]["cluster"]["certificate-authority-data"]
+    assert base64.b64decode(data).decode() == new

@@ -17,6 +17,7 @@ def fresh(**changes: cond.Condition) -> dict[str, cond.Condition]:
         "Capacity": cond.Condition("", cond.UNKNOWN, "Unknown", "capacity awareness is off"),
         "Suspended": cond.Condition("", cond.FALSE, "NoneSuspended"),
         "Credentials": cond.Condition("", cond.UNKNOWN, "Unknown", "not reported"),
+        "ApiReachable": cond.Condition("", cond.TRUE, "Reachable", "the API server answers"),
     }
     base.update(changes)
     return base
@@ -31,7 +32,8 @@ def test_pool_conditions_follow_the_one_update_rule() -> None:
     builder = pool_status.StatusBuilder(interval=10.0)
     first = builder.conditions(fresh(), clock.time())
     assert [c["type"] for c in first] == list(pool_status.CONDITIONS)
-    assert set(first[0]) == {"type", "status", "reason", "message", "last_transition"}
+    assert set(first[0]) == {"type", "status", "reason", "message", "last_transition",
+                             "neutral"}
     assert {c["last_transition"] for c in first} == {1000.0}
 
     clock.advance(30)  # a new message only: no transition

@@ -13,7 +13,7 @@ from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.core.errors import DriverContractError, PermanentError
 from nodepool_k8s.core.pool_records import CapacityCondition, ConditionRecord
 from nodepool_k8s.driver import registry
-from nodepool_k8s.driver.base import ClusterAware
+from nodepool_k8s.driver.base import ClusterAware, ProviderHealth
 from nodepool_k8s.driver.fake import FakeProvider
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider
 
@@ -37,6 +37,9 @@ class _Aware(FakeProvider, ClusterAware):
     def credentials_condition(self) -> ConditionRecord | None:
         return None
 
+    def api_health(self) -> ProviderHealth | None:
+        return None
+
 
 class _DeclaredOnly(FakeProvider, ClusterAware):
     """Declares the capability, implements only part of it."""
@@ -52,9 +55,9 @@ class _Undeclared(FakeProvider):
         return None
 
 
-def test_the_capability_lists_its_four_methods() -> None:
+def test_the_capability_lists_its_five_methods() -> None:
     assert registry.CLUSTER_AWARE_METHODS == (
-        "capacity_condition", "credentials_condition", "on_capacity_change",
+        "api_health", "capacity_condition", "credentials_condition", "on_capacity_change",
         "reload_credentials")
 
 

@@ -241,6 +241,7 @@ class ApiServer:
         self.scheme = "https" if ssl_context is not None else "http"
         self._thread = threading.Thread(target=self._server.accept_loop,
                                         name="k8s-sim-accept", daemon=True)
+        self.stopped = False
 
     @property
     def url(self) -> str:
@@ -251,6 +252,7 @@ class ApiServer:
         return self
 
     def stop(self) -> None:
+        self.stopped = True
         self._server.stop()
         self._thread.join(5)
 

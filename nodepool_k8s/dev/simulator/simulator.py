@@ -14,6 +14,7 @@ import builtins
 import logging
 import os
 import shutil
+import ssl
 import tempfile
 import threading
 from pathlib import Path
@@ -66,6 +67,10 @@ class Simulator:
         self._workdir: str | None = None
         self._tls: TlsMaterial | None = None
         self._server: ApiServer | None = None
+        self._api: Api | None = None
+        self._ssl_context: ssl.SSLContext | None = None
+        self._serving_lock = threading.Lock()  # stop_serving / resume_serving / rotate_ca
+        self._rotations = 0
         self._controllers: Controllers | None = None
         self._started = False
         self._stopped = False
@@ -94,6 +99,7 @@ class Simulator:
             self._seed()
             api = Api(self.store, self.authority, self._faults, self.config, self._counters,
                       self._stop_event, self._server_address)
+            self._api, self._ssl_context = api, ssl_context
             self._server = ApiServer(api, self.config.host, self.config.port,
                                      ssl_context).start()
         except BaseException:
@@ -136,6 +142,55 @@ class Simulator:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+    # -- the API server going away and coming back -------------------------------------------
+    def stop_serving(self) -> None:
+        """The API server goes away (it crashed, or the network between is cut): the
+        listening socket closes, every open connection and watch is cut, and connecting
+        is refused until `resume_serving`. The cluster's objects and controllers stay."""
+        with self._serving_lock:
+            server = self._require_server()
+            if server.stopped:
+                return
+            self.store.close_watchers()
+            server.stop()
+
+    def resume_serving(self) -> None:
+        """Serve again on the same address (with the current certificate)."""
+        with self._serving_lock:
+            server = self._require_server()
+            if not server.stopped:
+                return
+            assert self._api is not None
+            self._server = ApiServer(self._api, server.host, server.port,
+                                     self._ssl_context).start()
+
+    def rotate_ca(self) -> str:
+        """Replace the cluster's CA and the server certificate (a CA rotation): the API
+        server restarts with them, so every open connection is cut and new ones see the new
+        certificate; clients trusting only the old CA fail verification. Kubeconfigs already
+        written keep the old CA until written again (`write_kubeconfig`). Returns the new CA
+        (PEM). The session's shared material is never touched: the new one is made in this
+        simulator's own directory."""
+        if not self.config.tls or self._workdir is None:
+            raise RuntimeError("the simulator serves no TLS")
+        self._rotations += 1
+        material = make_tls_material(
+            os.path.join(self._workdir, f"tls-rotated-{self._rotations}"), (self.config.host,))
+        with self._serving_lock:
+            server = self._require_server()
+            self._tls, self._ssl_context = material, server_context(material)
+            if self._controllers is not None:
+                self._controllers.ca_pem = material.ca_pem
+            if server.stopped:
+                return material.ca_pem
+            self.store.close_watchers()
+            server.stop()
+            assert self._api is not None
+            self._server = ApiServer(self._api, server.host, server.port,
+                                     self._ssl_context).start()
+        log.info("Kubernetes API simulator now serves a certificate of a new CA")
+        return material.ca_pem
 
     # -- connection details -----------------------------------------------------------------
     def _require_server(self) -> ApiServer:

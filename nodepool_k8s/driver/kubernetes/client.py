@@ -46,9 +46,10 @@ from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.kubernetes.credentials import Credentials, LiveConfiguration, Loader
-from nodepool_k8s.driver.kubernetes.errors import (Conflict, Unauthorized, is_retryable,
-                                                   map_api_error)
-from nodepool_k8s.core.errors import LaunchError, NodepoolError, TemporaryError
+from nodepool_k8s.driver.kubernetes.errors import (Conflict, TlsUntrusted, Unauthorized,
+                                                   is_retryable, map_api_error)
+from nodepool_k8s.driver.kubernetes.health import ApiHealth, TrustFollower
+from nodepool_k8s.core.errors import LaunchError, NodepoolError, PermanentError, TemporaryError
 from nodepool_k8s.driver.base import API_NO_ANSWER as NO_ANSWER
 from nodepool_k8s.driver.base import ApiCallListener
 
@@ -294,13 +295,17 @@ class KubeClient:
 
     `load` loads the credentials again as at the start (see `credentials`); `backoff` is the
     provider's `credentials-backoff`, on `clock`; `on_change` hears when the credentials
-    become refused or accepted again; `on_api_call` hears of every HTTP request sent."""
+    become refused or accepted again, and when the API server becomes unusable or usable
+    again (`health`); `on_api_call` hears of every HTTP request sent. `sources()` names the
+    kubeconfig files the configuration came from (a rotated CA in them is followed, see
+    `health.TrustFollower`)."""
 
     def __init__(self, configuration: k8s.Configuration, context: str | None,
                  retry: RetryPolicy, provider: str = "", load: Loader | None = None,
                  backoff: tuple[float, ...] = (1.0,), clock: Clock = SYSTEM_CLOCK,
                  on_change: Callable[[], None] | None = None,
-                 on_api_call: ApiCallListener | None = None) -> None:
+                 on_api_call: ApiCallListener | None = None,
+                 sources: Callable[[], list[str]] | None = None) -> None:
         self.configuration = configuration
         self.context = context
         self.retry = retry
@@ -313,9 +318,14 @@ class KubeClient:
         self.rbac = k8s.RbacAuthorizationV1Api(self.api_client)
         self.networking = k8s.NetworkingV1Api(self.api_client)
         self.authentication = k8s.AuthenticationV1Api(self.api_client)
+        self.version = k8s.VersionApi(self.api_client)
         self.credentials = Credentials(provider or str(context), configuration, context,
                                        load or _cannot_reload, self.api_client, backoff,
                                        clock, on_change)
+        self.health = ApiHealth(provider or str(context), clock, on_change)
+        self.trust = TrustFollower(provider or str(context), self.credentials,
+                                   self.api_client, load or _cannot_reload,
+                                   sources or (lambda: []))
 
     @property
     def host(self) -> str:
@@ -364,11 +374,16 @@ class KubeClient:
         # collector's next full pass instead of freeing them at once.
         for attempt in range(1, attempts + 1):
             try:
-                return self._authenticated(lambda: self._once(what, fn, args, kwargs))
+                return self._usable(lambda: self._once(what, fn, args, kwargs))
             except NodepoolError as error:
                 if created_ok and attempt > 1 and isinstance(error, Conflict):
                     log.debug("%s: already exists after a retried create; accepting", what)
                     return {}
+                if isinstance(error, TlsUntrusted) or not is_retryable(error) \
+                        or attempt == attempts:
+                    # Given up (a certificate that does not verify stays so): the
+                    # provider's ApiReachable condition says why at once.
+                    self.health.failed(error)
                 if not is_retryable(error) or attempt == attempts:
                     if is_retryable(error):
                         log.warning("%s failed: #%d/%d giving up: %s", what, attempt,
@@ -410,6 +425,34 @@ class KubeClient:
             finally:
                 del error  # its traceback holds this frame: no cycle through the local
 
+    def _usable(self, send: Callable[[], T]) -> T:
+        """`send()` with the credentials' and the trust's second chances
+        (`_authenticated`, `_trusted`); an answer marks the server reachable."""
+        try:
+            result = self._trusted(lambda: self._authenticated(send))
+        except PermanentError:
+            self.health.answered()  # a 4xx is an answer too
+            raise
+        self.health.answered()
+        return result
+
+    def _trusted(self, send: Callable[[], T]) -> T:
+        """`send()`; after a certificate that did not verify, once more if the CA on disk
+        changed and was put in place (`health.TrustFollower`)."""
+        try:
+            return send()
+        except TlsUntrusted:
+            if not self.trust.check():
+                raise
+        return send()
+
+    def probe(self, connect_timeout: float, read_timeout: float) -> None:
+        """One GET /version with these timeouts, no retries: raises the mapped error."""
+        def once() -> dict[str, Any]:
+            return self._once("probe the API server (GET /version)", self.version.get_code,
+                              (), {"_request_timeout": (connect_timeout, read_timeout)})
+        self._trusted(lambda: self._authenticated(once))
+
     def _authenticated(self, send: Callable[[], T]) -> T:
         """`send()`; after a 401, once more if the credentials could be loaded again.
 
@@ -442,7 +485,11 @@ class KubeClient:
                           _request_timeout=(self.retry.timeout, read_timeout), **kwargs)
             except Exception as exc:  # noqa: BLE001 - mapped right here
                 raise map_api_error(exc, what) from exc
-        return self._authenticated(open_watch)
+        try:
+            return self._usable(open_watch)
+        except NodepoolError as error:
+            self.health.failed(error)
+            raise
 
     def close(self) -> None:
         try:
@@ -466,6 +513,10 @@ def connect(config: ProviderConfig, kubeconfig: str | None, pool_maxsize: int,
         # The operator chose insecure-skip-tls-verify: say so once, not on every request.
         log.warning("TLS verification is off for context %s (%s)", used, configuration.host)
         warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+
+    def sources() -> list[str]:
+        return [p for p in kubeconfig_paths(kubeconfig) if os.path.exists(p)]
+
     return KubeClient(configuration, used, RetryPolicy.from_config(config), provider=config.name,
                       load=load, backoff=tuple(config.credentials_backoff), clock=clock,
-                      on_change=on_change, on_api_call=on_api_call)
+                      on_change=on_change, on_api_call=on_api_call, sources=sources)

@@ -27,6 +27,8 @@ trust (CA bundle, `insecure-skip-tls-verify`, `tls-server-name`). A kubeconfig t
 names another server or trust is not applied to a running provider behind the operator's
 back (that would loosen TLS silently): `reload_now` reports it, and the launcher's
 configuration reload replaces the provider instead, which logs at start what it trusts.
+The one exception is a rotated CA bundle with verification still on, same server and
+server name: `health.TrustFollower` puts that in place when the files change on disk.
 
 How it fails: `rejected` and `accepted` never raise. A reload that cannot load (the file is
 unreadable or invalid, or the result carries no credential at all, as when an exec plugin
@@ -163,6 +165,12 @@ class Credentials:
         self._refused = False  # the reloads did not help: reported, condition False
         self._problem: str | None = None  # why the last reload could not help
         self._last_error = -math.inf  # monotonic time of the last ERROR
+
+    @property
+    def reload_lock(self) -> threading.Lock:
+        """Held while anything of the live configuration is replaced (credentials here, a
+        rotated CA by `health.TrustFollower`): one change at a time."""
+        return self._reload_lock
 
     @property
     def where(self) -> str:

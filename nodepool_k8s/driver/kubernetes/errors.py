@@ -13,7 +13,9 @@ Mapping:
     403 "exceeded quota" -> QuotaExceeded  403 missing default service account -> TemporaryError
     403 other -> Forbidden                 401 -> Unauthorized (ProviderUnavailable)
     400/422 -> Invalid
-    429, 5xx, status 0 (TLS), urllib3/socket errors -> TemporaryError
+    429, 5xx, other urllib3/socket errors -> TemporaryError
+    certificate verification failed (urllib3, or status 0) -> TlsUntrusted (TemporaryError)
+    connection refused/reset, connect or read timeout, name not resolved -> Unreachable
 Retry-After (seconds) becomes `TemporaryError.delay`.
 
 `reason_code` gives each of these errors its reason code (`core.conditions.REASONS`), the
@@ -24,12 +26,18 @@ credentials. `Unauthorized` is therefore a `ProviderUnavailable` (the core keeps
 waiting and counts no failure), and `KubeClient.call` does not repeat it with the API
 backoff: `credentials.Credentials` decides when loading the credentials again may help.
 A 403 stays `Forbidden`: the credentials were accepted and lack a permission.
+
+`Unreachable` and `TlsUntrusted` are told apart from other transport errors so that the
+provider's `ApiReachable` condition (`health`) can say which: nobody answers, or the server
+answers with a certificate the launcher does not trust (its CA was rotated, say). Both stay
+`TemporaryError`s, retried and reported as `ApiError` on a node like any other.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import ssl
 from typing import Any
 
 import urllib3.exceptions
@@ -57,6 +65,16 @@ class Unauthorized(ProviderUnavailable):
 
 class Invalid(PermanentError):
     """400/422: the API server rejected the body; retrying the same body cannot help."""
+
+
+class Unreachable(TemporaryError):
+    """Nobody answered: the connection was refused or reset, it or the answer timed out, or
+    the server's name did not resolve."""
+
+
+class TlsUntrusted(TemporaryError):
+    """The API server's certificate did not verify against the CA the launcher trusts (or
+    does not name the server)."""
 
 
 class Gone(TemporaryError):
@@ -114,6 +132,8 @@ def map_api_error(exc: BaseException, what: str) -> NodepoolError:
         message = f"{what}: {status} {status_message(exc)}".rstrip()
         if status == 0:
             # The client reports TLS failures as status 0 (reason holds the SSL error).
+            if "CERTIFICATE_VERIFY_FAILED" in str(exc.reason):
+                return TlsUntrusted(f"{what}: {exc.reason}")
             return TemporaryError(f"{what}: {exc.reason}")
         if status == 404:
             return NotFound(message)
@@ -137,11 +157,39 @@ def map_api_error(exc: BaseException, what: str) -> NodepoolError:
         return PermanentError(message)
     if isinstance(exc, (urllib3.exceptions.HTTPError, OSError)):
         # Connection refused/reset, read timeouts, protocol errors: the API may come back.
-        return TemporaryError(f"{what}: {type(exc).__name__}: {exc}")
+        message = f"{what}: {type(exc).__name__}: {exc}"
+        causes = list(_causes(exc))
+        if any(isinstance(c, ssl.SSLCertVerificationError) for c in causes):
+            return TlsUntrusted(message)
+        if any(isinstance(c, _UNREACHABLE) for c in causes):
+            return Unreachable(message)
+        return TemporaryError(message)
     if isinstance(exc, ValueError):
         # An unparseable response body (e.g. a proxy's HTML error page).
         return TemporaryError(f"{what}: bad response: {exc}")
     return PermanentError(f"{what}: {type(exc).__name__}: {exc}")
+
+
+# What nobody answering looks like, below urllib3's MaxRetryError (retries are off: every
+# failed attempt arrives wrapped once). urllib3's TimeoutError covers refused connections
+# and unresolved names (NewConnectionError) as well as connect and read timeouts.
+_UNREACHABLE = (urllib3.exceptions.TimeoutError, urllib3.exceptions.ProtocolError,
+                ConnectionError, TimeoutError)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """`exc` and what it wraps: urllib3's `reason`, an exception given as the first
+    argument (urllib3's SSLError), then `__cause__`/`__context__`."""
+    out: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in out and len(out) < 8:
+        out.append(current)
+        reason = getattr(current, "reason", None)
+        first = current.args[0] if current.args else None
+        current = reason if isinstance(reason, BaseException) \
+            else first if isinstance(first, BaseException) \
+            else (current.__cause__ or current.__context__)
+    return out
 
 
 # Error category -> reason code (`core.conditions.REASONS`), the most specific first.

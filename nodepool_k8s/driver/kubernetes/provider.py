@@ -40,7 +40,8 @@ cancelled; whatever is left carries our labels for the leak sweeper) and then ra
 LaunchError (with `reason`), QuotaExceeded, or TemporaryError. Refused credentials (401,
 still refused after loading them again, see `credentials`) raise `errors.Unauthorized`, a
 ProviderUnavailable: the provider's trouble, not the label's; `credentials_condition` shows
-it and `reload_credentials` reads them again when the operator reloads the configuration.
+it, `api_health` too (and an unreachable server, or a certificate that does not verify),
+and `reload_credentials` reads them again when the operator reloads the configuration.
 `delete` is one reconcile step (`Gone`, or `Underway` with when to look again; it never
 waits and keeps no deadline: the caller owns `delete-timeout`); it raises NotOwned when the
 namespace is not provably ours (nothing is sent) and TemporaryError when it cannot look or
@@ -68,7 +69,7 @@ from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import (ApiCallListener, ApiMetered, CloudResource,
                                       ClusterAware, Deletion, Gone, LaunchResult, LaunchSpec,
-                                      Progress, Provider, Underway)
+                                      Progress, Provider, ProviderHealth, Underway)
 from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, slim
 from nodepool_k8s.driver.kubernetes.bodies import NamespacedBody, Subject
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
@@ -77,6 +78,7 @@ from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClie
 from nodepool_k8s.driver.kubernetes import errors as api_errors
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
 from nodepool_k8s.driver.kubernetes.events import EventRecorder
+from nodepool_k8s.driver.kubernetes.health import ApiProbe
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, metadata,
                                                    object_uid, resource_version,
@@ -168,7 +170,8 @@ class KubernetesProvider(ClusterAware, ApiMetered):
     """Hands out namespaces (`namespace` labels) and pods (`pod` labels) in one context.
 
     Implements `Provider` and declares `ClusterAware`: it watches the cluster's capacity
-    (when `capacity` is configured) and its own credentials; and `ApiMetered`: every API
+    (when `capacity` is configured), its own credentials and whether its API server
+    answers (a probe every `api-probe-interval`, see `health`); and `ApiMetered`: every API
     request it sends is reported to the listener given before `start`."""
 
     def __init__(self, config: ProviderConfig, clock: Clock = SYSTEM_CLOCK,
@@ -192,6 +195,7 @@ class KubernetesProvider(ClusterAware, ApiMetered):
         self._pods: ObjectWatch | None = None
         self._namespaces: ObjectWatch | None = None
         self._events: EventRecorder | None = None
+        self._probe: ApiProbe | None = None
         self._capacity: CapacityTracker | None = None
         self._capacity_listeners: list[Callable[[], None]] = []
         # (namespace, node id) -> why it is not that node's: such a namespace never becomes
@@ -266,6 +270,13 @@ class KubernetesProvider(ClusterAware, ApiMetered):
                 watch.start()
             self._events = EventRecorder(client, self._clock)
             self._events.start()
+            config = self.config
+            self._probe = ApiProbe(
+                self.name, lambda: client.probe(config.api_probe_connect_timeout,
+                                                config.api_probe_read_timeout),
+                client.trust.check, client.health, self._clock,
+                config.api_probe_interval)
+            self._probe.start()
             if self.config.capacity_nodes or self.config.capacity_resource_quota:
                 tracker = CapacityTracker(
                     client, self._clock, nodes=self.config.capacity_nodes,
@@ -283,8 +294,11 @@ class KubernetesProvider(ClusterAware, ApiMetered):
         with self._lock:
             client, watches = self._client, (self._pods, self._namespaces)
             events, self._events = self._events, None
+            probe, self._probe = self._probe, None
             capacity, self._capacity = self._capacity, None
             self._client = self._pods = self._namespaces = None
+        if probe is not None:
+            probe.stop()
         if capacity is not None:
             capacity.stop()
         if events is not None:
@@ -311,9 +325,17 @@ class KubernetesProvider(ClusterAware, ApiMetered):
             client = self._client
         return None if client is None else client.credentials.condition()
 
+    def api_health(self) -> ProviderHealth | None:
+        """Whether the API server answers, trusted, accepting the credentials (None: not
+        started): from the probe (`api-probe-interval`) and every real call."""
+        with self._lock:
+            client = self._client
+        return None if client is None else client.health.current()
+
     def _credentials_changed(self) -> None:
-        # Refused, or accepted again: the pool workers look again (their status shows it,
-        # and requests waiting for the provider can go on at once).
+        # Refused or accepted again, the API server unusable or usable again: the pool
+        # workers look again (their status shows it, and requests waiting for the provider
+        # can go on at once).
         with self._lock:
             listeners = list(self._capacity_listeners)
         for listener in listeners:

@@ -8,15 +8,24 @@ changed, rate-limited:
 - `Validated`: Valid / Disabled / LabelExceedsLimits (a label that can never fit);
 - `AtTarget`: TargetMet / UnderTarget / OverTarget against the pool-level and global
   `min-ready` of the pool's labels (spares as min-ready counts them: not the ready records
-  it found cannot be handed out), Draining while a disabled pool still has nodes;
+  it found cannot be handed out); Paused / Draining (Unknown, neutral) while the operator
+  or a maintenance window pauses or drains the pool, Draining while a disabled pool still
+  has nodes;
 - `Quota`: Under / AtLimit, naming the binding limit (pool, provider, cloud, tenant) and
   usage vs limit per resource;
 - `Capacity`: Sufficient / Constrained / NoneAvailable from the provider's view of the
-  cluster (capacity awareness), Unknown when the provider does not read it;
+  cluster (capacity awareness), Disabled (Unknown, neutral) when it does not read it;
 - `Suspended`: True with reason LabelSuspended while the circuit breaker holds a label;
 - `Credentials`: Accepted / Rejected, the provider's view of its own credentials (a
   Kubernetes provider whose API server refuses them, 401, even after loading them again:
-  launches wait, nothing fails), Unknown when the provider does not report them.
+  launches wait, nothing fails), Unknown when the provider does not report them;
+- `ApiReachable`: Reachable / Unreachable / TLSUntrusted / Unauthorized, the provider's
+  view of its API server (`driver.base.ProviderHealth`), Unknown when the provider does
+  not report it.
+
+Each published condition carries `neutral`: True for a state the operator chose
+(`conditions.NEUTRAL_REASONS`: paused, draining, disabled), which readers show as neither
+healthy nor a fault.
 
 A change of any condition's (status, reason) or of the suspended labels is written at
 once; a change of counts or usage only, at most once per `pool_status_interval`: the
@@ -28,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, TypedDict, cast
 
 from nodepool_k8s.core import conditions as cond
@@ -41,7 +51,8 @@ from nodepool_k8s.core.pool_records import (BreakerEntry, CapacityCondition, Con
                                             TargetRow, UsageRow)
 
 TRUE, FALSE, UNKNOWN = cond.TRUE, cond.FALSE, cond.UNKNOWN
-CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended", "Credentials")
+CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended", "Credentials",
+              "ApiReachable")
 MODEL_VERSION = 1
 
 
@@ -92,9 +103,19 @@ class _Target(TypedDict):
     spare: int
 
 
+@dataclass(frozen=True)
+class Hold:
+    """A pause or drain in force for the pool (the operator's or a maintenance window's)."""
+
+    action: str  # "pause" | "drain"
+    why: str  # who and why, for the message
+
+
 def at_target(pool: PoolConfig, config: Config, nodes: list[Any],
-              pool_node_count: int) -> tuple[cond.Condition, dict[str, TargetRow]]:
-    """The AtTarget condition and, per label with a target, wanted vs spare."""
+              pool_node_count: int,
+              hold: Hold | None = None) -> tuple[cond.Condition, dict[str, TargetRow]]:
+    """The AtTarget condition and, per label with a target, wanted vs spare. A held
+    pool does not try to meet its target: Paused / Draining, neither met nor missed."""
     targets: dict[str, _Target] = {}
     for name, label in sorted(pool.labels.items()):
         if label.min_ready > 0:
@@ -104,6 +125,10 @@ def at_target(pool: PoolConfig, config: Config, nodes: list[Any],
         if glob is not None and glob.min_ready > 0 and name not in targets:
             targets[name] = {"scope": 1, "wanted": glob.min_ready,
                              "spare": spares(nodes, name)}
+    if hold is not None:
+        reason = "Draining" if hold.action == "drain" else "Paused"
+        left = f"; {pool_node_count} node(s) left" if pool_node_count else ""
+        return _cond(UNKNOWN, reason, f"{hold.why}{left}"), _public(targets)
     if pool.disabled:
         if pool_node_count:
             return _cond(FALSE, "Draining", f"{pool_node_count} node(s) left"), _public(targets)
@@ -194,10 +219,13 @@ class StatusBuilder:
             self._conditions = cond.update(self._conditions, dataclasses.replace(
                 fresh[ctype], type=ctype, last_transition_time=now))
         by_type = {c.type: c for c in self._conditions}
-        # serialise writes exactly PoolCondition's keys (time under POOL_TIME_KEY).
-        return cast(list[PoolCondition], cond.serialise(
+        # serialise writes PoolCondition's keys (time under POOL_TIME_KEY) but `neutral`.
+        published = cast(list[PoolCondition], cond.serialise(
             (by_type[ctype] for ctype in CONDITIONS), time_key=cond.POOL_TIME_KEY,
             message_limit=None))
+        for c in published:
+            c["neutral"] = c["reason"] in cond.NEUTRAL_REASONS
+        return published
 
     def due(self, data: PoolStatusRecord, now: float) -> tuple[bool, float | None]:
         """(write now?, when to look again if something waits for the interval). `now`
@@ -249,7 +277,9 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
           launching: int, queued: int, pending: int,
           suspended: Mapping[str, BreakerEntry], now: float,
           unhandable: frozenset[str] = frozenset(),
-          credentials: ConditionRecord | None = None) -> tuple[
+          credentials: ConditionRecord | None = None,
+          api: ConditionRecord | None = None,
+          hold: Hold | None = None) -> tuple[
               dict[str, cond.Condition], PoolStatusRecord]:
     """Fresh conditions (without transition times) and the status record, whose
     `conditions` the caller fills from them (`StatusBuilder.conditions`)."""
@@ -258,16 +288,18 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
                       quota.total(records, provider=provider.name, pool=pool.name),
                       quota.total(records, provider=provider.name))
     countable = [n for n in nodes if n.id not in unhandable] if unhandable else nodes
-    target, targets = at_target(pool, config, countable, sum(counts.values()))
+    target, targets = at_target(pool, config, countable, sum(counts.values()), hold)
     fresh: dict[str, cond.Condition] = {
         "Validated": validated(pool, provider, cloud),
         "AtTarget": target,
         "Quota": quota_condition(rows, blocked),
-        "Capacity": _reported(capacity, _cond(UNKNOWN, "Unknown",
+        "Capacity": _reported(capacity, _cond(UNKNOWN, "Disabled",
                                               "capacity awareness is off")),
         "Suspended": suspended_condition(suspended, now),
         "Credentials": _reported(credentials, _cond(UNKNOWN, "Unknown",
                                                     "the provider does not report them")),
+        "ApiReachable": _reported(api, _cond(UNKNOWN, "Unknown",
+                                             "the provider does not report it")),
     }
     rest: PoolStatusRecord = {
         "model": MODEL_VERSION, "id": pool_id, "hostname": hostname,
