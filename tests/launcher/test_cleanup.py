@@ -71,15 +71,6 @@ def idle_node(zuul: ZuulClient, label: str = "small") -> str:
     return node_id
 
 
-def hold(zuul: ZuulClient, expiration: int | None) -> str:
-    request_id = zuul.submit(["small"])
-    fulfilled(zuul, request_id)
-    nodeset = zuul.accept(request_id)
-    zuul.use(nodeset)
-    zuul.hold(nodeset, hold_expiration=expiration)
-    return nodeset.nodes[0].id
-
-
 def test_reuse_ready_node(launchers: LauncherFactory, zuul: ZuulClient) -> None:
     launcher = launchers(body())
     node_id = idle_node(zuul)
