@@ -1,26 +1,30 @@
 """The upkeep workers without a daemon: the cleanup worker, its deleter and leak sweep on
 the narrow dependencies of `CleanupDeps`, built on a real ZooKeeper with no thread of
-their own.
+their own, next to a pool worker and min-ready on the same dependencies when a test needs
+them.
 
-`UpkeepDeps` is the request path's `Deps` (tests/launcher/requests/support.py: real stores
-on a started `ZkClient`, a ManualClock, caches that read ZooKeeper on every call) with what
-cleanup uses on top. The deleter runs each deletion at once in the caller's thread
-(`InlineExecutor`), so a cleanup pass (`Upkeep.step`) has deleted what it decided to delete
-when it returns, and a provider's wake-up (`FakeProvider.finish_deletions`) finishes a
-parked deletion before it returns. Nothing waits for a thread or a watch: a test moves the
-clock, runs one pass and looks at ZooKeeper and the fake cloud.
+`UpkeepDeps` is the request path's `WorkerDeps` (tests/launcher/requests/support.py: real
+stores and registry on a started `ZkClient`, a ManualClock, caches that read ZooKeeper on
+every call) with what cleanup uses on top. The deleter runs each deletion at once in the
+caller's thread (`InlineExecutor`), so a cleanup pass (`Upkeep.step`) has deleted what it
+decided to delete when it returns, and a provider's wake-up
+(`FakeProvider.finish_deletions`) finishes a parked deletion before it returns; a pool
+worker's launches run on `InlineLaunches.run_all`. Nothing waits for a thread or a watch:
+a test moves the clock, runs one pass and looks at ZooKeeper and the fake cloud.
 """
 
 from __future__ import annotations
 
 import textwrap
-import threading
 import time
 from concurrent.futures import Executor, Future
 from typing import Any, Callable
 
+from nodepool_k8s.config.model import Config
 from nodepool_k8s.core import model
 from nodepool_k8s.core.model import Node
+from nodepool_k8s.launcher.pool_worker import PoolWorker
+from nodepool_k8s.launcher.requests.min_ready import MinReadyWorker
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.launcher.upkeep.cleanup import CleanupWorker
 from nodepool_k8s.launcher.upkeep.deleter import NodeDeleter
@@ -31,7 +35,7 @@ from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import ZkConnection
-from tests.launcher.requests.support import Deps
+from tests.launcher.requests.support import InlineLaunches, WorkerDeps
 from tests.launchers import TEST_SETTINGS, make_config
 
 
@@ -44,14 +48,12 @@ class InlineExecutor(Executor):
         return future
 
 
-class UpkeepDeps(Deps):
-    """`Deps` and what the cleanup worker uses on top (`CleanupDeps`)."""
+class UpkeepDeps(WorkerDeps):
+    """`WorkerDeps` and what the cleanup worker uses on top (`CleanupDeps`)."""
 
-    def __init__(self, zk: ZkClient, config: Any, clock: ManualClock,
+    def __init__(self, zk: ZkClient, config: Config, clock: ManualClock,
                  settings: EngineSettings = TEST_SETTINGS) -> None:
         super().__init__(zk, config, clock, settings)
-        self.stopping = threading.Event()
-        self.stuck_requests: frozenset[str] = frozenset()
         self.woken_all = 0
 
     def wake_all(self) -> None:
@@ -70,6 +72,18 @@ class Upkeep:
     @property
     def clock(self) -> ManualClock:
         return self.deps.clock
+
+    def pool_worker(self) -> tuple[PoolWorker, InlineLaunches]:
+        """The pool worker of pool fake/main on the same deps, registered; its launches
+        run on `run_all`."""
+        launches = InlineLaunches()
+        worker = PoolWorker(self.deps, "fake", "main", launches,  # type: ignore[arg-type]
+                            fqdn="test-host")
+        worker.register()
+        return worker, launches
+
+    def min_ready(self) -> MinReadyWorker:
+        return MinReadyWorker(self.deps)  # type: ignore[arg-type]
 
     @property
     def fake(self) -> Any:
