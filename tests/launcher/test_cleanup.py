@@ -1,19 +1,17 @@
 """Cleanup and recovery through a running launcher, where the threads together are the
-point: reuse of ready nodes; cancellation before and during a launch (nodes kept ready,
-unallocated, and reused); lost pending requests reset and served (also one Zuul deletes
-during the reset); launch retries and final failure; malformed and empty znodes; no
-per-node state or reference cycle outlives the nodes; a session expiry in the middle of a
-launch.
+point: launch retries; malformed and empty znodes; no per-node state or reference cycle
+outlives the nodes; a session expiry in the middle of a launch.
 
 The cleanup worker's own decisions (ages, holds, deletion retries and parking, orphaned
 locks, the leak sweep, request-lock dirs) are stepped on a manual clock in
-tests/launcher/upkeep/test_cleanup.py.
+tests/launcher/upkeep/test_cleanup.py, and with the pool worker on the same records
+(reuse, cancellation during a launch, a lost pending request reset, also one Zuul deletes
+during the reset, a failed launch) in tests/launcher/upkeep/test_recovery.py.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import threading
 
 from kazoo.client import KazooClient
@@ -61,62 +59,6 @@ def fulfilled(zuul: ZuulClient, request_id: str) -> list[str]:
     return list(result["nodes"])
 
 
-def idle_node(zuul: ZuulClient, label: str = "small") -> str:
-    """A ready, unallocated node: Zuul cancels a request after it was fulfilled."""
-    request_id = zuul.submit([label])
-    node_id = fulfilled(zuul, request_id)[0]
-    zuul.cancel(request_id)
-    wait_for(lambda: (zuul.get_node(node_id) or {}).get("allocated_to", "x") is None, 15,
-             message="node de-allocated")
-    return node_id
-
-
-def test_reuse_ready_node(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    launcher = launchers(body())
-    node_id = idle_node(zuul)
-    launches = launcher.providers["fake"].call_names().count("launch")  # type: ignore
-    request_id = zuul.submit(["small"])
-    assert fulfilled(zuul, request_id) == [node_id]
-    assert launcher.providers["fake"].call_names().count("launch") == launches  # type: ignore
-    node = zuul.get_node(node_id)
-    assert node is not None and node["allocated_to"] == request_id
-    assert node["requestor"] == zuul.system_id
-    other = zuul.submit(["slow"])
-    assert fulfilled(zuul, other) != [node_id]
-
-
-def test_cancel_during_launch_keeps_node_for_reuse(launchers: LauncherFactory,
-                                                   zuul: ZuulClient) -> None:
-    launcher = launchers(body(slow=0.5))
-    request_id = zuul.submit(["slow"])
-    wait_for(lambda: launcher.node_cache.ids(), 10, message="node created")
-    node_id = launcher.node_cache.ids()[0]
-    zuul.cancel(request_id)
-    wait_for(lambda: (zuul.get_node(node_id) or {}).get("state") == "ready"
-             and zuul.get_node(node_id)["allocated_to"] is None,  # type: ignore[index]
-             15, message="cancelled node kept ready")
-    again = zuul.submit(["slow"])
-    assert fulfilled(zuul, again) == [node_id]
-
-
-def test_lost_pending_request_is_reset(zk: ZkConnection, launchers: LauncherFactory,
-                                       zuul: ZuulClient, kazoo_client: KazooClient) -> None:
-    request_id = zuul.submit(["small"])
-    # A launcher died after accepting it and creating (not yet locking) a node.
-    body_ = zuul.get_request(request_id)
-    assert body_ is not None
-    body_.update(state="pending", declined_by=[], nodes=[], reuse=True)
-    kazoo_client.set(paths.request_path(request_id), json.dumps(body_).encode())
-    orphan = {"state": "init", "type": ["small"], "provider": "fake", "pool": "main",
-              "allocated_to": request_id, "state_time": 1.0}
-    kazoo_client.create(paths.NODE_CREATE_PREFIX, json.dumps(orphan).encode(), sequence=True,
-                        makepath=True)
-    launchers(body())
-    nodes = fulfilled(zuul, request_id)
-    assert nodes != ["0000000000"]
-    wait_for(lambda: zuul.get_node("0000000000") is None, 15, message="orphan init removed")
-
-
 def test_launch_retries_then_success(launchers: LauncherFactory, zuul: ZuulClient) -> None:
     launcher = launchers(body())
     fake = launcher.providers["fake"]
@@ -124,22 +66,6 @@ def test_launch_retries_then_success(launchers: LauncherFactory, zuul: ZuulClien
     node_id = fulfilled(zuul, zuul.submit(["small"]))[0]
     assert fake.call_names().count("launch") == 3  # type: ignore[attr-defined]
     assert zuul.get_node(node_id)["external_id"] == f"main-{node_id}-3"  # type: ignore
-
-
-def test_launch_failure_fails_request(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    launcher = launchers(body())
-    # Every attempt for the request's first node fails (its two launches run at once).
-    launcher.providers["fake"].fail_next(  # type: ignore[attr-defined]
-        3, LaunchError("boom"), node_id="0000000000")
-    request_id = zuul.submit(["small", "small"])
-    result = zuul.wait(request_id, 20)
-    assert result is not None and result["state"] == "failed" and result["nodes"] == []
-    # The failed node is deleted; the good one stays, ready and unallocated, for reuse.
-    wait_for(lambda: [n.state for n in launcher.node_cache.nodes()] == ["ready"], 15,
-             message="failed node deleted")
-    assert launcher.node_cache.nodes()[0].allocated_to is None
-    keys = launcher.engine.stats.backend.keys("incr")  # type: ignore[attr-defined]
-    assert "nodepool.launch.error.nodepool" in keys
 
 
 def test_malformed_znodes_are_skipped(launchers: LauncherFactory, zuul: ZuulClient,
@@ -227,28 +153,3 @@ def test_session_expiry_mid_launch(zk: ZkConnection, launchers: LauncherFactory,
     node = zuul.get_node(nodes[0])
     assert node is not None and node["state"] == model.NodeState.READY
     assert len(launcher.component_cache.pools()) == 1
-
-
-def test_lost_request_deleted_during_its_reset(zk: ZkConnection, launchers: LauncherFactory,
-                                               zuul: ZuulClient,
-                                               kazoo_client: KazooClient) -> None:
-    """Zuul may delete a request at any moment (no lock needed), also while the cleanup is
-    resetting it as lost: that is not a failure of the cleanup step (an ERROR with a
-    traceback), the request is simply gone."""
-    launcher = launchers(body())
-    # This test plays the cleanup pass itself, at the moment it chooses.
-    launcher.cleanup.stop()
-    launcher.cleanup.join(10)
-    # Pending, unlocked: a launcher died after accepting it.
-    body_ = json.loads(zuul.request_body(["small"]))
-    body_.update(state="pending", declined_by=[], nodes=[], reuse=True)
-    request_id = paths.basename(kazoo_client.create(
-        f"{paths.REQUESTS}/200-", json.dumps(body_).encode(), sequence=True, makepath=True))
-    got = launcher.engine.requests.lock_and_read(request_id)
-    assert got is not None
-    lock, fresh = got
-    zuul.cancel(request_id)  # between the cleanup's read and its write
-    launcher.cleanup._reset(fresh, lock)
-    lock.release()  # as its caller does
-    assert zuul.get_request(request_id) is None
-    assert kazoo_client.get_children(paths.request_lock_path(request_id)) == []
