@@ -108,6 +108,10 @@ class ReadThroughNodes:
         return {i: "malformed" for i in self.store.ids()
                 if not self.store.is_empty(i) and self.store.get(i) is None}
 
+    def unusable(self, node_id: str) -> bool:
+        return not self.store.is_empty(node_id) and self.store.get(node_id) is None \
+            and self.zk.exists(paths.node_path(node_id)) is not None
+
     def evict(self, node_id: str) -> None:
         """Nothing is kept, so nothing is stale."""
 

@@ -55,9 +55,18 @@ class UpkeepDeps(WorkerDeps):
                  settings: EngineSettings = TEST_SETTINGS) -> None:
         super().__init__(zk, config, clock, settings)
         self.woken_all = 0
+        self.deleter: NodeDeleter | None = None  # set by `Upkeep`
 
     def wake_all(self) -> None:
         self.woken_all += 1
+
+    def request_delete(self, node_id: str, reason: str) -> bool:
+        """As the launcher hands a pool worker's deletion (making room at quota) to its
+        deleter: only while the node is still a ready spare."""
+        self.deletions.append((node_id, reason))
+        assert self.deleter is not None
+        return self.deleter.submit(node_id, reason, lambda node: node.state
+                                   == model.NodeState.READY and not node.allocated_to)
 
 
 class Upkeep:
@@ -65,7 +74,7 @@ class Upkeep:
 
     def __init__(self, deps: UpkeepDeps) -> None:
         self.deps = deps
-        self.deleter = NodeDeleter(deps, workers=1, executor=InlineExecutor())
+        self.deleter = deps.deleter = NodeDeleter(deps, workers=1, executor=InlineExecutor())
         self.cleanup = CleanupWorker(deps, self.deleter)
         self.sweeper = self.cleanup.leaks
 
@@ -73,11 +82,11 @@ class Upkeep:
     def clock(self) -> ManualClock:
         return self.deps.clock
 
-    def pool_worker(self) -> tuple[PoolWorker, InlineLaunches]:
-        """The pool worker of pool fake/main on the same deps, registered; its launches
-        run on `run_all`."""
+    def pool_worker(self, pool: str = "main") -> tuple[PoolWorker, InlineLaunches]:
+        """The pool worker of pool `pool` of provider `fake` on the same deps, registered;
+        its launches run on `run_all`."""
         launches = InlineLaunches()
-        worker = PoolWorker(self.deps, "fake", "main", launches,  # type: ignore[arg-type]
+        worker = PoolWorker(self.deps, "fake", pool, launches,  # type: ignore[arg-type]
                             fqdn="test-host")
         worker.register()
         return worker, launches
