@@ -8,7 +8,9 @@ show` prints the conditions table and the timings (`--json` the same document as
 deletion that cannot be confirmed), the request gets `declined_reasons`, the reason counter
 is bumped, and `nodepool events` / `/events` show the failure, filtered; `list --detail`
 and `request-list --detail` show Host ID, Reason and Declined Reasons; the keys Zuul reads
-are unchanged (extra keys only).
+are unchanged (extra keys only). The ready node's life runs the launcher's pool worker
+and cleanup worker one pass at a time in the test's thread (tests/launcher/upkeep/), so
+what they report is there when they return.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import paths
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.cli.conftest import Cli, fake_provider
-from tests.helpers import wait_for
+from nodepool_k8s.zk.client import ZkClient
+from tests.helpers import ZkConnection, wait_for
+from tests.launcher.upkeep.support import make_upkeep
 from tests.launchers import LauncherFactory
 
 BODY = """
@@ -55,11 +59,16 @@ providers:
 """
 
 
-def test_ready_node_conditions_show_and_timers(launchers: LauncherFactory, zuul: ZuulClient,
-                                               cli: Cli) -> None:
-    launcher = launchers(BODY)
+def test_ready_node_conditions_show_and_timers(zk: ZkConnection, zkc: ZkClient,
+                                               zuul: ZuulClient, cli: Cli) -> None:
+    # The launcher's pool worker and cleanup worker, one pass at a time in this thread.
+    world = make_upkeep(zk, zkc, BODY)
+    engine = world.deps
+    worker, launches = world.pool_worker()
     request_id = zuul.submit(["large"])
-    body = zuul.wait(request_id)
+    worker.run_once()
+    launches.run_all()
+    body = zuul.get_request(request_id)
     assert body is not None and body["state"] == "fulfilled"
     node_id = body["nodes"][0]
     node = zuul.get_node(node_id)
@@ -72,11 +81,7 @@ def test_ready_node_conditions_show_and_timers(launchers: LauncherFactory, zuul:
     assert times == sorted(times)
     assert node["host_id"] == "fake-k8s-node"
     # Timers per provider/pool/label, and the Prometheus histogram.
-    # Reported just after the fulfilling commit, which Zuul may see first: wait for them.
-    backend = launcher.engine.stats.backend
-    wait_for(lambda: "nodepool.launch.label.large.ready_time"
-             in backend.keys("timing"), 10,  # type: ignore[attr-defined]
-             message="the phase timers")
+    backend = engine.stats.backend
     timings = backend.keys("timing")  # type: ignore[attr-defined]
     for phase in ("launch", "register", "initialize", "ready"):
         assert f"nodepool.launch.provider.fake.phase.{phase}" in timings
@@ -89,7 +94,7 @@ def test_ready_node_conditions_show_and_timers(launchers: LauncherFactory, zuul:
                 "nodepool.launch.label.large.ready_time"):
         assert key in timings
     text = prometheus.render([], [], True, {}, process=False,
-                             histograms=launcher.engine.stats.histograms())
+                             histograms=engine.stats.histograms())
     assert 'phase="total"' not in text
     assert 'nodepool_node_phase_seconds_count{label="large",phase="ready",pool="main",' \
            'provider="fake"} 1.0' in text
@@ -115,21 +120,15 @@ def test_ready_node_conditions_show_and_timers(launchers: LauncherFactory, zuul:
     nodeset = zuul.accept(request_id)
     zuul.use(nodeset)
     zuul.release(nodeset)
+    world.full_pass()
+    assert zuul.get_node(node_id) is None  # the used node deleted
     # Launch and deletion are in the event log (batched: flushed here).
-    wait_for(lambda: zuul.get_node(node_id) is None, message="the used node deleted")
-
-    def recorded() -> list[str]:
-        # The deleter records the deletion just after removing the znode: flush and look
-        # until it is there (flushing once right after the znode went could miss it).
-        launcher.engine.events.flush()
-        return [e["kind"] for e in zk_events.read_events(launcher.zk)
-                if e.get("node") == node_id]
-    wait_for(lambda: recorded() == [zk_events.LAUNCHED, zk_events.DELETED],
-             message="the launch and the deletion in the event log")
-    kinds = recorded()
+    engine.events.flush()
+    kinds = [e["kind"] for e in zk_events.read_events(engine.zk) if e.get("node") == node_id]
+    assert kinds == [zk_events.LAUNCHED, zk_events.DELETED]
     events = cli("events", "--node", node_id.lstrip("0") or "0", "--json").json()
     assert [e["kind"] for e in events] == kinds
-    assert "deletion" in json.dumps(launcher.engine.stats.backend.keys("timing"))  # type: ignore[attr-defined]  # noqa: E501
+    assert "deletion" in json.dumps(backend.keys("timing"))  # type: ignore[attr-defined]
 
 
 def test_failed_launch_keeps_its_reason(launchers: LauncherFactory, zuul: ZuulClient,

@@ -1,5 +1,8 @@
 """`nodepool delete`: default (the launcher deletes), --now (here, through the provider),
-refusal of nodes Zuul has locked, --force (breaking the lock), unknown ids and failures."""
+refusal of nodes Zuul has locked, --force (breaking the lock), unknown ids and failures.
+
+Where the launcher finishes what the command began, its cleanup worker runs one pass on
+the test's thread (tests/launcher/upkeep/support.py) instead of a running launcher."""
 
 from __future__ import annotations
 
@@ -17,9 +20,12 @@ from nodepool_k8s.core.errors import TemporaryError
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.zk import paths
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
-from tests.cli.conftest import (MIN_READY, Cli, fake_provider, foreign_node, lock_contenders,
-                                node_data, node_state, ready_node, record)
-from tests.helpers import in_use, wait_for
+from nodepool_k8s.zk.cache import CacheEvent
+from nodepool_k8s.zk.client import ZkClient
+from tests.cli.conftest import (CONFIG, MIN_READY, Cli, fake_provider, foreign_node,
+                                lock_contenders, node_data, node_state, ready_node, record)
+from tests.helpers import ZkConnection, in_use
+from tests.launcher.upkeep.support import Upkeep, make_upkeep
 from tests.launchers import LauncherFactory
 
 FAST = ("--lock-timeout", "0.2")
@@ -39,20 +45,26 @@ def _share_cloud(monkeypatch: pytest.MonkeyPatch, launcher: Launcher) -> list[Fa
     return built
 
 
+def deleted_by_the_launcher(world: Upkeep, node_id: str) -> bool:
+    """One pass of the launcher's cleanup after the node's change reached its cache."""
+    world.cleanup.on_node_event(CacheEvent.CHANGED, node_id)
+    world.step()
+    return world.record(node_id) is None
+
+
 def test_default_marks_deleting_and_the_launcher_deletes(
-        cli: Cli, launchers: LauncherFactory, kazoo_client: KazooClient) -> None:
-    launcher = launchers(MIN_READY)
-    node_id = ready_node(kazoo_client)
+        cli: Cli, zk: ZkConnection, zkc: ZkClient) -> None:
+    world = make_upkeep(zk, zkc, CONFIG)
+    node_id = world.node("ready")
     external_id = f"main-{node_id}"
-    assert external_id in fake_provider(launcher).resource_ids()
+    assert external_id in world.fake.resource_ids()
 
     result = cli("delete", node_id)
     assert (result.code, result.err) == (0, "")
     row = result.table()[0]
     assert row[0] == node_id and row[6] == "deleting" and row[8] == "unlocked"
-    wait_for(lambda: kazoo_client.exists(paths.node_path(node_id)) is None,
-             message="the launcher to remove the node")
-    assert external_id not in fake_provider(launcher).resource_ids()
+    assert deleted_by_the_launcher(world, node_id)
+    assert external_id not in world.fake.resource_ids()
 
 
 def test_short_ids_are_accepted(cli: Cli, launchers: LauncherFactory,
@@ -82,10 +94,9 @@ def test_now_deletes_resource_and_znode(cli: Cli, launchers: LauncherFactory,
 
 
 def test_now_failure_leaves_the_node_deleting_for_its_launcher(
-        cli: Cli, launchers: LauncherFactory, kazoo_client: KazooClient,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    launcher = launchers(MIN_READY)
-    cloud = fake_provider(launcher).cloud
+        cli: Cli, zk: ZkConnection, zkc: ZkClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    world = make_upkeep(zk, zkc, CONFIG)
+    cloud = world.fake.cloud
 
     def failing(config: ProviderConfig, clock: Clock) -> FakeProvider:
         provider = FakeProvider(config, clock=clock, cloud=cloud)
@@ -93,16 +104,15 @@ def test_now_failure_leaves_the_node_deleting_for_its_launcher(
         return provider
 
     monkeypatch.setitem(registry.DRIVERS, "fake", failing)
-    node_id = ready_node(kazoo_client)
+    node_id = world.node("ready")
     result = cli("delete", node_id, "--now")
     assert result.code == 1 and result.out == ""
     assert result.err == (f"nodepool delete: could not delete main-{node_id} of node {node_id}"
                           " (API unavailable); the node stays in state deleting and its"
                           " launcher retries\n")
     # Unlocked and deleting: the launcher finishes the job.
-    wait_for(lambda: kazoo_client.exists(paths.node_path(node_id)) is None,
-             message="the launcher to remove the node")
-    assert f"main-{node_id}" not in fake_provider(launcher).resource_ids()
+    assert deleted_by_the_launcher(world, node_id)
+    assert f"main-{node_id}" not in world.fake.resource_ids()
 
 
 def test_now_needs_the_provider_in_the_configuration(cli: Cli,
@@ -136,10 +146,15 @@ def test_refuses_a_node_zuul_has_locked(cli: Cli, launchers: LauncherFactory,
     zuul.release(nodeset)
 
 
-def test_force_breaks_zuuls_lock(cli: Cli, launchers: LauncherFactory, zuul: ZuulClient,
+def test_force_breaks_zuuls_lock(cli: Cli, zk: ZkConnection, zkc: ZkClient, zuul: ZuulClient,
                                  kazoo_client: KazooClient) -> None:
-    launcher = launchers()
-    nodeset = in_use(zuul, ["small"])
+    world = make_upkeep(zk, zkc, CONFIG)
+    worker, launches = world.pool_worker()
+    request_id = zuul.submit(["small"])
+    worker.run_once()
+    launches.run_all()
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
     node_id = nodeset.nodes[0].id
     zuul_contender = lock_contenders(kazoo_client, node_id)
 
@@ -150,9 +165,8 @@ def test_force_breaks_zuuls_lock(cli: Cli, launchers: LauncherFactory, zuul: Zuu
     assert result.table()[0][6] == "deleting"
     assert not set(zuul_contender) & set(lock_contenders(kazoo_client, node_id))
     # Unlocked `deleting`: the launcher deletes resource and znode.
-    wait_for(lambda: kazoo_client.exists(paths.node_path(node_id)) is None,
-             message="the launcher to remove the node")
-    assert f"main-{node_id}" not in fake_provider(launcher).resource_ids()
+    assert deleted_by_the_launcher(world, node_id)
+    assert f"main-{node_id}" not in world.fake.resource_ids()
     # Zuul finds out when it next writes the node; it cannot resurrect it.
     with pytest.raises(NoNodeError):
         zuul.release(nodeset)

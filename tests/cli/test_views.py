@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from kazoo.client import KazooClient
 
+from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.views import listing
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
-from tests.cli.conftest import Cli, foreign_node, parse_table
-from tests.helpers import in_use, wait_for
-from tests.launchers import LauncherFactory
+from nodepool_k8s.zk.client import ZkClient
+from tests.cli.conftest import CONFIG, Cli, foreign_node, parse_table
+from tests.helpers import ZkConnection, in_use
+from tests.launcher.requests.support import WorkerDeps
+from tests.launcher.requests.test_pool_worker import worker_for
+from tests.launchers import LauncherFactory, make_config
 
 REQUEST_HEADERS = [h for h, _ in listing.REQUEST_COLUMNS]
 
@@ -56,11 +60,11 @@ def test_request_list_shows_the_launchers_work(cli: Cli, launchers: LauncherFact
     assert rows[unknown]["Declined By"] == ",".join(failed["declined_by"])
 
 
-def test_label_list(cli: Cli, launchers: LauncherFactory) -> None:
+def test_label_list(cli: Cli, zk: ZkConnection, zkc: ZkClient) -> None:
     # Nothing registered: no labels (the configuration alone does not count).
     assert cli("label-list", "--json").json() == []
-    launchers()
-    wait_for(lambda: cli("label-list", "--json").json(), message="registered pools")
+    # A launcher's pool worker registers its pool.
+    worker_for(WorkerDeps(zkc, make_config(zk, CONFIG), ManualClock()))
     result = cli("label-list")
     assert result.code == 0
     assert result.table() == [["large"], ["small"]]

@@ -1,5 +1,6 @@
 """Maintenance windows: the cron parser, load-time validation naming the place, and a
-launcher that pauses and resumes a pool on time by the injected clock."""
+pool worker that pauses and resumes its pool on time by the injected clock (stepped: one
+pass at each moment)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,12 @@ from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.config.cron import Cron, parse_duration
 from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.zk import paths
-from nodepool_k8s.dev.testing.zuul_client import ZuulClient
+from nodepool_k8s.zk.client import ZkClient
 from tests.config.common import assert_problem, at, base, load, prefix
-from tests.helpers import wait_for
-from tests.launchers import LauncherFactory
+from tests.helpers import ZkConnection
+from tests.launcher.requests.support import WorkerDeps
+from tests.launcher.requests.test_pool_worker import worker_for
+from tests.launchers import make_config
 
 
 def ts(text: str) -> float:
@@ -120,22 +123,36 @@ def paused_components(client: KazooClient) -> list[bool]:
     return out
 
 
-def test_window_pauses_and_resumes_on_time(launchers: LauncherFactory, zuul: ZuulClient,
+def test_window_pauses_and_resumes_on_time(zk: ZkConnection, zkc: ZkClient,
                                            kazoo_client: KazooClient) -> None:
+    """One pass of the pool worker at each moment the clock is moved to."""
     clock = ManualClock(ts("2024-06-05T22:00:00+00:00"))
-    launcher = launchers(MAINTAINED, clock=clock)
-    first = zuul.submit(["small"])
-    assert (zuul.wait(first) or {}).get("state") == "fulfilled"
+    deps = WorkerDeps(zkc, make_config(zk, MAINTAINED), clock)
+    worker, launches = worker_for(deps)
+
+    def state(request_id: str) -> str | None:
+        request = deps.requests.get(request_id)
+        return request.state if request is not None else None
+
+    first = deps.submit(["small"])
+    worker.run_once()
+    launches.run_all()
+    assert state(first) == "fulfilled"
     clock.advance(3600 + 30)  # 23:00:30, inside the window
-    launcher.wake_all()
-    wait_for(lambda: paused_components(kazoo_client) == [True], message="the window to pause")
-    waiting = zuul.submit(["small"])
-    clock.advance(1800)  # 23:30:30, still inside: the request waits
-    launcher.wake_all()
+    worker.run_once()
     assert paused_components(kazoo_client) == [True]
-    body = zuul.get_request(waiting) or {}
-    assert body.get("state") == "requested" and not body.get("declined_by")
+    waiting = deps.submit(["small"])
+    clock.advance(1800)  # 23:30:30, still inside: the request waits
+    worker.run_once()
+    assert paused_components(kazoo_client) == [True]
+    request = deps.requests.get(waiting)
+    assert request is not None and request.state == "requested" and not request.declined_by
     clock.advance(1800)  # 00:00:30, the window is over
-    launcher.wake_all()
-    assert (zuul.wait(waiting) or {}).get("state") == "fulfilled"
+    deadline = worker.run_once()
+    launches.run_all()
+    assert state(waiting) == "fulfilled"
     assert paused_components(kazoo_client) == [False]
+    # The worker asks to be woken at the next window's start (23:00 the next day).
+    assert deadline is not None
+    assert deadline == pytest.approx(
+        clock.monotonic() + ts("2024-06-06T23:00:00+00:00") - clock.time())

@@ -1,33 +1,29 @@
-"""Cleanup and recovery end to end, with the manual clock for every age and expiry.
+"""Cleanup and recovery through a running launcher, where the threads together are the
+point: launch retries; malformed and empty znodes; no per-node state or reference cycle
+outlives the nodes; a session expiry in the middle of a launch.
 
-Aspects: max-ready-age; holds (hold_expiration, max-hold-age, none); reuse of ready nodes;
-cancellation before and during a launch (nodes kept ready, unallocated, and reused); lost
-pending requests reset (also one Zuul deletes during the reset); launch retries and final
-failure; malformed and empty znodes; deletion that fails temporarily is retried and never
-forgotten; leaked resources are deleted only after two sightings a grace period apart;
-orphaned request-lock dirs; a session expiry in the middle of a launch.
+The cleanup worker's own decisions (ages, holds, deletion retries and parking, orphaned
+locks, the leak sweep, request-lock dirs) are stepped on a manual clock in
+tests/launcher/upkeep/test_cleanup.py, and with the pool worker on the same records
+(reuse, cancellation during a launch, a lost pending request reset, also one Zuul deletes
+during the reset, a failed launch) in tests/launcher/upkeep/test_recovery.py.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import threading
-import time
 
-import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.core import model
-from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.core.errors import LaunchError, TemporaryError
 from nodepool_k8s.launcher.requests.allocation import Allocator
-from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.launcher.requests.handler import RequestHandler
 from nodepool_k8s.zk import paths
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import ZkConnection, wait_for
-from tests.launchers import TEST_SETTINGS, LauncherFactory
+from tests.launchers import LauncherFactory
 from tests.sessions import expire_session
 
 CONFIG = """
@@ -63,112 +59,6 @@ def fulfilled(zuul: ZuulClient, request_id: str) -> list[str]:
     return list(result["nodes"])
 
 
-def idle_node(zuul: ZuulClient, label: str = "small") -> str:
-    """A ready, unallocated node: Zuul cancels a request after it was fulfilled."""
-    request_id = zuul.submit([label])
-    node_id = fulfilled(zuul, request_id)[0]
-    zuul.cancel(request_id)
-    wait_for(lambda: (zuul.get_node(node_id) or {}).get("allocated_to", "x") is None, 15,
-             message="node de-allocated")
-    return node_id
-
-
-def advance(launcher: Launcher, clock: ManualClock, seconds: float) -> None:
-    clock.advance(seconds)
-    launcher.cleanup.request_full_pass()
-
-
-def test_max_ready_age(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    clock = ManualClock(start=time.time())
-    launcher = launchers(body(), clock=clock)
-    node_id = idle_node(zuul)
-    advance(launcher, clock, 599)
-    passes = launcher.cleanup.passes
-    wait_for(lambda: launcher.cleanup.passes > passes)
-    assert zuul.get_node(node_id) is not None
-    advance(launcher, clock, 2)
-    wait_for(lambda: zuul.get_node(node_id) is None, 15, message="expired node deleted")
-
-
-def hold(zuul: ZuulClient, expiration: int | None) -> str:
-    request_id = zuul.submit(["small"])
-    fulfilled(zuul, request_id)
-    nodeset = zuul.accept(request_id)
-    zuul.use(nodeset)
-    zuul.hold(nodeset, hold_expiration=expiration)
-    return nodeset.nodes[0].id
-
-
-def test_hold_expiration(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    clock = ManualClock(start=time.time())
-    launcher = launchers(body(), clock=clock)
-    expiring, forever = hold(zuul, 100), hold(zuul, None)
-    advance(launcher, clock, 50)
-    passes = launcher.cleanup.passes
-    wait_for(lambda: launcher.cleanup.passes > passes)
-    assert zuul.get_node(expiring)["state"] == "hold"  # type: ignore[index]
-    advance(launcher, clock, 60)
-    wait_for(lambda: zuul.get_node(expiring) is None, 15, message="held node expired")
-    advance(launcher, clock, 10**6)
-    passes = launcher.cleanup.passes
-    wait_for(lambda: launcher.cleanup.passes > passes)
-    assert zuul.get_node(forever)["state"] == "hold"  # type: ignore[index]
-
-
-def test_max_hold_age(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    clock = ManualClock(start=time.time())
-    launcher = launchers(body(max_hold_age=30), clock=clock)
-    node_id = hold(zuul, 100)
-    advance(launcher, clock, 31)
-    wait_for(lambda: zuul.get_node(node_id) is None, 15, message="max-hold-age")
-
-
-def test_reuse_ready_node(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    launcher = launchers(body())
-    node_id = idle_node(zuul)
-    launches = launcher.providers["fake"].call_names().count("launch")  # type: ignore
-    request_id = zuul.submit(["small"])
-    assert fulfilled(zuul, request_id) == [node_id]
-    assert launcher.providers["fake"].call_names().count("launch") == launches  # type: ignore
-    node = zuul.get_node(node_id)
-    assert node is not None and node["allocated_to"] == request_id
-    assert node["requestor"] == zuul.system_id
-    other = zuul.submit(["slow"])
-    assert fulfilled(zuul, other) != [node_id]
-
-
-def test_cancel_during_launch_keeps_node_for_reuse(launchers: LauncherFactory,
-                                                   zuul: ZuulClient) -> None:
-    launcher = launchers(body(slow=0.5))
-    request_id = zuul.submit(["slow"])
-    wait_for(lambda: launcher.node_cache.ids(), 10, message="node created")
-    node_id = launcher.node_cache.ids()[0]
-    zuul.cancel(request_id)
-    wait_for(lambda: (zuul.get_node(node_id) or {}).get("state") == "ready"
-             and zuul.get_node(node_id)["allocated_to"] is None,  # type: ignore[index]
-             15, message="cancelled node kept ready")
-    again = zuul.submit(["slow"])
-    assert fulfilled(zuul, again) == [node_id]
-
-
-def test_lost_pending_request_is_reset(zk: ZkConnection, launchers: LauncherFactory,
-                                       zuul: ZuulClient, kazoo_client: KazooClient) -> None:
-    request_id = zuul.submit(["small"])
-    # A launcher died after accepting it and creating (not yet locking) a node.
-    body_ = zuul.get_request(request_id)
-    assert body_ is not None
-    body_.update(state="pending", declined_by=[], nodes=[], reuse=True)
-    kazoo_client.set(paths.request_path(request_id), json.dumps(body_).encode())
-    orphan = {"state": "init", "type": ["small"], "provider": "fake", "pool": "main",
-              "allocated_to": request_id, "state_time": 1.0}
-    kazoo_client.create(paths.NODE_CREATE_PREFIX, json.dumps(orphan).encode(), sequence=True,
-                        makepath=True)
-    launchers(body())
-    nodes = fulfilled(zuul, request_id)
-    assert nodes != ["0000000000"]
-    wait_for(lambda: zuul.get_node("0000000000") is None, 15, message="orphan init removed")
-
-
 def test_launch_retries_then_success(launchers: LauncherFactory, zuul: ZuulClient) -> None:
     launcher = launchers(body())
     fake = launcher.providers["fake"]
@@ -176,22 +66,6 @@ def test_launch_retries_then_success(launchers: LauncherFactory, zuul: ZuulClien
     node_id = fulfilled(zuul, zuul.submit(["small"]))[0]
     assert fake.call_names().count("launch") == 3  # type: ignore[attr-defined]
     assert zuul.get_node(node_id)["external_id"] == f"main-{node_id}-3"  # type: ignore
-
-
-def test_launch_failure_fails_request(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    launcher = launchers(body())
-    # Every attempt for the request's first node fails (its two launches run at once).
-    launcher.providers["fake"].fail_next(  # type: ignore[attr-defined]
-        3, LaunchError("boom"), node_id="0000000000")
-    request_id = zuul.submit(["small", "small"])
-    result = zuul.wait(request_id, 20)
-    assert result is not None and result["state"] == "failed" and result["nodes"] == []
-    # The failed node is deleted; the good one stays, ready and unallocated, for reuse.
-    wait_for(lambda: [n.state for n in launcher.node_cache.nodes()] == ["ready"], 15,
-             message="failed node deleted")
-    assert launcher.node_cache.nodes()[0].allocated_to is None
-    keys = launcher.engine.stats.backend.keys("incr")  # type: ignore[attr-defined]
-    assert "nodepool.launch.error.nodepool" in keys
 
 
 def test_malformed_znodes_are_skipped(launchers: LauncherFactory, zuul: ZuulClient,
@@ -210,105 +84,6 @@ def test_malformed_znodes_are_skipped(launchers: LauncherFactory, zuul: ZuulClie
              message="empty node znode removed")
     assert kazoo_client.get(paths.request_path("200-0000000100"))[0] == b"{not json"
     assert all(w.alive for w in launcher.pool_workers.values())
-
-
-def test_failed_delete_is_retried(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    launcher = launchers(body())
-    fake = launcher.providers["fake"]
-    fake.fail_next(2, TemporaryError("api down"), op="delete")  # type: ignore[attr-defined]
-    request_id, [node_id] = zuul.run_build(["small"])
-    wait_for(lambda: zuul.get_node(node_id) is None, 20, message="deleted after retries")
-    assert fake.call_names().count("delete") == 3  # type: ignore[attr-defined]
-    assert fake.resource_ids() == set()  # type: ignore[attr-defined]
-
-
-@pytest.mark.parametrize("early_notice", [False, True], ids=["notice-later", "notice-first"])
-def test_deletion_underway_parks_the_node_locked(launchers: LauncherFactory, zuul: ZuulClient,
-                                                 kazoo_client: KazooClient,
-                                                 early_notice: bool) -> None:
-    """A deletion the provider hands back as underway parks the node: locked, `deleting`, no
-    deleter thread busy with it, no retry or failure; the provider's notice finishes it. The
-    notice may also overtake the hand-back (the resource went at once): then the node is
-    finished as soon as the pass that parks it ends, not at the next deadline (60 s)."""
-    launcher = launchers(body(), settings=TEST_SETTINGS.replace(delete_workers=1))
-    fake = launcher.providers["fake"]
-    fake.defer_deletions(early_notice=early_notice)  # type: ignore[attr-defined]
-    _, [node_id] = zuul.run_build(["small"])
-    _, [other_id] = zuul.run_build(["small"])
-    deleter = launcher.deleter
-    if early_notice:
-        wait_for(lambda: zuul.get_node(node_id) is None and zuul.get_node(other_id) is None,
-                 20, message="both nodes deleted on the early notice")
-    else:
-        wait_for(lambda: deleter.parked() == 2, 20, message="both deletions parked")
-        for parked_id in (node_id, other_id):
-            node = zuul.get_node(parked_id)
-            assert node is not None and node["state"] == "deleting", node
-            assert "delete_failures" not in node
-            assert kazoo_client.get_children(paths.node_lock_path(parked_id))
-            assert deleter.busy(parked_id)
-        assert deleter.retry_entries() == 0
-        fake.finish_deletions()  # type: ignore[attr-defined]
-        wait_for(lambda: zuul.get_node(node_id) is None and zuul.get_node(other_id) is None,
-                 20, message="both nodes deleted after the notice")
-    # The node znodes go before the deleter counts them.
-    wait_for(lambda: deleter.deleted == 2 and deleter.parked() == 0, 10,
-             message="both deletions counted")
-    assert deleter.retry_entries() == 0
-    assert fake.resource_ids() == set()  # type: ignore[attr-defined]
-    # Each deletion asked the provider twice: once to start, once to confirm.
-    assert fake.call_names().count("delete") == 4  # type: ignore[attr-defined]
-
-
-def test_a_parked_node_after_a_failed_try_sets_no_past_deadline(
-        launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    """A deletion that failed once and is parked on its retry keeps its back-off entry; that
-    entry's past due time must not wake the cleanup worker (every MIN_PASS_GAP) while the
-    node waits for the provider's notice."""
-    launcher = launchers(body())
-    fake = launcher.providers["fake"]
-    fake.fail_next(1, TemporaryError("api down"), op="delete")  # type: ignore[attr-defined]
-    fake.defer_deletions()  # type: ignore[attr-defined]
-    _, [node_id] = zuul.run_build(["small"])
-    deleter = launcher.deleter
-    wait_for(lambda: deleter.parked() == 1, 20, message="the retried deletion parked")
-    assert deleter.retry_entries() == 1  # the back-off is kept for a later failure
-    assert deleter.next_retry() > launcher.engine.clock.monotonic() + 30  # the 60 s look
-    fake.finish_deletions()  # type: ignore[attr-defined]
-    wait_for(lambda: zuul.get_node(node_id) is None, 20, message="the node deleted")
-
-
-def test_retry_of_a_vanished_node_is_forgotten(launchers: LauncherFactory, zuul: ZuulClient,
-                                               kazoo_client: KazooClient) -> None:
-    """A node whose deletion keeps failing is retried; once another launcher (or a hand)
-    removed it, the retry table forgets it and no retry deadline remains (the old table
-    kept it with a past deadline, and the cleanup worker spun on it)."""
-    launcher = launchers(body())
-    fake = launcher.providers["fake"]
-    fake.fail_next(1000, TemporaryError("api down"), op="delete")  # type: ignore[attr-defined]
-    _, [node_id] = zuul.run_build(["small"])
-    deleter = launcher.deleter
-    wait_for(lambda: deleter.retry_entries() == 1 and not deleter.busy(node_id), 20,
-             message="a failed deletion waiting for its retry")
-    kazoo_client.delete(paths.node_path(node_id), recursive=True)
-    wait_for(lambda: deleter.retry_entries() == 0, 20, message="the retry forgotten")
-    assert deleter.next_retry() == float("inf")
-
-
-def test_cleanup_never_returns_a_past_deadline(launchers: LauncherFactory) -> None:
-    from nodepool_k8s.launcher.upkeep.cleanup import MIN_PASS_GAP
-    from nodepool_k8s.launcher.upkeep.deleter import Retry
-    clock = ManualClock(start=time.time())
-    launcher = launchers(body(), clock=clock)
-    launcher.cleanup.stop()
-    launcher.cleanup.join(10)
-    assert not launcher.cleanup.alive
-    # A retry of a node that exists nowhere, due long ago (the state that made it spin).
-    # Deadlines are monotonic time.
-    launcher.deleter._retry["0000009999"] = Retry(clock.monotonic() - 100, 1.0)
-    deadline = launcher.cleanup.run_once()
-    assert deadline is not None and deadline >= clock.monotonic() + MIN_PASS_GAP
-    assert launcher.deleter.retry_entries() == 0
 
 
 def test_no_per_node_state_outlives_the_nodes(launchers: LauncherFactory,
@@ -365,67 +140,6 @@ def test_a_served_request_leaves_no_reference_cycle(launchers: LauncherFactory,
     assert cyclic == []
 
 
-def test_orphaned_lock_of_our_own_session_is_released(launchers: LauncherFactory,
-                                                      kazoo_client: KazooClient) -> None:
-    """A lock our own session holds but no live work does (a lost commit reply, a crashed
-    handler) would keep its node locked until the session ends; another session's lock on
-    the same kind of node is left alone."""
-    launcher = launchers(body())
-    record = json.dumps({"state": "building", "provider": "fake", "pool": "main",
-                         "type": ["small"]}).encode()
-    ours, theirs = paths.node_path("0000000901"), paths.node_path("0000000902")
-    for path in (ours, theirs):
-        kazoo_client.create(path, record, makepath=True)
-    orphan = f"{ours}/lock/{'a' * 32}__lock__0000000000"
-    launcher.zk.create(orphan, b"", ephemeral=True, makepath=True)
-    foreign = f"{theirs}/lock/{'b' * 32}__lock__0000000000"
-    kazoo_client.create(foreign, b"", ephemeral=True, makepath=True)
-    wait_for(lambda: {"0000000901", "0000000902"} <= set(launcher.node_cache.ids()), 10)
-
-    def released() -> bool:
-        launcher.cleanup.request_full_pass()
-        return launcher.cleanup.orphans_released == 1
-    wait_for(released, 30, interval=0.2, message="the orphaned lock released")
-    assert kazoo_client.exists(orphan) is None
-    assert kazoo_client.exists(foreign) is not None
-
-
-def test_leak_sweep_needs_two_sightings(launchers: LauncherFactory, zuul: ZuulClient) -> None:
-    clock = ManualClock(start=time.time())
-    launcher = launchers(body(), clock=clock)
-    fake = launcher.providers["fake"]
-    fake.add_resource("main-0000000999", "0000000999")  # type: ignore[attr-defined]
-    sweeper = launcher.cleanup.leaks
-    now = clock.time()
-    sweeper.sweep("fake", fake.list_resources(), now)
-    sweeper.sweep("fake", fake.list_resources(), now + 50)
-    assert "main-0000000999" in fake.resource_ids()  # type: ignore[attr-defined]
-    sweeper.sweep("fake", fake.list_resources(), now + 101)
-    wait_for(lambda: "main-0000000999" not in fake.resource_ids(), 10)  # type: ignore
-    keys = launcher.engine.stats.backend.keys("incr")  # type: ignore[attr-defined]
-    assert "nodepool.provider.fake.leaked.nodes" in keys
-    # A resource whose node exists is not a leak.
-    request_id, nodes = zuul.submit(["small"]), None
-    nodes = fulfilled(zuul, request_id)
-    for offset in (200, 400):
-        sweeper.sweep("fake", fake.list_resources(), now + offset)
-    assert f"main-{nodes[0]}" in fake.resource_ids()  # type: ignore[attr-defined]
-
-
-def test_orphan_request_lock_dirs(launchers: LauncherFactory, zuul: ZuulClient,
-                                  kazoo_client: KazooClient) -> None:
-    clock = ManualClock(start=time.time())
-    launcher = launchers(body(), clock=clock)
-    request_id, _ = zuul.run_build(["small"])
-    assert kazoo_client.exists(paths.request_lock_path(request_id)) is not None
-    advance(launcher, clock, 3600)
-    passes = launcher.cleanup.passes
-    wait_for(lambda: launcher.cleanup.passes > passes)
-    assert kazoo_client.exists(paths.request_lock_path(request_id)) is not None
-    advance(launcher, clock, 8 * 3600)
-    wait_for(lambda: kazoo_client.exists(paths.request_lock_path(request_id)) is None, 15)
-
-
 def test_session_expiry_mid_launch(zk: ZkConnection, launchers: LauncherFactory,
                                    zuul: ZuulClient) -> None:
     launcher = launchers(body(slow=1.0))
@@ -439,28 +153,3 @@ def test_session_expiry_mid_launch(zk: ZkConnection, launchers: LauncherFactory,
     node = zuul.get_node(nodes[0])
     assert node is not None and node["state"] == model.NodeState.READY
     assert len(launcher.component_cache.pools()) == 1
-
-
-def test_lost_request_deleted_during_its_reset(zk: ZkConnection, launchers: LauncherFactory,
-                                               zuul: ZuulClient,
-                                               kazoo_client: KazooClient) -> None:
-    """Zuul may delete a request at any moment (no lock needed), also while the cleanup is
-    resetting it as lost: that is not a failure of the cleanup step (an ERROR with a
-    traceback), the request is simply gone."""
-    launcher = launchers(body())
-    # This test plays the cleanup pass itself, at the moment it chooses.
-    launcher.cleanup.stop()
-    launcher.cleanup.join(10)
-    # Pending, unlocked: a launcher died after accepting it.
-    body_ = json.loads(zuul.request_body(["small"]))
-    body_.update(state="pending", declined_by=[], nodes=[], reuse=True)
-    request_id = paths.basename(kazoo_client.create(
-        f"{paths.REQUESTS}/200-", json.dumps(body_).encode(), sequence=True, makepath=True))
-    got = launcher.engine.requests.lock_and_read(request_id)
-    assert got is not None
-    lock, fresh = got
-    zuul.cancel(request_id)  # between the cleanup's read and its write
-    launcher.cleanup._reset(fresh, lock)
-    lock.release()  # as its caller does
-    assert zuul.get_request(request_id) is None
-    assert kazoo_client.get_children(paths.request_lock_path(request_id)) == []

@@ -2,10 +2,10 @@
 
 Aspects: a provider whose class declares the capability is registered as such: its
 capacity-change notice is the launcher's wake-up, its Capacity and Credentials
-conditions are what the pool status publishes, and a configuration reload has it read
-its credentials again; a provider whose class declares the capability without
-implementing it is refused when registered (logged, nothing of it runs), while the
-launcher itself keeps serving.
+conditions are what the pool status publishes (stepped: one pass of the pool worker
+alone), and a configuration reload has it read its credentials again; a provider whose
+class declares the capability without implementing it is refused when registered
+(logged, nothing of it runs), while the launcher itself keeps serving.
 """
 
 from __future__ import annotations
@@ -16,12 +16,15 @@ from typing import Callable
 import pytest
 
 from nodepool_k8s.config.model import PoolConfig, ProviderConfig
-from nodepool_k8s.core.pool_records import CapacityCondition, ConditionRecord
+from nodepool_k8s.core.pool_records import CapacityCondition, ConditionRecord, PoolStatusRecord
 from nodepool_k8s.driver.base import ClusterAware, ProviderHealth
 from nodepool_k8s.driver.fake import FakeProvider
-from nodepool_k8s.runtime.clock import Clock
-from tests.helpers import wait_for
-from tests.launchers import LauncherFactory, small_pool
+from nodepool_k8s.runtime.clock import Clock, ManualClock
+from nodepool_k8s.zk.client import ZkClient
+from tests.helpers import ZkConnection
+from tests.launcher.requests.support import WorkerDeps
+from tests.launcher.requests.test_pool_worker import worker_for
+from tests.launchers import LauncherFactory, make_config, small_pool
 
 REFUSED: ConditionRecord = {"status": "False", "reason": "Rejected",
                             "message": "the test refuses them"}
@@ -61,6 +64,20 @@ class IncompleteProvider(FakeProvider, ClusterAware):
         return True
 
 
+def status_of(zk: ZkConnection, zkc: ZkClient, aware: bool) -> PoolStatusRecord:
+    """What one pass of the pool worker publishes for `small_pool(2)`, its provider an
+    `AwareProvider` registered as cluster-aware if `aware` (a plain fake otherwise)."""
+    deps = WorkerDeps(zkc, make_config(zk, small_pool(2)), ManualClock())
+    if aware:
+        provider = AwareProvider(deps.config.providers["fake"], deps.clock)
+        deps.providers["fake"] = provider
+        deps.cluster_aware["fake"] = provider
+    worker, _ = worker_for(deps)
+    worker.run_once()
+    assert worker.published_status is not None
+    return worker.published_status
+
+
 def test_a_declared_capability_is_used_by_the_launcher(launchers: LauncherFactory) -> None:
     providers: list[AwareProvider] = []
 
@@ -72,11 +89,13 @@ def test_a_declared_capability_is_used_by_the_launcher(launchers: LauncherFactor
     provider = providers[0]
     assert launcher.engine.cluster_aware == {"fake": provider}
     assert provider.listeners == [launcher.wake_all]
+    launcher.refresh_credentials()  # a reload of an unchanged configuration
+    assert provider.reloads == 1
 
-    worker = next(iter(launcher.pool_workers.values()))
-    wait_for(lambda: worker.published_status is not None, 30, message="a published status")
-    status = worker.published_status
-    assert status is not None
+
+def test_the_pool_status_shows_a_cluster_aware_providers_conditions(
+        zk: ZkConnection, zkc: ZkClient) -> None:
+    status = status_of(zk, zkc, aware=True)
     conditions = {c["type"]: c for c in status["conditions"]}
     assert (conditions["Capacity"]["status"], conditions["Capacity"]["reason"]) \
         == ("False", "NoneAvailable")
@@ -87,17 +106,12 @@ def test_a_declared_capability_is_used_by_the_launcher(launchers: LauncherFactor
         == ("False", "Unreachable", "the test's API server is down")
     assert status["capacity"] == {"labels": {"small": {"available": False}}}
 
-    launcher.refresh_credentials()  # a reload of an unchanged configuration
-    assert provider.reloads == 1
 
-
-def test_a_plain_provider_reports_neither_condition(launchers: LauncherFactory) -> None:
+def test_a_plain_provider_reports_neither_condition(launchers: LauncherFactory,
+                                                    zk: ZkConnection, zkc: ZkClient) -> None:
     launcher = launchers(small_pool(2))
     assert launcher.engine.cluster_aware == {}
-    worker = next(iter(launcher.pool_workers.values()))
-    wait_for(lambda: worker.published_status is not None, 30, message="a published status")
-    status = worker.published_status
-    assert status is not None
+    status = status_of(zk, zkc, aware=False)
     conditions = {c["type"]: c for c in status["conditions"]}
     assert conditions["Capacity"]["status"] == conditions["Credentials"]["status"] \
         == conditions["ApiReachable"]["status"] == "Unknown"

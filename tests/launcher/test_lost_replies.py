@@ -21,7 +21,9 @@ from nodepool_k8s.driver.base import LaunchSpec
 from nodepool_k8s.launcher.requests.launch import LaunchEnd, LaunchOutcome, LaunchPool
 from nodepool_k8s.zk import paths
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
-from tests.helpers import wait_for
+from nodepool_k8s.zk.client import ZkClient
+from tests.helpers import ZkConnection
+from tests.launcher.upkeep.support import make_upkeep
 from tests.launchers import LauncherFactory, small_pool
 
 
@@ -80,26 +82,34 @@ ONE_SERVER = small_pool(1)
 
 
 def test_no_node_is_created_for_a_request_whose_lock_vanished(
-        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient) -> None:
+        zk: ZkConnection, zkc: ZkClient, zuul: ZuulClient, kazoo_client: KazooClient) -> None:
     """What a launcher whose session expired mid-pass sees: its request lock is gone. The
     node-create transaction checks the lock, so no node is created for a request that
-    another launcher may already serve; the request is reset and served once."""
-    launchers(ONE_SERVER)
+    another launcher may already serve; the request is reset and served once. (Stepped:
+    the pool worker and the cleanup worker one pass at a time.)"""
+    world = make_upkeep(zk, zkc, ONE_SERVER)
+    worker, launches = world.pool_worker()
     first = zuul.submit(["small"])
-    body = zuul.wait(first)
+    worker.run_once()
+    launches.run_all()
+    body = zuul.get_request(first)
     assert body is not None and body["state"] == "fulfilled"
     first_node = int(body["nodes"][0])
     second = zuul.submit(["small"])
+    worker.run_once()
     # Paused at quota, locked by the launcher.
-    wait_for(lambda: (zuul.get_request(second) or {}).get("state") == "pending", 30,
-             message="second request accepted and paused")
+    assert (zuul.get_request(second) or {}).get("state") == "pending" and worker.paused
     lock_dir = paths.request_lock_path(second)
     for contender in kazoo_client.get_children(lock_dir):
         kazoo_client.delete(f"{lock_dir}/{contender}")
     nodeset = zuul.accept(first)
     zuul.use(nodeset)
     zuul.release(nodeset)
-    body = zuul.wait(second, timeout=60)
+    for _ in range(3):  # the used node deleted, the request reset and served again
+        world.full_pass()
+        worker.run_once()
+        launches.run_all()
+    body = zuul.get_request(second)
     assert body is not None and body["state"] == "fulfilled"
     # Exactly one node was created for it: none while its lock was gone.
     assert body["nodes"] == [f"{first_node + 1:010d}"]

@@ -1,21 +1,18 @@
 """min-ready through whole launchers: spare ready nodes appear, are reused and
 replenished, and are never duplicated when two launchers serve the label. The request
 format, the decline at capacity and the back-off are stepped on their own in
-tests/launcher/requests/."""
+tests/launcher/requests/, the finishing step next to the cleanup worker in
+tests/launcher/upkeep/."""
 
 from __future__ import annotations
 
 import json
-import threading
 
-import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
-from kazoo.recipe.lock import Lock
 
 from nodepool_k8s.core import model
 from nodepool_k8s.launcher.daemon import Launcher
-from nodepool_k8s.launcher.requests.min_ready import MinReadyWorker
 from nodepool_k8s.zk import paths
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.helpers import wait_for
@@ -173,50 +170,3 @@ def test_pool_min_ready_builds_spares_in_that_pool_only(
     assert node is not None and node["pool"] == "b"
     settle(first, kazoo_client, 2)
     assert pool_spares(kazoo_client, "a") == 2 and pool_spares(kazoo_client, "b") == 0
-
-
-def test_finishing_a_min_ready_request_never_writes_a_node_locked_elsewhere(
-        launchers: LauncherFactory, kazoo_client: KazooClient,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launcher freed a fulfilled min-ready request's node with a versioned write but
-    without its lock: an operator's `nodepool delete` holding the lock then failed with
-    a version conflict ("bad version"). Now the node is locked first; one locked
-    elsewhere keeps its allocation until the cleanup worker frees it, after the lock."""
-    gate = threading.Event()
-    original = MinReadyWorker._finish_own
-
-    def gated(self: MinReadyWorker, now: float) -> None:
-        # Hold the finishing step (not the pass that creates the request) as soon as the
-        # request exists: gating only once it is fulfilled let a pass that looked just
-        # before the fulfilment finish it before the operator could lock the node.
-        if min_ready_requests(kazoo_client):
-            gate.wait(30)
-        original(self, now)
-
-    def fulfilled_spare() -> str | None:
-        for request_id in min_ready_requests(kazoo_client):
-            try:
-                body = json.loads(kazoo_client.get(paths.request_path(request_id))[0])
-            except NoNodeError:
-                continue
-            if body["state"] == model.RequestState.FULFILLED:
-                return str(body["nodes"][0])
-        return None
-    monkeypatch.setattr(MinReadyWorker, "_finish_own", gated)
-    launchers(MIN_READY.format(count=1, max_servers=5))
-    node_id = str(wait_for(fulfilled_spare, 30, message="a fulfilled min-ready request"))
-    operator = Lock(kazoo_client, paths.node_lock_path(node_id))
-    assert operator.acquire(timeout=10)
-    try:
-        version = kazoo_client.get(paths.node_path(node_id))[1].version
-        gate.set()
-        wait_for(lambda: not min_ready_requests(kazoo_client), 30,
-                 message="the min-ready request to be finished")
-        data, stat = kazoo_client.get(paths.node_path(node_id))
-        assert stat.version == version  # not written while the operator holds the lock
-        assert json.loads(data)["allocated_to"]
-    finally:
-        gate.set()
-        operator.release()
-    wait_for(lambda: spares(kazoo_client) == [node_id], 60,
-             message="the node freed under its lock once the operator let go")

@@ -2,22 +2,27 @@
 
 Aspects: `stats.pool_status_gauges` turns a pool status record into Nodepool-style keys
 (conditions as 1/0, usage and limit per scope and resource, nodes by state, queued
-requests) and skips odd entries; a running launcher sends them whenever its pool worker
-publishes its status, with the values of the published record.
+requests) and skips odd entries; a pool worker sends them whenever it publishes its
+status, with the values of the published record (stepped: its passes alone, on a manual
+clock); a running launcher writes the record again in a new session.
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
 
 from kazoo.client import KazooClient
 
 from nodepool_k8s.runtime import stats
-from nodepool_k8s.runtime.stats import RecordingBackend, Stats
-from nodepool_k8s.dev.testing.zuul_client import ZuulClient
+from nodepool_k8s.runtime.clock import ManualClock
+from nodepool_k8s.runtime.stats import RecordingBackend
+from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.pool_status import status_path
 from tests.helpers import ZkConnection, wait_for
-from tests.launchers import LauncherFactory
+from tests.launcher.requests.support import WorkerDeps, pool_yaml
+from tests.launcher.requests.test_pool_worker import worker_for
+from tests.launchers import LauncherFactory, make_config
 from tests.sessions import expire_session
 
 
@@ -43,23 +48,25 @@ def test_keys_from_a_record() -> None:
     }
 
 
-def test_launcher_sends_the_published_status(launchers: LauncherFactory,
-                                             zuul: ZuulClient) -> None:
-    backend = RecordingBackend()
-    launcher = launchers(stats=Stats(backend))
-    body = zuul.wait(zuul.submit(["small"]))
-    assert body is not None and body["state"] == "fulfilled"
-    worker = next(iter(launcher.pool_workers.values()))
-    wait_for(lambda: worker.published_status is not None, 30, message="a published status")
-    key = "nodepool.pool.fake.main.condition.Validated"
-    wait_for(lambda: key in backend.keys("gauge"), 30, message="the pool gauges")
+def test_pool_worker_sends_the_published_status(zk: ZkConnection, zkc: ZkClient) -> None:
+    deps = WorkerDeps(zkc, make_config(zk, textwrap.dedent(pool_yaml())), ManualClock())
+    worker, launches = worker_for(deps)
+    request_id = deps.submit(["small"])
+    worker.run_once()
+    launches.run_all()
+    worker.run_once()
+    request = deps.requests.get(request_id)
+    assert request is not None and request.state == "fulfilled"
     published = worker.published_status
     assert published is not None
+    key = "nodepool.pool.fake.main.condition.Validated"
     expected = stats.pool_status_gauges(published)
     assert expected and key in expected
+    backend = deps.stats.backend
+    assert isinstance(backend, RecordingBackend)
     sent = {k: v for kind, k, v in list(backend.sent) if kind == "gauge"}
-    # Every key of a published record was sent (later publishes may have newer values).
-    assert set(expected) <= set(sent)
+    # Every key of the published record was sent, with its value.
+    assert {k: sent.get(k) for k in expected} == expected
     assert sent[key] == 1.0  # the pool's configuration is valid
 
 

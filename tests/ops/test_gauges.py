@@ -17,12 +17,10 @@ import os
 import shutil
 import socket
 import tempfile
-import threading
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 
 from nodepool_k8s.core import model
 from nodepool_k8s.runtime import sdnotify, stats
@@ -191,42 +189,24 @@ def test_reporter_zeroes_vanished_keys() -> None:
     assert "nodepool.provider.gone.nodes.ready" not in backend.keys("gauge")
 
 
-def test_reporter_rate_limits_a_burst_of_changes(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The rate limit runs on the module's monotonic clock, held still here and moved by the
-    # test; the reporter's waits for the rest of an interval are recorded.
-    now = [1000.0]
-    monkeypatch.setattr(gauges, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    waits: list[float | None] = []
-
-    class Stop(threading.Event):
-        def wait(self, timeout: float | None = None) -> bool:
-            waits.append(timeout)
-            return super().wait(timeout)
-
+def test_reporter_rate_limits_a_burst_of_changes() -> None:
+    """The leader's look after a change, stepped on the monotonic time it is given."""
     zk: Any = SimpleNamespace(connected=True)
     reporter = GaugeReporter(zk, stats.Stats(stats.RecordingBackend()), Cache([]), Cache([]),
                              Cache([]), identifier="test-1")
     assert reporter.min_interval == gauges.MIN_INTERVAL == 1.0  # Nodepool's: once a second
-    reporter._stop = Stop()
-    thread = threading.Thread(target=reporter._lead, args=(SimpleNamespace(held=True),),
-                              daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: reporter.reports == 1, message="the first report, at once")
-        for _ in range(5):
-            reporter.changed()
-        # A burst right after a report waits for the rest of the interval (all of it:
-        # the clock has not moved), however often it looks again meanwhile.
-        wait_for(lambda: waits, message="the next report to be put off")
-        assert reporter.reports == 1 and set(waits) == {1.0}, waits
-        now[0] += 1.0
-        # Then the five changes cost one report.
-        wait_for(lambda: reporter.reports == 2, message="the burst's report")
-    finally:
-        reporter._stop.set()
-        reporter._changed.set()
-        thread.join(10)
-    assert not thread.is_alive() and reporter.reports == 2
+    reporter.changed()
+    assert reporter.report_if_due(1000.0) == 0.0 and reporter.reports == 1  # at once
+    for _ in range(5):
+        reporter.changed()
+    # A burst right after a report waits for the rest of the interval (all of it: the
+    # clock has not moved), however often it looks again meanwhile.
+    assert [reporter.report_if_due(1000.0) for _ in range(3)] == [1.0] * 3
+    assert reporter.reports == 1
+    assert reporter.report_if_due(1000.5) == 0.5 and reporter.reports == 1
+    # Then the five changes cost one report, and nothing is left to report.
+    assert reporter.report_if_due(1001.0) == 0.0 and reporter.reports == 2
+    assert not reporter._changed.is_set()
 
 
 def test_sdnotify_messages() -> None:

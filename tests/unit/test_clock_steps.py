@@ -20,7 +20,6 @@ from nodepool_k8s.runtime.clock import ManualClock, StampAges, wall_deadline
 from nodepool_k8s.launcher import breaker
 from nodepool_k8s.launcher import worker as worker_module
 from nodepool_k8s.launcher.worker import Worker
-from tests.helpers import wait_for
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -68,7 +67,7 @@ def test_error_backoff_is_not_stretched_by_a_backward_step(
     try:
         # MAX_WAIT (60 s) is what a wall-time deadline turned into; 0.05 s is meant. The
         # manual monotonic clock never moves, so the back-off's floor (5 ms) applies.
-        wait_for(worker.retried.is_set, 15, message="the retried pass")
+        assert worker.retried.wait(15), "the retried pass"
     finally:
         worker.stop()
         worker.join(10)

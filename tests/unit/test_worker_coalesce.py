@@ -8,7 +8,6 @@ import threading
 
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK
 from nodepool_k8s.launcher.worker import Worker
-from tests.helpers import wait_for
 
 
 class Counting(Worker):
@@ -27,11 +26,11 @@ def test_wakes_during_the_gap_make_one_pass() -> None:
     worker = Counting(coalesce=2.0)
     worker.start()
     try:
-        wait_for(worker.ran.is_set, message="the first pass")
+        assert worker.ran.wait(15), "the first pass"
         worker.ran.clear()
         for _ in range(100):  # a burst of node events, all inside the gap
             worker.wake()
-        wait_for(worker.ran.is_set, message="the pass after the gap")
+        assert worker.ran.wait(15), "the pass after the gap"
     finally:
         worker.stop()  # interrupts the next gap at once
         worker.join(10)
@@ -43,10 +42,10 @@ def test_without_a_gap_a_wake_runs_the_next_pass_at_once() -> None:
     worker = Counting(coalesce=0.0)
     worker.start()
     try:
-        wait_for(worker.ran.is_set, message="the first pass")
+        assert worker.ran.wait(15), "the first pass"
         worker.ran.clear()
         worker.wake()
-        wait_for(worker.ran.is_set, message="the woken pass")
+        assert worker.ran.wait(15), "the woken pass"
     finally:
         worker.stop()
         worker.join(10)

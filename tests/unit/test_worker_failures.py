@@ -13,7 +13,6 @@ import pytest
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, ManualClock
 from nodepool_k8s.launcher import worker as worker_module
 from nodepool_k8s.launcher.worker import REPEAT_LOG_INTERVAL, Worker
-from tests.helpers import wait_for
 
 
 class Failing(Worker):
@@ -75,7 +74,7 @@ def test_a_good_pass_resets_the_memory(caplog: pytest.LogCaptureFixture,
     worker = Scripted()
     worker.start()
     try:
-        wait_for(worker.done.is_set, message="the scripted passes")
+        assert worker.done.wait(15), "the scripted passes"
     finally:
         worker.stop()
         worker.join(10)

@@ -195,18 +195,27 @@ class GaugeReporter:
                     # reconnect events set `_changed` again).
                     self._changed.clear()
                     continue
-                delay = self._last_report + self.min_interval - time.monotonic()
-                if delay > 0:
-                    self._stop.wait(delay)  # more changes coalesce into the next report
-                    continue
-                self._changed.clear()
-                self._last_report = time.monotonic()
                 try:
-                    self.report()
+                    delay = self.report_if_due(time.monotonic())
                 except Exception:
                     log.exception("Reporting the global gauges failed")
+                    continue
+                if delay > 0:
+                    self._stop.wait(delay)  # more changes coalesce into the next report
         finally:
             self.leading = False
+
+    def report_if_due(self, now: float) -> float:
+        """The leader's look after a change, at `now` (monotonic): report, unless the last
+        report is less than `min_interval` old; the seconds still to wait (0 after a
+        report). A report that raises is not retried before the next change."""
+        delay = self._last_report + self.min_interval - now
+        if delay > 0:
+            return delay
+        self._changed.clear()
+        self._last_report = now
+        self.report()
+        return 0.0
 
     def report(self) -> None:
         computed = global_gauges(self.nodes.nodes(), self.requests.requests(),

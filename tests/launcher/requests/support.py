@@ -90,6 +90,32 @@ class ReadThroughNodes:
     def is_locked(self, node_id: str) -> bool:
         return bool(self.zk.get_children(paths.node_lock_path(node_id)))
 
+    # What the upkeep workers ask on top (tests/launcher/upkeep/).
+    def ids(self) -> list[str]:
+        return [n.id for n in self.nodes()]
+
+    def allocated_to(self, request_id: str) -> list[str]:
+        return [n.id for n in self.nodes() if n.allocated_to == request_id]
+
+    def held(self) -> dict[str, frozenset[str]]:
+        found = ((i, self.zk.get_children(paths.node_lock_path(i)) or [])
+                 for i in self.store.ids())
+        return {node_id: frozenset(names) for node_id, names in found if names}
+
+    def empty_ids(self) -> list[str]:
+        return [i for i in self.store.ids() if self.store.is_empty(i)]
+
+    def malformed(self) -> dict[str, str]:
+        return {i: "malformed" for i in self.store.ids()
+                if not self.store.is_empty(i) and self.store.get(i) is None}
+
+    def unusable(self, node_id: str) -> bool:
+        return not self.store.is_empty(node_id) and self.store.get(node_id) is None \
+            and self.zk.exists(paths.node_path(node_id)) is not None
+
+    def evict(self, node_id: str) -> None:
+        """Nothing is kept, so nothing is stale."""
+
 
 class ReadThroughRequests:
     """The `RequestCache` calls the request path makes, answered from ZooKeeper itself."""
@@ -112,6 +138,12 @@ class ReadThroughRequests:
     def __contains__(self, request_id: object) -> bool:
         return isinstance(request_id, str) \
             and self.zk.exists(paths.request_path(request_id)) is not None
+
+    def ids(self) -> list[str]:
+        return [r.id for r in self.requests()]
+
+    def evict(self, request_id: str) -> None:
+        """Nothing is kept, so nothing is stale."""
 
 
 class Deps:
