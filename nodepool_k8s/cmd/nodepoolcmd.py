@@ -123,9 +123,11 @@ def _add_request_list(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "request-list", help="list node requests",
         description="List node requests: Request ID, Priority (relative priority), State,"
-                    " Requestor, Node Types, Nodes, Declined By, Event ID.")
+                    " Requestor, Node Types, Nodes, Declined By, Event ID, Age (since"
+                    " submission).")
     parser.add_argument("--detail", action="store_true",
-                        help="add Declined Reasons (pool id: reason, per declining pool)")
+                        help="add Declined Reasons (pool id: reason, per declining pool) and"
+                             " Waiting (pool id: why the request waits there)")
     common.add_json_option(parser)
     parser.set_defaults(func=cmd_request_list)
 
