@@ -332,10 +332,11 @@ class PoolWorker(Worker):
                     tenant_usage = self.engine.cached_usage(
                         lambda node: node.tenant_name in limited)
                 if not self._tenant_fits(request, pool_cfg, tenant_usage):
-                    # Over the tenant's limit: defer, neither decline nor pause.
+                    # Over the tenant's limit: defer, neither decline nor pause. The
+                    # limit binds in every pool: another one would not take it either.
                     held_back += self._held_back(request, registered, plan.Waiting(
                         "TenantAtLimit", f"tenant {request.tenant_name} is at its"
-                        " tenant-resource-limits"))
+                        " tenant-resource-limits"), everywhere=True)
                     continue
                 if not probe and batch.add(request, functools.partial(
                         self._take, request, decision, view, refusal=refusal)):
@@ -356,16 +357,18 @@ class PoolWorker(Worker):
 
     # -- requests this pool holds back (why they wait) ------------------------------------
     def _held_back(self, request: NodeRequest, registered: list[plan.PoolInfo],
-                   waiting: plan.Waiting | None) -> int:
+                   waiting: plan.Waiting | None, everywhere: bool = False) -> int:
         """A request this pool would take but holds back for now: 1 if it really waits
-        (no other registered pool that is not paused could take it; counted in the pool's
-        `requests_queued`), else 0. `waiting`: the cause to write onto the request (None:
-        one that passes by itself, a pause for capacity or max-concurrency, which readers
-        see from the pool's own `paused` and status; writing those onto every request a
-        busy pool holds back would cost a write per request at each pause)."""
+        (no other registered pool that is not paused could take it, or the cause binds
+        in every pool: `everywhere`; counted in the pool's `requests_queued`), else 0.
+        `waiting`: the cause to write onto the request (None: one that passes by itself,
+        a pause for capacity or max-concurrency, which readers see from the pool's own
+        `paused` and status; writing those onto every request a busy pool holds back
+        would cost a write per request at each pause)."""
         wanted = set(request.node_types)
-        if any(p.id != self.id and not p.paused and p.id not in request.declined_by
-               and wanted <= p.labels for p in registered):
+        if not everywhere and any(
+                p.id != self.id and not p.paused and p.id not in request.declined_by
+                and wanted <= p.labels for p in registered):
             waiting = None  # another pool takes it: nothing to say, nothing to write
             really = 0
         else:

@@ -170,3 +170,51 @@ def test_show_refuses_what_is_no_id(cli: Cli) -> None:
         assert exit_info.value.code == 2, bad
     result = cli("show", "100-0000000042")
     assert result.code == 1 and "request 100-0000000042 not found" in result.err
+
+
+TENANT_LIMITED = """
+labels:
+  - name: small
+tenant-resource-limits:
+  - tenant-name: limited
+    max-servers: 1
+providers:
+  - name: fake
+    driver: fake
+    pools:
+      - name: main
+        max-servers: 10
+        labels:
+          - name: small
+            type: namespace
+      - name: two
+        max-servers: 10
+        labels:
+          - name: small
+            type: namespace
+"""
+
+
+def test_a_tenant_at_its_limit(launchers: LauncherFactory, zuul: ZuulClient, cli: Cli,
+                               kazoo_client: KazooClient) -> None:
+    launcher = launchers(TENANT_LIMITED, settings=SETTINGS)
+    pools = {w.ref.pool: w.id for w in launcher.pool_workers.values()}
+    first = zuul.submit(["small"], tenant_name="limited")
+    assert (zuul.wait(first) or {}).get("state") == "fulfilled"
+    second = zuul.submit(["small"], tenant_name="limited")
+    # The tenant's limit binds in both pools: each says so, and counts it as queued.
+    wait_for(lambda: {p: e.get("reason") for p, e in waiting_reasons(zuul, second).items()}
+             == {pools["main"]: "TenantAtLimit", pools["two"]: "TenantAtLimit"},
+             30, message="both pools to say the tenant is at its limit")
+    for pool in ("main", "two"):
+        wait_for(lambda: published_queued(kazoo_client, pools[pool]) == 1, 30,
+                 message=f"pool {pool} to count the request as queued")
+    assert "limited" in waiting_reasons(zuul, second)[pools["main"]]["message"]
+    items = {i["id"]: i for i in cli("request-list", "--json").json()}
+    assert items[second]["waiting"][pools["two"]].startswith("TenantAtLimit: tenant limited")
+
+    nodeset = zuul.accept(first)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+    body = zuul.wait(second, 30) or {}
+    assert body.get("state") == "fulfilled" and "waiting_reasons" not in body, body
