@@ -158,7 +158,7 @@ def _add_pool_list(subparsers: Subparsers) -> None:
         description="Show the status each running pool publishes: its conditions"
                     " (Validated, AtTarget, Quota, Capacity; the reason in the table, every"
                     " detail with --json), suspended labels, nodes by state, launches in"
-                    " progress and requests queued while paused.")
+                    " progress and the requests that wait on it (queued).")
     common.add_json_option(parser)
     parser.set_defaults(func=cmd_pool_list)
 
