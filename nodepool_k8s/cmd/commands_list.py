@@ -62,11 +62,13 @@ def cmd_request_list(args: argparse.Namespace) -> int:
     malformed: list[MalformedRecord] = []
     with common.session(args) as s:
         requests = s.reader.requests(malformed)
+        pools = s.reader.pool_components()
     if malformed:
         _warn_malformed(len(malformed), "request")
     columns = listing.REQUEST_DETAIL_COLUMNS if getattr(args, "detail", False) \
         else listing.REQUEST_COLUMNS
-    common.emit(listing.request_list(requests, malformed), columns, args.json)
+    common.emit(listing.request_list(requests, malformed, common.now(), pools), columns,
+                args.json)
     return 0
 
 

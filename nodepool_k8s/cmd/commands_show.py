@@ -1,12 +1,16 @@
-"""The `nodepool` subcommands about one node's lifecycle and the event log: show, events.
+"""The `nodepool` subcommands about one node's lifecycle, one request and the event log:
+show, events.
 
 Owns: `show NODE_ID` (the node, its conditions as a table, the phase timings, the failure
-reason with what to do; `--json` for the web app's `/node/<id>` document) and `events`
+reason with what to do; `--json` for the web app's `/node/<id>` document), `show
+REQUEST_ID` (the request, why each pool declined it and why it waits, with what to do;
+`--json`) and `events`
 (the installation's event log from `/nodepool_k8s/events`, filtered by provider, pool, node
 and age, newest last). Read-only: one or two reads of ZooKeeper.
 
-How it fails: a node id that is not digits or an unparsable `--since` is an argparse
-usage error (exit 2, before ZooKeeper is contacted); `CliError` for an unknown node id;
+How it fails: an id that is neither a node id (digits) nor a request id
+(`PRIO-SEQUENCE`), or an unparsable `--since`, is an argparse usage error (exit 2, before
+ZooKeeper is contacted); `CliError` for an unknown node or request id;
 ZooKeeper errors as in `common`.
 """
 
@@ -23,9 +27,25 @@ from nodepool_k8s.cmd.common import CliError
 from nodepool_k8s.core.model import NodeView
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import locks, paths
+from nodepool_k8s.zk import requests as request_codec
 
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+# A request id: Zuul's precedence prefix and ZooKeeper's sequence number (never a path).
+_REQUEST_ID = re.compile(r"^\d{3}-\d+$")
+
+
+def show_id_arg(text: str) -> str:
+    """A request id (`100-0000000042`) as given, or a node id as `common.node_id_arg`."""
+    text = text.strip()
+    if _REQUEST_ID.match(text) and paths.is_request_id(text):
+        return text
+    try:
+        return common.node_id(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"neither a node id (digits, e.g. 0000000042) nor a request id (e.g."
+            f" 100-0000000042): {text!r}") from None
 
 
 def duration_arg(text: str) -> float:
@@ -37,6 +57,8 @@ def duration_arg(text: str) -> float:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    if paths.is_request_id(args.id):
+        return _show_request(args)
     node_id = common.node_id(args.id)
     with common.session(args) as s:
         node = s.nodes.get(node_id)
@@ -55,6 +77,25 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _show_request(args: argparse.Namespace) -> int:
+    request_id = args.id
+    with common.session(args) as s:
+        found = s.zk.get(paths.request_path(request_id))
+        if found is None:
+            raise CliError(f"request {request_id} not found (Zuul deletes a request once it"
+                           " took its nodes, or gave it up)")
+        request = request_codec.parse(request_id, found[0], found[1].version)
+        if request is None:
+            raise CliError(f"request {request_id} has an unreadable record")
+        pools = s.reader.pool_components()
+    detail = node_detail.request_detail(request, common.now(), pools)
+    if args.json:
+        sys.stdout.write(listing.render_json_document(detail) + "\n")
+    else:
+        sys.stdout.write(node_detail.render_request_detail(detail) + "\n")
+    return 0
+
+
 def cmd_events(args: argparse.Namespace) -> int:
     with common.session(args) as s:
         events = zk_events.read_events(s.zk)
@@ -68,13 +109,17 @@ def cmd_events(args: argparse.Namespace) -> int:
 
 def add_show(subparsers: Any) -> None:
     parser = subparsers.add_parser(
-        "show", help="show one node's conditions, timings and failure reason",
+        "show", help="show one node's conditions, timings and failure reason, or why a"
+                     " request waits",
         description="Show a node: its record, its lifecycle conditions (Launched,"
                     " Registered, Initialized, Ready, Deleting) with reasons and transition"
                     " times, the time each phase took, and for a failed node the reason and"
-                    " what to do (doc/operation.md).")
-    parser.add_argument("id", type=common.node_id_arg,
-                        help="node id (digits; leading zeros may be omitted)")
+                    " what to do (doc/operation.md). Or show a request (an id like"
+                    " 100-0000000042): its record, why each pool declined it and why it"
+                    " waits, with what to do.")
+    parser.add_argument("id", type=show_id_arg,
+                        help="node id (digits; leading zeros may be omitted) or request id"
+                             " (PRIO-SEQUENCE)")
     common.add_json_option(parser)
     parser.set_defaults(func=cmd_show)
 

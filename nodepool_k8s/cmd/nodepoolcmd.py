@@ -123,9 +123,11 @@ def _add_request_list(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "request-list", help="list node requests",
         description="List node requests: Request ID, Priority (relative priority), State,"
-                    " Requestor, Node Types, Nodes, Declined By, Event ID.")
+                    " Requestor, Node Types, Nodes, Declined By, Event ID, Age (since"
+                    " submission).")
     parser.add_argument("--detail", action="store_true",
-                        help="add Declined Reasons (pool id: reason, per declining pool)")
+                        help="add Declined Reasons (pool id: reason, per declining pool) and"
+                             " Waiting (pool id: why the request waits there)")
     common.add_json_option(parser)
     parser.set_defaults(func=cmd_request_list)
 
@@ -156,7 +158,7 @@ def _add_pool_list(subparsers: Subparsers) -> None:
         description="Show the status each running pool publishes: its conditions"
                     " (Validated, AtTarget, Quota, Capacity; the reason in the table, every"
                     " detail with --json), suspended labels, nodes by state, launches in"
-                    " progress and requests queued while paused.")
+                    " progress and the requests that wait on it (queued).")
     common.add_json_option(parser)
     parser.set_defaults(func=cmd_pool_list)
 

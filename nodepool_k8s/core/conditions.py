@@ -118,6 +118,25 @@ _NODE_REASONS: dict[str, str] = {
     "LabelSuspended": "The circuit breaker holds the label after repeated failed launches "
                       "(see the pool's Suspended condition): fix the cause; it probes again "
                       "by itself.",
+    # why a request waits (`waiting_reasons`, and what `request-list` computes)
+    "WaitingForQuota": "The pool holds the request until its nodes fit a limit (the message "
+                       "names it; see the pool's Quota condition): it goes on when nodes are "
+                       "returned; raise the limit if it should not wait.",
+    "QueuedInPool": "The pool holds the request behind an earlier one that waits: requests "
+                    "are served in order; see why the first one waits.",
+    "LaunchBackoff": "A launch was aborted (the message names the reason, e.g. QuotaExceeded "
+                     "or Unauthorized): the pool launches again after quota-retry.",
+    "PoolPaused": "An operator (`nodepool pause`) or a maintenance window paused the pool: "
+                  "`nodepool resume` it, or wait for the window to end.",
+    "PoolDraining": "An operator (`nodepool drain`) or a maintenance window drained the "
+                    "pool: `nodepool resume` it, or wait for the window to end.",
+    "TenantAtLimit": "The request's tenant uses all of its tenant-resource-limits: it waits "
+                     "until the tenant's nodes are returned.",
+    "PoolWaiting": "The pool is paused while a request it holds waits for capacity: it "
+                   "takes this one once that one goes on (see the pool's Quota condition).",
+    "NoPoolServesLabel": "No registered pool serves the label(s) (`nodepool label-list`): "
+                         "start a launcher whose configuration serves them, or fix the "
+                         "label name in the job.",
 }
 FAILURE_REASONS = frozenset(list(_NODE_REASONS)[list(_NODE_REASONS).index("ErrImagePull"):])
 

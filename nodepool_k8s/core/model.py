@@ -81,6 +81,10 @@ MIN_READY_REQUESTOR = "NodePool:min-ready"
 # serves it; every other pool skips it (never declines). Zuul never reads these requests.
 MIN_READY_POOL = "nodepool-k8s-min-ready-pool"
 MIN_READY_PRIORITY = "900"
+# Extra key of a request: why it waits, per pool ({pool id: {reason, message}}; Zuul keeps
+# unknown keys and reads none of it). It describes the state it was written in, so every
+# state change drops it (`transition.transition_request`).
+WAITING_REASONS = "waiting_reasons"
 
 
 def dumps(data: Mapping[str, Any]) -> bytes:

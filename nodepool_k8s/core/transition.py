@@ -20,7 +20,8 @@ transition to the original once the write went through.
 from __future__ import annotations
 
 from nodepool_k8s.core import conditions as cond
-from nodepool_k8s.core.model import Node, NodeRequest, NodeState, RequestState
+from nodepool_k8s.core.model import (
+    WAITING_REASONS, Node, NodeRequest, NodeState, RequestState)
 
 READY_MESSAGE = "the node is ready for Zuul"
 
@@ -48,6 +49,8 @@ def transition(node: Node, state: NodeState, now: float, *, reason: str | None =
 
 
 def transition_request(request: NodeRequest, state: RequestState, now: float) -> None:
-    """Move `request` to `state` at `now` (wall time). Requests carry no conditions."""
+    """Move `request` to `state` at `now` (wall time). Requests carry no conditions; why it
+    waited (`WAITING_REASONS`) belonged to the state it leaves, so it goes with it."""
     request.state = state
     request.state_time = now
+    request.extra.pop(WAITING_REASONS, None)

@@ -1,11 +1,13 @@
-"""The engine's side of node lifecycle conditions and request decline reasons.
+"""The engine's side of node lifecycle conditions and request decline and waiting reasons.
 
 Owns: what the request handler, the pool worker and the deleter add to records they are
 about to write anyway (no write of its own, but for a failed deletion's note): the
 per-pool `declined_reasons` of a request (an extra key, from a `plan.Decline`; Zuul reads
-`declined_by`, which is unchanged), the failed deletion's `Deleting` condition, the phase
-timings reported once a node is ready, how long a finished request waited, and the event
-log entries of launches and deletions. The conditions a state implies are set by
+`declined_by`, which is unchanged), the per-pool `waiting_reasons` (from a `plan.Waiting`;
+the caller writes the request only when `note_waiting` says it changed), the failed
+deletion's `Deleting` condition, the phase timings reported once a node is ready, how long
+a finished request waited, and the event log entries of launches and deletions. The
+conditions a state implies are set by
 `core.transition`.
 """
 
@@ -16,8 +18,8 @@ from typing import Any
 from nodepool_k8s.config.model import PoolConfig
 from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.core import model
-from nodepool_k8s.core.model import Node, NodeRequest
-from nodepool_k8s.launcher.plan import Decline
+from nodepool_k8s.core.model import WAITING_REASONS, Node, NodeRequest
+from nodepool_k8s.launcher.plan import Decline, Waiting
 from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk.events import EventLog
@@ -42,6 +44,32 @@ def declined_reasons(request: NodeRequest) -> dict[str, dict[str, str]]:
     if not isinstance(reasons, dict):
         return {}
     return {str(k): v for k, v in reasons.items() if isinstance(v, dict)}
+
+
+def waiting_note(request: NodeRequest, pool_id: str) -> dict[str, str] | None:
+    """What `request` records of why pool `pool_id` holds it back (None: nothing)."""
+    reasons = request.extra.get(WAITING_REASONS)
+    entry = reasons.get(pool_id) if isinstance(reasons, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def note_waiting(request: NodeRequest, pool_id: str, waiting: Waiting | None) -> bool:
+    """Record (None: drop) why pool `pool_id` holds `request` back, under
+    `waiting_reasons`; whether that changed the record (only then is it written)."""
+    wanted = waiting.to_dict() if waiting is not None else None
+    if waiting_note(request, pool_id) == wanted:
+        return False
+    reasons: Any = request.extra.get(WAITING_REASONS)
+    reasons = dict(reasons) if isinstance(reasons, dict) else {}
+    if wanted is None:
+        reasons.pop(pool_id, None)
+    else:
+        reasons[pool_id] = wanted
+    if reasons:
+        request.extra[WAITING_REASONS] = reasons
+    else:
+        request.extra.pop(WAITING_REASONS, None)
+    return True
 
 
 def note_delete_failed(nodes: NodeStore, node: Node, lock: HeldLock, message: str,

@@ -14,6 +14,8 @@ workers only act on their verdicts:
   does not fit the pool or provider limits even when empty) as a `Decline`: a reason code
   and the message; `record_decline` applies a decline (`failed` only once every registered
   pool declined);
+- `Waiting` says why a pool holds back a request it would serve (paused, drained,
+  tenant limit; the handler's quota waits);
 - `node_cleanup` decides delete / deallocate / nothing for one node from its age, with
   how long until it should be looked at again;
 - `min_ready_shortfall` counts how many spare nodes of a label are missing.
@@ -92,6 +94,24 @@ class Decline:
     def __post_init__(self) -> None:
         if self.code not in cond.REASONS:
             raise ValueError(f"{self.code!r} is not a reason code")
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Why a pool holds a request back for now (written under the request's
+    `waiting_reasons` when it changes): `code`, one of `conditions.REASONS`, and the
+    operator's `message`. Messages carry no counts or times, so an unchanged cause is an
+    unchanged value and costs no write."""
+
+    code: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.code not in cond.REASONS:
+            raise ValueError(f"{self.code!r} is not a reason code")
+
+    def to_dict(self) -> dict[str, str]:
+        return {"reason": self.code, "message": self.message[:cond.MESSAGE_LIMIT]}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,11 @@ and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.
    not exist) is locked and written in one versioned transaction, the version standing in
    for the re-read; otherwise: lock without blocking, re-read, decide again, write.
    Fresh requests that qualify are accepted together (`requests.batch.Batch`, which
-   reaches this worker only through its public `BatchOwner` methods).
+   reaches this worker only through its public `BatchOwner` methods). A request it would
+   take but holds back (paused, drained, busy, its tenant at its limit) while no other
+   pool takes it is counted in the status's `requests_queued`, and why it waits is
+   written onto it (`waiting_reasons`) when that changed, for the causes that last (an
+   operator's or a window's pause or drain, a tenant limit).
 
 What it uses of the engine is `PoolWorkerDeps`; the handlers, the batch and fleet control
 each name their own slice of it.
@@ -90,6 +94,21 @@ class PassView:
     cloud: Resources  # the provider's cloud limits
 
 
+def waiting_for(control: PoolState | None, pool: PoolConfig) -> plan.Waiting | None:
+    """Why a pool an operator or a maintenance window paused or drained holds a request
+    back (None when neither does)."""
+    if control is None:
+        return None
+    what = "drained" if control.action == DRAIN else "paused"
+    if control.source == "maintenance":
+        why = f"{control.reason}"
+    else:
+        why = f"by {control.by or 'an operator'}" + (f": {control.reason}"
+                                                     if control.reason else "")
+    return plan.Waiting("PoolDraining" if control.action == DRAIN else "PoolPaused",
+                        f"pool {pool.provider}/{pool.name} is {what} ({why})")
+
+
 class PoolWorkerDeps(HandlerDeps, fleet.FleetDeps, Protocol):
     """What a pool worker uses of the engine, on top of its handlers' and fleet
     control's (`launcher.context.Engine` provides it)."""
@@ -160,6 +179,10 @@ class PoolWorker(Worker):
         # Requests whose lock dir exists (someone locked them before): never batched.
         self._lock_dir_seen: set[str] = set()
         self.refused = RefusedRequests(self.log)
+        # Requests whose `waiting_reasons` entry we wrote and the version we wrote, until
+        # the cache shows it; and how many requests we held back in the last pass.
+        self._waiting_written: dict[str, tuple[dict[str, str] | None, int]] = {}
+        self._held_back_count = 0
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -216,7 +239,7 @@ class PoolWorker(Worker):
         scopes = {h.blocked_scope for h in self.handlers.values() if h.paused}
         if scopes & {quota.SCOPE_POOL, quota.SCOPE_PROVIDER, quota.SCOPE_CLOUD}:
             self._reclaim(whole_provider=bool(scopes - {quota.SCOPE_POOL}))
-        paused = self._assign(provider_cfg, pool_cfg, provider, registered, paused)
+        paused = self._assign(provider_cfg, pool_cfg, provider, registered, paused, control)
         if paused != self._reported_paused:
             self._reported_paused = paused
             # Batched: a pool at quota may pause and resume once per freed node.
@@ -278,21 +301,25 @@ class PoolWorker(Worker):
         return self.paused
 
     def _assign(self, provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
-                provider: Provider, registered: list[plan.PoolInfo], paused: bool) -> bool:
+                provider: Provider, registered: list[plan.PoolInfo], paused: bool,
+                control: PoolState | None = None) -> bool:
         view = PassView(provider, provider_cfg, pool_cfg,
                         me=next(p for p in registered if p.id == self.id),
                         registered=registered, cloud=provider.cloud_limits())
         me, cloud = view.me, view.cloud
         tenant_usage: list[quota.UsageRecord] | None = None
+        held_back = 0
         batch = Batch(self.engine, self, self.ref, provider, provider_cfg, pool_cfg)
         requests = self.engine.request_cache.requests()
         # Locked for ever by a contender that is not ephemeral (the cleanup reported it):
         # trying its lock again every CONTENDED_RETRY would only cost three writes each time.
         stuck = self.engine.stuck_requests
-        if self._lock_dir_seen or self.refused:
+        if self._lock_dir_seen or self.refused or self._waiting_written:
             ids = {r.id for r in requests}
             self._lock_dir_seen &= ids
             self.refused.keep_only(ids)
+            for gone in self._waiting_written.keys() - ids:
+                del self._waiting_written[gone]
         for request in plan.order(requests, pool_cfg.labels):
             if self.engine.stopping.is_set():
                 break
@@ -312,13 +339,20 @@ class PoolWorker(Worker):
                     decision = plan.Decision.declined(refusal)
             if decision.verdict is plan.Verdict.ACCEPT:
                 if paused or self._at_concurrency(provider_cfg, batch.node_count):
+                    held_back += self._held_back(request, registered,
+                                                 waiting_for(control, pool_cfg))
                     continue
                 if tenant_usage is None:
                     limited = self.engine.config.tenant_resource_limits
                     tenant_usage = self.engine.cached_usage(
                         lambda node: node.tenant_name in limited)
                 if not self._tenant_fits(request, pool_cfg, tenant_usage):
-                    continue  # over the tenant's limit: defer, neither decline nor pause
+                    # Over the tenant's limit: defer, neither decline nor pause. The
+                    # limit binds in every pool: another one would not take it either.
+                    held_back += self._held_back(request, registered, plan.Waiting(
+                        "TenantAtLimit", f"tenant {request.tenant_name} is at its"
+                        " tenant-resource-limits"), everywhere=True)
+                    continue
                 if not probe and batch.add(request, functools.partial(
                         self._take, request, decision, view, refusal=refusal)):
                     continue  # accepted together with the next ones (`Batch.flush`)
@@ -333,7 +367,69 @@ class PoolWorker(Worker):
                 if probe:
                     self._probes.add(handler.request.id)
                 paused = self.adopt(handler, paused, may_allocate=True)
+        self._held_back_count = held_back
         return batch.flush(paused)
+
+    # -- requests this pool holds back (why they wait) ------------------------------------
+    def _held_back(self, request: NodeRequest, registered: list[plan.PoolInfo],
+                   waiting: plan.Waiting | None, everywhere: bool = False) -> int:
+        """A request this pool would take but holds back for now: 1 if it really waits
+        (no other registered pool that is not paused could take it, or the cause binds
+        in every pool: `everywhere`; counted in the pool's `requests_queued`), else 0.
+        `waiting`: the cause to write onto the request (None: one that passes by itself,
+        a pause for capacity or max-concurrency, which readers see from the pool's own
+        `paused` and status; writing those onto every request a busy pool holds back
+        would cost a write per request at each pause)."""
+        wanted = set(request.node_types)
+        if not everywhere and any(
+                p.id != self.id and not p.paused and p.id not in request.declined_by
+                and wanted <= p.labels for p in registered):
+            waiting = None  # another pool takes it: nothing to say, nothing to write
+            really = 0
+        else:
+            really = 1
+        self._note_held_back(request, waiting)
+        return really
+
+    def _note_held_back(self, request: NodeRequest, waiting: plan.Waiting | None) -> None:
+        """Write why this pool holds `request` back onto it when that changed: lock, write,
+        unlock (one transaction when nobody locked it before). The request is the cache's:
+        until our write comes back through the cache, what we wrote is remembered, so a
+        pass in between does not write it again."""
+        wanted = waiting.to_dict() if waiting is not None else None
+        if lifecycle.waiting_note(request, self.id) == wanted:
+            self._waiting_written.pop(request.id, None)
+            return
+        written = self._waiting_written.get(request.id)
+        if written is not None and written[0] == wanted and request.version < written[1]:
+            return  # ours, not in the cache yet
+        requests = self.engine.requests
+        try:
+            fresh = copy_request(request)
+            lifecycle.note_waiting(fresh, self.id, waiting)
+            if not self.lock_dir_seen(request.id):
+                if requests.store_fresh(fresh, release=True) is not None:
+                    self._waiting_written[request.id] = (wanted, fresh.version)
+                    return
+                self.saw_lock_dir(request.id)
+            got = requests.lock_and_read(request.id)
+            if got is None:
+                self._contended = True  # someone holds it: look again shortly
+                return
+            lock, fresh = got
+            try:
+                if fresh.state == model.RequestState.REQUESTED \
+                        and lifecycle.note_waiting(fresh, self.id, waiting):
+                    requests.store(fresh, lock, release=True)
+                    self._waiting_written[request.id] = (wanted, fresh.version)
+            finally:
+                if not lock.released:
+                    lock.release()
+        except (errors.NoNodeError, errors.VersionConflict):
+            return  # it changed meanwhile; the cache event brings us back
+        except errors.NodepoolError as exc:
+            logconfig.annotate(self.log, request.event_id, request.id).warning(
+                "Could not note why the request waits: %s", exc)
 
     # -- what a batch asks of its pool worker (requests.batch.BatchOwner) ----------------
     def lock_dir_seen(self, request_id: str) -> bool:
@@ -464,7 +560,7 @@ class PoolWorker(Worker):
             blocked=next((h.blocked_scope for h in paused if h.blocked_scope), None),
             launching=sum(1 for h in self.handlers.values() for s in h.slots
                           if s.future is not None),
-            queued=len(paused), pending=len(self.handlers),
+            queued=len(paused) + self._held_back_count, pending=len(self.handlers),
             suspended=suspended, now=now,
             unhandable=engine.unhandable,
             credentials=cluster.credentials_condition() if cluster is not None else None,

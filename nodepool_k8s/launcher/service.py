@@ -32,6 +32,7 @@ import logging
 import threading
 
 from nodepool_k8s.runtime import sdnotify, threads
+from nodepool_k8s.runtime import stats as stats_names
 from nodepool_k8s.config.loader import Fingerprint, config_fingerprint, load_config
 from nodepool_k8s.config.model import Config, WebappConfig
 from nodepool_k8s.core.errors import ConfigError
@@ -40,6 +41,7 @@ from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.launcher.reporting.status_source import LauncherStatus
 from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.web.app import WebApp, WebSettings
+from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk.client import ZkSettings
 
 log = logging.getLogger("nodepool_k8s.NodePool")
@@ -73,6 +75,10 @@ class LauncherService:
         self.stop_overran = False  # the graceful stop hit its deadline (see run)
         self.reloads = 0  # reloads that were applied (a valid configuration)
         self.failed_reloads = 0
+        # Both counters exist from the start (at 0), so a rate or an alert on them works
+        # before the first reload.
+        self.stats.count(stats_names.PROM_CONFIG_RELOADS, 0)
+        self.stats.count(stats_names.PROM_CONFIG_RELOAD_FAILURES, 0)
 
     # -- requests from other threads ------------------------------------------------------
     def request_stop(self) -> None:
@@ -162,10 +168,10 @@ class LauncherService:
             try:
                 config = load_config(self.config_path, self.secure_path)
             except ConfigError as exc:
-                self.failed_reloads += 1
                 log.error("The new configuration is invalid; still running the previous "
                           "one. Problems:\n%s", exc)
                 status = "Running the previous configuration: the new one is invalid"
+                self._rejected("the new configuration is invalid", exc)
                 return False
             for warning in config.warnings:
                 log.warning("%s", warning)
@@ -187,21 +193,34 @@ class LauncherService:
             if self._webapp_enabled and config.webapp != self._web_config:
                 self._restart_webapp(config.webapp)
             self.reloads += 1
+            self.stats.config_reload(applied=True)
             return True
         except ConfigError as exc:
             # Valid on its own, but not applicable to the running launcher (a changed
             # installation-id): nothing of it was applied.
-            self.failed_reloads += 1
             log.error("The new configuration cannot be applied; still running the previous "
                       "one: %s", exc)
             status = "Running the previous configuration: the new one cannot be applied"
+            self._rejected("the new configuration cannot be applied", exc)
             return False
-        except Exception:
-            self.failed_reloads += 1
+        except Exception as exc:
             log.exception("Applying the new configuration failed")
+            self._rejected("applying the new configuration failed", exc)
             return False
         finally:
             sdnotify.ready(status or self._describe())
+
+    def _rejected(self, what: str, exc: Exception) -> None:
+        """A reload that was not applied: counted, and in the event log with the error's
+        first line (the log has all of it), so `nodepool events` shows why."""
+        self.failed_reloads += 1
+        self.stats.config_reload(applied=False)
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        first = lines[0] if lines else type(exc).__name__
+        more = f" (+{len(lines) - 1} more line(s) in the launcher's log)" \
+            if len(lines) > 1 else ""
+        self.launcher.engine.events.record(zk_events.RELOAD_REJECTED,
+                                           message=f"{what}: {first}{more}")
 
     # -- web app --------------------------------------------------------------------------
     def _start_webapp(self, web: WebappConfig) -> bool:

@@ -165,6 +165,11 @@ def thread_crash_key(thread: str) -> str:
     return f"nodepool.launcher.thread_crash.{sanitize(thread)}"
 
 
+# Configuration reloads of this launcher: applied (the unchanged ones too) and rejected.
+CONFIG_RELOADS_KEY = "nodepool.launcher.config_reloads"
+CONFIG_RELOAD_FAILURES_KEY = "nodepool.launcher.config_reload_failures"
+
+
 # Gauges the stats leader reports for the whole system (see launcher/reporting/gauges.py).
 def nodes_key(state: str) -> str:
     return f"nodepool.nodes.{key_part(state)}"
@@ -215,6 +220,8 @@ REQUEST_FAILED = "failed"
 REQUEST_RESULTS = (REQUEST_FULFILLED, REQUEST_FAILED)
 # The ZooKeeper connection's states (`zk.client.ConnectionState` values).
 ZK_STATES = ("connected", "suspended", "lost")
+PROM_CONFIG_RELOADS = "nodepool_config_reloads_total"
+PROM_CONFIG_RELOAD_FAILURES = "nodepool_config_reload_failures_total"
 
 # HELP texts of the in-process counters and histograms (`/metrics`), with their units.
 HELP = {
@@ -246,6 +253,12 @@ HELP = {
                             " ephemeral znodes went with them).",
     PROM_ZK_RECONNECTS: "Times this launcher connected to ZooKeeper again after the"
                         " connection dropped (in the same session or a new one).",
+    PROM_CONFIG_RELOADS: "Configuration reloads (SIGHUP or a changed file) this launcher"
+                         " applied, an unchanged configuration included.",
+    PROM_CONFIG_RELOAD_FAILURES: "Configuration reloads this launcher rejected (invalid, or"
+                                 " not applicable to the running launcher): it still runs"
+                                 " the previous configuration; the event log has the error"
+                                 " (kind reload-rejected).",
 }
 # Histogram buckets (seconds) of the lifecycle phases: image pulls take minutes.
 PHASE_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
@@ -464,6 +477,15 @@ class Stats:
         """A long-lived thread's body raised (see nodepool_k8s/runtime/threads.py)."""
         self._safe("incr", thread_crash_key(thread), 1)
         self.count(PROM_THREAD_CRASHES, thread=thread)
+
+    def config_reload(self, applied: bool) -> None:
+        """A configuration reload this launcher applied, or rejected (kept the old one)."""
+        if applied:
+            self._safe("incr", CONFIG_RELOADS_KEY, 1)
+            self.count(PROM_CONFIG_RELOADS)
+        else:
+            self._safe("incr", CONFIG_RELOAD_FAILURES_KEY, 1)
+            self.count(PROM_CONFIG_RELOAD_FAILURES)
 
     def gauges(self, values: Mapping[str, float]) -> int:
         """Send many gauges, batched into few packets when the client can; returns how many.

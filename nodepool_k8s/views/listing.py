@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import math
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 from nodepool_k8s.core import conditions
 from nodepool_k8s.config import fingerprint
-from nodepool_k8s.core.model import CONFIG_HASH, NodeRequest, NodeView
+from nodepool_k8s.core.model import (
+    CONFIG_HASH, WAITING_REASONS, NodeRequest, NodeView, RequestState)
 from nodepool_k8s.core.records import MalformedRecord
 
 __all__ = ["NodeView"]  # the record the views take; defined with the other records
@@ -72,9 +73,15 @@ REQUEST_COLUMNS = (
     ("Request ID", "id"), ("Priority", "relative_priority"), ("State", "state"),
     ("Requestor", "requestor"), ("Node Types", "node_types"), ("Nodes", "nodes"),
     ("Declined By", "declined_by"), ("Event ID", "event_id"),
+    # Beyond Nodepool: since the request was submitted (`dd:hh:mm:ss`, as `list`'s Age).
+    ("Age", "age"),
 )
-# `request-list --detail`: why each pool declined (`declined_reasons`, beyond Nodepool).
-REQUEST_DETAIL_COLUMNS = REQUEST_COLUMNS + (("Declined Reasons", "declined_reasons"),)
+# `request-list --detail`: why each pool declined (`declined_reasons`) and why the request
+# waits (`waiting`), beyond Nodepool.
+REQUEST_DETAIL_COLUMNS = REQUEST_COLUMNS + (("Declined Reasons", "declined_reasons"),
+                                            ("Waiting", "waiting"))
+# The key of `waiting` for what concerns every pool (no pool serves the labels).
+ANY_POOL = "*"
 LABEL_COLUMNS = (("Label", "label"),)
 # `nodepool info PROVIDER`: Nodepool's "Nodes:" table plus what a Kubernetes operator needs.
 PROVIDER_NODE_COLUMNS = (
@@ -175,7 +182,64 @@ def node_list(views: Iterable[NodeView], now: float, node_id: str | None = None,
     return rows
 
 
-def request_row(request: NodeRequest) -> dict[str, Any]:
+class ServingPool(Protocol):
+    """A registered pool, as the waiting reasons read it (`zk.cache.Component`)."""
+
+    @property
+    def id(self) -> str | None: ...
+
+    @property
+    def supported_labels(self) -> frozenset[str]: ...
+
+    @property
+    def paused(self) -> bool: ...
+
+
+def waiting(request: NodeRequest, pools: Sequence[ServingPool] | None) -> dict[str, str]:
+    """Why a request that is not served yet waits: {pool id: "Reason: message"}.
+
+    What the pools wrote onto it (`waiting_reasons`: a pool paused or drained, its tenant
+    at its limit, its own quota waits) and, with `pools` (the registered ones), what they
+    say without a write: no pool serves the labels (key `ANY_POOL`), or a pool that could
+    take it is paused while another of its requests waits for capacity. Empty for a
+    request that is fulfilled or failed, or pending and going on."""
+    if request.state not in (RequestState.REQUESTED, RequestState.PENDING):
+        return {}
+    out: dict[str, str] = {}
+    recorded = request.extra.get(WAITING_REASONS)
+    if isinstance(recorded, dict):
+        for pool, entry in recorded.items():
+            if isinstance(entry, dict):
+                out[str(pool)] = f"{entry.get('reason')}: {entry.get('message', '')}"
+    if request.state != RequestState.REQUESTED or pools is None:
+        return out
+    wanted = set(request.node_types)
+    serving = [p for p in pools if p.id and wanted <= p.supported_labels]
+    if not serving:
+        offered: set[str] = set().union(*(p.supported_labels for p in pools))
+        missing = sorted(wanted - offered)
+        out[ANY_POOL] = "NoPoolServesLabel: " + (
+            f"no registered pool serves {', '.join(missing)}" if missing else
+            f"no registered pool serves {', '.join(sorted(wanted))} together")
+        return out
+    for pool in serving:
+        if pool.paused and pool.id not in out and pool.id not in request.declined_by:
+            out[str(pool.id)] = ("PoolWaiting: the pool is paused; it takes no request"
+                                 " until the one it holds gets capacity")
+    return out
+
+
+def request_age(request: NodeRequest, now: float) -> str:
+    """Since the request was submitted (`created_time`, else its `state_time`)."""
+    since = request.created_time if request.created_time is not None \
+        else request.state_time
+    return age(since if isinstance(since, (int, float)) else None, now)
+
+
+def request_row(request: NodeRequest, now: float | None = None,
+                pools: Sequence[ServingPool] | None = None) -> dict[str, Any]:
+    """One request's row; `now` (wall time) for its age, `pools` (the registered ones)
+    for the waiting reasons computed without a write (see `waiting`)."""
     return {
         "id": request.id,
         "relative_priority": request.relative_priority,
@@ -189,6 +253,9 @@ def request_row(request: NodeRequest) -> dict[str, Any]:
         "provider": request.provider,
         "state_time": request.state_time,
         "declined_reasons": declined_reasons(request.extra.get("declined_reasons")),
+        "created_time": request.created_time,
+        "age": request_age(request, now) if now is not None else "",
+        "waiting": waiting(request, pools),
     }
 
 
@@ -197,12 +264,14 @@ def malformed_request_row(record: MalformedRecord) -> dict[str, Any]:
     return {"id": record.id, "relative_priority": None, "state": MALFORMED,
             "requestor": None, "node_types": [], "nodes": [], "declined_by": [],
             "event_id": None, "tenant_name": None, "provider": None, "state_time": None,
-            "declined_reasons": {}, "malformed": record.reason}
+            "declined_reasons": {}, "created_time": None, "age": "", "waiting": {},
+            "malformed": record.reason}
 
 
 def request_list(requests: Iterable[NodeRequest],
-                 malformed: Iterable[MalformedRecord] = ()) -> list[dict[str, Any]]:
-    rows = [request_row(r) for r in sorted(requests, key=lambda r: r.sort_key())]
+                 malformed: Iterable[MalformedRecord] = (), now: float | None = None,
+                 pools: Sequence[ServingPool] | None = None) -> list[dict[str, Any]]:
+    rows = [request_row(r, now, pools) for r in sorted(requests, key=lambda r: r.sort_key())]
     # Malformed requests after the usable ones (their priority cannot be trusted).
     rows.extend(malformed_request_row(m) for m in sorted(malformed, key=lambda m: m.id))
     return rows

@@ -1,7 +1,10 @@
-"""Read-only views of one node's lifecycle and of the event log, as text or JSON.
+"""Read-only views of one node's lifecycle, one request's standing and of the event log, as
+text or JSON.
 
 Owns: what `nodepool show NODE_ID` and the web app's `/node/<id>` show (the node's row,
-its conditions as a table, the phase timings, the failure reason), and the rows of
+its conditions as a table, the phase timings, the failure reason), what `nodepool show
+REQUEST_ID` shows (the request's row, why each pool declined it, why it waits, with what
+to do), and the rows of
 `nodepool events` / `/events`. Pure functions over records already read; nothing here
 fails on odd data (missing fields render empty). Secrets stay redacted (the row comes
 from `listing.node_row`).
@@ -10,11 +13,11 @@ from `listing.node_row`).
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.views import listing
-from nodepool_k8s.core.model import NodeView
+from nodepool_k8s.core.model import NodeRequest, NodeView
 
 CONDITION_COLUMNS = (("Type", "type"), ("Status", "status"), ("Reason", "reason"),
                      ("Since", "since"), ("Message", "message"))
@@ -89,6 +92,57 @@ def render_node_detail(detail: Mapping[str, Any]) -> str:
                   f"What to do: {advice}"]
     if detail.get("delete_refused"):
         lines += ["", f"Delete refused: {detail['delete_refused']}"]
+    return "\n".join(lines)
+
+
+# The request row's keys `nodepool show REQUEST_ID` prints above the reasons, in this order.
+REQUEST_SHOWN_KEYS = (("ID", "id"), ("State", "state"), ("Age", "age"),
+                      ("Requestor", "requestor"), ("Node Types", "node_types"),
+                      ("Nodes", "nodes"), ("Priority", "relative_priority"),
+                      ("Tenant", "tenant_name"), ("Provider", "provider"),
+                      ("Event ID", "event_id"), ("Declined By", "declined_by"))
+REASON_COLUMNS = (("Pool", "pool"), ("Reason", "reason"), ("Message", "message"))
+
+
+def request_detail(request: NodeRequest, now: float,
+                   pools: Sequence[listing.ServingPool] | None) -> dict[str, Any]:
+    """The JSON of `nodepool show REQUEST_ID --json`: the request's row (with `waiting`)
+    and the pools' decline entries with their messages."""
+    declined = request.extra.get("declined_reasons")
+    return {
+        "request": listing.request_row(request, now, pools),
+        "declined": {str(k): v for k, v in declined.items() if isinstance(v, dict)}
+        if isinstance(declined, dict) else {},
+    }
+
+
+def _reason_rows(entries: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for pool, entry in sorted(entries.items()):
+        if isinstance(entry, dict):
+            reason, message = entry.get("reason"), entry.get("message")
+        else:  # `waiting`: "Reason: message"
+            reason, _, message = str(entry).partition(": ")
+        rows.append({"pool": "(every pool)" if pool == listing.ANY_POOL else pool,
+                     "reason": reason, "message": message})
+    return rows
+
+
+def render_request_detail(detail: Mapping[str, Any]) -> str:
+    row = detail.get("request") or {}
+    width = max(len(h) for h, _ in REQUEST_SHOWN_KEYS)
+    lines = [f"{header.ljust(width)}  {listing._cell(row.get(key))}"
+             for header, key in REQUEST_SHOWN_KEYS]
+    for title, rows in (("Declined:", _reason_rows(detail.get("declined") or {})),
+                        ("Waiting:", _reason_rows(row.get("waiting") or {}))):
+        lines += ["", title]
+        lines.append(listing.render_table(rows, REASON_COLUMNS) if rows
+                     else "  (none)")
+    for entry in _reason_rows(row.get("waiting") or {}):
+        advice = cond.REASONS.get(str(entry["reason"]), "")
+        if advice:
+            lines += ["", f"Waits on {entry['pool']}: {entry['reason']}",
+                      f"What to do: {advice}"]
     return "\n".join(lines)
 
 

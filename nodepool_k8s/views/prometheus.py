@@ -166,7 +166,9 @@ def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
                                   "Launches of the pool worker not finished yet.",
                                   labels=["provider", "pool", "launcher"])
     queued = GaugeMetricFamily("nodepool_pool_requests_queued",
-                               "Requests the pool holds while paused.",
+                               "Requests that wait on the pool: held at quota, or held"
+                               " back while it is paused, drained or busy (or their tenant"
+                               " is at its limit) and no other pool takes them.",
                                labels=["provider", "pool", "launcher"])
     for key, record in _named(pools):
         for cond in record.get("conditions") or []:

@@ -698,9 +698,11 @@ class WebApp:
         if snap is None:
             assert failed is not None
             return failed
+        fields = dict(params).get("fields")
+        # `fields` may name the detail columns (Declined Reasons, Waiting), as for nodes.
         return await self._listing("snapshot", snap.taken, snap.taken_wall, snap.requests,
-                                   status.REQUEST_COLUMNS, dict(params).get("fields"), None,
-                                   want_json)
+                                   status.REQUEST_DETAIL_COLUMNS if fields
+                                   else status.REQUEST_COLUMNS, fields, None, want_json)
 
     async def _label_list(self, params: Params, want_json: bool) -> Answer:
         snap, failed = await self._snapshot()

@@ -146,7 +146,7 @@ function poolCard(p) {
   const nodes = Object.entries(p.nodes || {});
   const rows = [["Nodes", nodes.length ? nodes.map(([k, v]) => k + " " + v).join(", ") : "none"],
                 ["Launches in progress", p.launches_in_progress],
-                ["Requests queued (paused)", p.requests_queued]];
+                ["Requests waiting", p.requests_queued]];
   for (const [k, v] of rows) {
     const tr = el("tr"); tr.appendChild(el("th", null, k)); tr.appendChild(el("td", null, v));
     counts.appendChild(tr);

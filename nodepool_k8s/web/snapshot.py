@@ -169,6 +169,7 @@ def build_snapshot(source: StatusSource, taken: float, now: float) -> Snapshot:
     labels = source.supported_labels()
     read_pools = getattr(source, "pool_statuses", None)  # older or test sources: none
     pools = pool_view.pool_records(read_pools()) if callable(read_pools) else []
+    read_components = getattr(source, "pool_components", None)  # older or test sources
     read_histograms = getattr(source, "histograms", None)
     histograms = read_histograms() if callable(read_histograms) else None
     read_gauges = getattr(source, "gauges", None)
@@ -185,7 +186,8 @@ def build_snapshot(source: StatusSource, taken: float, now: float) -> Snapshot:
         nodes=Listing(node_rows),
         node_positions={str(row["id"]): index for index, row in enumerate(node_rows)},
         requests=Listing(status.request_list(
-            requests, [m for m in malformed if m.kind == "request"])),
+            requests, [m for m in malformed if m.kind == "request"], now,
+            read_components() if callable(read_components) else None)),
         labels=Listing(status.label_list(labels)),
         pools=Listing(pools, pool_view.pool_rows(pools)),
         request_records=requests, pool_records=pools,

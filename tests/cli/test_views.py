@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from kazoo.client import KazooClient
 
 from nodepool_k8s.runtime.clock import ManualClock
@@ -31,6 +33,8 @@ def test_request_list(cli: Cli, zuul: ZuulClient) -> None:
     rows = [dict(zip(REQUEST_HEADERS, r)) for r in result.table()]
     # Served order: priority prefix, then relative priority, then sequence.
     assert [r["Request ID"] for r in rows] == [early, late, low]
+    # Since the submission, as `list`'s Age (dd:hh:mm:ss).
+    assert re.fullmatch(r"\d\d:\d\d:\d\d:\d\d", rows[1].pop("Age"))
     assert rows[1] == {"Request ID": late, "Priority": "5", "State": "requested",
                        "Requestor": zuul.system_id, "Node Types": "large,small",
                        "Nodes": "", "Declined By": "", "Event ID": "ev-late"}

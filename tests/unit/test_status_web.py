@@ -170,6 +170,52 @@ def test_web_request_and_label_list(web):
     assert json.loads(body) == [{"label": "ns"}, {"label": "pod-fedora"}]
 
 
+class Pool:
+    """A registered pool component, as the waiting reasons read it."""
+
+    def __init__(self, pool_id: str, labels: set[str], paused: bool = False) -> None:
+        self.id, self.supported_labels, self.paused = pool_id, frozenset(labels), paused
+
+
+def test_web_request_list_age_and_waiting():
+    src = Source()
+    src.reqs = [
+        NodeRequest(id="200-0000000004", state="requested", node_types=["gpu"],
+                    created_time=NOW - 3723, state_time=NOW - 5),
+        NodeRequest(id="200-0000000005", state="requested", node_types=["ns"],
+                    state_time=NOW - 61),
+        NodeRequest(id="200-0000000006", state="requested", node_types=["pod-fedora"],
+                    created_time=NOW, extra={"waiting_reasons": {"p1": {
+                        "reason": "PoolDraining", "message": "pool kube/main is drained"}}}),
+        request()]
+    src.pool_components = lambda: [Pool("p1", {"pod-fedora", "ns"}),  # type: ignore
+                                   Pool("p2", {"ns"}, paused=True)]
+    app = WebApp(src, port=0, listen_address="127.0.0.1", clock=ManualClock(NOW)).start()
+    try:
+        base = f"http://127.0.0.1:{app.port}"
+        code, _, body = get(base + "/request-list", "application/json")
+        assert code == 200
+        rows = {r["id"]: r for r in json.loads(body)}
+        # The age counts from the submission (`created_time`), else the state time.
+        assert rows["200-0000000004"]["age"] == "00:01:02:03"
+        assert rows["200-0000000005"]["age"] == "00:00:01:01"
+        assert rows["200-0000000004"]["waiting"] == {
+            "*": "NoPoolServesLabel: no registered pool serves gpu"}
+        assert rows["200-0000000005"]["waiting"] == {
+            "p2": "PoolWaiting: the pool is paused; it takes no request until the one it"
+                  " holds gets capacity"}
+        assert rows["200-0000000006"]["waiting"] == {
+            "p1": "PoolDraining: pool kube/main is drained"}
+        assert rows["200-0000000003"]["waiting"] == {}  # fulfilled: nothing waits
+        code, _, body = get(base + "/request-list?fields=id,age,waiting")
+        assert code == 200
+        assert body.splitlines()[1].split() == ["|", "Request", "ID", "|", "Age", "|",
+                                                "Waiting", "|"]
+        assert "NoPoolServesLabel" in body and "00:01:02:03" in body
+    finally:
+        app.stop()
+
+
 def test_web_ready_metrics_404_and_failure(web):
     src, base, _ = web
     assert get(base + "/ready")[0] == 200

@@ -161,6 +161,10 @@ class LauncherStatus:
     def supported_labels(self) -> Sequence[Sequence[str]]:
         return [sorted(c.supported_labels) for c in self.launcher.component_cache.pools()]
 
+    def pool_components(self) -> Sequence[Component]:
+        """The registered pools (labels, paused), for why a request waits."""
+        return list(self.launcher.component_cache.pools())
+
     def ready(self) -> bool:
         return self.launcher.ready
 

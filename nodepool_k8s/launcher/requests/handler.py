@@ -11,6 +11,8 @@ one transaction that writes every node and the request and releases every lock
 Its standing toward the pool is one `HandlerState` (active, queued behind a waiting
 request, at quota, backing off after an aborted launch, done), changed only by `_enter`;
 the pool worker reads `paused`, `done`, `blocked_scope` and `next_deadline` from it.
+While it waits, the request carries why (`waiting_reasons`, this pool's entry), written
+when that changes, dropped when the wait ends.
 What it uses of the engine is `HandlerDeps`.
 
 ZooKeeper writes per new node: the guarded create (one transaction for all nodes of the
@@ -293,6 +295,7 @@ class RequestHandler:
         backing_off = self._backing_off()
         if backing_off or not may_allocate:
             self._enter(HandlerState.BACKING_OFF if backing_off else HandlerState.QUEUED)
+            self._note_waiting()
             return True
         if self.backoff is not None:  # its wait is over: this is the try again
             self.backoff = Backoff(self.backoff.reason, None)
@@ -302,6 +305,8 @@ class RequestHandler:
             if not any(s.state is SlotState.NEED or s.state is SlotState.LAUNCHING
                        for s in self.slots):
                 self._fulfil()
+            else:
+                self._note_waiting()
             return False
         if verdict.scope == CONTENTION:
             self.wake()
@@ -310,7 +315,51 @@ class RequestHandler:
             self._decline(plan.Decline("AtQuota", f"at quota ({verdict.describe()})"))
             return False
         self._enter(HandlerState.AT_QUOTA, scope=verdict.scope, why=verdict.describe())
+        self._note_waiting()
         return True
+
+    def waiting(self) -> plan.Waiting | None:
+        """Why this handler holds its request back now (None while it goes on)."""
+        if self.state is HandlerState.AT_QUOTA:
+            return plan.Waiting("WaitingForQuota",
+                                f"waits until its nodes fit the {self.blocked_scope} limit")
+        if self.state is HandlerState.QUEUED:
+            return plan.Waiting("QueuedInPool",
+                                "behind an earlier request of this pool that waits")
+        if self.state is HandlerState.BACKING_OFF:
+            reason = self.backoff.reason if self.backoff is not None else "Unknown"
+            return plan.Waiting("LaunchBackoff",
+                                f"a launch was aborted ({reason}); it launches again after"
+                                " quota-retry")
+        return None
+
+    def _note_waiting(self) -> None:
+        """Write why the request waits onto it, when that changed (a wait that starts, a
+        different cause, or the wait that ended): the request is ours (locked), and its
+        final write drops the note anyway. Best effort: a failed write is tried again on
+        the next pass, as the record still shows the old note."""
+        waiting = self.waiting()
+        if lifecycle.waiting_note(self.request, self.ref.pool_id) == (
+                waiting.to_dict() if waiting is not None else None):
+            return  # the common case, every pass of a waiting pool: no copy, no write
+        noted = self.request.copy()
+        lifecycle.note_waiting(noted, self.ref.pool_id, waiting)
+        try:
+            self.engine.requests.store(noted, self.lock)
+        except errors.VersionConflict:
+            # Nobody should write a request we hold locked: adopt what is there (as the
+            # final write does) and note again on the next pass.
+            fresh = self.engine.requests.get(self.request.id)
+            if fresh is not None:
+                self.request.version = fresh.version
+                self.request.relative_priority = fresh.relative_priority
+                self.request.extra = fresh.extra
+            return
+        except (errors.ZkConnectionError, errors.NoNodeError) as exc:
+            self.log.warning("Could not note why the request waits: %s", exc)
+            return
+        self.request.version = noted.version
+        self.request.extra = noted.extra
 
     def launch_created(self) -> None:
         """Start the launches of the nodes a batched create (`allocation.create_batch`)

@@ -188,3 +188,59 @@ def test_a_min_ready_request_at_quota_is_declined_not_paused(make_deps: MakeDeps
     assert min_ready.done and not min_ready.paused
     assert stored(deps, request.id).state == model.RequestState.FAILED
     assert len(deps.nodes.ids()) == 1 and launches.in_flight == 0
+
+
+def waiting(deps: Deps, request_id: str) -> dict[str, str] | None:
+    entries = stored(deps, request_id).extra.get(model.WAITING_REASONS) or {}
+    entry = entries.get(deps.ref.pool_id)
+    return {"reason": entry["reason"], "message": entry["message"]} if entry else None
+
+
+def test_why_it_waits_is_written_when_it_changes_and_dropped_when_it_ends(
+        make_deps: MakeDeps) -> None:
+    deps, launches = make_deps(max_servers=1), InlineLaunches()
+    handler, _ = handler_for(deps, ["small"], launches)
+    request_id = handler.request.id
+
+    assert handler.advance(may_allocate=False) is True
+    assert waiting(deps, request_id) == {
+        "reason": "QueuedInPool",
+        "message": "behind an earlier request of this pool that waits"}
+    version = stored(deps, request_id).version
+    assert handler.advance(may_allocate=False) is True  # the same cause: no write
+    assert stored(deps, request_id).version == version
+
+    assert handler.advance() is False  # it goes on: the note goes
+    assert handler.state is HandlerState.ACTIVE
+    assert waiting(deps, request_id) is None
+    assert stored(deps, request_id).state == model.RequestState.PENDING
+    launches.run_all()
+    assert handler.done
+
+    second, _ = handler_for(deps, ["small"], launches, reuse=False)
+    assert second.advance() is True and second.state is HandlerState.AT_QUOTA
+    assert waiting(deps, second.request.id) == {
+        "reason": "WaitingForQuota", "message": "waits until its nodes fit the pool limit"}
+    version = stored(deps, second.request.id).version
+    assert second.advance() is True
+    assert stored(deps, second.request.id).version == version
+
+
+def test_a_backing_off_request_says_why(make_deps: MakeDeps) -> None:
+    deps, launches = make_deps(), InlineLaunches()
+    deps.provider.fail_next(1, QuotaExceeded("cluster full"))
+    handler, _ = handler_for(deps, ["small"], launches)
+    handler.advance()
+    launches.run_all()
+
+    assert handler.advance() is True and handler.state is HandlerState.BACKING_OFF
+    note = waiting(deps, handler.request.id)
+    assert note is not None and note["reason"] == "LaunchBackoff"
+    assert "QuotaExceeded" in note["message"]
+
+    deps.clock.advance(SETTINGS.quota_retry)
+    assert handler.advance() is False
+    assert launches.run_all() == 1 and handler.done
+    request = stored(deps, handler.request.id)
+    assert request.state == model.RequestState.FULFILLED
+    assert model.WAITING_REASONS not in request.extra
