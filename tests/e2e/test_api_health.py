@@ -96,9 +96,11 @@ def test_an_api_outage_turns_the_condition_false_and_back(
     k8s_sim.stop_serving()
     wait_for(lambda: reads(launcher, "False", "Unreachable"), 30,
              message="the pool to report its API server unreachable")
-    # The probe's own words (the first to notice may have been a watch cut mid-stream).
-    wait_for(lambda: "refused" in condition(launcher, "ApiReachable")["message"].lower(),
-             30, message="the condition to say the connection is refused")
+    # The first to notice may be the probe (refused) or a watch cut mid-stream; a later
+    # message alone changes no condition, so the pool need not publish it again.
+    message = condition(launcher, "ApiReachable")["message"].lower()
+    assert any(word in message for word in ("refused", "reset", "closed", "aborted",
+                                            "broken", "connection")), message
     rows = pool_view.pool_rows(launcher.engine.pool_statuses.items().values())
     assert rows[0]["api_reachable"] == "Unreachable", rows
     wait_for(lambda: api_events(launcher) == [(zk_events.API_UNREACHABLE, "Unreachable")],
