@@ -339,8 +339,9 @@ def _docker_secret_causes(obj: dict[str, Any]) -> Causes:
     key = DOCKER_SECRET_KEYS.get(str(obj.get("type")))
     if key is None:
         return []
-    data = obj.get("data") if isinstance(obj.get("data"), dict) else {}
-    strings = obj.get("stringData") if isinstance(obj.get("stringData"), dict) else {}
+    raw_data, raw_strings = obj.get("data"), obj.get("stringData")
+    data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
+    strings: dict[str, Any] = raw_strings if isinstance(raw_strings, dict) else {}
     field = f"data[{key}]"
     if key in strings and isinstance(strings[key], str):
         text = strings[key].encode()
