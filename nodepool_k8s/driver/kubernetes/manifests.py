@@ -388,9 +388,9 @@ def cleanup_rules() -> list[PolicyRule]:
                                 "verbs": ["get", "list", "patch"]}
                                for group, resources in groups.items()]
     rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]})
-    rules.append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]})
     rules.append({"apiGroups": [RBAC_GROUP], "resources": ["rolebindings"],
                   "verbs": ["patch"], "resourceNames": [CLEANUP_BINDING]})
+    rules.append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]})
     return rules
 
 
