@@ -378,8 +378,9 @@ def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> Non
         if kind == "namespace":
             report.error(path + (PULL_SECRETS_KEY,), "not allowed on type: namespace labels:"
                          " their job creates pods, and a pod may mount any Secret of its"
-                         " namespace, so the copy would hand the registry credential to the"
-                         " job; use a pod label (its job can create no pods)")
+                         " namespace (with allow-job-secrets its role reads them directly),"
+                         " so the copy would hand the registry credential to the job; use a"
+                         " pod label (its job can create no pods)")
         else:
             _pull_secrets(label[PULL_SECRETS_KEY], path + (PULL_SECRETS_KEY,), report)
     _metadata(label, path, report)
@@ -550,9 +551,9 @@ def _guards(label: Raw, pool: Raw, provider: Raw, path: Path, pool_path: Path,
             report.error(where, message)
     pulls = build.image_pull_secrets(label, pool, provider)
     if pulls:
-        quota, _ = build.resolve_guard(label, pool, provider, "resource-quota")
+        # Object counts are enforced whatever `resource-quota` says (guards.quota_hard).
         room = build.object_quota(label, pool, provider)["secrets"]
-        if _first_true(quota, S.RESOURCE_QUOTA) and room < len(pulls):
+        if room < len(pulls):
             report.error(path, f"{len(pulls)} image pull Secrets are copied into each node's"
                          f" namespace, but its ResourceQuota allows {room} secrets: raise"
                          " object-quota.secrets")
@@ -568,10 +569,6 @@ def _guards(label: Raw, pool: Raw, provider: Raw, path: Path, pool_path: Path,
             if str(key).startswith(POD_SECURITY_PREFIX):
                 report.error(path + (section, key), "set by nodepool_k8s from pod-security;"
                              " use that key instead")
-
-
-def _first_true(value: Any, default: bool) -> bool:
-    return bool(default if value is None else value)
 
 
 def _limits(label: Raw, pool: Raw, path: Path, report: _Report) -> None:

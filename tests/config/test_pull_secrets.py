@@ -74,7 +74,9 @@ def test_refused_on_a_namespace_label_saying_why() -> None:
     at(data, "nslabel")["image-pull-secrets"] = [REGISTRY]
     assert_problem(data, f"{NS}.image-pull-secrets", "not allowed on type: namespace labels")
     assert_problem(data, f"{NS}.image-pull-secrets", "a pod may mount any Secret of its"
-                   " namespace, so the copy would hand the registry credential to the job")
+                   " namespace")
+    assert_problem(data, f"{NS}.image-pull-secrets", "so the copy would hand the registry"
+                   " credential to the job")
 
 
 def test_namespace_is_required() -> None:
@@ -131,7 +133,10 @@ def test_the_quota_must_leave_room_for_the_copies() -> None:
     at(data, "podlabel").update({"image-pull-secrets": [REGISTRY],
                                  "object-quota": {"secrets": 0}})
     assert_problem(data, POD, "its ResourceQuota allows 0 secrets")
+    # Object counts hold without the compute quota too.
     at(data, "podlabel")["resource-quota"] = False
+    assert_problem(data, POD, "its ResourceQuota allows 0 secrets")
+    at(data, "podlabel")["object-quota"] = {"secrets": 1}
     load(data)
 
 
