@@ -109,8 +109,8 @@ def scheduling(label: Raw, pool: Raw, provider: Raw, key: str) -> tuple[Any, ...
 def image_pull_secrets(label: Raw, pool: Raw, provider: Raw) -> tuple[PullSecret, ...]:
     """The pull Secrets of a pod label (either form): the label's list, else the pool's
     `default-label-image-pull-secrets`, else the provider's (first found wins, no merging;
-    an empty list on the label means none). Namespace labels get none: their job's role
-    could read the copy (`checks` refuses the key on them)."""
+    an empty list on the label means none). Namespace labels get none: their job could
+    mount the copy into a pod of its own (`checks` refuses the key on them)."""
     if label.get("type") != "pod":
         return ()
     value, _ = resolve_guard(label, pool, provider, "image-pull-secrets")

@@ -10,9 +10,9 @@ quota costs seven API calls to launch and a pod node eight (the same with `job-r
 cluster-role`, whose cleanup RoleBinding replaces the Role, plus one SelfSubjectReview per
 provider; one more with a network policy; two more per `image-pull-secrets` entry, a GET
 of the operator's Secret and the create of its copy, between the bindings and the pod),
-and a deletion two (a GET that proves the
-namespace ours, then the DELETE with `preconditions.uid`; its completion arrives through
-the shared namespace watch; with `job-role: cluster-role` one PATCH more, removing our hold).
+and a deletion two (a GET that proves the namespace ours, then the DELETE with
+`preconditions.uid`; its completion arrives through the shared namespace watch; with
+`job-role: cluster-role` one PATCH more, removing our hold).
 No Secret is created for the token (a bound, expiring TokenRequest token,
 `token-lifetime`) and none is watched; the only Secrets created are the copies of the pull
 Secrets a pod label names (`pull_secrets`), gone with the namespace.
