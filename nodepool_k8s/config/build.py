@@ -20,7 +20,7 @@ from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.cron import parse_duration
 from nodepool_k8s.config.model import (
     INF, Config, DriftBudget, LabelConfig, MaintenanceWindow, PoolConfig, PoolLabel,
-    ProviderConfig, TenantLimit, TracingConfig, WebappConfig,
+    ProviderConfig, PullSecret, TenantLimit, TracingConfig, WebappConfig,
     ZkAcl, ZkAuth, ZkGrant, ZkServer, ZkTls,
 )
 from nodepool_k8s.core.model import Resources
@@ -104,6 +104,18 @@ def scheduling(label: Raw, pool: Raw, provider: Raw, key: str) -> tuple[Any, ...
         return ()
     value, _ = resolve_guard(label, pool, provider, key)
     return tuple(copy.deepcopy(value or ()))
+
+
+def image_pull_secrets(label: Raw, pool: Raw, provider: Raw) -> tuple[PullSecret, ...]:
+    """The pull Secrets of a pod label (either form): the label's list, else the pool's
+    `default-label-image-pull-secrets`, else the provider's (first found wins, no merging;
+    an empty list on the label means none). Namespace labels get none: their job could
+    mount the copy into a pod of its own (`checks` refuses the key on them)."""
+    if label.get("type") != "pod":
+        return ()
+    value, _ = resolve_guard(label, pool, provider, "image-pull-secrets")
+    return tuple(PullSecret(name=str(entry["name"]), namespace=str(entry["namespace"]))
+                 for entry in value or ())
 
 
 def permitted(pool: Raw, provider: Raw, key: str) -> bool:
@@ -203,6 +215,7 @@ def build_label(label: Raw, pool: Raw, provider: Raw) -> PoolLabel:
         volumes=tuple(copy.deepcopy(label.get("volumes", []))),
         volume_mounts=tuple(copy.deepcopy(label.get("volume-mounts", []))),
         spec=copy.deepcopy(label.get("spec")),
+        image_pull_secrets=image_pull_secrets(label, pool, provider),
         tolerations=scheduling(label, pool, provider, "tolerations"),
         node_requirements=scheduling(label, pool, provider, "node-requirements"),
         preferred_node_requirements=scheduling(label, pool, provider,

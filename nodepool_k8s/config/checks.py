@@ -47,7 +47,9 @@ REQUEST_FIELDS = ("id", "labels", "requestor", "requestor_data", "relative_prior
                   "event_id", "created_time", "tenant_name")
 # What a verbatim-spec (form B) label may carry besides the spec.
 FORM_B_KEYS = frozenset({"name", "type", "spec", "labels", "dynamic-labels", "annotations",
-                         "boot-timeout", *S.GUARD_KEYS})
+                         "boot-timeout", "image-pull-secrets", *S.GUARD_KEYS})
+PULL_SECRETS_KEY = "image-pull-secrets"
+PULL_SECRETS_DEFAULT = "default-label-image-pull-secrets"
 # Namespace label prefix the driver manages through `pod-security`.
 POD_SECURITY_PREFIX = "pod-security.kubernetes.io/"
 # Keys that only make sense for a pod nodepool_k8s builds itself.
@@ -282,6 +284,8 @@ def _provider(provider: Raw, path: Path, top_labels: set[str], report: _Report) 
                     " its own max-servers")
     if driver == "kubernetes":
         _scheduling_defaults(provider, path, report)
+        _pull_secrets(provider.get(PULL_SECRETS_DEFAULT) or [], path + (PULL_SECRETS_DEFAULT,),
+                      report)
     if not provider["pools"]:
         report.warn(path + ("pools",), "the provider has no pools, so it serves nothing")
     _unique(report, path + ("pools",), provider["pools"], "name", "pool")
@@ -308,6 +312,8 @@ def _pool(pool: Raw, provider: Raw, path: Path, top_labels: set[str], report: _R
                          f" {build.REQUESTS[resource]} {request:g}")
     if provider["driver"] == "kubernetes":
         _scheduling_defaults(pool, path, report)
+        _pull_secrets(pool.get(PULL_SECRETS_DEFAULT) or [], path + (PULL_SECRETS_DEFAULT,),
+                      report)
     before = len(report.errors)
     for index, window in enumerate(pool.get("maintenance") or []):
         _window(window, path + ("maintenance", index), report)
@@ -396,7 +402,59 @@ def _kubernetes_label(label: Raw, pool: Raw, path: Path, report: _Report) -> Non
                      " refuses fractions of an extended resource such as a GPU")
     for key in S.SCHEDULING_KEYS:
         _scheduling(key, label.get(key) or [], path + (key,), report)
+    if PULL_SECRETS_KEY in label:
+        if kind == "namespace":
+            report.error(path + (PULL_SECRETS_KEY,), "not allowed on type: namespace labels:"
+                         " their job creates pods, and a pod may mount any Secret of its"
+                         " namespace (with allow-job-secrets its role reads them directly),"
+                         " so the copy would hand the registry credential to the job; use a"
+                         " pod label (its job can create no pods)")
+        else:
+            _pull_secrets(label[PULL_SECRETS_KEY], path + (PULL_SECRETS_KEY,), report)
     _metadata(label, path, report)
+
+
+def _pull_secrets(items: list[Raw], path: Path, report: _Report) -> None:
+    """`image-pull-secrets` entries: Kubernetes names, each Secret name once (the copies
+    share the node's namespace), a small number of them."""
+    if len(items) > S.MAX_IMAGE_PULL_SECRETS:
+        report.error(path, f"{len(items)} entries; at most {S.MAX_IMAGE_PULL_SECRETS} (each"
+                     " is read and copied at every launch)")
+    seen: dict[str, int] = {}
+    for index, item in enumerate(items):
+        name, namespace = item["name"], item["namespace"]
+        if not (len(name) <= 253 and _DNS_SUBDOMAIN.match(name)):
+            report.error(path + (index, "name"), f"{name!r} is not a Secret name: a lowercase"
+                         " DNS-1123 subdomain (letters, digits, '-' and '.', starting and"
+                         " ending with a letter or digit, at most 253 characters)")
+        elif name in seen:
+            report.error(path + (index, "name"), f"duplicate Secret name {name!r} (also at"
+                         f" {format_path(path + (seen[name],))}): the copies share the node's"
+                         " namespace")
+        seen.setdefault(name, index)
+        if not (len(namespace) <= 63 and _DNS_LABEL.match(namespace)):
+            report.error(path + (index, "namespace"), f"{namespace!r} is not a namespace"
+                         " name: a lowercase DNS-1123 label (letters, digits and '-',"
+                         " starting and ending with a letter or digit, at most 63"
+                         " characters)")
+
+
+def _secret_references(value: Any) -> set[str]:
+    """The Secret names a pod spec (or a label's volumes and env) refers to: secret
+    volumes, projected secret sources, env secretKeyRef and envFrom secretRef."""
+    found: set[str] = set()
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            if key == "secretName" and isinstance(item, str):
+                found.add(item)
+            elif key in ("secret", "secretKeyRef", "secretRef") and isinstance(item, Mapping) \
+                    and isinstance(item.get("name"), str):
+                found.add(item["name"])
+            found |= _secret_references(item)
+    elif isinstance(value, list):
+        for item in value:
+            found |= _secret_references(item)
+    return found
 
 
 def _window(window: Raw, path: Path, report: _Report) -> None:
@@ -519,6 +577,21 @@ def _guards(label: Raw, pool: Raw, provider: Raw, path: Path, pool_path: Path,
         message = "a pod label needs room for its own pod: at least 1"
         if f"{format_path(where)}: {message}" not in report.errors:  # once per default
             report.error(where, message)
+    pulls = build.image_pull_secrets(label, pool, provider)
+    if pulls:
+        # Object counts are enforced whatever `resource-quota` says (guards.quota_hard).
+        room = build.object_quota(label, pool, provider)["secrets"]
+        if room < len(pulls):
+            report.error(path, f"{len(pulls)} image pull Secrets are copied into each node's"
+                         f" namespace, but its ResourceQuota allows {room} secrets: raise"
+                         " object-quota.secrets")
+        mounted = sorted(_secret_references([label.get("volumes"), label.get("env"),
+                                             label.get("spec")])
+                         & {pull.name for pull in pulls})
+        if mounted:
+            report.error(path, f"the pod mounts or reads the image pull Secret"
+                         f" {', '.join(map(repr, mounted))}: its job could read the registry"
+                         " credential through the pod; pull Secrets are for the kubelet only")
     for section in ("labels", "dynamic-labels"):
         for key in label.get(section, {}):
             if str(key).startswith(POD_SECURITY_PREFIX):

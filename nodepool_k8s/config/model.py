@@ -109,6 +109,15 @@ class TenantLimit:
 
 
 @dataclass(frozen=True)
+class PullSecret:
+    """An `image-pull-secrets` entry: the Secret `name` in `namespace`, which the operator
+    placed there; the driver copies it into each node's namespace under the same name."""
+
+    name: str
+    namespace: str
+
+
+@dataclass(frozen=True)
 class PoolLabel:
     """A label as one pool of a kubernetes (or fake) provider serves it; defaults resolved."""
 
@@ -142,6 +151,9 @@ class PoolLabel:
     preferred_node_requirements: tuple[Mapping[str, Any], ...] = ()
     # Form B: a verbatim pod spec (exclusive with the form A keys above).
     spec: Mapping[str, Any] | None = None
+    # Pod labels, both forms (label -> pool -> provider default-label-*): registry
+    # credentials copied into the node's namespace and named in the pod's imagePullSecrets.
+    image_pull_secrets: tuple[PullSecret, ...] = ()
     # Both forms.
     labels: Mapping[str, str] = field(default_factory=dict)
     dynamic_labels: Mapping[str, str] = field(default_factory=dict)

@@ -131,6 +131,15 @@ TRACING_PROTOCOL = "http/protobuf"
 TRACING_SERVICE_NAME = "nodepool-launcher"
 TRACING_INSECURE = False
 TRACING_TIMEOUT = 10.0  # seconds one export may take
+
+# Private registries (kubernetes pod labels; label, then pool/provider
+# `default-label-image-pull-secrets`, first found wins): Secrets the operator names
+# ({name, namespace}, the namespace always explicit), copied into the node's namespace and
+# named in the pod's imagePullSecrets. At most this many per label; only these types, and
+# at most this many bytes of data (keys plus decoded values) per Secret, are copied.
+MAX_IMAGE_PULL_SECRETS = 8
+PULL_SECRET_TYPES = ("kubernetes.io/dockerconfigjson", "kubernetes.io/dockercfg")
+MAX_PULL_SECRET_BYTES = 64 * 1024
 # Label keys whose pool and provider defaults are `default-label-<key>`.
 GUARD_KEYS = ("pod-security", "resource-quota", "network-policy", "egress-allow",
               "allow-external-services", "allow-job-secrets", "object-quota")
@@ -532,8 +541,14 @@ _GUARDS: dict[str, Validator] = {
     "allow-job-secrets": boolean,
     "object-quota": mapping({Optional(k): integer(minimum=0) for k in OBJECT_QUOTA}),
 }
+_PULL_SECRET = mapping({
+    Required("name"): string(),
+    Required("namespace"): string(),
+})
+_PULL_SECRETS = list_of(_PULL_SECRET)
 # Pool and provider keys of the kubernetes driver only.
 _KUBERNETES_DEFAULTS: dict[Any, Validator] = {
+    Optional("default-label-image-pull-secrets"): _PULL_SECRETS,
     **{Optional(f"default-label-{k}"): v for k, v in _GUARDS.items()},
     **{Optional(f"default-label-{k}"): v for k, v in _SCHEDULING.items()},
     **{Optional(k): boolean for k in PERMISSION_KEYS},
@@ -571,6 +586,7 @@ KUBERNETES_LABEL = mapping({
     Optional("dynamic-labels"): _str_map,
     Optional("annotations"): _str_map,
     Optional("spec"): _any_mapping,
+    Optional("image-pull-secrets"): _PULL_SECRETS,
     **{Optional(k): v for k, v in _GUARDS.items()},
     **{Optional(k): v for k, v in _SCHEDULING.items()},
 })

@@ -87,6 +87,11 @@ _NODE_REASONS: dict[str, str] = {
                   "requests with the label's cpu/memory.",
     "Invalid": "The API rejected an object as invalid: fix the label (see the message).",
     "InvalidLabel": "The label is not usable as configured: fix the configuration.",
+    "PullSecretMissing": "A Secret the label's image-pull-secrets names does not exist (the "
+                         "message says which): create it there or fix the label.",
+    "PullSecretRefused": "A Secret the label's image-pull-secrets names is not copied: not "
+                         "of type kubernetes.io/dockerconfigjson or kubernetes.io/dockercfg, "
+                         "or its data is over 64 KiB (the message says which and why).",
     "NamespaceExists": "Namespace names kept colliding: remove the stale namespaces.",
     "NotFound": "An object vanished during the launch: check for other cleanup tools.",
     "Conflict": "An object was changed during the launch: check for other controllers.",

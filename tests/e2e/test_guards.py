@@ -50,6 +50,8 @@ labels:
   - name: k8s-namespace
   - name: k8s-secrets
   - name: pod-privileged
+  - name: pod-registry
+  - name: pod-unlisted
 providers:
   - name: k8s
     driver: kubernetes
@@ -79,6 +81,18 @@ providers:
             privileged: true
             cpu: 0.5
             memory: 128
+          - name: pod-registry
+            type: pod
+            image: registry.example.com/ci/busybox:1.36
+            image-pull-secrets:
+              - name: registry-credentials   # named by the shipped example Role
+                namespace: nodepool
+          - name: pod-unlisted
+            type: pod
+            image: registry.example.com/ci/busybox:1.36
+            image-pull-secrets:
+              - name: other-credentials      # not named by it
+                namespace: nodepool
 """
 
 
@@ -337,8 +351,44 @@ def test_shipped_job_roles_match_the_driver() -> None:
     assert documents[manifests.CLEANUP_CLUSTER_ROLE]["rules"] == manifests.cleanup_rules()
     launcher_rules = documents["nodepool-launcher"]["rules"]
     assert not any("secrets" in rule["resources"] for rule in launcher_rules)
+    # Reading pull Secrets: `get` only, only on the Secrets named, only in one namespace.
+    deployment = {(d["kind"], d["metadata"]["name"]): d
+                  for d in yaml.safe_load_all(DEPLOYMENT_YAML.read_text()) if d}
+    reader = deployment[("Role", "nodepool-launcher-pull-secrets")]
+    assert reader["rules"] == [{"apiGroups": [""], "resources": ["secrets"],
+                                "verbs": ["get"], "resourceNames": ["registry-credentials"]}]
+    binding = deployment[("RoleBinding", "nodepool-launcher-pull-secrets")]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "nodepool-launcher",
+                                    "namespace": "nodepool"}]
     assert not any(verb in rule["verbs"] for rule in launcher_rules
                    for verb in ("escalate", "*"))
+
+
+@needs_kubectl
+def test_launcher_rbac_copies_only_the_pull_secrets_it_names(
+        launcher_account: Simulator, launchers: LauncherFactory, zuul: ZuulClient,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The example Role of launcher-deployment.yaml lets the launcher read the Secret it
+    names in its own namespace; the cleanup ClusterRole, bound in the node's namespace,
+    lets it create the copy there. Another Secret beside it stays out of reach."""
+    sim = launcher_account
+    for name in ("registry-credentials", "other-credentials"):
+        kubectl(sim, "create", "secret", "docker-registry", name, "-n", "nodepool",
+                "--docker-server=registry.example.com", "--docker-username=ci",
+                "--docker-password=s3cret")
+    caplog.set_level(logging.WARNING)
+    launchers(config("    job-role: cluster-role"))
+    (node_id,) = _fulfil(zuul, ["pod-registry"])["nodes"]
+    copy = sim.get("secrets", "registry-credentials", f"main-{node_id}")
+    source = sim.get("secrets", "registry-credentials", "nodepool")
+    assert copy is not None and source is not None and copy["data"] == source["data"]
+    pod = sim.get("pods", "pod-registry", f"main-{node_id}")
+    assert pod is not None
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    request_id = zuul.submit(["pod-unlisted"])
+    body = zuul.wait(request_id, 60)
+    assert body is not None and body["state"] == "failed", body
+    assert 'cannot get resource "secrets"' in caplog.text
 
 
 @needs_kubectl

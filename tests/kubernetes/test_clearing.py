@@ -79,8 +79,11 @@ def test_cleanup_rights_are_the_job_kinds_and_one_binding() -> None:
     (own,) = [rule for rule in rules if rule.get("resourceNames")]
     assert own == {"apiGroups": [manifests.RBAC_GROUP], "resources": ["rolebindings"],
                    "verbs": ["patch"], "resourceNames": [manifests.CLEANUP_BINDING]}
+    # It creates nothing but the copies of image pull Secrets.
+    assert [rule for rule in rules if "create" in rule["verbs"]] == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}]
     assert not any(verb in rule["verbs"] for rule in rules
-                   for verb in ("create", "update", "escalate", "bind", "*"))
+                   for verb in ("update", "escalate", "bind", "*"))
 
 
 def test_cleanup_binding_names_the_launcher_and_holds() -> None:

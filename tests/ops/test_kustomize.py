@@ -104,7 +104,7 @@ def test_base_builds_to_the_plain_manifests(kubectl: str) -> None:
     assert set(built) == set(plain)
     assert {k[0] for k in built} == {
         "Namespace", "ServiceAccount", "Secret", "Deployment", "ClusterRole",
-        "ClusterRoleBinding", "NetworkPolicy", "ValidatingAdmissionPolicy",
+        "ClusterRoleBinding", "Role", "RoleBinding", "NetworkPolicy", "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding"}
     # The ZooKeeper policy stays in Zuul's namespace, the launcher's objects in its own.
     assert ("NetworkPolicy", "zuul", "zookeeper-clients") in built

@@ -3,9 +3,10 @@
 Owns: the checks the real API server applies that matter to our driver — object names
 (DNS-1123 label for namespaces, subdomain for most kinds, path segment for RBAC), label keys
 and values, required pod fields (containers, names, images), quantities and requests <= limits,
-secret data encoding, RBAC roleRef — plus the defaults the server fills in (pod restartPolicy,
-imagePullPolicy, secret type, ...). Fails by raising `ApiError` 422 Invalid (or 400 for
-undecodable data) listing every problem found, like the real server does.
+secret data encoding (and the JSON key of a registry credential Secret), RBAC roleRef —
+plus the defaults the server fills in (pod restartPolicy, imagePullPolicy, secret type, ...).
+Fails by raising `ApiError` 422 Invalid (or 400 for undecodable data) listing every problem
+found, like the real server does.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ipaddress
+import json
 import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -327,8 +329,39 @@ def _data_key_causes(field: str, data: Any) -> Causes:
             for key in data if not _CONFIG_KEY.match(str(key))]
 
 
+# Registry credential Secret types and the one key each must hold (a JSON document).
+DOCKER_SECRET_KEYS = {"kubernetes.io/dockerconfigjson": ".dockerconfigjson",
+                      "kubernetes.io/dockercfg": ".dockercfg"}
+
+
+def _docker_secret_causes(obj: dict[str, Any]) -> Causes:
+    """A registry credential Secret needs its key, holding JSON (as the real API checks)."""
+    key = DOCKER_SECRET_KEYS.get(str(obj.get("type")))
+    if key is None:
+        return []
+    raw_data, raw_strings = obj.get("data"), obj.get("stringData")
+    data: dict[str, Any] = raw_data if isinstance(raw_data, dict) else {}
+    strings: dict[str, Any] = raw_strings if isinstance(raw_strings, dict) else {}
+    field = f"data[{key}]"
+    if key in strings and isinstance(strings[key], str):
+        text = strings[key].encode()
+    elif key in data and isinstance(data[key], str):
+        try:
+            text = base64.b64decode(data[key].replace("\n", ""), validate=True)
+        except (binascii.Error, ValueError):
+            return []  # reported by the data checks
+    else:
+        return [(field, "FieldValueRequired", "Required value")]
+    try:
+        json.loads(text)
+    except ValueError as exc:
+        return [(field, "FieldValueInvalid",
+                 f'Invalid value: "<secret contents redacted>": {exc}')]
+    return []
+
+
 def _secret_causes(obj: dict[str, Any]) -> Causes:
-    causes = _data_key_causes("data", obj.get("data"))
+    causes = _data_key_causes("data", obj.get("data")) + _docker_secret_causes(obj)
     if obj.get("type") == SA_TOKEN_TYPE:
         annotations = (obj.get("metadata") or {}).get("annotations") or {}
         if not annotations.get(SA_NAME_ANNOTATION):

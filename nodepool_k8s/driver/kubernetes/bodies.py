@@ -1,10 +1,10 @@
 """The Kubernetes objects the driver sends, as TypedDicts holding exactly what it sets.
 
-Owns: the shapes of the bodies `manifests` and `guards` build for a node (Namespace,
-ServiceAccount, TokenRequest, Role, RoleBinding, Pod, ResourceQuota, LimitRange,
-NetworkPolicy) and the Events `events` sends, so mypy checks every key and value the
-driver writes. The driver creates
-no Secret (a node's token comes from a TokenRequest), so there is no Secret shape.
+Owns: the shapes of the bodies `manifests`, `guards` and `pull_secrets` build for a node
+(Namespace, ServiceAccount, TokenRequest, Role, RoleBinding, Pod, ResourceQuota,
+LimitRange, NetworkPolicy, the copy of an image pull Secret) and the Events `events`
+sends, so mypy checks every key and value the driver writes. The only Secrets the driver
+creates are those copies (a node's token comes from a TokenRequest).
 
 Pure types: the classic client sends these dicts verbatim, and nothing checks them at run
 time. What the API server answers is not one of these (it adds uid, status, defaults, and
@@ -135,6 +135,10 @@ class Affinity(TypedDict):
     nodeAffinity: NodeAffinity
 
 
+class LocalObjectReference(TypedDict):
+    name: str
+
+
 class PodSpec(TypedDict):
     """The spec of a form-A pod: one sleeping container."""
 
@@ -145,10 +149,18 @@ class PodSpec(TypedDict):
     tolerations: NotRequired[list[JsonObject]]
     affinity: NotRequired[Affinity]
     volumes: NotRequired[list[JsonObject]]
+    imagePullSecrets: NotRequired[list[LocalObjectReference]]
 
 
 class Pod(_Object):
     spec: PodSpec | VerbatimPodSpec
+
+
+class Secret(_Object):
+    """The copy of an operator's image pull Secret: its type and data, our labels."""
+
+    type: str
+    data: dict[str, str]
 
 
 class ResourceQuotaSpec(TypedDict):
@@ -234,4 +246,4 @@ class Event(_Object):
 
 # An object the driver creates inside a node's namespace (every one has metadata).
 NamespacedBody = (ServiceAccount | Role | RoleBinding | Pod | ResourceQuota | LimitRange
-                  | NetworkPolicy)
+                  | NetworkPolicy | Secret)

@@ -2,9 +2,9 @@
 
 Owns: naming (namespace, pod, container), ownership labels, `dynamic-labels` formatting,
 the RBAC rules per label type (and `allow-job-secrets`) and the pod body for both label
-forms. Nothing here does I/O or mutates its inputs (config mappings are deep-copied into the
-bodies). The only failure is a `dynamic-labels` template that cannot be formatted: it is
-logged and that key skipped.
+forms (with the `imagePullSecrets` of the label's pull Secrets). Nothing here does I/O or
+mutates its inputs (config mappings are deep-copied into the bodies). The only failure is
+a `dynamic-labels` template that cannot be formatted: it is logged and that key skipped.
 
 Bodies are dicts, not client model objects: the classic client (kubernetes==36.0.3) sends
 dicts verbatim, and tests can compare them to what the API server stored.
@@ -375,9 +375,12 @@ def job_resource_types() -> list[tuple[str, str]]:
 
 
 def cleanup_rules() -> list[PolicyRule]:
-    """The rules of CLEANUP_CLUSTER_ROLE: list, get and patch (to remove finalizers) the
-    job's kinds, delete pods (with a bounded grace period), and patch the binding that grants
-    all this (to remove HOLD_FINALIZER last). Bound only inside node namespaces."""
+    """The rules of CLEANUP_CLUSTER_ROLE, the launcher's own rights inside a node namespace:
+    list, get and patch (to remove finalizers) the job's kinds, delete pods (with a bounded
+    grace period), and patch the binding that grants all this (to remove HOLD_FINALIZER
+    last); and create Secrets there, the copies of a pod label's `image-pull-secrets` (the
+    right stays inside node namespaces: held cluster-wide it would let the launcher create
+    a service-account-token Secret for any account). Bound only inside node namespaces."""
     groups: dict[str, list[str]] = {}
     for group, resource in job_resource_types():
         groups.setdefault(group, []).append(resource)
@@ -387,6 +390,7 @@ def cleanup_rules() -> list[PolicyRule]:
     rules.append({"apiGroups": [""], "resources": ["pods"], "verbs": ["delete"]})
     rules.append({"apiGroups": [RBAC_GROUP], "resources": ["rolebindings"],
                   "verbs": ["patch"], "resourceNames": [CLEANUP_BINDING]})
+    rules.append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]})
     return rules
 
 
@@ -492,6 +496,14 @@ def pod_spec(label: PoolLabel) -> PodSpec | VerbatimPodSpec:
     """Form B: the configured spec, deep-copied verbatim. Form A: one sleeping container."""
     if label.spec is not None:
         verbatim: VerbatimPodSpec = plain(label.spec)
+        if label.image_pull_secrets:
+            # The spec's own entries stay first; the copies are added unless already named.
+            named = verbatim.get("imagePullSecrets")
+            refs = list(named) if isinstance(named, list) else []
+            names = {ref.get("name") for ref in refs if isinstance(ref, dict)}
+            refs += [{"name": pull.name} for pull in label.image_pull_secrets
+                     if pull.name not in names]
+            verbatim["imagePullSecrets"] = refs
         return verbatim
     container: Container = {
         "name": dns_label(label.name),
@@ -523,6 +535,8 @@ def pod_spec(label: PoolLabel) -> PodSpec | VerbatimPodSpec:
         spec["affinity"] = {"nodeAffinity": affinity}
     if label.volumes:
         spec["volumes"] = plain(label.volumes)
+    if label.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": pull.name} for pull in label.image_pull_secrets]
     return spec
 
 

@@ -8,11 +8,14 @@ the leak sweeper. Waiting is delegated to two shared watches (pods, namespaces) 
 provider, both selected by our provider AND installation labels, so a namespace node with a
 quota costs seven API calls to launch and a pod node eight (the same with `job-role:
 cluster-role`, whose cleanup RoleBinding replaces the Role, plus one SelfSubjectReview per
-provider; one more with a network policy), and a deletion two (a GET that proves the
-namespace ours, then the DELETE with `preconditions.uid`; its completion arrives through
-the shared namespace watch; with `job-role: cluster-role` one PATCH more, removing our hold).
-No Secret is created or watched: the token is a bound, expiring TokenRequest token
-(`token-lifetime`).
+provider; one more with a network policy; two more per `image-pull-secrets` entry, a GET
+of the operator's Secret and the create of its copy, between the bindings and the pod),
+and a deletion two (a GET that proves the namespace ours, then the DELETE with
+`preconditions.uid`; its completion arrives through the shared namespace watch; with
+`job-role: cluster-role` one PATCH more, removing our hold).
+No Secret is created for the token (a bound, expiring TokenRequest token,
+`token-lifetime`) and none is watched; the only Secrets created are the copies of the pull
+Secrets a pod label names (`pull_secrets`), gone with the namespace.
 
 Namespaces that stay Terminating: a job may leave objects with finalizers nobody removes,
 or pods with a huge grace period. A namespace of ours Terminating past `terminating-grace`
@@ -70,7 +73,7 @@ from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import (ApiCallListener, ApiMetered, CloudResource,
                                       ClusterAware, Deletion, Gone, LaunchResult, LaunchSpec,
                                       Progress, Provider, ProviderHealth, Underway)
-from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, slim
+from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, pull_secrets, slim
 from nodepool_k8s.driver.kubernetes.bodies import NamespacedBody, Subject
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
 from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
@@ -741,14 +744,19 @@ class KubernetesProvider(ClusterAware, ApiMetered):
                        manifests.role_body(namespace, label, labels)),
                       ("rolebinding", rbac.create_namespaced_role_binding,
                        manifests.role_binding_body(namespace, label, labels))]
-        if label.type == "pod":
-            steps.append(("pod", core.create_namespaced_pod,
-                          manifests.pod_body(namespace, label, labels)))
         for kind, create, body in steps:
             if body is None:
                 continue
             client.call(f"create {kind} {namespace}/{body['metadata']['name']}", create,
                         namespace, body, sleep=sleep, created_ok=True)
+        if label.type == "pod":
+            # The pod names the copies: they exist before the kubelet looks for them.
+            pull_secrets.copy_all(client, namespace, label, labels, self.name,
+                                  self.installation_id, labels[manifests.NODE_ID_LABEL], sleep)
+            body = manifests.pod_body(namespace, label, labels)
+            client.call(f"create pod {namespace}/{body['metadata']['name']}",
+                        core.create_namespaced_pod, namespace, body, sleep=sleep,
+                        created_ok=True)
 
     @property
     def _holds(self) -> bool:
