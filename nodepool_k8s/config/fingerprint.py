@@ -1,8 +1,8 @@
 """The fingerprint of the configuration a node is built from (drift detection).
 
 Owns: `label_hash`, a short, stable digest of a pool label's resolved configuration (every
-key of the label after pool and provider defaults were applied) and of the pool's
-`node-attributes`, which end up on the node. A node records the hash it was built with
+key of the label after pool and provider defaults were applied, but for keys left unset:
+None or empty) and of the pool's `node-attributes`, which end up on the node. A node records the hash it was built with
 (`config_hash` in its record, an annotation on its namespace); a spare whose hash differs
 from the current one was built from an older configuration and is replaced within the
 pool's `drift-budget` (see launcher/upkeep/drift.py). Pure and deterministic across processes and
@@ -20,9 +20,17 @@ from typing import Any, Mapping
 from nodepool_k8s.config.model import Config, PoolConfig, PoolLabel
 
 
+def _unset(value: Any) -> bool:
+    return value is None or (isinstance(value, (list, tuple, dict, set, frozenset, str))
+                             and not value)
+
+
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        # A key left unset is not part of the digest, so a release that adds an optional
+        # key (unset by default) does not make every spare look drifted.
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
+                if not _unset(getattr(value, f.name))}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, (set, frozenset)):

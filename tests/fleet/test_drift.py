@@ -10,6 +10,7 @@ never replaced. Pure budget arithmetic and the fingerprint's stability are unit-
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from typing import Any
@@ -163,3 +164,31 @@ def test_fingerprint_is_stable_and_sensitive() -> None:
         return label_hash(pool.labels["small"], pool)
     assert h(first) == h(again)
     assert h(first) != h(changed)
+
+
+def test_a_key_left_unset_is_not_part_of_the_fingerprint() -> None:
+    """A release that adds an optional label key (unset by default) must not make every
+    spare built by the release before look drifted; setting the key does change it."""
+    text = textwrap.dedent("""
+        zookeeper-servers:
+          - host: 127.0.0.1
+        labels:
+          - name: small
+        providers:
+          - name: fake
+            driver: fake
+            pools:
+              - name: main
+                labels:
+                  - name: small
+                    type: namespace
+        """)
+    pool = load_config_text(text).providers["fake"].pools["main"]
+    label = pool.labels["small"]
+    assert label.image_pull_secrets == () and label.dynamic_labels == {}
+    # The same label as a release without these two keys would have built it.
+    older = dataclasses.replace(label, image_pull_secrets=None,  # type: ignore[arg-type]
+                                dynamic_labels=None)
+    assert label_hash(label, pool) == label_hash(older, pool)
+    relabelled = dataclasses.replace(label, dynamic_labels={"team": "ci"})
+    assert label_hash(relabelled, pool) != label_hash(label, pool)
