@@ -159,12 +159,13 @@ def max_age(config: Config, pool: PoolConfig, label: str) -> float:
 
 
 def surplus(config: Config, provider: str, pool: PoolConfig, label: str,
-            spares: Sequence[Node], requests: Sequence[model.NodeRequest],
-            locked: frozenset[str] | set[str]) -> list[Node]:
+            spares: Sequence[Node], requests: Sequence[model.NodeRequest]) -> list[Node]:
     """The pool's spares of `label` to remove as surplus, oldest first: the walk over the
-    label's spares of every pool (`spares`, as min-ready counts them), oldest first, takes
-    an unlocked, unallocated one while both its pool's and the global count stay above
-    their targets. Every launcher walks the same way, so they agree on which go."""
+    label's unlocked spares of every pool (`spares`: as min-ready counts them, less the
+    locked ones, which may be being handed out), oldest first, takes an unallocated one
+    while both its pool's and the global count stay above their targets, outstanding
+    min-ready requests counted. Every launcher walks the same way, so they agree on which
+    go."""
     outstanding: dict[str | None, int] = {}
     for request in requests:
         if plan.is_min_ready(request) and request.node_types == [label] \
@@ -189,7 +190,7 @@ def surplus(config: Config, provider: str, pool: PoolConfig, label: str,
         if over_global <= 0:
             break
         key = (node.provider, node.pool)
-        if node.allocated_to or node.id in locked or over_pool[key] <= 0:
+        if node.allocated_to or over_pool[key] <= 0:
             continue
         over_global -= 1
         over_pool[key] -= 1
@@ -275,33 +276,26 @@ class Disruptor:
     def _expired(self, engine: DisruptionDeps, pool: PoolConfig, spares: list[Node],
                  now: float) -> tuple[list[Node], float | None]:
         """Spares past their label's max-age, oldest first, and when (monotonic) the next
-        one will be. A spare's creation time is read once, when its time in `ready` says
-        it may be near (a node summary keeps only `state_time`, which is later)."""
+        one will be. A node summary keeps no creation time: each spare of a label with a
+        max-age has its record read once (`created`)."""
         expired: list[tuple[float, Node]] = []
-        soonest: float | None = None
+        soonest = math.inf
         for node in spares:
             limit = max_age(engine.config, pool, node.label or "")
             if limit <= 0:
                 continue
             created = self.created.get(node.id)
             if created is None:
-                label = pool.labels.get(node.label or "")
-                slack = label.boot_timeout if label is not None else S.BOOT_TIMEOUT
-                stamp = node.state_time or now
-                if now - stamp >= limit - slack:
-                    fresh = engine.nodes.get(node.id)
-                    if fresh is None:
-                        continue
-                    created = fresh.created_time or fresh.state_time or stamp
-                    self.created[node.id] = created
-                else:
-                    created = stamp  # a bound: it was created no later than that
+                fresh = engine.nodes.get(node.id)
+                if fresh is None:
+                    continue
+                created = fresh.created_time or fresh.state_time or now
+                self.created[node.id] = created
             if now - created >= limit:
                 expired.append((created, node))
             else:
-                soonest = min(soonest if soonest is not None else math.inf,
-                              created + limit - now)
-        due = engine.clock.monotonic() + soonest if soonest is not None else None
+                soonest = min(soonest, created + limit - now)
+        due = engine.clock.monotonic() + soonest if not math.isinf(soonest) else None
         return [n for _, n in sorted(expired, key=lambda e: (e[0], e[1].id))], due
 
     def _surplus(self, engine: DisruptionDeps, pool: PoolConfig, spares: list[Node],
@@ -313,15 +307,15 @@ class Disruptor:
             return [], None
         cache = engine.node_cache
         mine = {n.label for n in spares}
-        everywhere = [n for n in cache.nodes() if n.id not in self.asked and n.label in mine]
-        locked = {n.id for n in everywhere if cache.is_locked(n.id)}
+        everywhere = [n for n in cache.nodes() if n.id not in self.asked and n.label in mine
+                      and not cache.is_locked(n.id)]
         requests = engine.request_cache.requests()
         out: list[Node] = []
         due: float | None = None
         for label in sorted(pool.labels):
             found = surplus(engine.config, self.provider, pool, label,
                             [n for n in everywhere if plan.counts_as_spare(n, label)],
-                            requests, locked) if label in mine else []
+                            requests) if label in mine else []
             if not found:
                 self.over_since.pop(label, None)
                 continue
@@ -331,7 +325,7 @@ class Disruptor:
             else:
                 ready_at = since + pool.surplus_delay
                 due = ready_at if due is None else min(due, ready_at)
-        return out, due
+        return _oldest_first(out), due
 
     def _remove(self, engine: DisruptionDeps, reason: str, node: Node) -> bool:
         why = _why(reason, node, self.provider, self.pool)
