@@ -4,9 +4,12 @@ within the pool's disruption budgets.
 Owns, for one pool (its pool worker holds a `Disruptor`):
 - finding the candidates by reason among the pool's spares (ready, unallocated, unlocked):
   `drain` (the pool is drained), `expiry` (older than the label's `max-age`, counted from
-  the node's creation), `drift` (built from an older configuration, see drift.py) and
-  `surplus` (beyond the label's pool-level and global min-ready targets, once the label has
-  been over them for the pool's `surplus-delay`);
+  the node's creation; also while the pool is paused), `drift` (built from an older
+  configuration, see drift.py) and `surplus` (beyond the label's pool-level and global
+  min-ready targets, once the label has been over them for the pool's `surplus-delay`,
+  which runs from the first look that found it so: at most `CHECK_INTERVAL` late); spares
+  past `max-ready-age` are expiries too, deleted by the cleanup worker within the same
+  `expiry` budget (`room`);
 - deciding which of them may go now (`decide`, pure): every budget that names a reason
   and is in force caps how many of the pool's nodes may be being deleted at once, the
   nodes being deleted for any reason counted; a reason no budget in force names gets its
@@ -216,7 +219,6 @@ class Disruptor:
     waiting: int = 0
     next_look: float = -math.inf
     config: PoolConfig | None = None
-    removed: dict[str, int] = field(default_factory=dict)
 
     def due(self, pool: PoolConfig, now: float) -> bool:
         """Whether a pass should look now (`now`: monotonic)."""
@@ -246,17 +248,21 @@ class Disruptor:
                   if n.id not in self.asked]
         candidates: dict[str, list[Node]] = {}
         next_due: float | None = None
-        if control is not None:
+        if control is not None and control.action == DRAIN:
             self.over_since.clear()
-            if control.action == DRAIN:
-                candidates[DRAIN_REASON] = _oldest_first(spares)
+            candidates[DRAIN_REASON] = _oldest_first(spares)
         else:
-            hashes = drift.current_hashes(pool)
-            candidates[DRIFT] = _oldest_first([n for n in spares
-                                               if drift.is_drifted(n, hashes)])
-            expired, expiry_due = self._expired(engine, pool, spares, now)
-            candidates[EXPIRY] = expired
-            candidates[SURPLUS], surplus_due = self._surplus(engine, pool, spares, mono)
+            # Old spares go while the pool is paused too (as past max-ready-age); drift
+            # and surplus wait for the pool to serve again (nothing would replace them).
+            candidates[EXPIRY], expiry_due = self._expired(engine, pool, spares, now)
+            surplus_due = None
+            if control is None:
+                hashes = drift.current_hashes(pool)
+                candidates[DRIFT] = _oldest_first([n for n in spares
+                                                   if drift.is_drifted(n, hashes)])
+                candidates[SURPLUS], surplus_due = self._surplus(engine, pool, spares, mono)
+            else:
+                self.over_since.clear()
             dues = [d for d in (expiry_due, surplus_due) if d is not None]
             next_due = min(dues) if dues else None
         chosen = decide(candidates, pool.disruption_budgets, pool_nodes,
@@ -332,14 +338,26 @@ class Disruptor:
         if not engine.request_delete(node.id, why):
             return False
         self.asked[node.id] = reason
-        self.removed[reason] = self.removed.get(reason, 0) + 1
-        log.info("[node: %s] Removing a spare of %s/%s: %s", node.id, self.provider,
-                 self.pool, why)
-        engine.events.record_batched(EVENT_KINDS[reason], reason=reason, message=why,
-                                     provider=self.provider, pool=self.pool, node=node.id,
-                                     label=node.label, external_id=node.external_id)
-        engine.stats.spare_removed(self.provider, self.pool, reason)
+        record_removal(engine, reason, node, why)
         return True
+
+
+class RemovalDeps(Protocol):
+    @property
+    def events(self) -> EventLog: ...
+
+    @property
+    def stats(self) -> Stats: ...
+
+
+def record_removal(engine: RemovalDeps, reason: str, node: Node, why: str) -> None:
+    """A spare asked to be deleted for `reason`: the log line, the event, the counter."""
+    log.info("[node: %s] Removing a spare of %s/%s: %s", node.id, node.provider, node.pool,
+             why)
+    engine.events.record_batched(EVENT_KINDS[reason], reason=reason, message=why,
+                                 provider=node.provider, pool=node.pool, node=node.id,
+                                 label=node.label, external_id=node.external_id)
+    engine.stats.spare_removed(node.provider or "", node.pool or "", reason)
 
 
 def _why(reason: str, node: Node, provider: str, pool: str) -> str:

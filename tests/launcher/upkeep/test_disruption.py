@@ -174,6 +174,25 @@ def test_max_age_replaces_old_spares_within_the_expiry_budget(upkeep: MakeUpkeep
     assert "max-age" in deleted[old_small]
 
 
+def test_max_ready_age_keeps_to_the_expiry_budget(upkeep: MakeUpkeep) -> None:
+    world = upkeep(body(small="max-ready-age: 600", pool="""
+        surplus-delay: 0
+        disruption-budgets:
+          - nodes: 2
+            reasons: [expiry]
+        """))
+    nodes = [spare(world, ready_for=age) for age in (700, 800, 900)]
+    world.full_pass()
+    # The cleanup worker expires them, oldest first, two at a time.
+    assert present(world, *nodes) == nodes[:1]
+    due = world.step()
+    assert due is not None and due <= world.clock.monotonic() + disruption.RETRY_INTERVAL
+    world.step(disruption.RETRY_INTERVAL)
+    assert present(world, *nodes) == []
+    assert [e["node"] for e in events(world, zk_events.SPARE_EXPIRED)] == nodes[::-1]
+    assert removed_count(world, "expiry") == 3
+
+
 def test_budgets_count_deletions_under_way_and_keep_to_their_window(
         upkeep: MakeUpkeep) -> None:
     # 10:00 UTC, inside the 09:00-17:00 window that allows no expiry at all.
