@@ -636,12 +636,14 @@ _DRIFT_BUDGET = mapping({
 
 def _budget_nodes(value: Any) -> Any:
     """A node count (`3`) or a share of the pool's nodes (`"20%"`)."""
-    if isinstance(value, str) and value.endswith("%"):
+    wanted = f"expected a node count or a percentage like '20%'; got {_got(value)}"
+    if isinstance(value, str):
         try:
-            percent = float(value[:-1])
+            percent = float(value[:-1]) if value.endswith("%") else math.nan
         except ValueError:
-            raise Invalid(f"expected a node count or a percentage like '20%'; got"
-                          f" {_got(value)}") from None
+            percent = math.nan
+        if math.isnan(percent):
+            raise Invalid(wanted)
         if not 0 <= percent <= 100:
             raise Invalid(f"a percentage must be between 0% and 100%; got {_got(value)}")
         return value

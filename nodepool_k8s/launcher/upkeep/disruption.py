@@ -82,6 +82,9 @@ class DisruptionDeps(fleet.FleetDeps, Protocol):
     @property
     def stats(self) -> Stats: ...
 
+    @property
+    def unhandable(self) -> frozenset[str]: ...
+
 
 # -- the budget arithmetic (pure) -------------------------------------------------------------
 
@@ -313,8 +316,11 @@ class Disruptor:
             return [], None
         cache = engine.node_cache
         mine = {n.label for n in spares}
+        # Ready records min-ready does not count (not provably their node's) are not
+        # counted here either, or a real spare would go in their stead and come back.
+        skip = engine.unhandable
         everywhere = [n for n in cache.nodes() if n.id not in self.asked and n.label in mine
-                      and not cache.is_locked(n.id)]
+                      and n.id not in skip and not cache.is_locked(n.id)]
         requests = engine.request_cache.requests()
         out: list[Node] = []
         due: float | None = None
