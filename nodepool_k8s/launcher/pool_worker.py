@@ -25,8 +25,8 @@ each name their own slice of it.
 Passes are triggered by cache events, launch completions and deadlines; there is no sleep
 per request and no fixed tick. Deadlines and rate limits (the retry after losing a lock
 race or after the cloud's quota refusal, the spares' disruption check, reclaiming, the
-status's interval) are monotonic time; a maintenance window's next change is a wall-clock moment,
-turned into a deadline afresh on every pass. Failure: a pass that raises is logged and
+status's interval) are monotonic time; a maintenance window's next change is a wall-clock
+moment, turned into a deadline afresh on every pass. Failure: a pass that raises is logged and
 retried; a lost session abandons every handler without writing (see handler.py).
 """
 

@@ -221,6 +221,9 @@ class Disruptor:
     created: dict[str, float] = field(default_factory=dict)
     waiting: int = 0
     next_look: float = -math.inf
+    # The time (monotonic) something becomes due (an expiry, a label's surplus-delay, a
+    # retry), kept for the passes that do not look.
+    next_due: float | None = None
     config: PoolConfig | None = None
 
     def due(self, pool: PoolConfig, now: float) -> bool:
@@ -233,7 +236,7 @@ class Disruptor:
         a pass after `CHECK_INTERVAL` looks anyway, for nodes of other launchers)."""
         mono, now = engine.clock.monotonic(), engine.clock.time()
         if not self.due(pool, mono):
-            return None
+            return self.next_due
         self.config = pool
         cache = engine.node_cache
         present: set[str] = set()
@@ -280,6 +283,7 @@ class Disruptor:
                            mono + RETRY_INTERVAL)
         self.next_look = min(next_due if next_due is not None else math.inf,
                              mono + CHECK_INTERVAL)
+        self.next_due = next_due
         return next_due
 
     def _expired(self, engine: DisruptionDeps, pool: PoolConfig, spares: list[Node],

@@ -163,6 +163,11 @@ def test_max_age_replaces_old_spares_within_the_expiry_budget(upkeep: MakeUpkeep
     due = worker.run_once()
     assert present(world, old_small, young_small, big, in_use) == [young_small, big, in_use]
     assert due is not None and due <= world.clock.monotonic() + 300  # young_small's expiry
+    # A pass that does not look (nothing new is due) still names the expiry's time.
+    pool = world.deps.config.pool_config("fake", "main")
+    assert pool is not None
+    expiry = worker.disruptor.next_due
+    assert expiry is not None and worker.disruptor.run(world.deps, pool, None) == expiry
     world.clock.advance(300)
     worker.run_once()
     assert present(world, young_small, big, in_use) == [big, in_use]
