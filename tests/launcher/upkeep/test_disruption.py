@@ -128,6 +128,47 @@ def test_surplus_goes_after_the_delay_oldest_first_never_below_target(
         "nodepool.provider.fake.pool.main.spares_removed.surplus") == 3
 
 
+TWO_POOLS = """
+labels:
+  - name: small
+    min-ready: 2
+providers:
+  - name: fake
+    driver: fake
+    pools:
+      - name: main
+        labels:
+          - name: small
+            type: namespace
+      - name: other
+        labels:
+          - name: small
+            type: namespace
+"""
+
+
+def test_pools_agree_on_the_surplus_of_a_global_target(upkeep: MakeUpkeep) -> None:
+    """Each pool removes only its own spares, but both walk the label's spares of every
+    pool the same way: together they leave the global target, not each of them."""
+    world = upkeep(TWO_POOLS)
+    main, _ = world.pool_worker("main")
+    other, _ = world.pool_worker("other")
+    in_main = [spare(world, ready_for=age) for age in (40, 30)]
+    in_other = [spare(world, ready_for=age) for age in (20, 10)]
+    for node_id in in_other:
+        node = world.record(node_id)
+        assert node is not None
+        node.set(pool="other")
+        world.deps.zk.set(paths.node_path(node_id), node_codec.encode(node))
+    for worker in (main, other):
+        worker.run_once()
+    world.clock.advance(300)
+    for _ in range(3):
+        for worker in (other, main):
+            worker.run_once()
+    assert present(world, *in_main, *in_other) == in_other
+
+
 def test_lowered_min_ready_and_outstanding_requests(upkeep: MakeUpkeep,
                                                     zk: ZkConnection) -> None:
     world = upkeep(body(min_ready=4))
