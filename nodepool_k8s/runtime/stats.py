@@ -157,6 +157,11 @@ def delete_stuck_key(provider: str) -> str:
     return f"nodepool.provider.{key_part(provider)}.delete_stuck"
 
 
+def spares_removed_key(provider: str, pool: str, reason: str) -> str:
+    return (f"nodepool.provider.{key_part(provider)}.pool.{key_part(pool)}"
+            f".spares_removed.{key_part(reason)}")
+
+
 def malformed_key(kind: str) -> str:
     return f"nodepool.malformed.{key_part(kind)}"
 
@@ -204,6 +209,7 @@ PROM_GAUGE_REPORTS = "nodepool_stats_gauge_reports_total"
 PROM_MALFORMED = "nodepool_malformed_records_total"
 PROM_DELETE_REFUSED = "nodepool_delete_refused_total"
 PROM_DELETE_STUCK = "nodepool_delete_stuck_total"
+PROM_SPARES_REMOVED = "nodepool_spares_removed_total"
 PROM_THREAD_CRASHES = "nodepool_thread_crashes_total"
 PROM_LAUNCH_ERRORS = "nodepool_launch_errors_total"
 PROM_PHASE_SECONDS = "nodepool_node_phase_seconds"
@@ -235,6 +241,10 @@ HELP = {
     PROM_DELETE_REFUSED: "Deletions refused because the resource is not provably this"
                          " installation's.",
     PROM_DELETE_STUCK: "Deletions still not finished after terminating-grace.",
+    PROM_SPARES_REMOVED: "Spare nodes (ready, unallocated, unlocked) this launcher asked to"
+                         " delete, by provider, pool and reason: drift, expiry (max-age),"
+                         " surplus (beyond min-ready) or drain; each within the pool's"
+                         " disruption budgets.",
     PROM_THREAD_CRASHES: "Launcher threads that raised and were restarted, by thread.",
     PROM_LAUNCH_ERRORS: "Failed or quota-aborted launches by provider and reason code; each is"
                         " also one of nodepool_launch_total's error results.",
@@ -467,6 +477,11 @@ class Stats:
         (a namespace Terminating past `terminating-grace`); counted once per deletion."""
         self._safe("incr", delete_stuck_key(provider), 1)
         self.count(PROM_DELETE_STUCK, provider=provider)
+
+    def spare_removed(self, provider: str, pool: str, reason: str) -> None:
+        """A spare of the pool was asked to be deleted for `reason` (disruption.py)."""
+        self._safe("incr", spares_removed_key(provider, pool, reason), 1)
+        self.count(PROM_SPARES_REMOVED, provider=provider, pool=pool, reason=reason)
 
     def malformed(self, kind: str) -> None:
         """A malformed record (`node`, `request`) was seen for the first time."""

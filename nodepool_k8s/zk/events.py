@@ -2,7 +2,8 @@
 
 Owns: `/nodepool_k8s/events`, a bounded log of what happened to nodes and pools (launch
 failures with their reason, failed attempts, deletions, refusals, stuck deletions, pool
-pauses and resumes, config reloads applied and rejected, a pool's API server becoming
+pauses and resumes, spares removed for drift, expiry, surplus or a drain, config reloads
+applied and rejected, a pool's API server becoming
 unusable or usable again (`ApiReachable`), and successful launches). Each znode is a
 sequential `entry-NNNNNNNNNN` holding a JSON list of events (a batch); `nodepool events`
 and the web app's `/events` read them, newest last.
@@ -10,8 +11,8 @@ and the web app's `/events` read them, newest last.
 Cost and bounds: a launch failure, a quota abort, a delete refusal, a config reload
 (applied or rejected) and an ApiReachable transition are one write at once (taking any
 pending batch along in the same
-znode); successful launches, deletions, failed attempts and pool pauses/resumes (the hot
-paths) are batched: kept in memory and written as one znode of up to `batch_size` events,
+znode); successful launches, deletions, failed attempts, spare removals and pool pauses/resumes
+(the hot paths) are batched: kept in memory and written as one znode of up to `batch_size` events,
 at the latest `batch_age` seconds after the first (a background flusher; `stop` writes the
 rest), so the success path pays a fraction of a write per node. At most `max_entries`
 znodes are kept: every `trim_every`th write lists the children and deletes the oldest
@@ -59,9 +60,15 @@ CONFIG_RELOADED = "config-reloaded"
 API_UNREACHABLE = "api-unreachable"
 API_REACHABLE = "api-reachable"
 RELOAD_REJECTED = "reload-rejected"
+# A spare the launcher chose to remove (launcher/upkeep/disruption.py), by reason.
+SPARE_DRAINED = "spare-drained"
+SPARE_EXPIRED = "expired"
+SPARE_DRIFTED = "drift-replaced"
+SURPLUS_REMOVED = "surplus-removed"
 KINDS = (LAUNCHED, LAUNCH_FAILED, ATTEMPT_FAILED, LAUNCH_ABORTED, DELETED, DELETE_REFUSED,
          DELETE_STUCK, DECLINED, POOL_PAUSED, POOL_RESUMED, CONFIG_RELOADED,
-         API_UNREACHABLE, API_REACHABLE, RELOAD_REJECTED)
+         API_UNREACHABLE, API_REACHABLE, RELOAD_REJECTED, SPARE_DRAINED, SPARE_EXPIRED,
+         SPARE_DRIFTED, SURPLUS_REMOVED)
 
 
 @dataclass(frozen=True)
