@@ -192,3 +192,26 @@ def test_a_key_left_unset_is_not_part_of_the_fingerprint() -> None:
     assert label_hash(label, pool) == label_hash(older, pool)
     relabelled = dataclasses.replace(label, dynamic_labels={"team": "ci"})
     assert label_hash(relabelled, pool) != label_hash(label, pool)
+
+
+def test_min_ready_and_boot_timeout_are_not_part_of_the_fingerprint() -> None:
+    """Keeping more spares, or waiting longer for one, builds no node differently."""
+    text = textwrap.dedent("""
+        zookeeper-servers:
+          - host: 127.0.0.1
+        labels:
+          - name: small
+        providers:
+          - name: fake
+            driver: fake
+            pools:
+              - name: main
+                labels:
+                  - name: small
+                    type: namespace
+        """)
+    pool = load_config_text(text).providers["fake"].pools["main"]
+    label = pool.labels["small"]
+    more = dataclasses.replace(label, min_ready=label.min_ready + 3,
+                               boot_timeout=label.boot_timeout + 60)
+    assert label_hash(more, pool) == label_hash(label, pool)
