@@ -2,11 +2,12 @@
 
 Owns: `label_hash`, a short, stable digest of a pool label's resolved configuration (every
 key of the label after pool and provider defaults were applied, but for keys left unset:
-None or empty) and of the pool's `node-attributes`, which end up on the node. A node records the hash it was built with
-(`config_hash` in its record, an annotation on its namespace); a spare whose hash differs
-from the current one was built from an older configuration and is replaced within the
-pool's `drift-budget` (see launcher/upkeep/drift.py). Pure and deterministic across processes and
-Python runs (no `hash()`, sets are sorted), so every launcher reaches the same answer.
+None or empty) and of the pool's `node-attributes`, which end up on the node. A node
+records the hash it was built with (`config_hash` in its record, an annotation on its
+namespace); a spare whose hash differs from the current one was built from an older
+configuration and is replaced within the pool's `drift-budget` (see
+launcher/upkeep/drift.py). Pure and deterministic across processes and Python runs (no
+`hash()`, sets are sorted), so every launcher reaches the same answer.
 """
 
 from __future__ import annotations
