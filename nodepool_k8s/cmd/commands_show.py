@@ -139,5 +139,5 @@ def add_events(subparsers: Any) -> None:
                              " omitted)")
     parser.add_argument("--since", type=duration_arg, default=None, metavar="D",
                         help="only events of the last D (e.g. 90s, 15m, 2h, 1d)")
-    common.add_json_option(parser)
+    common.add_json_option(parser, "/events")
     parser.set_defaults(func=cmd_events)

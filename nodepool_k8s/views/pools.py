@@ -9,11 +9,13 @@ nothing here fails on odd data (a missing field renders empty).
 
 The rule (doc/operation.md, "One status per pool"):
 
-- each condition type: the worst status wins, False before Unknown before True; among the
-  launchers with that status one whose condition is not neutral wins over a neutral one,
-  then the first launcher in order (host name, id). It is `neutral` only when every
-  launcher's condition of that type is. When the launchers disagree (status or reason),
-  the message names the launcher it comes from and what the others say;
+- each condition type: the worst status wins, False before Unknown before True (True
+  before Unknown before False for `Suspended` and `Drifted`, which are True on a
+  problem); among the launchers with that status one whose condition is not neutral wins
+  over a neutral one, then the first launcher in order (host name, id). It is `neutral`
+  only when every launcher's condition of that type is. When the launchers disagree
+  (status or reason), the message names the launcher it comes from and what the others
+  say;
 - counts of a worker's own work are summed (`launches_in_progress`, `requests_queued`,
   `requests_handled`); figures of the pool itself are taken once, from the first launcher
   (`nodes`, `usage`, `targets`, `capacity`, `priority`: every launcher counts the same
@@ -43,6 +45,10 @@ CONDITION_KEYS = {"Validated": "validated", "AtTarget": "at_target", "Quota": "q
                   "Credentials": "credentials", "ApiReachable": "api_reachable"}
 # Worst first: the combined status of a condition is the lowest rank among the launchers.
 STATUS_RANK = {"False": 0, "Unknown": 1, "True": 2}
+# Conditions that report a problem when True (a label suspended, spares drifted): for
+# these True is the worst.
+TRUE_IS_BAD = frozenset({"Suspended", "Drifted"})
+BAD_TRUE_RANK = {"True": 0, "Unknown": 1, "False": 2}
 # Counts of a pool worker's own work: the pool's is their sum.
 SUMMED = ("launches_in_progress", "requests_queued", "requests_handled")
 # A launcher whose provider reports one of these False cannot launch.
@@ -92,7 +98,8 @@ def _launcher(record: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def _rank(c: Mapping[str, Any]) -> tuple[int, int]:
-    return STATUS_RANK.get(str(c.get("status")), 1), 1 if c.get("neutral") is True else 0
+    ranks = BAD_TRUE_RANK if c.get("type") in TRUE_IS_BAD else STATUS_RANK
+    return ranks.get(str(c.get("status")), 1), 1 if c.get("neutral") is True else 0
 
 
 def combine_condition(found: list[tuple[str, Mapping[str, Any]]]) -> dict[str, Any]:
