@@ -502,6 +502,8 @@ class PoolWorker(Worker):
                 "Declined (%s); request is now %s", decline.message, fresh.state)
             lifecycle.report_request_done(self.engine.stats, fresh, self.ref.provider,
                                           view.pool_cfg, self.engine.clock.time())
+            lifecycle.record_declined(self.engine.events, fresh, self.ref.provider,
+                                      self.ref.pool, decline)
             return None
         return self.new_handler(view.provider, fresh, lock, started)
 
