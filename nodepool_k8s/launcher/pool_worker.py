@@ -36,7 +36,7 @@ import functools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 from nodepool_k8s.runtime import logconfig, stats
 from nodepool_k8s.core import conditions as cond
@@ -130,6 +130,9 @@ class PoolWorkerDeps(HandlerDeps, disruption.DisruptionDeps, Protocol):
 
     @property
     def breakers(self) -> JsonDirCache[BreakerRecord]: ...
+
+    @property
+    def pool_statuses(self) -> JsonDirCache[dict[str, Any]]: ...
 
     @property
     def cluster_aware(self) -> Mapping[str, ClusterAware]: ...
@@ -478,6 +481,8 @@ class PoolWorker(Worker):
                 "Declined (%s); request is now %s", decline.message, fresh.state)
             lifecycle.report_request_done(self.engine.stats, fresh, self.ref.provider,
                                           view.pool_cfg, self.engine.clock.time())
+            lifecycle.record_declined(self.engine.events, fresh, self.ref.provider,
+                                      self.ref.pool, decline)
             return None
         return self.new_handler(view.provider, fresh, lock, started)
 
@@ -544,7 +549,7 @@ class PoolWorker(Worker):
             unhandable=engine.unhandable,
             credentials=cluster.credentials_condition() if cluster is not None else None,
             api=health.condition() if health is not None else None,
-            hold=_hold(control))
+            hold=_hold(control), paused=bool(paused))
         self._note_api_health(fresh["ApiReachable"])
         data["conditions"] = self._status.conditions(fresh, now)
         write, at = self._status.due(data, mono)
@@ -553,8 +558,10 @@ class PoolWorker(Worker):
                 self._status_writer.write(data)
                 self._status.published(data, mono)
                 self.published_status = data
-                # The same figures for statsd, as often as the record is written.
-                engine.stats.gauges(stats.pool_status_gauges(data))
+                # The pool's figures for statsd (combined with the other launchers'
+                # records of the pool), as often as the record is written.
+                engine.stats.gauges(stats.pool_status_gauges(pool_status.combined(
+                    data, engine.pool_statuses.items().values())))
             except errors.NodepoolError as exc:
                 self.log.warning("Could not publish the pool status: %s", exc)
                 return [mono + 1.0]
