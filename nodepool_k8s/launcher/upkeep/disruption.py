@@ -225,19 +225,26 @@ class Disruptor:
     # retry), kept for the passes that do not look.
     next_due: float | None = None
     config: PoolConfig | None = None
+    # The pause or drain in force at the last look: a change is looked at at once.
+    action: str | None = None
 
-    def due(self, pool: PoolConfig, now: float) -> bool:
-        """Whether a pass should look now (`now`: monotonic)."""
-        return pool is not self.config or self.waiting > 0 or now >= self.next_look
+    def due(self, pool: PoolConfig, now: float, control: PoolState | None = None) -> bool:
+        """Whether a pass should look now (`now`: monotonic). A drained pool looks on
+        every pass: each spare that turns up (a launch that was in flight, another
+        launcher's node) goes at once."""
+        action = control.action if control is not None else None
+        return (pool is not self.config or action != self.action or action == DRAIN
+                or self.waiting > 0 or now >= self.next_look)
 
     def run(self, engine: DisruptionDeps, pool: PoolConfig,
             control: PoolState | None) -> float | None:
         """Remove what may go now; the monotonic time to look again (None: nothing is due;
         a pass after `CHECK_INTERVAL` looks anyway, for nodes of other launchers)."""
         mono, now = engine.clock.monotonic(), engine.clock.time()
-        if not self.due(pool, mono):
+        if not self.due(pool, mono, control):
             return self.next_due
         self.config = pool
+        self.action = control.action if control is not None else None
         cache = engine.node_cache
         present: set[str] = set()
         deleting: set[str] = set()

@@ -32,7 +32,7 @@ from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import requests as request_codec
-from nodepool_k8s.zk.pool_state import DRAIN, PoolState
+from nodepool_k8s.zk.pool_state import DRAIN, PAUSE, PoolState
 from nodepool_k8s.zk.requests import min_ready_request
 from tests.helpers import ZkConnection
 from tests.launcher.upkeep.conftest import MakeUpkeep
@@ -308,6 +308,24 @@ def test_a_drain_keeps_to_its_budget(upkeep: MakeUpkeep) -> None:
     worker.run_once()
     assert present(world, *nodes, in_use) == [in_use]
     assert len(events(world, zk_events.SPARE_DRAINED)) == 3
+
+
+def test_a_drain_after_a_pause_and_spares_that_turn_up_go_at_once(upkeep: MakeUpkeep) -> None:
+    """A pass looks at the spares on every change of the pause or drain in force, and on
+    every pass while the pool is drained, not only every CHECK_INTERVAL."""
+    world = upkeep(body())
+    worker, _ = world.pool_worker()
+    first = spare(world, ready_for=30)
+    worker.run_once()  # a look: nothing to remove (surplus-delay not over)
+    world.deps.pool_states.states.append(PoolState(target="fake/main", action=PAUSE))
+    worker.run_once()
+    assert present(world, first) == [first]
+    world.deps.pool_states.states[:] = [PoolState(target="fake/main", action=DRAIN)]
+    worker.run_once()  # the same second: the drain is acted on at once
+    assert present(world, first) == []
+    late = spare(world)  # a launch that was in flight ends
+    worker.run_once()
+    assert present(world, late) == []
 
 
 def _at_target(worker: Any) -> tuple[str, str]:
