@@ -172,12 +172,7 @@ def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
                                " is at its limit) and no other pool takes them.",
                                labels=["provider", "pool", "launcher"])
     for key, record in _named(pools):
-        for cond in record.get("conditions") or []:
-            if isinstance(cond, dict):
-                condition.add_metric(key + [str(cond.get("type", ""))],
-                                     1 if cond.get("status") == "True" else 0)
-                neutral.add_metric(key + [str(cond.get("type", ""))],
-                                   1 if cond.get("neutral") is True else 0)
+        _add_conditions(condition, neutral, key, record)
         for row in record.get("usage") or []:
             if not isinstance(row, dict):
                 continue
@@ -224,12 +219,7 @@ def combined_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
         " within the pool's drift-budget).", labels=["provider", "pool"])
     for record in pool_view.combine(r for r in pools if isinstance(r, Mapping)):
         key = [str(record.get("provider", "")), str(record.get("pool", ""))]
-        for cond in record.get("conditions") or []:
-            if isinstance(cond, dict):
-                condition.add_metric(key + [str(cond.get("type", ""))],
-                                     1 if cond.get("status") == "True" else 0)
-                neutral.add_metric(key + [str(cond.get("type", ""))],
-                                   1 if cond.get("neutral") is True else 0)
+        _add_conditions(condition, neutral, key, record)
         entries = [e for e in record.get("launchers") or [] if isinstance(e, dict)]
         launchers.add_metric(key, len(entries))
         ready.add_metric(key, sum(1 for e in entries if e.get("ready") is True))
@@ -250,6 +240,17 @@ def _named(pools: Iterable[Mapping[str, Any]]) -> list[tuple[list[str], Mapping[
             out.append(([str(record.get("provider", "")), str(record.get("pool", "")), name],
                         record))
     return out
+
+
+def _add_conditions(condition: GaugeMetricFamily, neutral: GaugeMetricFamily,
+                    key: list[str], record: Mapping[str, Any]) -> None:
+    """One sample per condition of a pool record: 1 when True (and, in `neutral`, 1 when
+    the state is one an operator chose)."""
+    for cond in record.get("conditions") or []:
+        if isinstance(cond, dict):
+            labels = key + [str(cond.get("type", ""))]
+            condition.add_metric(labels, 1 if cond.get("status") == "True" else 0)
+            neutral.add_metric(labels, 1 if cond.get("neutral") is True else 0)
 
 
 def render(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,
