@@ -337,7 +337,8 @@ class PoolWorker(Worker):
                 continue
             refusal, probe = None, False
             if decision.verdict is plan.Verdict.ACCEPT:
-                accepting = not paused and not self._at_concurrency(provider_cfg)
+                accepting = not paused and not full \
+                    and not self._at_concurrency(provider_cfg)
                 refusal, probe = self._breaker_check(request.node_types, pool_cfg,
                                                      accepting)
                 if refusal:  # a suspended label: let another pool or provider serve it
