@@ -65,8 +65,22 @@ def failure_reason(error: str) -> str | None:
     return match[1]
 
 
+# The breaker checks a request's labels at every pass of the pool worker (a burst: requests
+# x passes) and the digest is a hash of the label's whole repr: remembered per label object
+# (a reload makes new ones; identity-checked, bounded, cleared when full).
+_DIGESTS_MAX = 256
+_digests: dict[int, tuple[PoolLabel, str]] = {}
+
+
 def digest(label: PoolLabel) -> str:
-    return hashlib.sha256(repr(label).encode("utf8")).hexdigest()[:16]
+    known = _digests.get(id(label))
+    if known is not None and known[0] is label:
+        return known[1]
+    value = hashlib.sha256(repr(label).encode("utf8")).hexdigest()[:16]
+    if len(_digests) >= _DIGESTS_MAX:
+        _digests.clear()
+    _digests[id(label)] = (label, value)
+    return value
 
 
 @dataclass(frozen=True)

@@ -135,17 +135,39 @@ def order(requests: Iterable[NodeRequest], labels: Iterable[str]) -> list[NodeRe
     return sorted(requests, key=lambda r: (lacking(r, have), r.sort_key()))
 
 
+# `decline_for` is asked about every waiting request at every pass of the pool worker, so
+# a burst costs requests x passes of it; its answer depends only on the labels and the
+# configuration (and cloud limits), so it is remembered per label list, checked by the
+# identity of the configuration objects (a reload makes new ones). Bounded: cleared when
+# full. A race between two threads only computes an answer twice.
+_DECLINES_MAX = 1024
+_declines: dict[tuple[tuple[str, ...], int, int, Resources | None],
+                tuple[PoolConfig, ProviderConfig, Decline | None]] = {}
+
+
 def decline_for(request: NodeRequest, pool: PoolConfig, provider: ProviderConfig,
                 cloud_limits: Resources | None = None) -> Decline | None:
     """Why `pool` can never serve `request`, None when it can."""
+    key = (tuple(request.node_types), id(pool), id(provider), cloud_limits)
+    known = _declines.get(key)
+    if known is not None and known[0] is pool and known[1] is provider:
+        return known[2]
+    decline = _decline_for(request.node_types, pool, provider, cloud_limits)
+    if len(_declines) >= _DECLINES_MAX:
+        _declines.clear()
+    _declines[key] = (pool, provider, decline)
+    return decline
+
+
+def _decline_for(node_types: Sequence[str], pool: PoolConfig, provider: ProviderConfig,
+                 cloud_limits: Resources | None) -> Decline | None:
     if pool.disabled:
         return Decline("PoolDisabled", "pool is disabled")
-    missing = sorted({label for label in request.node_types if label not in pool.labels})
+    missing = sorted({label for label in node_types if label not in pool.labels})
     if missing:
         return Decline("LabelNotServed",
                        f"label(s) not served by this pool: {', '.join(missing)}")
-    fit = quota.never_fits(quota.demand(request.node_types, pool), pool, provider,
-                           cloud_limits)
+    fit = quota.never_fits(quota.demand(node_types, pool), pool, provider, cloud_limits)
     if not fit:
         return Decline("ExceedsQuota",
                        f"it would exceed quota even with no nodes ({fit.describe()})")

@@ -291,6 +291,11 @@ class PoolWorker(Worker):
         me, cloud = view.me, view.cloud
         tenant_usage: list[quota.UsageRecord] | None = None
         held_back = 0
+        # Once one request waits for a launch slot, every later one waits in this pass
+        # too: a slot that frees while the pass walks the queue goes to the oldest request
+        # at the next pass, not to whichever request the walk has reached (a burst would
+        # otherwise hand slots to requests far behind the ones held back before them).
+        full = False
         batch = Batch(self.engine, self, self.ref, provider, provider_cfg, pool_cfg)
         requests = self.engine.request_cache.requests()
         # Locked for ever by a contender that is not ephemeral (the cleanup reported it):
@@ -314,13 +319,15 @@ class PoolWorker(Worker):
                 continue
             refusal, probe = None, False
             if decision.verdict is plan.Verdict.ACCEPT:
-                accepting = not paused and not self._at_concurrency(provider_cfg)
+                accepting = not paused and not full \
+                    and not self._at_concurrency(provider_cfg)
                 refusal, probe = self._breaker_check(request.node_types, pool_cfg,
                                                      accepting)
                 if refusal:  # a suspended label: let another pool or provider serve it
                     decision = plan.Decision.declined(refusal)
             if decision.verdict is plan.Verdict.ACCEPT:
-                if paused or self._at_concurrency(provider_cfg, batch.node_count):
+                if paused or full or self._at_concurrency(provider_cfg, batch.node_count):
+                    full = True
                     held_back += self._held_back(request, registered,
                                                  waiting_for(control, pool_cfg))
                     continue

@@ -40,10 +40,19 @@ def test_quick_json(tmp_path: Path) -> None:
     names = {run["name"] for run in results["runs"]}
     assert {"zero/namespace/serial", "zero/namespace", "zero/pod/serial", "zero/pod",
             "realistic/namespace", "realistic/pod", "zero/namespace/at-scale"} <= names
-    bursts = [run for run in results["runs"] if "burst" in run]
+    bursts = [run for run in results["runs"] if "burst" in run and not run.get("floor")]
     assert [run["name"] for run in bursts] == ["zero/namespace/burst-10",
                                                "zero/namespace/burst-30"]
-    for run, size in zip(bursts, (10, 30)):
+    # The same bursts against the protocol floor, beside ours: no Kubernetes call.
+    floors = [run for run in results["runs"] if run.get("floor")]
+    assert [run["name"] for run in floors] == ["zero/namespace/burst-10/floor",
+                                               "zero/namespace/burst-30/floor"]
+    for run, floor in zip(bursts, floors):
+        assert floor["api_calls_per_node"] == 0 and floor["fulfilled"] == floor["requests"]
+        assert run["vs_floor"]["floor_p50_ms"] == floor["latency_ms"]["p50"]
+        assert run["vs_floor"]["duration_ratio"] > 0
+        assert run["burst"]["order"]["overtaken"]["max"] >= 0
+    for run, size in zip(bursts + floors, (10, 30, 10, 30)):
         figures = run["burst"]
         assert BURST_KEYS <= set(figures), run["name"]
         assert figures["size"] == run["requests"] == run["concurrency"] == size
@@ -59,7 +68,8 @@ def test_quick_json(tmp_path: Path) -> None:
         assert set(run["latency_ms"]) >= {"p50", "p95", "p99", "count"}
         assert run["latency_ms"]["count"] == run["fulfilled"]
         assert run["cleanup_ms"]["count"] > 0
-        assert run["api_calls_per_node"] > 0 and run["zk_writes_per_node"] > 0
+        assert run.get("floor") or run["api_calls_per_node"] > 0
+        assert run["zk_writes_per_node"] > 0
     assert [row["launchers"] for row in results["launchers"]] == [1, 2]
     assert all(row["quota_held"] for row in results["launchers"])
     scale = results["scale"]

@@ -85,3 +85,16 @@ def test_breaker_entries_with_times_out_of_range_start_afresh() -> None:
                       "large": {"state": "open", "since": -5.0, "until": 10.0},
                       "ok": {"state": "open", "since": 100.0, "until": 160.0}}).encode()
     assert list(pool_status.decode_breakers("fake.main", raw, None)) == ["ok"]
+
+
+def test_a_labels_digest_is_worked_out_once_per_label_object() -> None:
+    """The breaker checks every waiting request's labels at every pass: the digest (a hash
+    of the label's whole configuration) is remembered per label object, and a changed
+    label (a reload makes a new object) gets its own."""
+    from nodepool_k8s.config.model import PoolLabel
+    label = PoolLabel(name="a", type="namespace")
+    first = b.digest(label)
+    assert b.digest(label) is first
+    changed = PoolLabel(name="a", type="namespace", cpu=2)
+    assert b.digest(changed) != first
+    assert b.digest(PoolLabel(name="a", type="namespace")) == first

@@ -208,3 +208,31 @@ def test_min_ready_shortfall_counts_a_fulfilled_nodes_not_seen_yet() -> None:
     other_pool = req("900-0000000005", requestor=model.MIN_READY_REQUESTOR,
                      state=model.RequestState.FULFILLED, nodes=["0000000009"], types=("b",))
     assert plan.min_ready_shortfall("a", 3, [], [other_pool]) == 3
+
+
+def test_decline_for_is_worked_out_once_per_labels_and_configuration(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass asks about every waiting request: the answer for the same labels and the
+    same configuration objects is remembered; a reloaded configuration is judged anew."""
+    calls: list[object] = []
+    never_fits = plan.quota.never_fits
+
+    def counting(*args: object, **kw: object) -> object:
+        calls.append(args)
+        return never_fits(*args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plan.quota, "never_fits", counting)
+    roomy = pool(max_servers=5)
+    prov = provider(roomy)
+    answers = {plan.decline_for(req(f"200-{i:010d}"), roomy, prov) for i in range(50)}
+    assert answers == {None} and len(calls) == 1
+    reloaded = pool(max_servers=0)  # disabled by a reload
+    decline = plan.decline_for(req(), reloaded, provider(reloaded))
+    assert decline is not None and decline.code == "PoolDisabled"
+    big = PoolLabel(name="a", type="namespace", cpu=1)
+    tiny = PoolConfig(name="main", provider="p", labels={"a": big}, max_cores=0.5)
+    tiny_prov = provider(tiny)
+    first = plan.decline_for(req(), tiny, tiny_prov)
+    assert first is not None and first.code == "ExceedsQuota"
+    assert plan.decline_for(req("200-0000000099"), tiny, tiny_prov) == first
+    assert plan.decline_for(req(types=("b",)), tiny, tiny_prov) is not None  # not served

@@ -4,13 +4,16 @@
 Run with the compat venv (tools/compat/setup.sh builds it, Nodepool in its own env):
 
     .compat-venv/bin/python tools/compat/burst_side_by_side.py [--sizes 30,200]
-        [--order ours,nodepool,ours] [--json FILE] [--keep] [--deadline 300]
+        [--order ours,floor,nodepool,ours] [--json FILE] [--keep] [--deadline 300]
 
 One ZooKeeper (TLS, which Nodepool requires) and one Kubernetes API simulator with every
-delay 0, in its own process, serve both sides. The sides run one after the other, in the
-order given (default: ours, Nodepool, ours again), each in a fresh ZooKeeper chroot with
-only that side's launcher running: Nodepool 11 serving the namespace label `np-burst`, ours
-serving `ours-burst`, from configurations of the same shape (one kubernetes provider, one
+delay 0, in its own process, serve every side. The sides run one after the other, in the
+order given (default: ours, the protocol floor, Nodepool, ours again), each in a fresh
+ZooKeeper chroot with only that side's launcher running: Nodepool 11 serving the namespace
+label `np-burst`, ours serving `ours-burst`, the protocol floor
+(`nodepool_k8s.dev.testing.floor`: only the Nodepool protocol's ZooKeeper work per request,
+no Kubernetes call; the bound any launcher's figures are compared with) serving
+`floor-burst`, from configurations of the same shape (one kubernetes provider, one
 pool, `max-servers: 1000`, unlimited launch concurrency, 3 launch attempts, no min-ready).
 
 Per side: start the launcher, wait for its pool component, warm it up with one build, then
@@ -25,7 +28,8 @@ until every node znode is gone before the next size.
 
 Reported per side and size: p50, p95 and max of request -> fulfilled, nodes/s (N over last
 fulfilment - first submission), when the fulfilments happened relative to the first
-submission, Kubernetes API calls per node (the simulator's counters), and the ratio of
+submission, how far fulfilment order strayed from arrival order (`bench.order_figures`),
+Kubernetes API calls per node (the simulator's counters), ours over the floor, and the ratio of
 Nodepool's p50 to ours with issue 15's targets (burst 30: ours <= 1/10 of Nodepool's;
 burst 200: <= 1/6). When our launcher runs more than once, the run with the higher p50
 (the one less favourable to us) is compared; every run is listed.
@@ -74,7 +78,7 @@ from zuul.lib import tracing  # noqa: E402
 from zuul.zk.vendor.client import ZuulKazooClient  # noqa: E402
 
 import nodepool_k8s  # noqa: E402
-from nodepool_k8s.dev.testing.bench import percentile  # noqa: E402
+from nodepool_k8s.dev.testing.bench import order_figures, percentile  # noqa: E402
 from nodepool_k8s.dev.testing.loadtools import NodeWatcher  # noqa: E402
 from nodepool_k8s.dev.testing.stack import ZERO_DELAYS, SimulatorProcess  # noqa: E402
 
@@ -134,6 +138,9 @@ class Side:
 SIDES = {
     "nodepool": Side("nodepool", "Nodepool 11.0.0", "np-k8s", "npburst", "np-burst", -1),
     "ours": Side("ours", "nodepool_k8s", "ours-k8s", "oursburst", "ours-burst", 0),
+    # The protocol floor (nodepool_k8s.dev.testing.floor): only the Nodepool protocol's
+    # ZooKeeper work, no Kubernetes call; what any launcher's figures are bounded by.
+    "floor": Side("floor", "protocol floor", "floor-k8s", "floorburst", "floor-burst", 0),
 }
 
 
@@ -225,6 +232,7 @@ class Burst:
     api_calls: int | None = None
     api_by_kind: dict[str, int] = field(default_factory=dict)  # "verb resource" -> calls
     after_last_submit: int = 0  # fulfilments seen after the last submission
+    order: dict[str, Any] = field(default_factory=dict)  # bench.order_figures
 
     def summary(self) -> dict[str, Any]:
         ms = [v * 1000 for v in self.latencies]
@@ -240,6 +248,8 @@ class Burst:
             "fulfilled": self.fulfilled, "failed": self.failed,
             "requests": self.size, "timed_out": self.timed_out, "run": self.run,
             "submit_span_ms": r(self.submit_span * 1000),
+            "window_ms": r(self.window * 1000),
+            "order": self.order,
             "fulfilled_at_ms": {"first": r(min(offsets) if offsets else None),
                                 "p10": r(percentile(offsets, 10)),
                                 "p50": r(percentile(offsets, 50)),
@@ -289,6 +299,9 @@ class Phase:
         env["STATE_DIRECTORY"] = self.stack.state_dir(self.chroot)
         if self.side.key == "nodepool":
             argv = [str(NP_LAUNCHER), "-f", "-c", str(config), "--no-webapp"]
+        elif self.side.key == "floor":
+            env["PYTHONPATH"] = str(REPO)
+            argv = [sys.executable, "-m", "nodepool_k8s.dev.testing.floor", "-c", str(config)]
         else:
             env["PYTHONPATH"] = str(REPO)
             argv = our_command("nodepool-launcher", "nodepool_k8s.cmd.launcher") + [
@@ -359,6 +372,8 @@ class Phase:
             else:
                 result.failed += 1
         result.window = (max(ends) - first) if ends else 0.0
+        result.order = order_figures([(i, self.clock.final[i][1]) for i in ids
+                                      if self.clock.final.get(i, ("",))[0] == "fulfilled"])
         result.zuul_events = self._zuul_provisioned(
             {i for i in ids if self.clock.final.get(i, ("",))[0] in FINAL}, 30)
         self._finish_all(job_of)
@@ -477,7 +492,7 @@ def build_report(results: list[Burst], sizes: list[int]) -> dict[str, Any]:
     for size in sizes:
         entry: dict[str, Any] = {}
         runs: dict[str, list[dict[str, Any]]] = {}
-        for key in ("nodepool", "ours"):
+        for key in ("nodepool", "ours", "floor"):
             mine = [b for b in results if b.side == key and b.size == size]
             runs[key] = [b.summary() for b in mine]
             chosen = pick(mine)
@@ -489,6 +504,12 @@ def build_report(results: list[Burst], sizes: list[int]) -> dict[str, Any]:
         entry["target_ratio"] = target
         entry["target_met"] = (entry["ratio_p50"] >= target
                                if target and entry["ratio_p50"] is not None else None)
+        floor = entry.get("floor") or {}
+        ours = entry["ours"] or {}
+        entry["ours_over_floor"] = {
+            key: (round(ours[key] / floor[key], 2) if ours.get(key) and floor.get(key)
+                  else None)
+            for key in ("p50_ms", "p95_ms", "window_ms")}
         entry["runs"] = runs
         bursts[str(size)] = entry
     return bursts
@@ -517,6 +538,19 @@ def print_table(results: list[Burst], bursts: dict[str, Any]) -> None:
             kinds = ", ".join(f"{k} {v / b.fulfilled:.2f}"
                               for k, v in sorted(b.api_by_kind.items()))
             print(f"  {b.run}. {SIDES[b.side].title}: {kinds}")
+    print("\n==== arrival order: requests that arrived later but were fulfilled first "
+          "(p50/p95/max), rank shift spread")
+    for b in sorted(results, key=lambda b: (b.size, b.run)):
+        ov = b.order.get("overtaken") or {}
+        print(f"{b.size:>5} {b.run}. {SIDES[b.side].title:<16} "
+              f"{fmt(ov.get('p50'), '.0f')}/{fmt(ov.get('p95'), '.0f')}/"
+              f"{fmt(ov.get('max'), '.0f')}, spread {fmt(b.order.get('shift_spread'), 'd')}")
+    print("\n==== ours / the protocol floor (ours: the run with the higher p50)")
+    for size, entry in bursts.items():
+        r = entry["ours_over_floor"]
+        print(f"  burst {size:>4}: p50 x{fmt(r['p50_ms'], '.2f')}, p95 "
+              f"x{fmt(r['p95_ms'], '.2f')}, first submission -> last fulfilment "
+              f"x{fmt(r['window_ms'], '.2f')}")
     print("\n==== Nodepool p50 / our p50 (ours: the run with the higher p50)")
     for size, entry in bursts.items():
         target = entry["target_ratio"]
@@ -531,8 +565,9 @@ def print_table(results: list[Burst], bursts: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", default="30,200", help="burst sizes (default 30,200)")
-    parser.add_argument("--order", default="ours,nodepool,ours",
-                        help="launcher runs, in order (default ours,nodepool,ours)")
+    parser.add_argument("--order", default="ours,floor,nodepool,ours",
+                        help="launcher runs, in order (default ours,floor,nodepool,ours; "
+                             "floor: the protocol-only launcher, optional)")
     parser.add_argument("--submitters", type=int, default=4,
                         help="threads submitting each burst (default 4)")
     parser.add_argument("--json", metavar="FILE", help="write the results as JSON")
@@ -543,8 +578,9 @@ def main() -> int:
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     order = [s.strip() for s in args.order.split(",") if s.strip()]
     if not sizes or min(sizes) < 1 or any(s not in SIDES for s in order) \
-            or set(order) != set(SIDES) or args.submitters < 1:
-        parser.error("--sizes: positive integers; --order: both of 'ours' and 'nodepool'")
+            or not {"ours", "nodepool"} <= set(order) <= set(SIDES) or args.submitters < 1:
+        parser.error("--sizes: positive integers; --order: both of 'ours' and 'nodepool', "
+                     "and optionally 'floor'")
     if not NP_LAUNCHER.exists():
         print(f"{NP_LAUNCHER} missing: run tools/compat/setup.sh first")
         return 2

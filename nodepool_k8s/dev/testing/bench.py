@@ -70,6 +70,7 @@ TARGET_ZK_WRITES = 8.0
 TARGET_CPU_MS = 7.0             # launcher CPU ms per namespace node
 TARGET_BURST = 200              # the burst the burst targets are about
 TARGET_BURST_SPREAD = 0.75      # "p50 well below p95": p50 <= this x p95
+TARGET_FLOOR_RATIO = 2.5        # burst duration <= this x the protocol floor's
 # Burst size -> Nodepool 11's p50 divided by this is the target for ours (measured side by
 # side by tools/compat/burst_side_by_side.py, read with --nodepool-burst).
 NODEPOOL_BURST_DIVISORS = {30: 10, 200: 6}
@@ -109,6 +110,7 @@ class Params:
     max_concurrency: int = 10       # the provider's max-concurrency
     max_servers: int = 200          # the provider's quota in the latency runs
     burst: list[int] = field(default_factory=lambda: [30, 200])  # zero delays, namespace
+    floor: bool = True              # the same bursts against the protocol-only launcher
     nodepool_burst: str | None = None  # the side-by-side tool's JSON (Nodepool targets)
     scale_nodes: int = 10000
     scale_requests: int = 10
@@ -512,6 +514,52 @@ def burst_figures(plan: list[Sample]) -> dict[str, Any]:
         "fulfilled_first_half": _round(sum(1 for t in done if t - first <= duration / 2)
                                        / len(done), 3) if done else None,
         "seen_lag_ms": summary_ms([s.seen_lag for s in plan if s.seen_lag is not None]),
+        "order": order_figures([(s.request_id, s.fulfilled) for s in plan
+                                if s.fulfilled is not None]),
+    }
+
+
+def order_figures(done: Sequence[tuple[str, float]]) -> dict[str, Any]:
+    """How far fulfilment order strays from arrival order, for `(request id, fulfilled at)`
+    pairs. Arrival is ZooKeeper's order of the creates (the id's sequence number, which
+    is all a launcher can know). Per request: `overtaken`, how many requests that arrived
+    later were fulfilled before it (a request that waits for a whole batch of later ones
+    has a large value); `shift`, its fulfilment rank minus its arrival rank (negative:
+    served early). p50, p95 and max of each, plus the shift's spread (max - min)."""
+    if not done:
+        return {"overtaken": None, "shift": None, "shift_spread": None}
+    by_arrival = sorted(done, key=lambda d: d[0].rsplit("-", 1)[-1])
+    arrival = {rid: i for i, (rid, _) in enumerate(by_arrival)}
+    by_fulfil = sorted(done, key=lambda d: (d[1], arrival[d[0]]))
+    fulfil = {rid: i for i, (rid, _) in enumerate(by_fulfil)}
+    overtaken = [sum(1 for later, _ in by_arrival[arrival[rid] + 1:]
+                     if fulfil[later] < fulfil[rid]) for rid, _ in by_arrival]
+    shift = [fulfil[rid] - arrival[rid] for rid, _ in by_arrival]
+
+    def stats(values: list[int]) -> dict[str, float | None]:
+        return {"p50": percentile(values, 50), "p95": percentile(values, 95),
+                "max": float(max(values))}
+
+    return {"overtaken": stats(overtaken), "shift": stats(shift),
+            "shift_spread": max(shift) - min(shift)}
+
+
+def floor_comparison(ours: dict[str, Any], floor: dict[str, Any]) -> dict[str, Any]:
+    """A burst row's figures beside the protocol floor's for the same burst size."""
+    def ratio(a: float | None, b: float | None) -> float | None:
+        return _round(a / b, 2) if a is not None and b else None
+
+    o, f = ours["latency_ms"], floor["latency_ms"]
+    od, fd = ours["burst"]["duration_ms"], floor["burst"]["duration_ms"]
+    return {
+        "floor_p50_ms": f["p50"], "floor_p95_ms": f["p95"],
+        "floor_p50_over_p95": floor["burst"]["p50_over_p95"],
+        "floor_duration_ms": fd, "floor_wall_s": floor["wall_s"],
+        "floor_cpu_ms_per_node": floor["launcher_cpu_ms_per_node"],
+        "floor_zk_writes_per_node": floor["zk_writes_per_node"],
+        "floor_zk_reads_per_node": floor["zk_reads_per_node"],
+        "p50_ratio": ratio(o["p50"], f["p50"]), "p95_ratio": ratio(o["p95"], f["p95"]),
+        "duration_ratio": ratio(od, fd), "wall_ratio": ratio(ours["wall_s"], floor["wall_s"]),
     }
 
 
@@ -710,6 +758,37 @@ class Bench:
         for client in clients:
             client.close()
         self.stop(procs)
+        if bursts and self.p.floor:
+            self.floor_phase(sim, profile, bursts)
+
+    def floor_phase(self, sim: SimulatorProcess, profile: str, sizes: list[int]) -> None:
+        """The same bursts against the protocol-only launcher (`testing.floor`: Nodepool's
+        mandatory ZooKeeper work and nothing else) on a fresh chroot, in the same harness;
+        each burst row of the launcher gets the floor's figures beside its own."""
+        from nodepool_k8s.dev.testing.loadtools import NodeWatcher
+        log("the protocol floor: the same bursts against a protocol-only launcher")
+        chroot = self.stack.new_chroot("floor")
+        proc = self.stack.start_floor(chroot, BENCH_CONFIG, self.env(self.p.max_servers))
+        sessions = self.stack.wait_launchers(chroot, 1, timeout=self.left(60))
+        clients = self.clients(chroot)
+        watcher = NodeWatcher(clients[0].client)
+        load = Load(clients, self.left)
+        meter = Meter(self.stack, sim, [proc], sessions)
+        warm = make_plan([(["namespace"], 1)], ["200"], 1)
+        load.run(warm, 1)
+        watcher.wait_gone([n for s in warm for n in s.nodes], self.left(60))
+        runs = {r["name"]: r for r in self.results["runs"]}
+        for size in sizes:
+            name = f"{profile}/namespace/burst-{size}"
+            row = self.measured(f"{name}/floor", profile, "namespace", [(["namespace"], 1)],
+                                size, self.p.concurrency, meter, load, watcher, burst=True)
+            row["floor"] = True
+            if name in runs:
+                runs[name]["vs_floor"] = floor_comparison(runs[name], row)
+        watcher.stop()
+        for client in clients:
+            client.close()
+        self.stop([proc])
 
     def launchers_phase(self) -> None:
         from nodepool_k8s.dev.testing.loadtools import NodeWatcher
@@ -1300,6 +1379,14 @@ def targets(results: dict[str, Any]) -> list[dict[str, Any]]:
         f"<= {TARGET_BURST_SPREAD:g}", spread,
         spread is not None and spread <= TARGET_BURST_SPREAD if burst else None,
         None if burst else no_burst)
+    vs_floor = burst.get("vs_floor") if burst else None
+    ratio = vs_floor["duration_ratio"] if vs_floor else None
+    add(f"burst-{TARGET_BURST} fulfilled within {TARGET_FLOOR_RATIO:g}x the protocol floor's "
+        "time (first submission -> last fulfilment, same harness)",
+        f"<= {TARGET_FLOOR_RATIO:g}", ratio,
+        ratio <= TARGET_FLOOR_RATIO if ratio is not None else None,
+        None if ratio is not None else
+        (no_burst if not burst else "not measured (--no-floor)"))
     if loaded:
         add("launcher CPU ms per namespace node, closed loop (zero/namespace)",
             f"<= {TARGET_CPU_MS:g}", loaded["launcher_cpu_ms_per_node"],
@@ -1429,6 +1516,23 @@ def table(results: dict[str, Any]) -> str:
                          f"), fulfilled within {_fmt(b['duration_ms'])} ms; p50/p95 "
                          f"{_fmt(b['p50_over_p95'])}, {_fmt(b['fulfilled_first_half'])} of "
                          "them in the first half")
+            order = b.get("order") or {}
+            if order.get("overtaken"):
+                ov, sh = order["overtaken"], order["shift"]
+                lines.append(f"  arrival order: overtaken by later requests p50/p95/max "
+                             f"{_fmt(ov['p50'])}/{_fmt(ov['p95'])}/{_fmt(ov['max'])}, rank "
+                             f"shift p50/p95/max {_fmt(sh['p50'])}/{_fmt(sh['p95'])}/"
+                             f"{_fmt(sh['max'])} (spread {_fmt(order['shift_spread'])})")
+        f = r.get("vs_floor")
+        if f:
+            lines.append(f"  vs the protocol floor: p50 {_fmt(r['latency_ms']['p50'])} vs "
+                         f"{_fmt(f['floor_p50_ms'])} ms (x{_fmt(f['p50_ratio'])}), p95 "
+                         f"{_fmt(r['latency_ms']['p95'])} vs {_fmt(f['floor_p95_ms'])} ms "
+                         f"(x{_fmt(f['p95_ratio'])}), fulfilled within "
+                         f"{_fmt(r['burst']['duration_ms'])} vs {_fmt(f['floor_duration_ms'])}"
+                         f" ms (x{_fmt(f['duration_ratio'])}), wall {_fmt(r['wall_s'])} vs "
+                         f"{_fmt(f['floor_wall_s'])} s; floor p50/p95 "
+                         f"{_fmt(f['floor_p50_over_p95'])}")
     for r in results.get("launchers", []):
         lines.append(f"{r['name']}: most nodes seen at once {r['max_nodes_seen']} "
                      f"(max-servers {r['quota']}, {r['watch_samples']} samples): "
@@ -1515,6 +1619,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"comma list of sizes; 0 skips them (default "
                         f"{','.join(map(str, d.burst))}, --quick "
                         f"{','.join(map(str, Params.quick_params().burst))})")
+    p.add_argument("--no-floor", action="store_true",
+                   help="skip the protocol floor (the same bursts against a launcher that "
+                        "does only the Nodepool protocol's ZooKeeper work, run after them)")
     p.add_argument("--nodepool-burst", metavar="FILE",
                    help=f"JSON of {SIDE_BY_SIDE} (Nodepool 11 and ours, side by side): "
                         "adds its figures to the burst ratio targets")
@@ -1603,6 +1710,7 @@ def params_from(args: argparse.Namespace) -> Params:
     if args.burst is not None:
         p.burst = [int(x) for x in args.burst.split(",") if x.strip() and int(x) > 0]
     p.nodepool_burst = args.nodepool_burst
+    p.floor = not args.no_floor
     return p
 
 

@@ -254,6 +254,19 @@ class LauncherProcess(ManagedProcess):
         self.chroot = chroot
 
 
+class FloorProcess(LauncherProcess):
+    """The protocol-only launcher (`testing.floor`) on a launcher configuration: the floor
+    the benchmark's bursts are compared with. No Kubernetes work, no web app; measured and
+    stopped like a launcher."""
+
+    def __init__(self, name: str, config: Path, workdir: Path, env: Mapping[str, str],
+                 chroot: str) -> None:
+        argv = [sys.executable, "-m", "nodepool_k8s.dev.testing.floor", "-c", str(config)]
+        ManagedProcess.__init__(self, name, argv, workdir / f"{name}.log", env)
+        self.config = config
+        self.chroot = chroot
+
+
 class Stack:
     """The local stack; use as a context manager or call `stop()` in a `finally`."""
 
@@ -329,6 +342,14 @@ class Stack:
                                    self.config_env(chroot, env), chroot, webapp)
         self.launchers.append(launcher)
         return launcher
+
+    def start_floor(self, chroot: str, config: Path = DEMO_CONFIG,
+                    env: Mapping[str, str] | None = None) -> FloorProcess:
+        """Start the protocol-only launcher (stopped like a launcher; see `wait_launchers`)."""
+        floor = FloorProcess(f"floor-{self._next()}", config, self.workdir,
+                             self.config_env(chroot, env), chroot)
+        self.launchers.append(floor)
+        return floor
 
     def wait_launchers(self, chroot: str, count: int, timeout: float = 60.0) -> list[int]:
         """Wait until `count` launchers of `chroot` run; returns their ZooKeeper session ids."""

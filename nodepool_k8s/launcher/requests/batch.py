@@ -169,8 +169,16 @@ class Batch:
                     raise pending
                 lock = pending.result()
                 if lock is None:
-                    # Someone locked it before: the ordinary way (lock, re-read), in turn.
+                    # Someone locked it before. Mostly another launcher that won the
+                    # race with the same transaction, which wrote `pending` with its
+                    # lock: one read tells, and then losing costs nothing more (contending
+                    # for the lock would cost two writes and a read to find it taken).
+                    # Still `requested` (a lock dir left by an earlier holder): the
+                    # ordinary way (lock, re-read), in turn.
                     owner.saw_lock_dir(fresh.id)
+                    now = self.deps.requests.get(fresh.id)
+                    if now is None or now.state != model.RequestState.REQUESTED:
+                        continue
                     handler = take(paused)
                 else:
                     handler = owner.new_handler(self.provider, fresh, lock, started)

@@ -48,10 +48,10 @@ SETTINGS = EngineSettings(quota_retry=30.0, min_ready_backoff=10.0,
 
 
 def pool_yaml(max_servers: int = 10, *, fail: bool = False, min_ready: int = 0,
-              retries: int = 1, maintenance: str = "") -> str:
-    """Provider `fake`, pool `main` (with `maintenance` windows: YAML list items indented
-    for the pool), namespace labels `small` (with the options) and `other`, which launch at
-    once."""
+              retries: int = 1, maintenance: str = "", max_concurrency: int = 0) -> str:
+    """Provider `fake` (`max_concurrency`: launches at once, 0 unlimited), pool `main`
+    (with `maintenance` windows: YAML list items indented for the pool), namespace labels
+    `small` (with the options) and `other`, which launch at once."""
     return f"""
 labels:
   - name: small
@@ -61,6 +61,7 @@ providers:
   - name: fake
     driver: fake
     launch-retries: {retries}
+    max-concurrency: {max_concurrency}
     pools:
       - name: main
         max-servers: {max_servers}{maintenance}

@@ -10,6 +10,7 @@ from nodepool_k8s.launcher.requests.allocation import SlotState
 from nodepool_k8s.launcher.requests.batch import Batch
 from nodepool_k8s.launcher.requests.handler import HandlerState, RequestHandler
 from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.locks import HeldLock
 from tests.launcher.requests.conftest import MakeDeps
 from tests.launcher.requests.support import Deps, InlineLaunches
@@ -122,6 +123,30 @@ def test_a_request_locked_before_is_taken_the_ordinary_way(make_deps: MakeDeps) 
     assert taken == [False] and owner.lock_dir_seen(request_id)
     assert owner.kept == {} and deps.nodes.ids() == []
     assert state(deps, request_id) == model.RequestState.REQUESTED
+
+
+def test_a_race_lost_to_another_launcher_costs_no_lock_attempt(make_deps: MakeDeps) -> None:
+    """Another launcher's transaction locked the request and wrote `pending` first: ours
+    fails on the lock dir, one read shows it taken, and no contender is created."""
+    deps = make_deps()
+    owner = Owner(deps)
+    batch = batch_for(deps, owner)
+    request_id = deps.submit(["small"])
+    assert batch.add(cached(deps, request_id), no_take)
+    winner = deps.requests.get(request_id)
+    assert winner is not None
+    winner.state = model.RequestState.PENDING
+    deps.zk.ensure_path(paths.request_lock_path(request_id))
+    deps.zk.set(paths.request_path(request_id), request_codec.encode(winner), winner.version)
+    before = deps.zk.exists(paths.request_lock_path(request_id))
+    assert before is not None
+
+    assert batch.flush(paused=False) is False
+
+    after = deps.zk.exists(paths.request_lock_path(request_id))
+    assert after is not None and after.cversion == before.cversion  # no contender came
+    assert owner.lock_dir_seen(request_id) and owner.kept == {}
+    assert state(deps, request_id) == model.RequestState.PENDING
 
 
 def test_a_paused_pool_locks_the_batch_but_creates_nothing(make_deps: MakeDeps) -> None:

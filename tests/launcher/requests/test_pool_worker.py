@@ -179,3 +179,43 @@ def test_serves_in_priority_order_as_capacity_frees(make_worker_deps: MakeWorker
         assert deps.nodes.delete(got[1], got[0])
 
     assert order == ["high", "revised", "rel3", "rel5", "low"]
+
+
+class SlotFreesMidPass(InlineLaunches):
+    """A launch that returns while the pass walks the queue: `in_flight` reads as the
+    queued launches for the first `busy_reads` reads, then as none."""
+
+    def __init__(self, busy_reads: int) -> None:
+        super().__init__()
+        self.busy_reads = busy_reads
+
+    @property
+    def in_flight(self) -> int:
+        if self.busy_reads > 0:
+            self.busy_reads -= 1
+            return len(self.queued)
+        return 0
+
+
+def test_a_slot_freed_mid_pass_goes_to_the_oldest_request_not_a_later_one(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """At max-concurrency the oldest request is held back; a launch that returns while
+    the pass is still walking the queue must not hand its slot to a later request."""
+    deps = make_worker_deps(max_concurrency=1)
+    launches = SlotFreesMidPass(busy_reads=10**6)
+    worker = PoolWorker(deps, "fake", "main", launches, fqdn="test-host")  # type: ignore[arg-type]
+    worker.register()
+    first = deps.submit(["small"])
+    worker.run_once()
+    assert state(deps, first) == model.RequestState.PENDING and len(launches.queued) == 1
+    older, newer = deps.submit(["small"]), deps.submit(["small"])
+    # The older request sees the slot taken (both of its checks); then it frees.
+    launches.busy_reads = 2
+    worker.run_once()
+
+    assert state(deps, newer) == model.RequestState.REQUESTED
+    assert state(deps, older) == model.RequestState.REQUESTED
+    launches.run_all()
+    worker.run_once()
+    assert state(deps, older) == model.RequestState.PENDING
+    assert state(deps, newer) == model.RequestState.REQUESTED
