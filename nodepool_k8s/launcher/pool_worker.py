@@ -270,7 +270,9 @@ class PoolWorker(Worker):
             engine.events.record_batched(
                 zk_events.POOL_PAUSED if paused else zk_events.POOL_RESUMED,
                 provider=self.ref.provider, pool=self.ref.pool,
-                message=", ".join(sorted(str(s) for s in scopes if s)) if paused else "")
+                message=(self._unhealthy.message if self._unhealthy is not None
+                         else ", ".join(sorted(str(s) for s in scopes if s)))
+                if paused else "")
         if self.registration is not None:
             # Other pools yield to us only while we are not paused: keep it current.
             engine.registry.update(self.registration, paused=paused,

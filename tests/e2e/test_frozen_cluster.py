@@ -34,15 +34,15 @@ from tests.helpers import wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 
 # The preferred cluster (`near`, pool priority 1) and the other one (`far`, priority 2).
-# Launch calls get 3 s to answer and 3 retries: a launch would give up by itself only
-# after about 12 s; the probe (every 0.5 s, 0.5 s to answer) notices the freeze first.
+# Launch calls get 3 s to answer, 3 retries 5 s apart: a launch would give up by itself
+# only after about 27 s; the probe (every 0.5 s, 0.5 s to answer) notices the freeze first.
 PROVIDER = """
   - name: {name}
     driver: kubernetes
     context: {context}
     launch-retries: 1
     api-retries: 3
-    api-backoff: [0.05]
+    api-backoff: [5]
     api-connect-timeout: 1
     api-read-timeout: 3
     api-probe-interval: 0.5
@@ -111,9 +111,10 @@ def test_requests_move_off_a_frozen_cluster(
     wait_for(lambda: api_condition(launcher, "near") == ("False", "Unreachable"), 30,
              message="the near pool to report its API server unreachable")
     # Every request is served by the far cluster, within 30 s of the freeze.
-    bodies = [zuul.wait(request_id, 30) for request_id in ids]
-    assert all(b is not None and b["state"] == "fulfilled" for b in bodies), bodies
-    for body in bodies:
+    wait_for(lambda: all((zuul.get_request(i) or {}).get("state") == "fulfilled"
+                         for i in ids), 30, message="every request fulfilled")
+    for request_id in ids:
+        body = zuul.get_request(request_id)
         assert body is not None
         node = zuul.get_node(body["nodes"][0])
         assert node is not None and node["provider"] == "far", node

@@ -396,13 +396,14 @@ class RequestHandler:
     def hand_back(self, decline: plan.Decline) -> None:
         """Give the request up for other pools: cancel its launches and, once they all
         returned (the next advance), decline it with `decline`."""
-        if self.done or self.handing_back is not None:
-            return
-        self.handing_back = decline
-        self.log.info("Handing the request back: %s", decline.message)
-        self.span.event("handing back", decline.message)
-        if any(s.state is SlotState.LAUNCHING for s in self.slots):
-            self.cancel.set()
+        with self._mutex:  # a launch thread may be writing the final transaction
+            if self.done or self.handing_back is not None:
+                return
+            self.handing_back = decline
+            self.log.info("Handing the request back: %s", decline.message)
+            self.span.event("handing back", decline.message)
+            if any(s.state is SlotState.LAUNCHING for s in self.slots):
+                self.cancel.set()
 
     def launch_created(self) -> None:
         """Start the launches of the nodes a batched create (`allocation.create_batch`)

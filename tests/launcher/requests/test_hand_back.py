@@ -9,7 +9,9 @@ Aspects:
 - no other pool could serve it: it stays, saying why (`waiting_reasons`), and goes on
   when the provider is healthy again;
 - an operator pauses the pool while a request waits in it at quota: handed back too; the
-  request being launched is not.
+  request being launched is not;
+- the cluster keeps refusing a request's launches for quota: handed back once that has
+  lasted `hand-back-after` (across its retries), not before.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Callable
 
 from nodepool_k8s.config.model import PoolConfig
 from nodepool_k8s.core import model
+from nodepool_k8s.core.errors import QuotaExceeded
 from nodepool_k8s.core.pool_records import CapacityCondition, ConditionRecord
 from nodepool_k8s.driver.base import ProviderHealth
 from nodepool_k8s.launcher import lifecycle
@@ -162,3 +165,23 @@ def test_a_paused_pool_hands_back_what_waits_in_it_not_what_it_launches(
     assert handed_back(deps, "PoolPaused") == 1
     launches.run_all()
     assert state(deps, launching) == model.RequestState.FULFILLED
+
+
+def test_a_request_the_cluster_keeps_refusing_for_quota_is_handed_back(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    deps, worker, launches, _ = setup(make_worker_deps, [OTHER])
+    deps.provider.fail_next(10, QuotaExceeded("exceeded quota: compute-resources"))
+    refused = deps.submit(["small"])
+    worker.run_once()
+    launches.run_all()  # aborted: the handler backs off for quota-retry (30 s here)
+    due = worker.run_once()
+    assert worker.handlers[refused].paused
+    assert due == deps.clock.monotonic() + HAND_BACK_AFTER
+    deps.clock.advance(HAND_BACK_AFTER - 1)
+    worker.run_once()
+    assert state(deps, refused) == model.RequestState.PENDING
+    deps.clock.advance(1)
+    worker.run_once()
+    assert state(deps, refused) == model.RequestState.REQUESTED
+    assert declined_reason(deps, refused, worker.id) == "HandedBack"
+    assert handed_back(deps, "LaunchBackoff") == 1
