@@ -234,6 +234,10 @@ class RequestHandler:
                 self.log.info("Pausing: %s", why)
                 self.span.event("paused", why)
             self.blocked_scope = scope
+        elif state is HandlerState.HELD and old is not HandlerState.HELD \
+                and self.held is not None:
+            self.log.info("Holding: %s", self.held.message)
+            self.span.event("held", self.held.message)
         self.state = state
         if state is HandlerState.DONE:
             self.span.end()
