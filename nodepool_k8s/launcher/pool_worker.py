@@ -338,10 +338,12 @@ class PoolWorker(Worker):
         now = self.clock.monotonic()
         deadlines: list[float] = []
         handed: list[RequestHandler] = []
-        for handler in sorted(self.handlers.values(), key=lambda h: h.request.sort_key()):
+        for handler in list(self.handlers.values()):
             if handler.done or handler.handing_back is not None:
                 continue
             unable = self._handler_unable(handler, pool)
+            if unable is None:
+                continue  # the common case, every pass of a busy pool: nothing to decide
             decline, due = plan.hand_back(handler.request, self.id, registered, unable, now,
                                           provider_cfg.hand_back_after)
             if due is not None:
