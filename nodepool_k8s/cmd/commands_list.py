@@ -117,12 +117,12 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def cmd_pool_list(args: argparse.Namespace) -> int:
-    """Every running pool's published status (conditions, counts; see pool_view)."""
+    """One status per running pool, combined from every launcher's (see pool_view)."""
     with common.session(args) as s:
         records = read_all(s.zk, POOL_STATUS, decode_pool_status)
+    pools = pool_view.combine(records.values())
     if args.json:
-        sys.stdout.write(listing.render_json(pool_view.pool_records(records.values())) + "\n")
+        sys.stdout.write(listing.render_json(pools) + "\n")
     else:
-        common.emit(pool_view.pool_rows(records.values()), pool_view.POOL_STATUS_COLUMNS,
-                    False)
+        common.emit(pool_view.pool_rows(pools), pool_view.POOL_STATUS_COLUMNS, False)
     return 0

@@ -24,6 +24,7 @@ from typing import Any
 from nodepool_k8s.views import listing, node_detail
 from nodepool_k8s.cmd import common
 from nodepool_k8s.cmd.common import CliError
+from nodepool_k8s.config import fingerprint
 from nodepool_k8s.core.model import NodeView
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.zk import locks, paths
@@ -69,7 +70,7 @@ def cmd_show(args: argparse.Namespace) -> int:
             raise CliError(f"node {node_id} has an unreadable record")
         children = s.zk.get_children(paths.node_lock_path(node_id)) or []
         view = NodeView(node, bool(locks.contenders(children)))
-    detail = node_detail.node_detail(view, common.now())
+    detail = node_detail.node_detail(view, common.now(), fingerprint.config_hashes(s.config))
     if args.json:
         sys.stdout.write(listing.render_json_document(detail) + "\n")
     else:
@@ -138,5 +139,5 @@ def add_events(subparsers: Any) -> None:
                              " omitted)")
     parser.add_argument("--since", type=duration_arg, default=None, metavar="D",
                         help="only events of the last D (e.g. 90s, 15m, 2h, 1d)")
-    common.add_json_option(parser)
+    common.add_json_option(parser, "/events")
     parser.set_defaults(func=cmd_events)

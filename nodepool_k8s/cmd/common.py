@@ -153,6 +153,8 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
-def add_json_option(parser: argparse.ArgumentParser) -> None:
+def add_json_option(parser: argparse.ArgumentParser, endpoint: str | None = None) -> None:
+    """`--json`; `endpoint`: the web app's endpoint answering the same JSON, if one does."""
+    same = f" (the same keys as the web app's {endpoint})" if endpoint else ""
     parser.add_argument("--json", action="store_true",
-                        help="print JSON (the web app's keys) instead of a table")
+                        help=f"print the records as JSON instead of a table{same}")

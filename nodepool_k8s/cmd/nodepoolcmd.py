@@ -74,9 +74,10 @@ def _add_list(subparsers: Subparsers) -> None:
     parser.add_argument("--detail", action="store_true",
                         help="add Pool, Hostname, Private IPv4, AZ, Username, Port, Launcher,"
                              " Allocated To, Hold Job, Comment, User Data, Driver Data,"
-                             " Token Expires, Host ID (the Kubernetes node of a pod) and"
-                             " Reason (why a node failed)")
-    common.add_json_option(parser)
+                             " Token Expires, Host ID (the Kubernetes node of a pod),"
+                             " Reason (why a node failed) and Drifted (built from an older"
+                             " configuration of its label than the one loaded here)")
+    common.add_json_option(parser, "/node-list")
     parser.set_defaults(func=cmd_list)
 
 
@@ -128,7 +129,7 @@ def _add_request_list(subparsers: Subparsers) -> None:
     parser.add_argument("--detail", action="store_true",
                         help="add Declined Reasons (pool id: reason, per declining pool) and"
                              " Waiting (pool id: why the request waits there)")
-    common.add_json_option(parser)
+    common.add_json_option(parser, "/request-list")
     parser.set_defaults(func=cmd_request_list)
 
 
@@ -136,7 +137,7 @@ def _add_label_list(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "label-list", help="list the labels running pools serve",
         description="List the labels that the registered (running) pools support.")
-    common.add_json_option(parser)
+    common.add_json_option(parser, "/label-list")
     parser.set_defaults(func=cmd_label_list)
 
 
@@ -155,11 +156,14 @@ def _add_info(subparsers: Subparsers) -> None:
 def _add_pool_list(subparsers: Subparsers) -> None:
     parser = subparsers.add_parser(
         "pool-list", help="show each running pool's status",
-        description="Show the status each running pool publishes: its conditions"
-                    " (Validated, AtTarget, Quota, Capacity; the reason in the table, every"
-                    " detail with --json), suspended labels, nodes by state, launches in"
-                    " progress and the requests that wait on it (queued).")
-    common.add_json_option(parser)
+        description="Show one status per running pool, combined from every launcher"
+                    " serving it (listed in Launchers, a paused or not ready one noted): its"
+                    " conditions (Validated, AtTarget, Quota, Capacity, Credentials,"
+                    " ApiReachable; the reason in the table, every detail with --json; the"
+                    " worst launcher's wins), suspended labels, drifted spares, nodes by"
+                    " state, launches in progress and the requests that wait on it"
+                    " (queued), summed over the launchers.")
+    common.add_json_option(parser, "/pool-list")
     parser.set_defaults(func=cmd_pool_list)
 
 

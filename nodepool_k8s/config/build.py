@@ -19,8 +19,8 @@ from nodepool_k8s.config import quantity
 from nodepool_k8s.config import schema as S
 from nodepool_k8s.config.cron import parse_duration
 from nodepool_k8s.config.model import (
-    INF, Config, DriftBudget, LabelConfig, MaintenanceWindow, PoolConfig, PoolLabel,
-    ProviderConfig, PullSecret, TenantLimit, TracingConfig, WebappConfig,
+    INF, Config, DisruptionBudget, DriftBudget, LabelConfig, MaintenanceWindow, PoolConfig,
+    PoolLabel, ProviderConfig, PullSecret, TenantLimit, TracingConfig, WebappConfig,
     ZkAcl, ZkAuth, ZkGrant, ZkServer, ZkTls,
 )
 from nodepool_k8s.core.model import Resources
@@ -259,6 +259,46 @@ def build_drift_budget(budget: Raw | None) -> DriftBudget:
         timezone=budget.get("timezone", S.TIMEZONE))
 
 
+def drift_only_budget(budget: Raw | None) -> DisruptionBudget | None:
+    """`drift-budget`, the shorthand of a drift-only disruption budget; with a window,
+    drifted spares are replaced only inside it (as the key always meant)."""
+    if not budget:
+        return None
+    drift = build_drift_budget(budget)
+    return DisruptionBudget(reasons=("drift",), max_nodes=drift.max_nodes,
+                            max_percent=drift.max_percent, schedule=drift.schedule,
+                            duration=drift.duration, timezone=drift.timezone,
+                            outside_window=0 if drift.schedule is not None else None)
+
+
+def build_disruption_budget(budget: Raw) -> DisruptionBudget:
+    nodes = budget["nodes"]
+    percent = isinstance(nodes, str)
+    return DisruptionBudget(
+        reasons=tuple(budget.get("reasons") or S.DISRUPTION_REASONS),
+        max_nodes=None if percent else int(nodes),
+        max_percent=float(nodes[:-1]) if percent else None,
+        schedule=budget.get("schedule"),
+        duration=parse_duration(budget["duration"]) if "duration" in budget else None,
+        timezone=budget.get("timezone", S.TIMEZONE))
+
+
+def build_disruption_budgets(pool: Raw) -> tuple[DisruptionBudget, ...]:
+    budgets = [build_disruption_budget(b) for b in pool.get("disruption-budgets") or ()]
+    drift = drift_only_budget(pool.get("drift-budget"))
+    return tuple(budgets + ([drift] if drift is not None else []))
+
+
+def label_max_ages(pool: Raw) -> dict[str, float]:
+    """Per pool label: its `max-age`, else the pool's `default-label-max-age` (if any)."""
+    ages: dict[str, float] = {}
+    for label in pool["labels"]:
+        age = _first(label.get("max-age"), pool.get("default-label-max-age"))
+        if age is not None:
+            ages[label["name"]] = float(age)
+    return ages
+
+
 def pool_disabled(pool: Raw, provider: Raw) -> bool:
     """`PoolConfig.disabled` without building the pool (checks use it on unchecked data)."""
     return _cap(_first(pool.get("max-servers"), provider.get("max-servers"))) <= 0
@@ -278,6 +318,9 @@ def build_pool(pool: Raw, provider: Raw) -> PoolConfig:
         priority=_first(pool.get("priority"), provider.get("priority"), default=S.PRIORITY),
         maintenance=build_maintenance(pool.get("maintenance")),
         drift_budget=build_drift_budget(pool.get("drift-budget")),
+        disruption_budgets=build_disruption_budgets(pool),
+        surplus_delay=float(pool.get("surplus-delay", S.SURPLUS_DELAY)),
+        label_max_age=label_max_ages(pool),
         breaker_threshold=_first(pool.get("breaker-threshold"),
                                  provider.get("breaker-threshold"),
                                  default=S.BREAKER_THRESHOLD),
@@ -417,6 +460,7 @@ def build_config(data: Raw, sources: tuple[str, ...] = (),
             # -1 is Nodepool's other spelling of "disabled"; consumers only see 0.
             min_ready=max(0, lb.get("min-ready", S.MIN_READY)),
             max_ready_age=lb.get("max-ready-age", S.MAX_READY_AGE),
+            max_age=lb.get("max-age", S.MAX_AGE),
         ) for lb in data.get("labels", [])},
         providers={p["name"]: build_provider(p, installation) for p in data.get("providers", [])},
         max_hold_age=max_hold_age if max_hold_age > 0 else INF,

@@ -319,6 +319,8 @@ def _pool(pool: Raw, provider: Raw, path: Path, top_labels: set[str], report: _R
         _window(window, path + ("maintenance", index), report)
     if "drift-budget" in pool:
         _drift_budget(pool["drift-budget"], path + ("drift-budget",), report)
+    for index, budget in enumerate(pool.get("disruption-budgets") or []):
+        _drift_budget(budget, path + ("disruption-budgets", index), report)
     if not pool["labels"]:
         report.warn(path + ("labels",), "the pool has no labels, so it serves nothing")
     _unique(report, path + ("labels",), pool["labels"], "name", "label")
@@ -478,6 +480,7 @@ def _window(window: Raw, path: Path, report: _Report) -> None:
 
 
 def _drift_budget(budget: Raw, path: Path, report: _Report) -> None:
+    """A drift budget or a disruption budget: a window needs both of its keys."""
     if ("schedule" in budget) != ("duration" in budget):
         missing = "duration" if "schedule" in budget else "schedule"
         report.error(path + (missing,), "schedule and duration must be given together")

@@ -1,12 +1,14 @@
 """The fingerprint of the configuration a node is built from (drift detection).
 
 Owns: `label_hash`, a short, stable digest of a pool label's resolved configuration (every
-key of the label after pool and provider defaults were applied, but for keys left unset:
-None or empty) and of the pool's `node-attributes`, which end up on the node. A node records the hash it was built with
-(`config_hash` in its record, an annotation on its namespace); a spare whose hash differs
-from the current one was built from an older configuration and is replaced within the
-pool's `drift-budget` (see launcher/upkeep/drift.py). Pure and deterministic across processes and
-Python runs (no `hash()`, sets are sorted), so every launcher reaches the same answer.
+key of the label after pool and provider defaults were applied, but for keys left unset,
+None or empty, and for `min-ready` and `boot-timeout`, which build nothing) and of the
+pool's `node-attributes`, which end up on the node. A node records the hash it was built
+with (`config_hash` in its record, an annotation on its namespace); a spare whose hash
+differs from the current one was built from an older configuration and is replaced within
+the pool's disruption budgets (see launcher/upkeep/drift.py and disruption.py). Pure and
+deterministic across processes and Python runs (no `hash()`, sets are sorted), so every
+launcher reaches the same answer.
 """
 
 from __future__ import annotations
@@ -25,12 +27,17 @@ def _unset(value: Any) -> bool:
                              and not value)
 
 
+# Label keys that say how many nodes to keep or how long to wait for one, not what a node
+# is: changing them rebuilds no spare.
+_NOT_BUILT = frozenset({"min_ready", "boot_timeout"})
+
+
 def _plain(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         # A key left unset is not part of the digest, so a release that adds an optional
         # key (unset by default) does not make every spare look drifted.
         return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)
-                if not _unset(getattr(value, f.name))}
+                if f.name not in _NOT_BUILT and not _unset(getattr(value, f.name))}
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in sorted(value.items(), key=lambda kv: str(kv[0]))}
     if isinstance(value, (set, frozenset)):

@@ -75,6 +75,9 @@ class LabelConfig:
     name: str
     min_ready: int = S.MIN_READY
     max_ready_age: float = S.MAX_READY_AGE  # seconds; 0 = never expire
+    # Seconds after creation a spare of this label is replaced (within the pools'
+    # disruption budgets) where its pool sets none; 0 = no maximum age.
+    max_age: float = S.MAX_AGE
 
 
 @dataclass(frozen=True)
@@ -220,6 +223,23 @@ class DriftBudget:
 
 
 @dataclass(frozen=True)
+class DisruptionBudget:
+    """A pool `disruption-budgets` entry: for the `reasons` it names, how many of the pool's
+    nodes may be being deleted at once: at most `max_nodes` and at most `max_percent` of the
+    pool's nodes (at least one when the share allows any). With a window (`schedule` and
+    `duration`) it limits only inside the window, and outside it allows `outside_window`
+    nodes (None: it does not apply there; the `drift-budget` shorthand's window has 0)."""
+
+    reasons: tuple[str, ...] = S.DISRUPTION_REASONS
+    max_nodes: int | None = None
+    max_percent: float | None = None
+    schedule: str | None = None
+    duration: float | None = None
+    timezone: str = S.TIMEZONE
+    outside_window: int | None = None
+
+
+@dataclass(frozen=True)
 class PoolConfig:
     name: str
     provider: str
@@ -234,6 +254,14 @@ class PoolConfig:
     # Fleet control: windows when the pool is paused/drained, and drift replacement pace.
     maintenance: tuple[MaintenanceWindow, ...] = ()
     drift_budget: DriftBudget = field(default_factory=DriftBudget)
+    # How many spares may be being removed at once, by reason (`drift-budget` included as a
+    # drift-only budget); reasons none of them names get `schema.DISRUPTION_DEFAULTS`.
+    disruption_budgets: tuple[DisruptionBudget, ...] = ()
+    # Seconds a label stays over its min-ready target before its surplus goes (0: never).
+    surplus_delay: float = S.SURPLUS_DELAY
+    # Per label: seconds after creation a spare is replaced (label `max-age`, else the
+    # pool's `default-label-max-age`); labels without one fall back to the global label's.
+    label_max_age: Mapping[str, float] = field(default_factory=dict)
     # Circuit breaker (see launcher.breaker); resolved pool -> provider -> default.
     breaker_threshold: int = S.BREAKER_THRESHOLD
     breaker_backoff: float = S.BREAKER_BACKOFF

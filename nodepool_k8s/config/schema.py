@@ -135,6 +135,18 @@ MAINTENANCE_ACTIONS = ("pause", "drain")
 MAINTENANCE_ACTION = "pause"
 TIMEZONE = "UTC"
 DRIFT_MAX_NODES = 1  # drifted spares replaced at once when no budget is configured
+# Disruption of spare nodes (ready, unallocated, unlocked) by the launcher itself, by reason:
+# drift (built from an older configuration), expiry (past `max-age`), surplus (beyond the
+# min-ready target) and drain (the pool is drained). A pool's `disruption-budgets` limit how
+# many of its nodes may be being deleted at once for each reason; a reason no budget names
+# gets its default below (None: unlimited: a drain is the operator's explicit order).
+DISRUPTION_REASONS = ("drift", "expiry", "surplus", "drain")
+DISRUPTION_DEFAULTS: dict[str, int | None] = {"drift": DRIFT_MAX_NODES, "expiry": 1,
+                                              "surplus": 1, "drain": None}
+# Seconds a label must stay over its min-ready target before its surplus spares are
+# removed (0: surplus spares are never removed).
+SURPLUS_DELAY = 300.0
+MAX_AGE = 0.0  # seconds after creation a spare is replaced; 0 = no maximum age
 # OpenTelemetry tracing (`tracing`): off unless asked for; spans go over OTLP to `endpoint`.
 # A plaintext endpoint (`http://...`) needs `insecure: true`.
 TRACING_ENABLED = False
@@ -465,6 +477,7 @@ _LABEL = mapping({
     Required("name"): string(),
     Optional("min-ready"): integer(minimum=-1),
     Optional("max-ready-age"): _seconds,
+    Optional("max-age"): _seconds,
 })
 _WEBAPP = mapping({
     Optional("port"): integer(0, 65535),
@@ -501,6 +514,7 @@ _LABEL_COMMON: dict[Any, Validator] = {
     Optional("boot-timeout"): _timeout,
     # Pool-level min-ready: spare ready nodes of this label kept in this very pool.
     Optional("min-ready"): integer(minimum=0),
+    Optional("max-age"): _seconds,
 }
 _BREAKER: dict[Any, Validator] = {
     Optional("breaker-threshold"): integer(minimum=0),
@@ -632,6 +646,31 @@ _DRIFT_BUDGET = mapping({
 })
 
 
+def _budget_nodes(value: Any) -> Any:
+    """A node count (`3`) or a share of the pool's nodes (`"20%"`)."""
+    wanted = f"expected a node count or a percentage like '20%'; got {_got(value)}"
+    if isinstance(value, str):
+        try:
+            percent = float(value[:-1]) if value.endswith("%") else math.nan
+        except ValueError:
+            percent = math.nan
+        if math.isnan(percent):
+            raise Invalid(wanted)
+        if not 0 <= percent <= 100:
+            raise Invalid(f"a percentage must be between 0% and 100%; got {_got(value)}")
+        return value
+    return integer(minimum=0)(value)
+
+
+_DISRUPTION_BUDGET = mapping({
+    Required("nodes"): _budget_nodes,
+    Optional("reasons"): list_of(one_of(*DISRUPTION_REASONS), min_items=1),
+    Optional("schedule"): string(),
+    Optional("duration"): _duration,
+    Optional("timezone"): string(),
+})
+
+
 def _pool(label: Validator, extra: dict[Any, Validator]) -> Validator:
     return mapping({
         **extra,
@@ -653,6 +692,9 @@ def _pool(label: Validator, extra: dict[Any, Validator]) -> Validator:
         Optional("boot-timeout"): _timeout,
         Optional("maintenance"): list_of(_MAINTENANCE, allow_none=True),
         Optional("drift-budget"): _DRIFT_BUDGET,
+        Optional("disruption-budgets"): list_of(_DISRUPTION_BUDGET, allow_none=True),
+        Optional("surplus-delay"): _seconds,
+        Optional("default-label-max-age"): _seconds,
         **_BREAKER,
     })
 

@@ -57,6 +57,11 @@ _NODE_REASONS: dict[str, str] = {
     "HandedToZuul": "Nothing: the node is ready for (or in use by) Zuul.",
     "DeletionStarted": "Nothing: the launcher deletes the node's resources.",
     "ResourceDeleted": "Nothing: the resources are gone and the record removed.",
+    # a node's `Drifted` condition, derived by readers (`views.node_detail`), never stored
+    "ConfigurationCurrent": "Nothing: the node was built from its label's configuration now.",
+    "ConfigurationChanged": "The node was built from an older configuration of its label: "
+                            "a spare is replaced within the pool's drift-budget, a node in "
+                            "use is deleted as usual once Zuul returns it. Nothing to do.",
     # failures (False conditions), from the pod
     "ErrImagePull": "Check the image name and tag in the label and the registry's "
                     "reachability and credentials (imagePullSecrets).",
@@ -185,6 +190,11 @@ POOL_REASONS: dict[str, str] = {
                    "labels' requests.",
     "NoneAvailable": "The cluster has room for no label: add capacity.",
     "NoneSuspended": "Nothing: no label is held by the circuit breaker.",
+    "NoneDrifted": "Nothing: every spare node was built from its label's configuration now.",
+    "SparesDrifted": "Spare nodes were built from an older configuration of their label (the "
+                     "message says how many): the launcher replaces them within the pool's "
+                     "drift-budget, by itself. Nothing to do unless it stays (then see "
+                     "drift-budget's window and max-servers).",
     "Accepted": "Nothing: the API server accepts the launcher's credentials.",
     "Reachable": "Nothing: the API server answers, its certificate is trusted and it accepts "
                  "the launcher's credentials.",

@@ -103,6 +103,8 @@ class PoolStatusRecord(TypedDict):
     requests_handled: int
     usage: list[UsageRow]
     targets: dict[str, TargetRow]
+    drifted: int  # spares built from an older configuration of their label
+    paused: bool  # this worker holds the pool's requests back (quota, pause, drain)
     suspended: dict[str, SuspendedLabel]
     capacity: dict[str, Any]  # the capacity condition's detail (its `labels`)
     conditions: list[PoolCondition]

@@ -141,6 +141,21 @@ def record_ready(events: EventLog, node: Node) -> None:
                           **_where(node))
 
 
+def record_declined(events: EventLog, request: NodeRequest, provider: str, pool: str,
+                    decline: Decline) -> None:
+    """A request this launcher's decline failed for good (every registered pool declined
+    it, or it was a pool's own min-ready request), after the write went through. Batched:
+    a burst of requests for a label nobody serves must not cost a write each. A decline
+    that leaves the request to other pools is not an event (`declined_reasons` on the
+    request says it)."""
+    if request.state != model.RequestState.FAILED:
+        return
+    events.record_batched(zk_events.DECLINED, provider=provider, pool=pool,
+                          label=",".join(request.node_types), reason=decline.code,
+                          message=decline.message, request=request.id,
+                          requestor=request.requestor)
+
+
 def record_deleted(events: EventLog, node: Node, why: str, refused: str | None) -> None:
     if refused is not None:
         events.record(zk_events.DELETE_REFUSED, reason="NotOwned", message=refused,

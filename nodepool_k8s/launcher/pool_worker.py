@@ -33,9 +33,9 @@ each name their own slice of it.
 
 Passes are triggered by cache events, launch completions and deadlines; there is no sleep
 per request and no fixed tick. Deadlines and rate limits (the retry after losing a lock
-race or after the cloud's quota refusal, the drift check, reclaiming, the status's
-interval) are monotonic time; a maintenance window's next change is a wall-clock moment,
-turned into a deadline afresh on every pass. Failure: a pass that raises is logged and
+race or after the cloud's quota refusal, the spares' disruption check, reclaiming, the
+status's interval) are monotonic time; a maintenance window's next change is a wall-clock
+moment, turned into a deadline afresh on every pass. Failure: a pass that raises is logged and
 retried; a lost session abandons every handler without writing (see handler.py).
 """
 
@@ -45,7 +45,7 @@ import functools
 import math
 import threading
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Any, Mapping, Protocol
 
 from nodepool_k8s.runtime import logconfig, stats
 from nodepool_k8s.core import conditions as cond
@@ -55,7 +55,7 @@ from nodepool_k8s.config.model import PoolConfig, ProviderConfig
 from nodepool_k8s.core.transition import transition_request
 from nodepool_k8s.driver.base import ClusterAware, Provider
 from nodepool_k8s.launcher import maintenance
-from nodepool_k8s.launcher.upkeep import drift, fleet
+from nodepool_k8s.launcher.upkeep import disruption, fleet
 from nodepool_k8s.launcher import lifecycle, plan
 from nodepool_k8s.launcher.reporting import pool_status
 from nodepool_k8s.launcher.breaker import PoolBreaker
@@ -123,7 +123,7 @@ def waiting_for(control: PoolState | None, pool: PoolConfig) -> plan.Waiting | N
                         f"pool {pool.provider}/{pool.name} is {what} ({why})")
 
 
-class PoolWorkerDeps(HandlerDeps, fleet.FleetDeps, Protocol):
+class PoolWorkerDeps(HandlerDeps, disruption.DisruptionDeps, Protocol):
     """What a pool worker uses of the engine, on top of its handlers' and fleet
     control's (`launcher.context.Engine` provides it)."""
 
@@ -144,6 +144,9 @@ class PoolWorkerDeps(HandlerDeps, fleet.FleetDeps, Protocol):
 
     @property
     def breakers(self) -> JsonDirCache[BreakerRecord]: ...
+
+    @property
+    def pool_statuses(self) -> JsonDirCache[dict[str, Any]]: ...
 
     @property
     def cluster_aware(self) -> Mapping[str, ClusterAware]: ...
@@ -175,10 +178,8 @@ class PoolWorker(Worker):
         self.registration: Registration | None = None
         self._epoch = engine.zk.epoch
         self._last_reclaim = -math.inf  # monotonic, as every deadline of the worker
-        self._drift_config: PoolConfig | None = None
-        self._drift_next = -math.inf
-        self._drift_waiting = 0
-        self._drift_asked: set[str] = set()
+        # Spares removed for drift, expiry, surplus or a drain (see disruption.py).
+        self.disruptor = disruption.Disruptor(provider, pool)
         self._reported_paused = False  # the pause state last put in the event log
         # The ApiReachable (status, reason) last seen: its transitions go to the event log.
         self._api_seen: tuple[str, str] | None = None
@@ -251,9 +252,7 @@ class PoolWorker(Worker):
         # decline nothing only this pool could serve: such requests wait); in-flight
         # handlers carry on. Draining also deletes the pool's spare nodes.
         control = fleet.control(engine, self.ref.provider, pool_cfg)
-        if control is not None:
-            fleet.drain_spares(engine, self.ref.provider, self.ref.pool, control)
-        drift_due = self._replace_drifted(pool_cfg) if control is None else None
+        disruption_due = self.disruptor.run(engine, pool_cfg, control)
         self._unhealthy = self._provider_unhealthy()
         for handler in self.handlers.values():
             handler.hold(self._unhealthy)
@@ -283,8 +282,8 @@ class PoolWorker(Worker):
         window_change = maintenance.next_change(pool_cfg, engine.clock.time())
         if window_change is not None:
             deadlines.append(wall_deadline(engine.clock, window_change))
-        if drift_due is not None:
-            deadlines.append(drift_due)
+        if disruption_due is not None:
+            deadlines.append(disruption_due)
         deadlines += hand_back_due
         deadlines += self._publish_status(provider_cfg, pool_cfg, provider, control)
         if self._contended:
@@ -364,23 +363,6 @@ class PoolWorker(Worker):
         # A remembered label is looked at again when it is forgotten.
         deadlines += self.recently_failed.active(now).values()
         return deadlines
-
-    def _replace_drifted(self, pool_cfg: PoolConfig) -> float | None:
-        """Replace drifted spares within the budget (see drift.py). Looked at on every pass
-        while drifted spares wait (a finished deletion wakes us for the next one), at once
-        after a reload, and otherwise only every CHECK_INTERVAL (nodes built now carry the
-        current hash, so nothing new can drift without a configuration change)."""
-        now = self.engine.clock.monotonic()
-        if pool_cfg is self._drift_config and not self._drift_waiting \
-                and now < self._drift_next:
-            return None
-        self._drift_config = pool_cfg
-        self._drift_next = now + drift.CHECK_INTERVAL
-        _, self._drift_waiting = drift.replace_drifted(self.engine, self.ref.provider,
-                                                       pool_cfg, self._drift_asked)
-        # While some wait (budget full, or outside the budget's window), look again soon
-        # even if no node event comes.
-        return now + drift.RETRY_INTERVAL if self._drift_waiting else None
 
     def _registered(self, pool_cfg: PoolConfig) -> list[plan.PoolInfo]:
         pools = [p for p in self.engine.registered_pools() if p.id != self.id]
@@ -603,6 +585,8 @@ class PoolWorker(Worker):
                 "Declined (%s); request is now %s", decline.message, fresh.state)
             lifecycle.report_request_done(self.engine.stats, fresh, self.ref.provider,
                                           view.pool_cfg, self.engine.clock.time())
+            lifecycle.record_declined(self.engine.events, fresh, self.ref.provider,
+                                      self.ref.pool, decline)
             return None
         return self.new_handler(view.provider, fresh, lock, started)
 
@@ -669,7 +653,7 @@ class PoolWorker(Worker):
             unhandable=engine.unhandable,
             credentials=cluster.credentials_condition() if cluster is not None else None,
             api=health.condition() if health is not None else None,
-            hold=_hold(control))
+            hold=_hold(control), paused=bool(paused))
         self._note_api_health(fresh["ApiReachable"])
         data["conditions"] = self._status.conditions(fresh, now)
         write, at = self._status.due(data, mono)
@@ -678,8 +662,10 @@ class PoolWorker(Worker):
                 self._status_writer.write(data)
                 self._status.published(data, mono)
                 self.published_status = data
-                # The same figures for statsd, as often as the record is written.
-                engine.stats.gauges(stats.pool_status_gauges(data))
+                # The pool's figures for statsd (combined with the other launchers'
+                # records of the pool), as often as the record is written.
+                engine.stats.gauges(stats.pool_status_gauges(pool_status.combined(
+                    data, engine.pool_statuses.items().values())))
             except errors.NodepoolError as exc:
                 self.log.warning("Could not publish the pool status: %s", exc)
                 return [mono + 1.0]

@@ -161,6 +161,11 @@ def delete_stuck_key(provider: str) -> str:
     return f"nodepool.provider.{key_part(provider)}.delete_stuck"
 
 
+def spares_removed_key(provider: str, pool: str, reason: str) -> str:
+    return (f"nodepool.provider.{key_part(provider)}.pool.{key_part(pool)}"
+            f".spares_removed.{key_part(reason)}")
+
+
 def malformed_key(kind: str) -> str:
     return f"nodepool.malformed.{key_part(kind)}"
 
@@ -209,6 +214,7 @@ PROM_MALFORMED = "nodepool_malformed_records_total"
 PROM_DELETE_REFUSED = "nodepool_delete_refused_total"
 PROM_DELETE_STUCK = "nodepool_delete_stuck_total"
 PROM_HANDED_BACK = "nodepool_requests_handed_back_total"
+PROM_SPARES_REMOVED = "nodepool_spares_removed_total"
 PROM_THREAD_CRASHES = "nodepool_thread_crashes_total"
 PROM_LAUNCH_ERRORS = "nodepool_launch_errors_total"
 PROM_PHASE_SECONDS = "nodepool_node_phase_seconds"
@@ -242,6 +248,10 @@ HELP = {
     PROM_DELETE_STUCK: "Deletions still not finished after terminating-grace.",
     PROM_HANDED_BACK: "Requests a pool held but handed back to other pools (it could not"
                       " serve them: the reason is why it waited), by provider, pool, reason.",
+    PROM_SPARES_REMOVED: "Spare nodes (ready, unallocated, unlocked) this launcher asked to"
+                         " delete, by provider, pool and reason: drift, expiry (max-age),"
+                         " surplus (beyond min-ready) or drain; each within the pool's"
+                         " disruption budgets.",
     PROM_THREAD_CRASHES: "Launcher threads that raised and were restarted, by thread.",
     PROM_LAUNCH_ERRORS: "Failed or quota-aborted launches by provider and reason code; each is"
                         " also one of nodepool_launch_total's error results.",
@@ -480,6 +490,11 @@ class Stats:
         not serve it, a waiting reason code)."""
         self._safe("incr", handed_back_key(provider, pool, reason), 1)
         self.count(PROM_HANDED_BACK, provider=provider, pool=pool, reason=reason)
+
+    def spare_removed(self, provider: str, pool: str, reason: str) -> None:
+        """A spare of the pool was asked to be deleted for `reason` (disruption.py)."""
+        self._safe("incr", spares_removed_key(provider, pool, reason), 1)
+        self.count(PROM_SPARES_REMOVED, provider=provider, pool=pool, reason=reason)
 
     def malformed(self, kind: str) -> None:
         """A malformed record (`node`, `request`) was seen for the first time."""

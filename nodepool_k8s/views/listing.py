@@ -173,8 +173,9 @@ def malformed_node_row(record: MalformedRecord) -> dict[str, Any]:
 
 
 def node_list(views: Iterable[NodeView], now: float, node_id: str | None = None,
-              malformed: Iterable[MalformedRecord] = ()) -> list[dict[str, Any]]:
-    rows = [node_row(v, now) for v in views]
+              malformed: Iterable[MalformedRecord] = (),
+              hashes: fingerprint.Hashes | None = None) -> list[dict[str, Any]]:
+    rows = [node_row(v, now, hashes) for v in views]
     rows.extend(malformed_node_row(m) for m in malformed)
     rows.sort(key=lambda r: str(r["id"]))
     if node_id is not None:

@@ -2,9 +2,9 @@
 text or JSON.
 
 Owns: what `nodepool show NODE_ID` and the web app's `/node/<id>` show (the node's row,
-its conditions as a table, the phase timings, the failure reason), what `nodepool show
-REQUEST_ID` shows (the request's row, why each pool declined it, why it waits, with what
-to do), and the rows of
+its conditions as a table, with `Drifted` derived from the loaded configuration, the
+phase timings, the failure reason), what `nodepool show REQUEST_ID` shows (the request's
+row, why each pool declined it, why it waits, with what to do), and the rows of
 `nodepool events` / `/events`. Pure functions over records already read; nothing here
 fails on odd data (missing fields render empty). Secrets stay redacted (the row comes
 from `listing.node_row`).
@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Mapping, Sequence
 
 from nodepool_k8s.core import conditions as cond
+from nodepool_k8s.config import fingerprint
 from nodepool_k8s.views import listing
 from nodepool_k8s.core.model import NodeRequest, NodeView
 
@@ -44,14 +45,35 @@ def stamp(when: Any) -> str:
     return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
 
 
-def node_detail(view: NodeView, now: float) -> dict[str, Any]:
-    """The JSON of `nodepool show --json` and `/node/<id>`."""
+DRIFTED = "Drifted"
+
+
+def drifted_condition(drifted: bool | None) -> cond.Condition | None:
+    """A node's `Drifted` condition from `listing.node_row`'s `drifted` (None: unknown, no
+    condition). Derived by the reader from the configuration it loaded, never stored: the
+    answer changes with every reload, and writing it to each node would cost a write per
+    spare per reload for what any reader computes from the record's `config_hash`."""
+    if drifted is None:
+        return None
+    if drifted:
+        return cond.Condition(DRIFTED, cond.TRUE, "ConfigurationChanged",
+                              "built from an older configuration of its label than the"
+                              " one loaded now")
+    return cond.Condition(DRIFTED, cond.FALSE, "ConfigurationCurrent")
+
+
+def node_detail(view: NodeView, now: float,
+                hashes: fingerprint.Hashes | None = None) -> dict[str, Any]:
+    """The JSON of `nodepool show --json` and `/node/<id>`. With `hashes` (the loaded
+    configuration's), the conditions end with the node's derived `Drifted`."""
     node = view.node
     conditions = node.conditions
     failed = cond.failure(conditions)
+    row = listing.node_row(view, now, hashes)
+    drifted = drifted_condition(row.get("drifted"))
     return {
-        "node": listing.node_row(view, now),
-        "conditions": cond.serialise(conditions),
+        "node": row,
+        "conditions": cond.serialise(list(conditions) + ([drifted] if drifted else [])),
         "timings": {k: round(v, 3) for k, v in
                     cond.timings(conditions, node.created_time).items()},
         "failure": failed.to_dict() if failed else None,
@@ -85,7 +107,10 @@ def render_node_detail(detail: Mapping[str, Any]) -> str:
         lines.append("  (no completed phase)")
     # Every False condition with what to do (a failed launch, then e.g. a stuck deletion).
     for c in detail.get("conditions") or []:
-        if c.get("status") != cond.FALSE:
+        if c.get("type") == DRIFTED and c.get("status") == cond.TRUE:
+            lines += ["", f"Drifted: {c.get('message')}",
+                      f"What to do: {cond.REASONS.get(str(c.get('reason')), '')}"]
+        if c.get("status") != cond.FALSE or c.get("type") == DRIFTED:
             continue
         advice = cond.REASONS.get(str(c.get("reason")), "")
         lines += ["", f"{c.get('type')} failed: {c.get('reason')}: {c.get('message')}",

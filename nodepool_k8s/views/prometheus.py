@@ -22,6 +22,7 @@ from prometheus_client.metrics_core import Metric
 from nodepool_k8s import __version__
 from nodepool_k8s.core.model import NodeRequest, NodeState, RequestState
 from nodepool_k8s.runtime.stats import HELP, Histogram
+from nodepool_k8s.views import pools as pool_view
 from nodepool_k8s.views.listing import NodeView
 
 CounterValues = Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -171,12 +172,7 @@ def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
                                " is at its limit) and no other pool takes them.",
                                labels=["provider", "pool", "launcher"])
     for key, record in _named(pools):
-        for cond in record.get("conditions") or []:
-            if isinstance(cond, dict):
-                condition.add_metric(key + [str(cond.get("type", ""))],
-                                     1 if cond.get("status") == "True" else 0)
-                neutral.add_metric(key + [str(cond.get("type", ""))],
-                                   1 if cond.get("neutral") is True else 0)
+        _add_conditions(condition, neutral, key, record)
         for row in record.get("usage") or []:
             if not isinstance(row, dict):
                 continue
@@ -192,7 +188,44 @@ def pool_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
             launching.add_metric(key, record["launches_in_progress"])
         if _number(record.get("requests_queued")):
             queued.add_metric(key, record["requests_queued"])
-    return [condition, neutral, usage, limit, nodes, launching, queued]
+    return [condition, neutral, usage, limit, nodes, launching, queued] \
+        + combined_families(pools)
+
+
+def combined_families(pools: Iterable[Mapping[str, Any]]) -> list[Metric]:
+    """Per pool, whichever launchers serve it: its combined conditions (`views.pools`'s
+    rule: the worst status wins), how many launchers publish its status and are ready, and
+    its drifted spares. Labelled by provider and pool only, so an alert on a pool fires once
+    however many launchers serve it."""
+    condition = GaugeMetricFamily(
+        "nodepool_pool_combined_condition",
+        "Pool conditions combined over every launcher serving the pool (1 when the"
+        " combined status is True: no launcher reports it False or Unknown).",
+        labels=["provider", "pool", "condition"])
+    neutral = GaugeMetricFamily(
+        "nodepool_pool_combined_condition_neutral",
+        "Combined pool conditions in a state the operator chose on every launcher (1:"
+        " paused, draining, disabled).", labels=["provider", "pool", "condition"])
+    launchers = GaugeMetricFamily(
+        "nodepool_pool_launchers", "Launchers publishing a status for the pool.",
+        labels=["provider", "pool"])
+    ready = GaugeMetricFamily(
+        "nodepool_pool_launchers_ready",
+        "Launchers of the pool whose API server and credentials are not known bad.",
+        labels=["provider", "pool"])
+    drifted = GaugeMetricFamily(
+        "nodepool_pool_drifted_spares",
+        "Spare nodes of the pool built from an older configuration of their label (replaced"
+        " within the pool's drift-budget).", labels=["provider", "pool"])
+    for record in pool_view.combine(r for r in pools if isinstance(r, Mapping)):
+        key = [str(record.get("provider", "")), str(record.get("pool", ""))]
+        _add_conditions(condition, neutral, key, record)
+        entries = [e for e in record.get("launchers") or [] if isinstance(e, dict)]
+        launchers.add_metric(key, len(entries))
+        ready.add_metric(key, sum(1 for e in entries if e.get("ready") is True))
+        if _number(record.get("drifted")):
+            drifted.add_metric(key, record["drifted"])
+    return [condition, neutral, launchers, ready, drifted]
 
 
 def _number(value: Any) -> bool:
@@ -201,18 +234,23 @@ def _number(value: Any) -> bool:
 
 def _named(pools: Iterable[Mapping[str, Any]]) -> list[tuple[list[str], Mapping[str, Any]]]:
     """Each record with its stable labels [provider, pool, launcher] (see pool_families)."""
-    ordered = sorted((r for r in pools if isinstance(r, Mapping)),
-                     key=lambda r: (str(r.get("provider", "")), str(r.get("pool", "")),
-                                    str(r.get("hostname", "")), str(r.get("id", ""))))
-    seen: Counter[tuple[str, str, str]] = Counter()
-    out = []
-    for record in ordered:
-        base = (str(record.get("provider", "")), str(record.get("pool", "")),
-                str(record.get("hostname", "")))
-        seen[base] += 1
-        launcher = base[2] if seen[base] == 1 else f"{base[2]}/{seen[base]}"
-        out.append(([base[0], base[1], launcher], record))
+    out: list[tuple[list[str], Mapping[str, Any]]] = []
+    for group in pool_view.groups(r for r in pools if isinstance(r, Mapping)):
+        for name, record in zip(pool_view.launcher_names(group), group):
+            out.append(([str(record.get("provider", "")), str(record.get("pool", "")), name],
+                        record))
     return out
+
+
+def _add_conditions(condition: GaugeMetricFamily, neutral: GaugeMetricFamily,
+                    key: list[str], record: Mapping[str, Any]) -> None:
+    """One sample per condition of a pool record: 1 when True (and, in `neutral`, 1 when
+    the state is one an operator chose)."""
+    for cond in record.get("conditions") or []:
+        if isinstance(cond, dict):
+            labels = key + [str(cond.get("type", ""))]
+            condition.add_metric(labels, 1 if cond.get("status") == "True" else 0)
+            neutral.add_metric(labels, 1 if cond.get("neutral") is True else 0)
 
 
 def render(views: Iterable[NodeView], requests: Iterable[NodeRequest], ready: bool,

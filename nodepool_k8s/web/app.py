@@ -735,7 +735,7 @@ class WebApp:
         view = snap.views.get(node_id)
         if view is None:
             return _text(404, f"Node {node_id} not found\n")
-        detail = node_detail.node_detail(view, self.clock.time())
+        detail = node_detail.node_detail(view, self.clock.time(), snap.hashes)
         if want_json:
             body = status.render_json_document(detail)
             return self._data("snapshot", snap.taken, snap.taken_wall, "application/json",

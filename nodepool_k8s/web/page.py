@@ -5,12 +5,13 @@ step: the script fetches the JSON endpoints (`/pool-list`, `/request-list`, `/ev
 with `Accept: application/json`, one request at a time (each abandoned after 10 s, the next
 round planned 5 s after the last one ended, so the page never has two requests in flight),
 shows when the launcher marks its answer stale, and renders one card per running pool
-(its conditions, green/red/yellow by status, grey when `neutral`: a pause, a drain,
-something switched off; usage against limits, nodes by state, launches and queued requests,
-suspended labels), the request counts and the most recent lifecycle events. The JSON
-endpoints stay the source of truth; the page only shows them, and shows the error when
-they fail. Readable on a phone (one column below 40em). Text is inserted with
-`textContent` only, never as HTML.
+(whichever launchers serve it: `/pool-list` combines their statuses, and the card lists
+them, a paused or not ready one noted; its conditions, green/red/yellow by status, grey
+when `neutral`: a pause, a drain, something switched off; usage against limits, nodes by
+state, launches and queued requests, suspended labels), the request counts and the most
+recent lifecycle events. The JSON endpoints stay the source of truth; the page only shows
+them, and shows the error when they fail. Readable on a phone (one column below 40em).
+Text is inserted with `textContent` only, never as HTML.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ main { padding: 1em; display: grid; gap: 1em;
 .cond.True { background: var(--ok); } .cond.False { background: var(--bad); }
 .cond.Unknown { background: var(--unk); }
 .cond.Suspended.True { background: var(--bad); } .cond.Suspended.False { background: var(--ok); }
+.cond.Drifted.True { background: var(--unk); } .cond.Drifted.False { background: var(--ok); }
 .cond.neutral, .cond.neutral.True, .cond.neutral.False { background: var(--off); }
 table { border-collapse: collapse; width: 100%; font-size: .9em; margin: .4em 0; }
 td, th { text-align: left; padding: .15em .3em; border-bottom: 1px solid #eee; }
@@ -107,7 +109,15 @@ function poolCard(p) {
   const card = el("section", "card pool");
   card.dataset.provider = p.provider || ""; card.dataset.pool = p.pool || "";
   card.appendChild(el("h2", null, (p.provider || "?") + " / " + (p.pool || "?")));
-  card.appendChild(el("div", "sub", (p.hostname || "") + " \\u00b7 " + (p.id || "")));
+  // One card per pool, whichever launchers serve it: each listed, paused or not ready noted.
+  const served = (p.launchers || [{hostname: p.hostname, id: p.id}]).map(l => {
+    const notes = [l.paused ? "paused" : "", l.ready === false ? "not ready" : ""]
+      .filter(x => x);
+    return (l.hostname || l.id || "?") + (notes.length ? " (" + notes.join(", ") + ")" : "");
+  });
+  const sub = el("div", "sub launchers", "Launchers: " + served.join(", "));
+  sub.title = (p.launchers || []).map(l => l.id).join(", ");
+  card.appendChild(sub);
   const conds = el("div", "conds");
   for (const c of p.conditions || []) {
     // A state the operator chose (paused, draining, disabled) is grey: neither ok nor bad.
@@ -119,7 +129,7 @@ function poolCard(p) {
   }
   card.appendChild(conds);
   for (const c of p.conditions || []) {
-    if (c.message && (c.status !== "True" || c.type === "Quota"))
+    if (c.message && (c.status !== "True" || c.type === "Quota" || c.type === "Drifted"))
       card.appendChild(el("p", "msg", c.type + ": " + c.message));
   }
   for (const [label, s] of Object.entries(p.suspended || {}))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Protocol, Sequence
 
 from nodepool_k8s.views import (pools as pool_view, prometheus, listing as status, node_detail)
+from nodepool_k8s.config import fingerprint
 from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.core.records import MalformedRecord
 from nodepool_k8s.runtime import stats
@@ -143,6 +144,8 @@ class Snapshot:
     counters: Mapping[tuple[str, tuple[tuple[str, str], ...]], float]
     histograms: Any
     gauges: Mapping[tuple[str, tuple[tuple[str, str], ...]], float] | None = None
+    # The loaded configuration's label hashes (a node's derived `Drifted`); None: unknown.
+    hashes: fingerprint.Hashes | None = None
     _metrics: bytes | None = None
     _metrics_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -169,6 +172,7 @@ def build_snapshot(source: StatusSource, taken: float, now: float) -> Snapshot:
     labels = source.supported_labels()
     read_pools = getattr(source, "pool_statuses", None)  # older or test sources: none
     pools = pool_view.pool_records(read_pools()) if callable(read_pools) else []
+    combined = pool_view.combine(pools)  # one status per pool (views.pools)
     read_components = getattr(source, "pool_components", None)  # older or test sources
     read_histograms = getattr(source, "histograms", None)
     histograms = read_histograms() if callable(read_histograms) else None
@@ -178,8 +182,10 @@ def build_snapshot(source: StatusSource, taken: float, now: float) -> Snapshot:
         # Rendered live per /metrics request by the web app, not frozen in the snapshot.
         gauges = {key: value for key, value in gauges.items()
                   if key[0] != stats.PROM_ZK_STATE}
+    read_hashes = getattr(source, "config_hashes", None)  # older or test sources: none
+    hashes = read_hashes() if callable(read_hashes) else None
     node_rows = status.node_list(views, now, None,
-                                 [m for m in malformed if m.kind == "node"])
+                                 [m for m in malformed if m.kind == "node"], hashes)
     return Snapshot(
         taken=taken, taken_wall=now, ready=source.ready(),
         views={v.node.id: v for v in views},
@@ -189,9 +195,10 @@ def build_snapshot(source: StatusSource, taken: float, now: float) -> Snapshot:
             requests, [m for m in malformed if m.kind == "request"], now,
             read_components() if callable(read_components) else None)),
         labels=Listing(status.label_list(labels)),
-        pools=Listing(pools, pool_view.pool_rows(pools)),
+        pools=Listing(combined, pool_view.pool_rows(combined)),
         request_records=requests, pool_records=pools,
-        counters=dict(source.counters()), histograms=histograms, gauges=gauges)
+        counters=dict(source.counters()), histograms=histograms, gauges=gauges,
+        hashes=hashes)
 
 
 @dataclass

@@ -1,22 +1,23 @@
 """The installation's lifecycle event log, shared by every launcher, in ZooKeeper.
 
 Owns: `/nodepool_k8s/events`, a bounded log of what happened to nodes and pools (launch
-failures with their reason, failed attempts, deletions, refusals, stuck deletions, pool
-pauses and resumes, config reloads applied and rejected, a pool's API server becoming
-unusable or usable again (`ApiReachable`), and successful launches). Each znode is a
-sequential `entry-NNNNNNNNNN` holding a JSON list of events (a batch); `nodepool events`
-and the web app's `/events` read them, newest last.
+failures with their reason, failed attempts, deletions, refusals, stuck deletions,
+requests a launcher's decline failed for good (`declined`), pool pauses and resumes,
+spares removed for drift, expiry, surplus or a drain, config reloads applied and rejected,
+a pool's API server becoming unusable or usable again (`ApiReachable`), and successful
+launches). Each znode is a sequential `entry-NNNNNNNNNN` holding a JSON list of events (a
+batch); `nodepool events` and the web app's `/events` read them, newest last.
 
 Cost and bounds: a launch failure, a quota abort, a delete refusal, a config reload
 (applied or rejected) and an ApiReachable transition are one write at once (taking any
-pending batch along in the same
-znode); successful launches, deletions, failed attempts and pool pauses/resumes (the hot
-paths) are batched: kept in memory and written as one znode of up to `batch_size` events,
-at the latest `batch_age` seconds after the first (a background flusher; `stop` writes the
-rest), so the success path pays a fraction of a write per node. At most `max_entries`
-znodes are kept: every `trim_every`th write lists the children and deletes the oldest
-beyond the cap. Each event's strings are cut to `FIELD_LIMIT` characters and a batch to
-`MAX_BATCH_BYTES`, so the log's size is bounded by `max_entries * MAX_BATCH_BYTES`.
+pending batch along in the same znode); successful launches, deletions, failed attempts,
+declines, spare removals and pool pauses/resumes (the hot paths) are batched: kept in
+memory and written as one znode of up to `batch_size` events, at the latest `batch_age`
+seconds after the first (a background flusher; `stop` writes the rest), so the success
+path pays a fraction of a write per node. At most `max_entries` znodes are kept: every
+`trim_every`th write lists the children and deletes the oldest beyond the cap. Each
+event's strings are cut to `FIELD_LIMIT` characters and a batch to `MAX_BATCH_BYTES`, so
+the log's size is bounded by `max_entries * MAX_BATCH_BYTES`.
 Everything here is best-effort: an error is logged at debug level and the event dropped,
 never raised into a launch or a deletion. Reading passes every entry through the record gate
 (`records.check_events`: numbers in range, each event's `time` a timestamp up to year
@@ -59,9 +60,15 @@ CONFIG_RELOADED = "config-reloaded"
 API_UNREACHABLE = "api-unreachable"
 API_REACHABLE = "api-reachable"
 RELOAD_REJECTED = "reload-rejected"
+# A spare the launcher chose to remove (launcher/upkeep/disruption.py), by reason.
+SPARE_DRAINED = "spare-drained"
+SPARE_EXPIRED = "expired"
+SPARE_DRIFTED = "drift-replaced"
+SURPLUS_REMOVED = "surplus-removed"
 KINDS = (LAUNCHED, LAUNCH_FAILED, ATTEMPT_FAILED, LAUNCH_ABORTED, DELETED, DELETE_REFUSED,
          DELETE_STUCK, DECLINED, POOL_PAUSED, POOL_RESUMED, CONFIG_RELOADED,
-         API_UNREACHABLE, API_REACHABLE, RELOAD_REJECTED)
+         API_UNREACHABLE, API_REACHABLE, RELOAD_REJECTED, SPARE_DRAINED, SPARE_EXPIRED,
+         SPARE_DRIFTED, SURPLUS_REMOVED)
 
 
 @dataclass(frozen=True)

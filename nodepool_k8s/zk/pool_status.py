@@ -127,6 +127,8 @@ _STATUS_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "requests_queued": (_finite, "a number"),
     "requests_handled": (_finite, "a number"),
     "priority": (_finite, "a number"),
+    "drifted": (_finite, "a number"),
+    "paused": (lambda v: isinstance(v, bool), "true or false"),
 }
 
 

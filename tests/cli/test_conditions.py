@@ -109,7 +109,10 @@ def test_ready_node_conditions_show_and_timers(zk: ZkConnection, zkc: ZkClient,
         assert name in shown.out, shown.out
     detail = cli("show", node_id, "--json").json()
     types = [c["type"] for c in detail["conditions"]]
-    assert types == ["Launched", "Registered", "Initialized", "Ready"]
+    # The stored launch conditions, then the one derived from the configuration read.
+    assert types == ["Launched", "Registered", "Initialized", "Ready", "Drifted"]
+    assert (detail["conditions"][-1]["status"], detail["conditions"][-1]["reason"]) == (
+        "False", "ConfigurationCurrent")
     assert set(detail["timings"]) == {"launch", "register", "initialize", "ready", "total"}
     assert detail["failure"] is None and detail["node"]["connection_port"] == "redacted"
     listed = cli("list", "--detail", "--json").json()

@@ -5,7 +5,8 @@ Aspects:
   after `breaker-threshold` failed launches the breaker trips: pool `a` shows `Suspended`
   (LabelSuspended, reason ErrImagePull) in the published status, the CLI (`pool-list`),
   the web app (`/pool-list`, `/metrics`), and every launcher's pool `a` agrees (the state
-  is shared in ZooKeeper);
+  is shared in ZooKeeper), and `pool-list`, `/pool-list` and the pool-level series of
+  `/metrics` show one status per pool with both launchers inside it;
 - while suspended, pool `a` declines the label at once (no namespace is created for it
   there) and pool `b`, serving the same label with a good image, takes every request;
 - the image fixed in the configuration resets the breaker, and pool `a` (preferred,
@@ -137,17 +138,30 @@ def test_breaker_trips_moves_work_and_resets(
             assert node is not None and node["pool"] == "b"
         assert len(namespace_log.added) == created + 2  # pool b's two, none in pool a
 
-        # The CLI, the web app and the metrics tell the same story.
+        # The CLI, the web app and the metrics tell the same story: one status per pool,
+        # the two launchers serving it listed inside it.
+        workers = sorted(r["id"] for r in read_all(first.zk, POOL_STATUS).values())
         out = json.loads(cli_pool_list(zk, tmp_path, capsys, "--json"))
-        assert {(r["pool"], condition(r, "Suspended")["reason"]) for r in out} == {
-            ("a", "LabelSuspended"), ("b", "NoneSuspended")}
+        assert [(r["pool"], condition(r, "Suspended")["reason"]) for r in out] == [
+            ("a", "LabelSuspended"), ("b", "NoneSuspended")]
+        assert sorted(entry["id"] for r in out for entry in r["launchers"]) == workers
+        assert all(len(r["launchers"]) == 2 for r in out)
         table = cli_pool_list(zk, tmp_path, capsys)
         assert "LabelSuspended" not in table and "app" in table  # suspended label column
+        assert len([line for line in table.splitlines() if line.startswith("| k8s")]) == 2
         web_pools = get(f"{base}/pool-list")
-        assert sorted(r["id"] for r in web_pools) == sorted(
-            r["id"] for r in read_all(first.zk, POOL_STATUS).values())
-        assert len(web_pools) == 4
+        assert [r["pool"] for r in web_pools] == ["a", "b"]
+        assert sorted(entry["id"] for r in web_pools for entry in r["launchers"]) == workers
         metrics = get(f"{base}/metrics", json_body=False)
+        combined = [line for line in metrics.splitlines()
+                    if line.startswith("nodepool_pool_combined_condition{")
+                    and 'condition="Suspended"' in line]
+        assert sorted(combined) == [
+            'nodepool_pool_combined_condition{condition="Suspended",pool="a",provider="k8s"}'
+            " 1.0",
+            'nodepool_pool_combined_condition{condition="Suspended",pool="b",provider="k8s"}'
+            " 0.0"]
+        assert 'nodepool_pool_launchers{pool="a",provider="k8s"} 2.0' in metrics
         suspended = [line for line in metrics.splitlines()
                      if line.startswith("nodepool_pool_condition{")
                      and 'condition="Suspended"' in line]

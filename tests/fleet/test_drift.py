@@ -20,10 +20,10 @@ from kazoo.client import KazooClient
 from nodepool_k8s.core import model
 from nodepool_k8s.config.fingerprint import config_hashes, drifted, label_hash
 from nodepool_k8s.config.loader import load_config_text
-from nodepool_k8s.config.model import DriftBudget
+from nodepool_k8s.config.model import DisruptionBudget
 from nodepool_k8s.driver.fake import FakeProvider
 from nodepool_k8s.core.errors import TemporaryError
-from nodepool_k8s.launcher.upkeep import drift
+from nodepool_k8s.launcher.upkeep import disruption
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import ZkConnection, replaced, wait_for
@@ -131,12 +131,12 @@ def test_cli_reports_drifted(launchers: LauncherFactory, zk: ZkConnection) -> No
 
 
 def test_budget_arithmetic() -> None:
-    assert drift.allowance(DriftBudget(max_nodes=2), 10) == 2
-    assert drift.allowance(DriftBudget(max_nodes=None, max_percent=25), 10) == 2
-    assert drift.allowance(DriftBudget(max_nodes=5, max_percent=10), 10) == 1
-    assert drift.allowance(DriftBudget(max_nodes=None, max_percent=10), 3) == 1
-    assert drift.allowance(DriftBudget(max_nodes=None, max_percent=None), 7) == 7
-    assert drift.allowance(DriftBudget(max_nodes=0), 7) == 0
+    assert disruption.budget_limit(DisruptionBudget(max_nodes=2), 10) == 2
+    assert disruption.budget_limit(DisruptionBudget(max_percent=25), 10) == 2
+    assert disruption.budget_limit(DisruptionBudget(max_nodes=5, max_percent=10), 10) == 1
+    assert disruption.budget_limit(DisruptionBudget(max_percent=10), 3) == 1
+    assert disruption.budget_limit(DisruptionBudget(), 7) is None
+    assert disruption.budget_limit(DisruptionBudget(max_nodes=0), 7) == 0
 
 
 def test_fingerprint_is_stable_and_sensitive() -> None:
@@ -192,3 +192,26 @@ def test_a_key_left_unset_is_not_part_of_the_fingerprint() -> None:
     assert label_hash(label, pool) == label_hash(older, pool)
     relabelled = dataclasses.replace(label, dynamic_labels={"team": "ci"})
     assert label_hash(relabelled, pool) != label_hash(label, pool)
+
+
+def test_min_ready_and_boot_timeout_are_not_part_of_the_fingerprint() -> None:
+    """Keeping more spares, or waiting longer for one, builds no node differently."""
+    text = textwrap.dedent("""
+        zookeeper-servers:
+          - host: 127.0.0.1
+        labels:
+          - name: small
+        providers:
+          - name: fake
+            driver: fake
+            pools:
+              - name: main
+                labels:
+                  - name: small
+                    type: namespace
+        """)
+    pool = load_config_text(text).providers["fake"].pools["main"]
+    label = pool.labels["small"]
+    more = dataclasses.replace(label, min_ready=label.min_ready + 3,
+                               boot_timeout=label.boot_timeout + 60)
+    assert label_hash(more, pool) == label_hash(label, pool)

@@ -453,7 +453,9 @@ def test_delete_keeps_no_deadline_and_verify_asks_the_api(
                                       verify=True), Underway)
     assert _per_node(sim) == {"get namespaces": 1}, sim.counters
     sim.set_faults(namespace_delete_hang=False)
-    changes.until(lambda: sim.get("namespaces", name) is None, message="the namespace to go")
+    # Gone once the watch has seen it go (without `verify` the watch's copy is the answer).
+    changes.until(lambda: provider._namespace_watch().get("", name) is None,
+                  message="the watch to see the namespace go")
     assert isinstance(provider.delete(name, node_id=NODE_ID, wake=lambda: None), Gone)
 
 

@@ -60,6 +60,27 @@ def test_gt_and_lt_compare_numeric_node_labels(cluster: Simulator,
     assert {_launch(provider, "big", f"000000002{i}").host_id for i in range(2)} == {"gpu-t4"}
 
 
+def test_not_in_and_does_not_exist_keep_pods_off_matching_nodes(
+        cluster: Simulator, make_k8s_provider: ProviderFactory) -> None:
+    """Every node is tolerated: only the requirement decides where the pod lands."""
+    not_a100 = make_label("not-a100", tolerations=({"operator": "Exists"},),
+                          node_requirements=(
+                              {"key": "gpu", "operator": "NotIn", "values": ["a100"]},))
+    no_gpu = make_label("no-gpu", tolerations=({"operator": "Exists"},),
+                        node_requirements=({"key": "gpu", "operator": "DoesNotExist"},))
+    provider = make_k8s_provider(cluster, not_a100, no_gpu)
+    # NotIn admits a node without the key at all (plain) and one with another value (t4).
+    hosts = {_launch(provider, "not-a100", f"000000005{i}").host_id for i in range(6)}
+    assert "gpu-a100" not in hosts and hosts <= {"gpu-t4", "plain"}
+    assert {_launch(provider, "no-gpu", f"000000006{i}").host_id for i in range(3)} \
+        == {"plain"}
+    # The pods carry the operators to the API as configured.
+    pod = cluster.get("pods", "no-gpu", "main-0000000060")
+    terms = pod["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms[0]["matchExpressions"] == [{"key": "gpu", "operator": "DoesNotExist"}]
+
+
 def test_preferred_requirements_pick_the_preferred_node(
         cluster: Simulator, make_k8s_provider: ProviderFactory) -> None:
     label = make_label("pref", tolerations=({"operator": "Exists"},),

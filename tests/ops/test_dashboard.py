@@ -7,10 +7,10 @@ the target labels Prometheus adds and `le`).
 
 The render comes from a launcher running in process (fake driver, real ZooKeeper): nodes and
 requests in several states, a ready and a failed launch, its registered pool. Counters that
-only exist after rare events (a leak, a stuck or refused deletion, a malformed record, a
-thread crash) or with another driver (Kubernetes API requests) are recorded through the
-`Stats` methods the launcher's code calls for them, on the running launcher's own `Stats`,
-so their names and labels come from the code.
+only exist after rare events (a leak, a stuck or refused deletion, a spare removed, a
+malformed record, a thread crash) or with another driver (Kubernetes API requests) are
+recorded through the `Stats` methods the launcher's code calls for them, on the running
+launcher's own `Stats`, so their names and labels come from the code.
 """
 
 from __future__ import annotations
@@ -143,6 +143,7 @@ def metrics(tmp_path: Path, zk: ZkConnection, zuul: ZuulClient) -> Iterator[Expo
         service.stats.leaked_nodes("fake")
         service.stats.delete_stuck("fake")
         service.stats.delete_refused("fake")
+        service.stats.spare_removed("fake", "main", "surplus")
         service.stats.malformed("node")
         service.stats.thread_crashed("example")
         service.stats.api_call("fake", "get", "namespaces", "200")  # Kubernetes providers only

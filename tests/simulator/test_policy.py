@@ -5,7 +5,8 @@ namespaces its selectors match only, with the real server's message and status (
 reason Forbidden, else 422); a binding without Deny or to a missing policy refuses
 nothing; an evaluation error refuses under failurePolicy Fail and not under Ignore; a
 policy whose CEL the simulator does not model is refused at creation (never silently
-unenforced). Quotas count secrets, configmaps, persistent volume claims and their storage.
+unenforced). Quotas count secrets, configmaps, persistent volume claims and their storage;
+a quota's status follows the objects it counts and its spec.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kubernetes import client
 from kubernetes.client import ApiException
 
 from nodepool_k8s.dev.simulator import policy
+from tests.helpers import Signal
 from tests.simulator.conftest import Kube
 
 
@@ -170,3 +172,27 @@ def test_quota_counts_secrets_configmaps_and_claims(kube: Kube) -> None:
     # A pod's requests are not claims' storage: no "must specify requests.storage".
     kube.core.create_namespaced_pod("q", {"metadata": {"name": "p"}, "spec": {
         "containers": [{"name": "c", "image": "busybox"}]}})
+
+
+def test_quota_status_follows_the_objects_and_the_spec(kube: Kube, changes: Signal) -> None:
+    """`status.used` was computed once, when the quota was written: a watch on it (capacity
+    awareness' `resource-quota`) never saw pods come or go, nor `hard` change."""
+    kube.core.create_namespace({"metadata": {"name": "q"}})
+    kube.core.create_namespaced_resource_quota("q", {"metadata": {"name": "share"}, "spec": {
+        "hard": {"requests.cpu": "2", "pods": "5"}}})
+
+    def status() -> dict[str, Any]:
+        found = kube.core.read_namespaced_resource_quota("share", "q").status
+        return {"hard": dict(found.hard or {}), "used": dict(found.used or {})}
+    kube.core.create_namespaced_pod("q", {"metadata": {"name": "p"}, "spec": {
+        "containers": [{"name": "c", "image": "busybox",
+                        "resources": {"requests": {"cpu": "1500m"}}}]}})
+    changes.until(lambda: status()["used"] == {"requests.cpu": "1.5", "pods": "1"},
+                  message="used to count the pod")
+    kube.core.patch_namespaced_resource_quota("share", "q", {"spec": {"hard": {
+        "requests.cpu": "4", "pods": "5"}}})
+    changes.until(lambda: status()["hard"] == {"requests.cpu": "4", "pods": "5"},
+                  message="hard to follow the spec")
+    kube.core.delete_namespaced_pod("p", "q", grace_period_seconds=0)
+    changes.until(lambda: status()["used"] == {"requests.cpu": "0", "pods": "0"},
+                  message="used to drop with the pod")

@@ -18,6 +18,7 @@ def fresh(**changes: cond.Condition) -> dict[str, cond.Condition]:
         "Suspended": cond.Condition("", cond.FALSE, "NoneSuspended"),
         "Credentials": cond.Condition("", cond.UNKNOWN, "Unknown", "not reported"),
         "ApiReachable": cond.Condition("", cond.TRUE, "Reachable", "the API server answers"),
+        "Drifted": cond.Condition("", cond.FALSE, "NoneDrifted"),
     }
     base.update(changes)
     return base

@@ -22,9 +22,9 @@ lock held, after validation):
 
 Not modelled: quota scopes and scope selectors, `count/<resource>` keys, per storage class
 keys, the quota check on updates (a claim resized), pod overhead, LimitRange
-min/max/ratio, Pod Security `audit`/`warn` modes and exemptions. Usage is computed from the
-store on every admission, so there is no quota-controller lag (the real one updates
-`status.used` asynchronously).
+min/max/ratio, Pod Security `audit`/`warn` modes and exemptions. Admission computes usage
+from the store on every request, so it has no quota-controller lag; the quota's
+`status.used` follows asynchronously, as on a real cluster (see `controllers`).
 """
 
 from __future__ import annotations

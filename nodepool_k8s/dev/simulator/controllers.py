@@ -14,6 +14,9 @@ Owns: what a real cluster does on its own after an API call —
 - graceful pod deletion: a deleted pod stops after `pod_delete_delay` (or its grace period,
   if shorter; its whole grace period under the `ignore_sigterm` fault), then is removed
   unless finalizers hold it.
+- quota controller: a ResourceQuota's `status` (`hard` from its spec, `used` from the
+  namespace's objects, as admission counts them) follows the objects it counts and its own
+  spec, so a watch on it sees usage change as pods come and go.
 
 Event driven: the store calls `on_event` (under its lock) for every change; that only
 schedules work on the shared `Scheduler` thread. Each step re-reads the object and checks its
@@ -34,7 +37,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
-from nodepool_k8s.dev.simulator import errors, scheduler as filters
+from nodepool_k8s.dev.simulator import admission, errors, scheduler as filters
 from nodepool_k8s.dev.simulator.config import DEFAULT_NODE
 from nodepool_k8s.dev.simulator.auth import TokenAuthority
 from nodepool_k8s.dev.simulator.config import SimulatorConfig
@@ -47,8 +50,8 @@ from nodepool_k8s.dev.simulator.validation import SA_NAME_ANNOTATION, SA_TOKEN_T
 
 log = logging.getLogger(__name__)
 
-PODS, NAMESPACES, SECRETS, SAS, NODES = (by_plural(p) for p in (
-    "pods", "namespaces", "secrets", "serviceaccounts", "nodes"))
+PODS, NAMESPACES, SECRETS, SAS, NODES, QUOTAS = (by_plural(p) for p in (
+    "pods", "namespaces", "secrets", "serviceaccounts", "nodes", "resourcequotas"))
 SA_UID_ANNOTATION = "kubernetes.io/service-account.uid"
 NO_TLS_CA = "# the simulator runs without TLS; there is no CA certificate\n"
 
@@ -233,6 +236,8 @@ class Controllers:
         # change of anything inside has it look again. `_queued`: a look is scheduled.
         self._terminating: dict[str, str] = {}
         self._queued: set[str] = set()
+        # Namespaces whose ResourceQuotas' status is to be computed again (coalesced).
+        self._quota_queued: set[str] = set()
 
     def start(self) -> None:
         self.store.subscribe(self.on_event)
@@ -282,12 +287,38 @@ class Controllers:
             self._terminating.pop(name, None)
         elif event.resource == "nodes" and event.type in (ADDED, MODIFIED):
             self.later(0, self.reconsider)
+        if ns and (event.resource in admission.USAGE or (
+                event.resource == QUOTAS.plural and event.type != DELETED)):
+            self._queue_quota_status(ns)  # what a quota counts changed, or its spec
         if ns and event.type in (MODIFIED, DELETED) and ns in self._terminating \
                 and ns not in self._queued:
             # Content of a Terminating namespace changed (a finalizer went, a pod stopped).
             self._queued.add(ns)
             self.later(0, functools.partial(self._finalize_namespace, ns,
                                             self._terminating[ns]))
+
+    def _queue_quota_status(self, ns: str) -> None:
+        if ns in self._quota_queued:
+            return
+        if not self.store.list(QUOTAS.plural, ns)[0]:
+            return
+        self._quota_queued.add(ns)
+        self.later(0, functools.partial(self._quota_status, ns))
+
+    def _quota_status(self, ns: str) -> None:
+        """Every ResourceQuota of `ns` with `status` from its spec and the objects now (an
+        unchanged status is not written, so this settles)."""
+        with self.store.lock:
+            self._quota_queued.discard(ns)
+            objects = {plural: self.store.list(plural, ns)[0] for plural in admission.USAGE}
+            for quota in self.store.list(QUOTAS.plural, ns)[0]:
+                status = {"hard": dict((quota.get("spec") or {}).get("hard") or {}),
+                          "used": admission.quota_used(quota, objects)}
+
+                def refresh(draft: Obj, status: dict[str, Any] = status) -> None:
+                    draft["status"] = status
+                self.store.mutate(QUOTAS, ns, quota["metadata"]["name"], refresh,
+                                  quota["metadata"]["uid"])
 
     def reconsider(self) -> None:
         """Retry everything a fault may have been holding back (runs on the scheduler)."""

@@ -275,7 +275,9 @@ def describe_request(method: str, path: str, query: Any) -> tuple[str, str]:
     if not rest or len(rest) > 3 or not _RESOURCE.fullmatch(resource):
         resource = "other"
     method = method.upper()
-    if method == "GET":
+    if not rest and method == "GET":
+        verb = "get"  # a non-resource URL (`/version`, the health probe's): one read
+    elif method == "GET":
         watching = any(str(k) == "watch" and str(v).lower() in ("true", "1")
                        for k, v in (query.items() if isinstance(query, dict) else query or ()))
         verb = "watch" if watch_path or watching else "get" if named else "list"

@@ -231,9 +231,11 @@ class ApiProbe:
         self._thread.start()
 
     def stop(self) -> None:
+        # A probe in flight against a dead server may take its whole timeouts: the thread
+        # (a daemon, holding nothing) finishes it alone rather than hold up a stop.
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(10)
+            self._thread.join(1.0)
 
     def probe_once(self) -> None:
         """One look: the trust files, then GET /version (the outcome lands in `health`)."""

@@ -21,7 +21,18 @@ changed, rate-limited:
   launches wait, nothing fails), Unknown when the provider does not report them;
 - `ApiReachable`: Reachable / Unreachable / TLSUntrusted / Unauthorized, the provider's
   view of its API server (`driver.base.ProviderHealth`), Unknown when the provider does
-  not report it.
+  not report it;
+- `Drifted`: True with reason SparesDrifted while spare nodes of the pool (ready, nobody
+  uses them) were built from an older configuration of their label than this launcher's
+  (`config.fingerprint`), the count in the message and in the record's `drifted`; the
+  drift pass replaces them within the pool's `drift-budget`. False (NoneDrifted)
+  otherwise. Computed here from the cached nodes: the pass over them is already made, and
+  nothing is written to a node for it (`nodepool show` derives the node's own `Drifted`
+  condition the same way).
+
+The record also says whether this launcher's worker holds the pool's requests back
+(`paused`: at quota, or paused or drained by the operator or a window), which the one
+status per pool (`views.pools`) shows for each launcher.
 
 Each published condition carries `neutral`: True for a state the operator chose
 (`conditions.NEUTRAL_REASONS`: paused, draining, disabled), which readers show as neither
@@ -42,17 +53,19 @@ from typing import Any, Iterable, Mapping, TypedDict, cast
 
 from nodepool_k8s.core import conditions as cond
 from nodepool_k8s.core import quota
+from nodepool_k8s.config.fingerprint import label_hash
 from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.launcher import breaker as breakers
 from nodepool_k8s.launcher import plan
 from nodepool_k8s.core.model import Resources
+from nodepool_k8s.views import pools as pool_view
 from nodepool_k8s.core.pool_records import (BreakerEntry, CapacityCondition, ConditionRecord,
                                             PoolCondition, PoolStatusRecord, SuspendedLabel,
                                             TargetRow, UsageRow)
 
 TRUE, FALSE, UNKNOWN = cond.TRUE, cond.FALSE, cond.UNKNOWN
 CONDITIONS = ("Validated", "AtTarget", "Quota", "Capacity", "Suspended", "Credentials",
-              "ApiReachable")
+              "ApiReachable", "Drifted")
 MODEL_VERSION = 1
 
 
@@ -201,6 +214,34 @@ def suspended_condition(suspended: Mapping[str, BreakerEntry],
     return _cond(TRUE, "LabelSuspended", "; ".join(parts))
 
 
+def drifted_spares(nodes: Iterable[Any], provider: str, pool: PoolConfig) -> int:
+    """Spares of the pool whose recorded configuration hash is not their label's now (a
+    node without one, or of a label the pool no longer has, is not counted: drift.py
+    leaves those alone too)."""
+    hashes: dict[str, str] = {}
+    count = 0
+    for n in nodes:
+        if n.provider != provider or n.pool != pool.name or n.config_hash is None:
+            continue
+        label = pool.labels.get(n.label or "")
+        if label is None or not plan.counts_as_spare(n, label.name):
+            continue
+        wanted = hashes.get(label.name)
+        if wanted is None:
+            wanted = hashes[label.name] = label_hash(label, pool)
+        if n.config_hash != wanted:
+            count += 1
+    return count
+
+
+def drifted_condition(count: int) -> cond.Condition:
+    if not count:
+        return _cond(FALSE, "NoneDrifted")
+    return _cond(TRUE, "SparesDrifted",
+                 f"{count} spare node(s) built from an older configuration of their label:"
+                 " replaced within the pool's drift-budget")
+
+
 class StatusBuilder:
     """Keeps transition times across passes and decides when to publish."""
 
@@ -279,7 +320,7 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
           unhandable: frozenset[str] = frozenset(),
           credentials: ConditionRecord | None = None,
           api: ConditionRecord | None = None,
-          hold: Hold | None = None) -> tuple[
+          hold: Hold | None = None, paused: bool = False) -> tuple[
               dict[str, cond.Condition], PoolStatusRecord]:
     """Fresh conditions (without transition times) and the status record, whose
     `conditions` the caller fills from them (`StatusBuilder.conditions`)."""
@@ -289,6 +330,7 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
                       quota.total(records, provider=provider.name))
     countable = [n for n in nodes if n.id not in unhandable] if unhandable else nodes
     target, targets = at_target(pool, config, countable, sum(counts.values()), hold)
+    drifted = drifted_spares(countable, provider.name, pool)
     fresh: dict[str, cond.Condition] = {
         "Validated": validated(pool, provider, cloud),
         "AtTarget": target,
@@ -300,6 +342,7 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
                                                     "the provider does not report them")),
         "ApiReachable": _reported(api, _cond(UNKNOWN, "Unknown",
                                              "the provider does not report it")),
+        "Drifted": drifted_condition(drifted),
     }
     rest: PoolStatusRecord = {
         "model": MODEL_VERSION, "id": pool_id, "hostname": hostname,
@@ -307,9 +350,20 @@ def build(*, pool_id: str, hostname: str, pool: PoolConfig, provider: ProviderCo
         "labels": sorted(pool.labels), "nodes": counts,
         "launches_in_progress": launching, "requests_queued": queued,
         "requests_handled": pending, "usage": rows, "targets": targets,
+        "drifted": drifted, "paused": paused or hold is not None,
         "suspended": {name: _suspended(entry) for name, entry in sorted(suspended.items())},
         "capacity": {k: v for k, v in (capacity or {}).items()
                      if k not in ("status", "reason", "message")},
         "conditions": [],
     }
     return fresh, rest
+
+
+def combined(own: PoolStatusRecord, published: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """The pool's one status (`views.pools.combine`) from `own` (this worker's, as just
+    published) and the other launchers' records of the same pool among `published` (the
+    mirrored directory, which may still hold an older copy of `own`): what the pool's
+    statsd gauges report, so that launchers sharing a pool send the same values."""
+    others = [r for r in published if r.get("provider") == own["provider"]
+              and r.get("pool") == own["pool"] and r.get("id") != own["id"]]
+    return pool_view.combine([cast(Mapping[str, Any], own)] + others)[0]

@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
+from nodepool_k8s.config import fingerprint
+from nodepool_k8s.config.model import Config
 from nodepool_k8s.core.errors import TemporaryError
 from nodepool_k8s.core.model import Node, NodeRequest
 from nodepool_k8s.core.records import MalformedRecord
@@ -173,6 +175,12 @@ class LauncherStatus:
         cache = self.launcher.pool_status_cache
         self._require_synced(cache.synced, "pool status")
         return list(cache.items().values())
+
+    def config_hashes(self) -> fingerprint.Hashes | None:
+        """What a node built now would record, per (provider, pool) and label: the loaded
+        configuration's, so `/node-list` and `/node/<id>` say which nodes drifted."""
+        config = getattr(self.launcher, "config", None)
+        return fingerprint.config_hashes(config) if isinstance(config, Config) else None
 
     def counters(self) -> dict[CounterKey, float]:
         return self.stats.counters()

@@ -846,6 +846,8 @@ class RequestHandler:
                      state)
         if outcome == DONE:
             self._report_done(now)
+            lifecycle.record_declined(self.engine.events, self.request, self.ref.provider,
+                                      self.ref.pool, decline)
 
     def _report_done(self, now: float) -> None:
         """The request's wait, once it is fulfilled or failed (not declined for others)."""

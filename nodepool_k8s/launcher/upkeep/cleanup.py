@@ -2,7 +2,8 @@
 
 Owns, for nodes of this launcher's providers (decisions in `plan.node_cleanup`):
 - deleting unlocked nodes in used / in-use / building / failed / deleting / deleted /
-  aborted, stale `init` nodes, ready nodes past `max-ready-age`, held nodes past
+  aborted, stale `init` nodes, ready nodes past `max-ready-age` (oldest first, within the
+  pool's `expiry` disruption budget: see disruption.py), held nodes past
   min(`hold_expiration`, `max-hold-age`) (through the deleter);
 - de-allocating ready nodes whose request vanished (cancellation), so they are reused;
 - resetting lost requests: `pending` with nobody holding the lock goes back to `requested`
@@ -42,6 +43,7 @@ from nodepool_k8s.core.errors import TemporaryError
 from nodepool_k8s.runtime.clock import Clock, StampAges
 from nodepool_k8s.config.model import Config
 from nodepool_k8s.launcher import plan
+from nodepool_k8s.launcher.upkeep import disruption
 from nodepool_k8s.launcher.upkeep.deleter import NodeDeleter
 from nodepool_k8s.launcher.upkeep.leaks import LeakDeps, LeakSweeper
 from nodepool_k8s.launcher.worker import PASS_COALESCE, RefusedRequests, Worker
@@ -51,6 +53,7 @@ from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import errors, locks, paths
 from nodepool_k8s.zk.cache import CacheEvent, RequestCache
 from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.requests import RequestStore
 from nodepool_k8s.zk.txn import Txn
@@ -89,6 +92,9 @@ class CleanupDeps(LeakDeps, Protocol):
 
     @property
     def requests(self) -> RequestStore: ...
+
+    @property
+    def events(self) -> EventLog: ...
 
     # Written by the persistent-lock check, read by min-ready and the pool workers.
     stuck_nodes: frozenset[str]
@@ -228,13 +234,25 @@ class CleanupWorker(Worker):
             if verdict.action is not plan.CleanupAction.NONE \
                     and (full or not cache.is_locked(node_id)):
                 candidates.append(node_id)
+        # Oldest first: ready nodes past max-ready-age leave in that order within a budget.
+        candidates.sort(key=lambda i: (_state_time(cache.get(i)), i))
+        budgets = _ExpiryBudgets(self.engine, self.deleter)
         # The cache shows a node and its lock contenders as separate znodes, so it can
         # briefly look unlocked: read both fresh (batched) before spending a lock attempt.
         for node_id, fresh, locked in self.engine.nodes.read_with_locks(candidates):
             if fresh is None:
                 continue
             verdict = self._verdict(fresh, locked)
-            if verdict.action is plan.CleanupAction.DELETE:
+            if verdict.action is plan.CleanupAction.DELETE \
+                    and fresh.state == model.NodeState.READY:
+                # A spare past max-ready-age: an expiry, within the pool's budget.
+                if not budgets.take(fresh):
+                    next_check = min(next_check, now + disruption.RETRY_INTERVAL)
+                    continue
+                if self.deleter.submit(node_id, verdict.reason, self._still_deletable):
+                    disruption.record_removal(self.engine, disruption.EXPIRY, fresh,
+                                              verdict.reason)
+            elif verdict.action is plan.CleanupAction.DELETE:
                 self.deleter.submit(node_id, verdict.reason, self._still_deletable)
             elif verdict.action is plan.CleanupAction.DEALLOCATE:
                 self._deallocate(node_id)
@@ -498,3 +516,43 @@ class CleanupWorker(Worker):
                 self._lock_dir_due.pop(request_id, None)
                 self._lock_dir_ages.forget(request_id)
                 self.log.info("Removed orphaned request-lock dir %s", request_id)
+
+
+def _state_time(node: Node | None) -> float:
+    return node.state_time or 0.0 if node is not None else 0.0
+
+
+class _ExpiryBudgets:
+    """Room in each pool's `expiry` budget during one cleanup pass: the pool's nodes being
+    deleted (their state, or this launcher's deleter working on them) count against it,
+    and so does each expiry this pass asks for."""
+
+    def __init__(self, engine: CleanupDeps, deleter: NodeDeleter) -> None:
+        self.engine = engine
+        self.deleter = deleter
+        self._counts: dict[tuple[str | None, str | None], list[int]] | None = None
+
+    def _count(self) -> dict[tuple[str | None, str | None], list[int]]:
+        """(provider, pool) -> [its nodes, those being deleted]."""
+        counts: dict[tuple[str | None, str | None], list[int]] = {}
+        for node in self.engine.node_cache.nodes():
+            entry = counts.setdefault((node.provider, node.pool), [0, 0])
+            entry[0] += 1
+            if node.state in (model.NodeState.DELETING, model.NodeState.DELETED) \
+                    or self.deleter.busy(node.id):
+                entry[1] += 1
+        return counts
+
+    def take(self, node: Node) -> bool:
+        pool = self.engine.config.pool_config(node.provider, node.pool)
+        if pool is None:
+            return True  # no pool configured any more: no budget to keep
+        if self._counts is None:
+            self._counts = self._count()
+        entry = self._counts.setdefault((node.provider, node.pool), [1, 0])
+        left = disruption.room(disruption.EXPIRY, pool.disruption_budgets, entry[0], entry[1],
+                               self.engine.clock.time())
+        if left is not None and left <= 0:
+            return False
+        entry[1] += 1
+        return True

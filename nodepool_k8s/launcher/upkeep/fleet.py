@@ -1,17 +1,17 @@
-"""Fleet control in the launcher: whether a pool is paused or drained right now, and the
-draining of its spare nodes.
+"""Fleet control in the launcher: whether a pool is paused or drained right now, and what
+a spare node is.
 
 Owns: combining the operator's pause/drain (ZooKeeper, `zk.pool_state`, mirrored by every
 launcher) with the pool's configured maintenance windows into the one state that governs
-the pool (`control`), and deleting the spare nodes of a draining pool (`drain_spares`).
-The pool worker calls both on every pass; a paused or drained pool accepts no request
-(requests only it could serve stay queued: it does not decline them), its in-use nodes
-are untouched, and a drained pool also loses its ready, unallocated, unlocked nodes.
+the pool (`control`), and listing the pool's spares (`spares`). The pool worker calls
+`control` on every pass; a paused or drained pool accepts no request (requests only it
+could serve stay queued: it does not decline them), its in-use nodes are untouched, and a
+drained pool also loses its ready, unallocated, unlocked nodes (disruption.py deletes
+them, within the pool's `drain` budget).
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Protocol
 
 from nodepool_k8s.core import model
@@ -20,14 +20,12 @@ from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.core.model import Node
 from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.zk.cache import NodeCache
-from nodepool_k8s.zk.pool_state import DRAIN, PoolState, PoolStateCache
-
-log = logging.getLogger("nodepool_k8s.fleet")
+from nodepool_k8s.zk.pool_state import PoolState, PoolStateCache
 
 
 class FleetDeps(Protocol):
-    """What fleet control (and drift, which deletes spares the same way) uses of the
-    engine (`launcher.context.Engine` provides it)."""
+    """What fleet control (and disruption, which deletes spares) uses of the engine
+    (`launcher.context.Engine` provides it)."""
 
     @property
     def clock(self) -> Clock: ...
@@ -55,16 +53,3 @@ def spares(engine: FleetDeps, provider: str, pool: str) -> list[Node]:
     cache = engine.node_cache
     return [n for n in cache.nodes() if n.provider == provider and n.pool == pool
             and is_spare(n, cache.is_locked(n.id))]
-
-
-def drain_spares(engine: FleetDeps, provider: str, pool: str, state: PoolState) -> int:
-    """Ask for every spare node of a draining pool to be deleted; how many were asked."""
-    if state.action != DRAIN:
-        return 0
-    asked = 0
-    for node in spares(engine, provider, pool):
-        if engine.request_delete(node.id, f"draining pool {provider}/{pool}"):
-            asked += 1
-            log.info("[node: %s] Deleting a spare node of draining pool %s/%s", node.id,
-                     provider, pool)
-    return asked

@@ -35,7 +35,8 @@ from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore
-from nodepool_k8s.zk.pool_status import POOL_BREAKERS, decode_breakers
+from nodepool_k8s.zk.pool_status import (POOL_BREAKERS, POOL_STATUS, decode_breakers,
+                                         decode_pool_status)
 from nodepool_k8s.zk.pool_state import PoolState, strongest
 from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
@@ -295,6 +296,7 @@ class WorkerDeps(Deps):
         self.components = NoComponents()
         self.cluster_aware: dict[str, Any] = {}  # the fake driver is not cluster-aware
         self.breakers = ReadThroughJson(zk, POOL_BREAKERS, decode_breakers)
+        self.pool_statuses = ReadThroughJson(zk, POOL_STATUS, decode_pool_status)
         self.stuck_requests: frozenset[str] = frozenset()
         self.deletions: list[tuple[str, str]] = []
 

@@ -17,7 +17,7 @@ import pytest
 
 from nodepool_k8s.core import model
 from nodepool_k8s.core.errors import LaunchError
-from nodepool_k8s.launcher.upkeep import drift
+from nodepool_k8s.launcher.upkeep import disruption
 from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.zk.client import ZkClient
 from tests.helpers import ZkConnection
@@ -64,13 +64,13 @@ def test_backward_step_does_not_stall_the_pool_status(make_worker_deps: MakeWork
 def test_backward_step_does_not_stall_the_drift_check(
         make_worker_deps: MakeWorkerDeps, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[float] = []
-    real = drift.replace_drifted
+    real = disruption.decide
 
-    def counted(*args: object, **kw: object) -> tuple[int, int]:
+    def counted(*args: object, **kw: object) -> object:
         calls.append(deps.clock.monotonic())
         return real(*args, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(drift, "replace_drifted", counted)
+    monkeypatch.setattr(disruption, "decide", counted)
     deps = make_worker_deps()
     worker, _ = worker_for(deps)
     worker.run_once()
@@ -78,7 +78,7 @@ def test_backward_step_does_not_stall_the_drift_check(
     worker.run_once()
     assert len(calls) == 1  # nothing can drift until CHECK_INTERVAL
     deps.clock.step_wall(-HOUR)
-    deps.clock.advance(drift.CHECK_INTERVAL + 1)
+    deps.clock.advance(disruption.CHECK_INTERVAL + 1)
     worker.run_once()
     assert len(calls) == 2  # the periodic drift check
 
