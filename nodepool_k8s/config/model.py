@@ -299,6 +299,13 @@ class ProviderConfig:
     api_retries: int = S.API_RETRIES
     api_backoff: tuple[float, ...] = S.API_BACKOFF
     api_timeout: float = S.API_TIMEOUT
+    # Kubernetes driver: connect and read timeouts of one API request (see schema.py).
+    api_connect_timeout: float = S.API_CONNECT_TIMEOUT
+    api_read_timeout: float = S.API_READ_TIMEOUT
+    # Handing back requests a pool cannot serve now, and leaving the labels it handed back
+    # to other pools for a while (seconds; see schema.py).
+    hand_back_after: float = S.HAND_BACK_AFTER
+    recently_failed_ttl: float = S.RECENTLY_FAILED_TTL
     # Kubernetes driver: after a 401 the credentials are loaded again at once, then at most
     # once per step of this backoff (seconds; the last step repeats) while still refused.
     credentials_backoff: tuple[float, ...] = S.CREDENTIALS_BACKOFF

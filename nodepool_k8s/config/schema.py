@@ -60,6 +60,18 @@ BREAKER_BACKOFF_MAX = 3600.0
 API_RETRIES = 5
 API_BACKOFF = (0.2, 0.5, 1.0, 2.0, 4.0)
 API_TIMEOUT = 30.0
+# Kubernetes driver: one API request of a launch or a deletion may take this long to
+# connect and this long between answer bytes (within `api-timeout` for the whole answer and
+# within the launch's boot-timeout for all of its calls and retries together): an API
+# server that accepts connections and never answers costs a launch seconds, not minutes.
+API_CONNECT_TIMEOUT = 5.0
+API_READ_TIMEOUT = 10.0
+# A pool that holds a request it cannot serve now (its API server unusable, the pool
+# paused or drained, the cluster refusing for quota) hands it back (a decline another pool
+# takes) once the cause has lasted this many seconds and another pool could serve it; the
+# labels it handed back are left to other pools for `recently-failed-ttl` seconds.
+HAND_BACK_AFTER = 10.0
+RECENTLY_FAILED_TTL = 120.0
 # Kubernetes driver: once the API server refuses the launcher's credentials (401), they are
 # loaded again at once, then at most once per step of this list (the last step repeats).
 CREDENTIALS_BACKOFF = (1.0, 5.0, 15.0, 30.0, 60.0)
@@ -696,6 +708,8 @@ def _provider(label: Validator, extra: dict[Any, Validator]) -> Validator:
         Optional("priority"): integer(),
         Optional("context"): string(),
         Optional("launch-retries"): integer(minimum=1),
+        Optional("hand-back-after"): _seconds,
+        Optional("recently-failed-ttl"): _seconds,
         Optional("max-servers"): integer(),
         Optional("max-cores"): integer(minimum=0),
         Optional("max-ram"): integer(minimum=0),
@@ -708,6 +722,8 @@ def _provider(label: Validator, extra: dict[Any, Validator]) -> Validator:
         Optional("api-retries"): integer(minimum=0),
         Optional("api-backoff"): list_of(_seconds, min_items=1),
         Optional("api-timeout"): _timeout,
+        Optional("api-connect-timeout"): _timeout,
+        Optional("api-read-timeout"): _timeout,
         Optional("unschedulable-grace"): _seconds,
         Optional("delete-timeout"): _timeout,
         Optional("terminating-grace"): _seconds,

@@ -128,6 +128,13 @@ _NODE_REASONS: dict[str, str] = {
     "LabelSuspended": "The circuit breaker holds the label after repeated failed launches "
                       "(see the pool's Suspended condition): fix the cause; it probes again "
                       "by itself.",
+    "HandedBack": "The pool held the request but could not serve it for hand-back-after "
+                  "seconds (its API server unusable, the pool paused or drained, the "
+                  "cluster refusing for quota; the message says which) while another pool "
+                  "could: released for that pool. Fix the cause if it lasts.",
+    "RecentlyFailed": "The pool handed this label back lately (see HandedBack): for "
+                      "recently-failed-ttl seconds it leaves the label's requests to other "
+                      "pools that can take them.",
     # why a request waits (`waiting_reasons`, and what `request-list` computes)
     "WaitingForQuota": "The pool holds the request until its nodes fit a limit (the message "
                        "names it; see the pool's Quota condition): it goes on when nodes are "
@@ -140,6 +147,10 @@ _NODE_REASONS: dict[str, str] = {
                   "`nodepool resume` it, or wait for the window to end.",
     "PoolDraining": "An operator (`nodepool drain`) or a maintenance window drained the "
                     "pool: `nodepool resume` it, or wait for the window to end.",
+    "ProviderUnhealthy": "The pool's API server cannot be used (see the pool's ApiReachable "
+                         "condition): the pool launches nothing and holds the request "
+                         "until it answers again, or hands it to another pool that can "
+                         "serve it after hand-back-after.",
     "TenantAtLimit": "The request's tenant uses all of its tenant-resource-limits: it waits "
                      "until the tenant's nodes are returned.",
     "PoolWaiting": "The pool is paused while a request it holds waits for capacity: it "

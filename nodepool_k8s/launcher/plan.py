@@ -16,6 +16,12 @@ workers only act on their verdicts:
   pool declined);
 - `Waiting` says why a pool holds back a request it would serve (paused, drained,
   tenant limit; the handler's quota waits);
+- `hand_back` says when a pool that holds an accepted request but cannot serve it now
+  (its provider unhealthy, paused or drained, the cluster refusing for quota) releases it
+  the Nodepool way (a decline, so another pool takes it): only once the cause has lasted
+  `after` seconds and another registered pool could serve it; `RecentlyFailed` remembers
+  (pool, label) pairs that were handed back, for a while, so the next request of that
+  label goes elsewhere while another pool can take it;
 - `node_cleanup` decides delete / deallocate / nothing for one node from its age, with
   how long until it should be looked at again;
 - `min_ready_shortfall` counts how many spare nodes of a label are missing.
@@ -219,6 +225,74 @@ def record_decline(request: NodeRequest, pool_id: str, registered_ids: set[str],
     transition_request(request, state, now)
     request.nodes = []
     return request.state
+
+
+# -- handing requests back ------------------------------------------------------------------
+
+def served_elsewhere(request: NodeRequest, me: str, registered: Iterable[PoolInfo]) -> bool:
+    """Whether another registered pool that is not paused (nor unhealthy: such pools
+    register paused) serves every label of `request` and has not declined it.
+    A pool-level min-ready request has one server only: never."""
+    if target_pool(request) is not None:
+        return False
+    wanted = set(request.node_types)
+    return any(p.id != me and not p.paused and p.id not in request.declined_by
+               and wanted <= p.labels for p in registered)
+
+
+@dataclass(frozen=True)
+class Unable:
+    """Why a pool cannot serve a request it holds now: the waiting reason (a code of
+    `conditions.REASONS` and its message) and since when (monotonic seconds)."""
+
+    waiting: Waiting
+    since: float
+
+
+def hand_back(request: NodeRequest, me: str, registered: Iterable[PoolInfo],
+              unable: Unable | None, now: float,
+              after: float) -> tuple[Decline | None, float | None]:
+    """Whether pool `me` hands `request` back now: (the decline to write, None) when
+    the cause has lasted `after` seconds and another pool could serve it; (None, the
+    monotonic time to look again) while the cause has not lasted that long; (None, None)
+    when nothing is to be done (no cause, or nobody else could serve it: it waits here)."""
+    if unable is None or not served_elsewhere(request, me, registered):
+        return None, None
+    due = unable.since + max(0.0, after)
+    if now < due:
+        return None, due
+    return Decline("HandedBack", f"handed back: {unable.waiting.message}"), None
+
+
+class RecentlyFailed:
+    """Labels a pool handed back lately, each remembered `ttl` seconds (monotonic), so
+    the next request of such a label is declined for another pool while one could take
+    it (`refusal`). Bounded by the pool's labels; decays without a restart."""
+
+    def __init__(self) -> None:
+        self._until: dict[str, float] = {}
+
+    def remember(self, labels: Iterable[str], now: float, ttl: float) -> None:
+        if ttl <= 0:
+            return
+        for label in labels:
+            self._until[label] = now + ttl
+
+    def active(self, now: float) -> dict[str, float]:
+        """The labels still remembered, with when each is forgotten."""
+        for label in [k for k, until in self._until.items() if until <= now]:
+            del self._until[label]
+        return dict(self._until)
+
+    def refusal(self, request: NodeRequest, me: str, registered: Iterable[PoolInfo],
+                now: float) -> Decline | None:
+        """The decline for a request with a recently failed label that another pool
+        could serve (None: take it here as usual)."""
+        failed = sorted(set(request.node_types) & set(self.active(now)))
+        if not failed or not served_elsewhere(request, me, registered):
+            return None
+        return Decline("RecentlyFailed", f"this pool handed label(s) {', '.join(failed)}"
+                       " back lately: leaving the request to another pool")
 
 
 # -- cleanup ------------------------------------------------------------------------------

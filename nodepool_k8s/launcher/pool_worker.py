@@ -19,6 +19,15 @@ and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.
    written onto it (`waiting_reasons`) when that changed, for the causes that last (an
    operator's or a window's pause or drain, a tenant limit).
 
+Requests it cannot serve now (`_hand_back`): while its provider's API server cannot be
+used the pool counts as paused (registered so: other pools stop yielding to it), starts no
+launch and accepts nothing; a request it holds while so, or while paused or drained (one
+that waits), or whose launches the cluster keeps refusing for quota, is handed back (a
+decline with reason `HandedBack`) once the cause lasted the provider's `hand-back-after`
+and another registered pool could serve it (`plan.hand_back`); otherwise it waits here,
+saying why. Labels handed back are declined (`RecentlyFailed`) for `recently-failed-ttl`
+while another pool could take them, so the next request goes there at once.
+
 What it uses of the engine is `PoolWorkerDeps`; the handlers, the batch and fleet control
 each name their own slice of it.
 
@@ -52,7 +61,8 @@ from nodepool_k8s.launcher.reporting import pool_status
 from nodepool_k8s.launcher.breaker import PoolBreaker
 from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.launcher.requests.batch import Batch, copy_request
-from nodepool_k8s.launcher.requests.handler import HandlerDeps, PoolRef, RequestHandler
+from nodepool_k8s.launcher.requests.handler import (HandlerDeps, HandlerState, PoolRef,
+                                                    RequestHandler)
 from nodepool_k8s.launcher.requests.launch import LaunchPool
 from nodepool_k8s.launcher.worker import RefusedRequests, Worker
 from nodepool_k8s.core.model import NodeRequest, Resources
@@ -76,6 +86,10 @@ def _hold(control: PoolState | None) -> pool_status.Hold | None:
     why = f": {control.reason}" if control.reason else ""
     return pool_status.Hold(control.action, f"{verb}{by} ({control.source}){why}")
 
+
+# Why a pool hands requests back that is a failure of the pool (not an operator's pause or
+# drain): its labels are then left to other pools for `recently-failed-ttl`.
+FAILING = frozenset({"ProviderUnhealthy", "LaunchBackoff"})
 
 # After losing the race for a request's lock, look at the request again this much later.
 CONTENDED_RETRY = 0.2
@@ -184,6 +198,11 @@ class PoolWorker(Worker):
         # the cache shows it; and how many requests we held back in the last pass.
         self._waiting_written: dict[str, tuple[dict[str, str] | None, int]] = {}
         self._held_back_count = 0
+        # Why the whole pool cannot serve now (its provider unhealthy, paused, drained) and
+        # since when (monotonic), for the hand-back; labels it handed back lately.
+        self._unable: plan.Unable | None = None
+        self._unhealthy: plan.Waiting | None = None
+        self.recently_failed = plan.RecentlyFailed()
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -234,7 +253,12 @@ class PoolWorker(Worker):
         # handlers carry on. Draining also deletes the pool's spare nodes.
         control = fleet.control(engine, self.ref.provider, pool_cfg)
         disruption_due = self.disruptor.run(engine, pool_cfg, control)
-        paused = self._advance_handlers() or control is not None
+        self._unhealthy = self._provider_unhealthy()
+        for handler in self.handlers.values():
+            handler.hold(self._unhealthy)
+        paused = self._advance_handlers() or control is not None \
+            or self._unhealthy is not None
+        hand_back_due = self._hand_back(provider_cfg, pool_cfg, registered, control)
         scopes = {h.blocked_scope for h in self.handlers.values() if h.paused}
         if scopes & {quota.SCOPE_POOL, quota.SCOPE_PROVIDER, quota.SCOPE_CLOUD}:
             self._reclaim(whole_provider=bool(scopes - {quota.SCOPE_POOL}))
@@ -245,7 +269,9 @@ class PoolWorker(Worker):
             engine.events.record_batched(
                 zk_events.POOL_PAUSED if paused else zk_events.POOL_RESUMED,
                 provider=self.ref.provider, pool=self.ref.pool,
-                message=", ".join(sorted(str(s) for s in scopes if s)) if paused else "")
+                message=(self._unhealthy.message if self._unhealthy is not None
+                         else ", ".join(sorted(str(s) for s in scopes if s)))
+                if paused else "")
         if self.registration is not None:
             # Other pools yield to us only while we are not paused: keep it current.
             engine.registry.update(self.registration, paused=paused,
@@ -258,11 +284,85 @@ class PoolWorker(Worker):
             deadlines.append(wall_deadline(engine.clock, window_change))
         if disruption_due is not None:
             deadlines.append(disruption_due)
+        deadlines += hand_back_due
         deadlines += self._publish_status(provider_cfg, pool_cfg, provider, control)
         if self._contended:
             self._contended = False
             deadlines.append(self.clock.monotonic() + CONTENDED_RETRY)
         return min(deadlines) if deadlines else None
+
+    # -- requests it cannot serve now -----------------------------------------------------
+    def _provider_unhealthy(self) -> plan.Waiting | None:
+        """Why no launch may start: the provider's API server cannot be used (None: it
+        can, or the provider does not say)."""
+        cluster = self.engine.cluster_aware.get(self.ref.provider)
+        health = cluster.api_health() if cluster is not None else None
+        if health is None or health.healthy is not False:
+            return None
+        return plan.Waiting("ProviderUnhealthy", f"the API server of provider"
+                            f" {self.ref.provider} cannot be used ({health.reason})")
+
+    def _pool_unable(self, pool_cfg: PoolConfig,
+                     control: PoolState | None) -> plan.Unable | None:
+        """Why the pool cannot serve what it holds, since when (kept while the cause stays
+        the same)."""
+        waiting = self._unhealthy or waiting_for(control, pool_cfg)
+        if waiting is None:
+            self._unable = None
+        elif self._unable is None or self._unable.waiting.code != waiting.code:
+            self._unable = plan.Unable(waiting, self.clock.monotonic())
+        elif self._unable.waiting != waiting:
+            self._unable = plan.Unable(waiting, self._unable.since)
+        return self._unable
+
+    def _handler_unable(self, handler: RequestHandler,
+                        pool: plan.Unable | None) -> plan.Unable | None:
+        """Why `handler`'s request cannot be served here now: the pool's cause (the
+        provider unhealthy: whatever the handler does; paused or drained: while the handler
+        waits), or the cloud refusing its launches (waiting after an aborted launch)."""
+        if pool is not None and (self._unhealthy is not None or handler.paused):
+            return pool
+        if handler.state is HandlerState.BACKING_OFF and handler.refused_since is not None:
+            waiting = handler.waiting()
+            if waiting is not None:
+                return plan.Unable(waiting, handler.refused_since)
+        return None
+
+    def _hand_back(self, provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
+                   registered: list[plan.PoolInfo],
+                   control: PoolState | None) -> list[float]:
+        """Hand back the requests this pool cannot serve now that another pool could
+        (`plan.hand_back`); the times to look again."""
+        pool = self._pool_unable(pool_cfg, control)
+        now = self.clock.monotonic()
+        deadlines: list[float] = []
+        handed: list[RequestHandler] = []
+        for handler in list(self.handlers.values()):
+            if handler.done or handler.handing_back is not None:
+                continue
+            unable = self._handler_unable(handler, pool)
+            if unable is None:
+                continue  # the common case, every pass of a busy pool: nothing to decide
+            decline, due = plan.hand_back(handler.request, self.id, registered, unable, now,
+                                          provider_cfg.hand_back_after)
+            if due is not None:
+                deadlines.append(due)
+            if decline is None or unable is None:
+                continue
+            handler.hand_back(decline)
+            if unable.waiting.code in FAILING:
+                self.recently_failed.remember(handler.request.node_types, now,
+                                              provider_cfg.recently_failed_ttl)
+            self.engine.stats.handed_back(self.ref.provider, self.ref.pool,
+                                          unable.waiting.code)
+            handed.append(handler)
+        for handler in handed:
+            handler.advance(may_allocate=False)  # declines now unless launches still run
+        if handed:
+            self._remove_handlers([h.request.id for h in handed if h.done])
+        # A remembered label is looked at again when it is forgotten.
+        deadlines += self.recently_failed.active(now).values()
+        return deadlines
 
     def _registered(self, pool_cfg: PoolConfig) -> list[plan.PoolInfo]:
         pools = [p for p in self.engine.registered_pools() if p.id != self.id]
@@ -323,13 +423,17 @@ class PoolWorker(Worker):
                     and not self._at_concurrency(provider_cfg)
                 refusal, probe = self._breaker_check(request.node_types, pool_cfg,
                                                      accepting)
+                if refusal is None:  # a label handed back lately: another pool's for now
+                    refusal = self.recently_failed.refusal(request, self.id, registered,
+                                                           self.clock.monotonic())
                 if refusal:  # a suspended label: let another pool or provider serve it
                     decision = plan.Decision.declined(refusal)
             if decision.verdict is plan.Verdict.ACCEPT:
                 if paused or full or self._at_concurrency(provider_cfg, batch.node_count):
                     full = True
                     held_back += self._held_back(request, registered,
-                                                 waiting_for(control, pool_cfg))
+                                                 self._unhealthy
+                                                 or waiting_for(control, pool_cfg))
                     continue
                 if tenant_usage is None:
                     limited = self.engine.config.tenant_resource_limits

@@ -153,6 +153,10 @@ def delete_refused_key(provider: str) -> str:
     return f"nodepool.provider.{key_part(provider)}.delete_refused"
 
 
+def handed_back_key(provider: str, pool: str, reason: str) -> str:
+    return f"nodepool.pool.{key_part(provider)}.{key_part(pool)}.handed_back.{key_part(reason)}"
+
+
 def delete_stuck_key(provider: str) -> str:
     return f"nodepool.provider.{key_part(provider)}.delete_stuck"
 
@@ -209,6 +213,7 @@ PROM_GAUGE_REPORTS = "nodepool_stats_gauge_reports_total"
 PROM_MALFORMED = "nodepool_malformed_records_total"
 PROM_DELETE_REFUSED = "nodepool_delete_refused_total"
 PROM_DELETE_STUCK = "nodepool_delete_stuck_total"
+PROM_HANDED_BACK = "nodepool_requests_handed_back_total"
 PROM_SPARES_REMOVED = "nodepool_spares_removed_total"
 PROM_THREAD_CRASHES = "nodepool_thread_crashes_total"
 PROM_LAUNCH_ERRORS = "nodepool_launch_errors_total"
@@ -241,6 +246,8 @@ HELP = {
     PROM_DELETE_REFUSED: "Deletions refused because the resource is not provably this"
                          " installation's.",
     PROM_DELETE_STUCK: "Deletions still not finished after terminating-grace.",
+    PROM_HANDED_BACK: "Requests a pool held but handed back to other pools (it could not"
+                      " serve them: the reason is why it waited), by provider, pool, reason.",
     PROM_SPARES_REMOVED: "Spare nodes (ready, unallocated, unlocked) this launcher asked to"
                          " delete, by provider, pool and reason: drift, expiry (max-age),"
                          " surplus (beyond min-ready) or drain; each within the pool's"
@@ -477,6 +484,12 @@ class Stats:
         (a namespace Terminating past `terminating-grace`); counted once per deletion."""
         self._safe("incr", delete_stuck_key(provider), 1)
         self.count(PROM_DELETE_STUCK, provider=provider)
+
+    def handed_back(self, provider: str, pool: str, reason: str) -> None:
+        """A pool handed a request it held back to other pools (`reason`: why it could
+        not serve it, a waiting reason code)."""
+        self._safe("incr", handed_back_key(provider, pool, reason), 1)
+        self.count(PROM_HANDED_BACK, provider=provider, pool=pool, reason=reason)
 
     def spare_removed(self, provider: str, pool: str, reason: str) -> None:
         """A spare of the pool was asked to be deleted for `reason` (disruption.py)."""

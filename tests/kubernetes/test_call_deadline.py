@@ -5,19 +5,28 @@ byte at a time just inside urllib3's read timeout, held a launch (and Zuul's req
 ever: every read succeeded. Here a tiny HTTP server trickles a 40-byte body over about ten
 seconds; with a one-second api-timeout the call must give up with a TemporaryError, and the
 connection is not reused half-read.
+
+Every request also has the provider's short connect and read timeouts, and a launch's calls
+share one budget (`Budget`): no request outlasts what remains of it, no retry is made that
+would pass its deadline, and a server that never answers is marked unreachable.
 """
 
 from __future__ import annotations
 
 import socket
 import threading
-from typing import Iterator
+from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pytest
 from kubernetes import client as k8s
 
-from nodepool_k8s.driver.kubernetes.client import KubeClient, RetryPolicy
-from nodepool_k8s.core.errors import TemporaryError
+from nodepool_k8s.core.errors import BootTimeout, TemporaryError
+from nodepool_k8s.dev.simulator import Simulator
+from nodepool_k8s.driver.kubernetes.client import (Budget, KubeClient, RetryPolicy,
+                                                   load_configuration)
+from nodepool_k8s.driver.kubernetes.errors import Unreachable
+from nodepool_k8s.runtime.clock import ManualClock
 
 BODY = b'{"kind":"Namespace","metadata":{"name":"x"}}'
 
@@ -75,4 +84,75 @@ def test_a_trickled_answer_ends_at_the_api_timeout(trickler: tuple[int, list[int
     # (about 11 s: the old code waited for it and returned it); each on a fresh connection,
     # a half-read one is never reused.
     assert len(served) == 2
+    client.close()
+
+
+# -- the launch's one budget, and short connect/read timeouts per request ---------------
+
+def sim_client(sim: Simulator, tmp_path: Path, policy: RetryPolicy) -> KubeClient:
+    path = sim.write_kubeconfig(tmp_path / "kubeconfig", context="sim")
+    configuration, context = load_configuration("sim", path, 4)
+    return KubeClient(configuration, context, policy, provider="sim")
+
+
+def recording(fn: Callable[..., Any], seen: list[Any]) -> Callable[..., Any]:
+    """`fn`, noting the request timeout each attempt is sent with."""
+    def send(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("_request_timeout"))
+        return fn(*args, **kwargs)
+    return send
+
+
+def test_each_request_has_the_short_connect_and_read_timeouts(
+        k8s_sim: Simulator, tmp_path: Path) -> None:
+    client = sim_client(k8s_sim, tmp_path, RetryPolicy(retries=0, timeout=30.0,
+                                                       connect_timeout=2.0,
+                                                       read_timeout=3.0))
+    seen: list[Any] = []
+    client.call("list namespaces", recording(client.core.list_namespace, seen))
+    assert seen == [(2.0, 3.0)]
+    # Within a budget, no request is given more than what remains of it.
+    clock = ManualClock()
+    budget = Budget(threading.Event(), clock.monotonic() + 1.5, clock)
+    client.call("list namespaces", recording(client.core.list_namespace, seen), sleep=budget)
+    assert seen[-1] == (1.5, 1.5)
+    client.close()
+
+
+def test_retries_stop_at_the_budgets_deadline(k8s_sim: Simulator, tmp_path: Path) -> None:
+    """A retry whose wait would pass the launch's deadline is not made: the call gives up
+    with the last error (the old per-call budget retried five times regardless)."""
+    client = sim_client(k8s_sim, tmp_path, RetryPolicy(retries=5, backoff=(2.0,)))
+    k8s_sim.fail_next("create", "namespaces", count=5, code=500)
+    clock = ManualClock()
+    budget = Budget(threading.Event(), clock.monotonic() + 1.0, clock)
+    seen: list[Any] = []
+    with pytest.raises(TemporaryError):
+        client.call("create namespace x", recording(client.core.create_namespace, seen),
+                    {"metadata": {"name": "x"}}, sleep=budget)
+    assert len(seen) == 1
+    # Past the deadline nothing is sent at all.
+    clock.advance(1.0)
+    with pytest.raises(BootTimeout, match="deadline"):
+        client.call("create namespace y", recording(client.core.create_namespace, seen),
+                    {"metadata": {"name": "y"}}, sleep=budget)
+    assert len(seen) == 1
+    client.close()
+
+
+def test_a_frozen_server_costs_one_read_timeout_and_marks_it_unreachable(
+        k8s_sim: Simulator, tmp_path: Path) -> None:
+    client = sim_client(k8s_sim, tmp_path, RetryPolicy(retries=0, connect_timeout=1.0,
+                                                       read_timeout=0.3))
+    client.call("list namespaces", client.core.list_namespace)
+    assert client.health.current().healthy is True
+    k8s_sim.freeze()
+    try:
+        with pytest.raises(Unreachable, match="(?i)timed out"):
+            client.call("list namespaces", client.core.list_namespace)
+        assert client.health.current().healthy is False
+    finally:
+        k8s_sim.thaw()
+    client.call("list namespaces", client.core.list_namespace)
+    assert client.health.current().healthy is True
     client.close()

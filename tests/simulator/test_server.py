@@ -294,6 +294,24 @@ def test_the_server_goes_away_and_comes_back(k8s_sim: Simulator) -> None:
     assert status == 200 and body["metadata"]["name"] == "kept"
 
 
+def test_a_frozen_server_accepts_and_never_answers(k8s_sim: Simulator) -> None:
+    """`freeze` keeps accepting connections (TLS included) but answers nothing and applies
+    nothing; `thaw` answers again, and the held request's connection ends unanswered."""
+    k8s_sim.freeze()
+    assert k8s_sim.frozen
+    ctx = ssl.create_default_context(cadata=k8s_sim.ca_pem)
+    held = http.client.HTTPSConnection("127.0.0.1", k8s_sim.port, context=ctx, timeout=0.5)
+    with pytest.raises(TimeoutError):
+        call(held, "POST", "/api/v1/namespaces", k8s_sim.admin_token,
+             {"metadata": {"name": "never"}})
+    k8s_sim.thaw()
+    assert not k8s_sim.frozen
+    status, _ = call(https(k8s_sim), "GET", "/api/v1/namespaces/never", k8s_sim.admin_token)
+    assert status == 404  # the request read while frozen was not applied
+    assert call(https(k8s_sim), "POST", "/api/v1/namespaces", k8s_sim.admin_token,
+                {"metadata": {"name": "later"}})[0] == 201
+
+
 def test_a_rotated_ca_is_served_to_new_connections(k8s_sim: Simulator) -> None:
     """After `rotate_ca` the old CA no longer verifies the server, the new one does; open
     connections are cut; the session's shared material is untouched."""

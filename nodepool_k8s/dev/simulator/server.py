@@ -10,6 +10,11 @@ Two latency traps are avoided on purpose: TCP_NODELAY is set on every accepted s
 Nagle's algorithm plus the client's delayed ACK add ~40 ms per call), and responses are
 written with one sendall() instead of headers and body separately.
 
+Freezing (`freeze()`/`thaw()`): the server goes on accepting connections and reading
+requests but answers none, as an overloaded or partitioned API server does; a request read
+while frozen is never applied, and its connection is closed unanswered once the server
+thaws or stops (its client gave up long before).
+
 Shutdown: `stop()` ends the accept loop by shutting the listening socket down (which wakes a
 blocked accept() at once, no poll interval), shuts down every open connection so their
 threads leave their blocking reads, and joins the threads. Errors on one connection (client
@@ -85,6 +90,10 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length) if length > 0 else b""
 
     def _serve(self) -> None:
+        if self.server.frozen:
+            self.server.wait_thawed()
+            self.close_connection = True  # unanswered: the client has given up on it
+            return
         try:
             body = self._read_body()
         except errors.ApiError as exc:
@@ -159,7 +168,23 @@ class _HttpServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._connections: set[socket.socket] = set()
         self._workers: set[threading.Thread] = set()
+        # Set while the server answers (not frozen), and when it stops.
+        self._thawed = threading.Event()
+        self._thawed.set()
         super().__init__(address, _Handler)
+
+    @property
+    def frozen(self) -> bool:
+        return not self._thawed.is_set()
+
+    def freeze(self) -> None:
+        self._thawed.clear()
+
+    def thaw(self) -> None:
+        self._thawed.set()
+
+    def wait_thawed(self) -> None:
+        self._thawed.wait()
 
     def get_request(self) -> tuple[socket.socket, Any]:
         sock, address = self.socket.accept()
@@ -210,6 +235,7 @@ class _HttpServer(ThreadingHTTPServer):
 
     def stop(self, timeout: float = 5.0) -> None:
         self.stopping = True
+        self._thawed.set()  # frozen requests end with the server
         try:
             self.socket.shutdown(socket.SHUT_RDWR)  # wakes the blocked accept()
         except OSError:
@@ -255,6 +281,17 @@ class ApiServer:
         self.stopped = True
         self._server.stop()
         self._thread.join(5)
+
+    def freeze(self) -> None:
+        """Accept connections and read requests, answer none (until `thaw`)."""
+        self._server.freeze()
+
+    def thaw(self) -> None:
+        self._server.thaw()
+
+    @property
+    def frozen(self) -> bool:
+        return self._server.frozen
 
     def nodelay_flags(self) -> list[bool]:
         """TCP_NODELAY of every open connection (all True: Nagle is off)."""

@@ -165,6 +165,26 @@ class Simulator:
             self._server = ApiServer(self._api, server.host, server.port,
                                      self._ssl_context).start()
 
+    def freeze(self) -> None:
+        """The API server stops answering without going away (overloaded, or a partition
+        that drops the answers): connections are accepted, TLS handshakes complete, and
+        no request gets an answer or is applied until `thaw`. Open watches are cut (their
+        clients open them again, and those hang too). The controllers go on. A restart of
+        the server (`resume_serving`, `rotate_ca`) serves unfrozen."""
+        with self._serving_lock:
+            server = self._require_server()
+            server.freeze()
+            self.store.close_watchers()
+
+    def thaw(self) -> None:
+        """Answer again; the requests held while frozen are dropped unanswered."""
+        with self._serving_lock:
+            self._require_server().thaw()
+
+    @property
+    def frozen(self) -> bool:
+        return self._require_server().frozen
+
     def rotate_ca(self) -> str:
         """Replace the cluster's CA and the server certificate (a CA rotation): the API
         server restarts with them, so every open connection is cut and new ones see the new

@@ -5,7 +5,10 @@ there is no kubeconfig; every exec credential plugin bounded by `credentials-exe
 through `exec_limit`), keeping its logging from dumping bodies (service-account tokens
 travel in them), and `KubeClient.call`: one API call with typed errors and retries configured
 by the provider's `api_retries`/`api_backoff`/`api_timeout`. Responses are decoded to plain
-dicts (`_preload_content=False`), never to client model objects. Every HTTP request goes
+dicts (`_preload_content=False`), never to client model objects. Every request has
+the provider's short connect and read timeouts (`api-connect-timeout`, `api-read-timeout`);
+a launch passes its `Budget` (its cancel event and its deadline) so that its calls, their
+retries and the waits between them together end by the launch's deadline. Every HTTP request goes
 out through `MeteredApiClient.request`, which reports its verb, resource and status code to
 the provider's `on_api_call` listener (the launcher's metrics). Every request, `call`'s and
 a watch's (`stream`), goes through the client's live credentials (`credentials`): a 401 has
@@ -14,7 +17,9 @@ them loaded again (rate-limited) and the request sent once more.
 How it fails: `connect` raises TemporaryError when no credentials can be loaded. `call`
 raises the mapped error (see `errors`) at once for permanent failures and quota refusals,
 and after the configured retries for temporary ones; each retry is logged "#i/n will retry",
-the last failure "#n/n giving up". A cancelled wait between retries raises the last error.
+the last failure "#n/n giving up". A cancelled wait between retries raises the last error;
+within a launch's `Budget`, a retry that would pass its deadline is not made (the last
+error is raised) and a call with no time left raises BootTimeout without sending anything.
 A 401 that loading the credentials again did not cure raises `errors.Unauthorized` (a
 `ProviderUnavailable`, naming the provider and its context) without the API retries.
 """
@@ -49,7 +54,8 @@ from nodepool_k8s.driver.kubernetes.credentials import Credentials, LiveConfigur
 from nodepool_k8s.driver.kubernetes.errors import (Conflict, TlsUntrusted, Unauthorized,
                                                    is_retryable, map_api_error)
 from nodepool_k8s.driver.kubernetes.health import ApiHealth, TrustFollower
-from nodepool_k8s.core.errors import LaunchError, NodepoolError, PermanentError, TemporaryError
+from nodepool_k8s.core.errors import (BootTimeout, LaunchError, NodepoolError, PermanentError,
+                                      TemporaryError)
 from nodepool_k8s.driver.base import API_NO_ANSWER as NO_ANSWER
 from nodepool_k8s.driver.base import ApiCallListener
 
@@ -88,13 +94,23 @@ class RetryPolicy:
 
     retries: int = 5  # repeats after the first attempt
     backoff: tuple[float, ...] = (0.2, 0.5, 1.0, 2.0, 4.0)  # delay before repeat i (last reused)
-    timeout: float = 30.0  # per request (connect + read), seconds
+    timeout: float = 30.0  # per request, for the whole answer, seconds
+    connect_timeout: float = 5.0  # per request, to connect (within `timeout`)
+    read_timeout: float = 10.0  # per request, between answer bytes (within `timeout`)
 
     @classmethod
     def from_config(cls, config: ProviderConfig) -> "RetryPolicy":
         return cls(retries=max(0, int(config.api_retries)),
                    backoff=tuple(config.api_backoff) or (1.0,),
-                   timeout=float(config.api_timeout))
+                   timeout=float(config.api_timeout),
+                   connect_timeout=float(config.api_connect_timeout),
+                   read_timeout=float(config.api_read_timeout))
+
+    def request_timeout(self, left: float | None = None) -> tuple[float, float]:
+        """urllib3's (connect, read) timeouts of one request, none above `timeout` nor
+        above `left` (what remains of the caller's budget)."""
+        cap = self.timeout if left is None else max(0.001, min(self.timeout, left))
+        return min(self.connect_timeout, cap), min(self.read_timeout, cap)
 
     def delay(self, retry: int, error: NodepoolError) -> float:
         base = self.backoff[min(retry, len(self.backoff) - 1)]
@@ -191,6 +207,23 @@ Sleeper = Callable[[float], bool]
 def _never_cancelled(seconds: float) -> bool:
     threading.Event().wait(seconds)
     return False
+
+
+class Budget:
+    """One launch's budget for all of its API calls: a `Sleeper` cut short by `cancel`,
+    and the monotonic `deadline` (on `clock`) that no request, retry or wait between
+    retries of `KubeClient.call` may pass."""
+
+    def __init__(self, cancel: threading.Event, deadline: float, clock: Clock) -> None:
+        self.cancel = cancel
+        self.deadline = deadline
+        self.clock = clock
+
+    def __call__(self, seconds: float) -> bool:
+        return self.cancel.wait(max(0.0, min(seconds, self.remaining())))
+
+    def remaining(self) -> float:
+        return self.deadline - self.clock.monotonic()
 
 
 # How much of an answer one read may return.
@@ -359,53 +392,66 @@ class KubeClient:
         return base64.b64encode(pem).decode("ascii")
 
     def call(self, what: str, fn: Callable[..., Any], *args: Any,
-             sleep: Sleeper | None = None, created_ok: bool = False,
+             sleep: Sleeper | Budget | None = None, created_ok: bool = False,
              **kwargs: Any) -> dict[str, Any]:
         """Run `fn(*args, **kwargs)` and return the decoded JSON body.
 
         `created_ok`: a 409 after an earlier attempt of this same create failed in transit
         means that attempt reached the server; it counts as success (returns {}).
-        `sleep` waits between retries and may be cut short (the launch's cancel event).
+        `sleep` waits between retries and may be cut short (the launch's cancel event); a
+        `Budget` also bounds every attempt and retry by its deadline: a retry that would
+        pass it is not made (the last error is raised).
         """
-        sleep = sleep or _never_cancelled
-        kwargs.setdefault("_request_timeout", self.retry.timeout)
+        budget = sleep if isinstance(sleep, Budget) else None
+        wait: Sleeper = sleep or _never_cancelled
+        fixed = kwargs.pop("_request_timeout", None)
         attempts = self.retry.retries + 1
         # The error is handled inside its `except` (which unbinds it on leaving): kept in a
         # local of this frame, which its own traceback holds, it made a reference cycle per
         # failed call, keeping the answer and its connection's TLS buffers until the
         # collector's next full pass instead of freeing them at once.
         for attempt in range(1, attempts + 1):
+            left = budget.remaining() if budget is not None else None
+            if left is not None and left <= 0:
+                raise BootTimeout(f"{what}: no time left within the launch's deadline")
+            timeouts = fixed if fixed is not None else self.retry.request_timeout(left)
+            total = self.retry.timeout if left is None else min(self.retry.timeout, left)
             try:
-                return self._usable(lambda: self._once(what, fn, args, kwargs))
+                return self._usable(lambda: self._once(
+                    what, fn, args, {**kwargs, "_request_timeout": timeouts}, total))
             except NodepoolError as error:
                 if created_ok and attempt > 1 and isinstance(error, Conflict):
                     log.debug("%s: already exists after a retried create; accepting", what)
                     return {}
-                if isinstance(error, TlsUntrusted) or not is_retryable(error) \
-                        or attempt == attempts:
+                delay = self.retry.delay(attempt - 1, error)
+                last = attempt == attempts or (
+                    budget is not None and delay >= budget.remaining())
+                if isinstance(error, TlsUntrusted) or not is_retryable(error) or last:
                     # Given up (a certificate that does not verify stays so): the
                     # provider's ApiReachable condition says why at once.
                     self.health.failed(error)
-                if not is_retryable(error) or attempt == attempts:
+                if not is_retryable(error) or last:
                     if is_retryable(error):
-                        log.warning("%s failed: #%d/%d giving up: %s", what, attempt,
-                                    attempts, error)
+                        log.warning("%s failed: #%d/%d giving up%s: %s", what, attempt,
+                                    attempts, "" if attempt == attempts
+                                    else " (the launch's deadline comes first)", error)
                     raise
-                delay = self.retry.delay(attempt - 1, error)
                 log.info("%s failed: #%d/%d will retry in %.1fs: %s", what, attempt, attempts,
                          delay, error)
-                if sleep(delay):
+                if wait(delay):
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _once(self, what: str, fn: Callable[..., Any], args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> dict[str, Any]:
-        """One request and its decoded answer; any failure as a mapped NodepoolError."""
+              kwargs: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """One request and its decoded answer within `timeout` (default `api-timeout`);
+        any failure as a mapped NodepoolError."""
+        timeout = self.retry.timeout if timeout is None else timeout
         try:
-            deadline = time.monotonic() + self.retry.timeout
+            deadline = time.monotonic() + timeout
             response = fn(*args, _preload_content=False, **kwargs)
             try:
-                data = _read_body(response, deadline, what, self.retry.timeout)
+                data = _read_body(response, deadline, what, timeout)
             except BaseException:
                 response.close()  # a half-read answer must not go back to the pool
                 raise
@@ -484,7 +530,8 @@ class KubeClient:
         def open_watch() -> Any:
             try:
                 return fn(*args, watch=True, _preload_content=False,
-                          _request_timeout=(self.retry.timeout, read_timeout), **kwargs)
+                          _request_timeout=(self.retry.request_timeout()[0], read_timeout),
+                          **kwargs)
             except Exception as exc:  # noqa: BLE001 - mapped right here
                 raise map_api_error(exc, what) from exc
         try:

@@ -76,7 +76,8 @@ from nodepool_k8s.driver.base import (ApiCallListener, ApiMetered, CloudResource
 from nodepool_k8s.driver.kubernetes import clearing, guards, manifests, pull_secrets, slim
 from nodepool_k8s.driver.kubernetes.bodies import NamespacedBody, Subject
 from nodepool_k8s.driver.kubernetes.capacity import CapacityTracker
-from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, KubeClient, Sleeper,
+from nodepool_k8s.driver.kubernetes.client import (SERVICE_ACCOUNT_DIR, Budget, KubeClient,
+                                                   Sleeper,
                                                    connect)
 from nodepool_k8s.driver.kubernetes import errors as api_errors
 from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
@@ -592,9 +593,12 @@ class KubernetesProvider(ClusterAware, ApiMetered):
         if cancel.is_set():
             raise LaunchCancelled("cancelled before start")
         deadline = self._clock.monotonic() + label.boot_timeout
+        # One budget for every call of the launch, its retries included: a frozen API
+        # server costs the launch its deadline at most, never a retry budget per call.
+        budget = Budget(cancel, deadline, self._clock)
         labels = manifests.object_labels(spec)
         try:
-            namespace = self._create_namespace(client, spec, labels, cancel.wait)
+            namespace = self._create_namespace(client, spec, labels, budget)
         except NodepoolError as exc:
             failure = _as_launch_failure(exc, cancel)
             if failure is None or failure is exc:
@@ -612,8 +616,8 @@ class KubernetesProvider(ClusterAware, ApiMetered):
             if label.type == "pod":
                 with self._lock:  # before the pod exists: its first event is kept
                     self._launching[namespace] = manifests.pod_name(label)
-            self._create_contents(client, namespace, label, labels, cancel.wait)
-            token = self._request_token(client, namespace, cancel.wait)
+            self._create_contents(client, namespace, label, labels, budget)
+            token = self._request_token(client, namespace, budget)
             message = (f"service account {manifests.SERVICE_ACCOUNT}, role binding and token "
                        "in place")
             report(namespace, self._condition(cond.REGISTERED, cond.TRUE, "AccessGranted",
@@ -648,7 +652,14 @@ class KubernetesProvider(ClusterAware, ApiMetered):
                             f"node {node_id} attempt {spec.attempt}: {reason}: {exc}",
                             warning=True, pod=pod_name, node_id=node_id,
                             now=not cancel.is_set())
-            self._discard(client, namespace, spec.node_id, cancelled=cancel.is_set())
+            if self._given_up(client, budget):
+                # Given up on a server that does not answer: waiting for it here would
+                # hold the request; the node's deletion (or the leak sweep) removes the
+                # namespace once the server answers again.
+                _log(spec).warning("Leaving namespace %s to cleanup: the API server cannot"
+                                   " be used now", namespace)
+            else:
+                self._discard(client, namespace, spec.node_id, cancelled=cancel.is_set())
             if failure is exc or failure is None:
                 raise
             raise failure from exc
@@ -686,15 +697,25 @@ class KubernetesProvider(ClusterAware, ApiMetered):
                 _log(spec).warning("Namespace %s exists already; using a fresh name", name)
             except NodepoolError as exc:
                 if isinstance(exc, TemporaryError) \
-                        and not isinstance(exc, ProviderUnavailable):
+                        and not isinstance(exc, ProviderUnavailable) \
+                        and not self._given_up(client, sleep):
                     # The create may have reached the server before the answer was lost
                     # (a timeout): remove that name too, without waiting, but only if a GET
                     # shows it carries this installation's and this node's labels. (A 401
-                    # is answered before anything is created.)
+                    # is answered before anything is created.) Not once the launch was given
+                    # up on a server known not to answer: the look would only hold it; the
+                    # leak sweep removes such a namespace (it carries our labels) later.
                     self._discard(client, name, spec.node_id, cancelled=True)
                 raise
         raise LaunchError(f"no free namespace name for node {spec.node_id}",
                           reason="NamespaceExists")
+
+    @staticmethod
+    def _given_up(client: KubeClient, sleep: Sleeper) -> bool:
+        """The launch was cancelled while its API server is known not to be usable: its
+        failed attempt leaves what it made to cleanup instead of waiting for the server."""
+        return isinstance(sleep, Budget) and sleep.cancel.is_set() \
+            and client.health.current().healthy is False
 
     def _require_ours(self, client: KubeClient, name: str, node_id: str,
                       sleep: Sleeper) -> None:

@@ -24,6 +24,12 @@ tracing is off) with `accept` under it from the start, a `launch` per new node (
 under it are the launch's, see launch.py) and `fulfil` or `decline` around the final
 transaction; the root ends when the handler enters DONE, saying how (`OUTCOME`).
 
+Handing back: the pool worker may `hold` the handler (its provider's API server cannot be
+used: no launch starts, the request waits saying why) and `hand_back` it (the pool cannot
+serve it now and another pool could, see `plan.hand_back`): its launches are cancelled and,
+once they returned, the request is declined with that reason (Nodepool's way of letting
+another pool take it; `failed` only if every registered pool declined).
+
 Failure modes: a launch that fails after its retries declines the request for this pool
 (`failed` once every registered pool declined); the cloud refusing for quota, or the
 provider being unable to act at all (its credentials refused), aborts the node and pauses
@@ -119,10 +125,12 @@ class HandlerState(enum.Enum):
     QUEUED = "queued"  # paused: a request ahead of it in the pool waits (may not allocate)
     AT_QUOTA = "at-quota"  # paused: its nodes do not fit a limit now (`blocked_scope`)
     BACKING_OFF = "backing-off"  # paused: a launch was aborted; none before `next_deadline`
+    HELD = "held"  # paused: the pool worker holds it (`held`: its provider cannot act now)
     DONE = "done"  # fulfilled, declined, cancelled, returned or abandoned: nothing left
 
 
-PAUSED = frozenset({HandlerState.QUEUED, HandlerState.AT_QUOTA, HandlerState.BACKING_OFF})
+PAUSED = frozenset({HandlerState.QUEUED, HandlerState.AT_QUOTA, HandlerState.BACKING_OFF,
+                    HandlerState.HELD})
 
 
 @dataclass(frozen=True)
@@ -164,6 +172,13 @@ class RequestHandler:
         # None on success or the failure's error text).
         self.refuse: Callable[[NodeRequest], plan.Decline | None] = lambda request: None
         self.on_launch_done: Callable[[str, str | None], None] = lambda label, error: None
+        # Set by the pool worker: why no launch may start now (its provider cannot act), and
+        # the decline it hands the request back with (see `hold`, `hand_back`).
+        self.held: plan.Waiting | None = None
+        self.handing_back: plan.Decline | None = None
+        # Monotonic time of the first aborted launch since the last one that succeeded:
+        # how long the cloud has refused this request (the hand-back's clock).
+        self.refused_since: float | None = None
         # Held by whoever advances this handler: its pool worker, or the launch thread whose
         # launch was the last to return (see `_returned`), or the shutdown.
         self._mutex = threading.Lock()
@@ -219,12 +234,18 @@ class RequestHandler:
                 self.log.info("Pausing: %s", why)
                 self.span.event("paused", why)
             self.blocked_scope = scope
+        elif state is HandlerState.HELD and old is not HandlerState.HELD \
+                and self.held is not None:
+            self.log.info("Holding: %s", self.held.message)
+            self.span.event("held", self.held.message)
         self.state = state
         if state is HandlerState.DONE:
             self.span.end()
 
     def _back_off(self, reason: str) -> None:
         """A launch was aborted: no new one for the engine's `quota_retry`."""
+        if self.refused_since is None:
+            self.refused_since = self.engine.clock.monotonic()
         self.backoff = Backoff(reason, self.engine.clock.monotonic()
                                + self.engine.settings.quota_retry)
 
@@ -270,6 +291,10 @@ class RequestHandler:
         if self._request_gone():
             self._finish_cancelled()
             return False
+        if self.handing_back is not None:
+            # Before the failed check: a launch it cancelled is no failure of the label.
+            self._decline(self.handing_back)
+            return False
         failed = [s for s in self.slots if s.state is SlotState.FAILED]
         if failed:
             node = failed[0].node
@@ -292,6 +317,10 @@ class RequestHandler:
         if decline:
             self._decline(decline)
             return False
+        if self.held is not None:
+            self._enter(HandlerState.HELD)
+            self._note_waiting()
+            return True
         backing_off = self._backing_off()
         if backing_off or not may_allocate:
             self._enter(HandlerState.BACKING_OFF if backing_off else HandlerState.QUEUED)
@@ -326,6 +355,8 @@ class RequestHandler:
         if self.state is HandlerState.QUEUED:
             return plan.Waiting("QueuedInPool",
                                 "behind an earlier request of this pool that waits")
+        if self.state is HandlerState.HELD and self.held is not None:
+            return self.held
         if self.state is HandlerState.BACKING_OFF:
             reason = self.backoff.reason if self.backoff is not None else "Unknown"
             return plan.Waiting("LaunchBackoff",
@@ -360,6 +391,23 @@ class RequestHandler:
             return
         self.request.version = noted.version
         self.request.extra = noted.extra
+
+    def hold(self, waiting: plan.Waiting | None) -> None:
+        """Start no launch while `waiting` is set (why, written onto the request); None
+        lets the handler go on. Launches already running carry on."""
+        self.held = waiting
+
+    def hand_back(self, decline: plan.Decline) -> None:
+        """Give the request up for other pools: cancel its launches and, once they all
+        returned (the next advance), decline it with `decline`."""
+        with self._mutex:  # a launch thread may be writing the final transaction
+            if self.done or self.handing_back is not None:
+                return
+            self.handing_back = decline
+            self.log.info("Handing the request back: %s", decline.message)
+            self.span.event("handing back", decline.message)
+            if any(s.state is SlotState.LAUNCHING for s in self.slots):
+                self.cancel.set()
 
     def launch_created(self) -> None:
         """Start the launches of the nodes a batched create (`allocation.create_batch`)
@@ -510,6 +558,7 @@ class RequestHandler:
                 self._launch_done(slot.label, outcome)
             if outcome.kind is LaunchEnd.READY:
                 slot.state, slot.result = SlotState.READY, outcome.result
+                self.refused_since = None
             elif outcome.kind is LaunchEnd.ABORTED:
                 self._finish_node(slot, model.NodeState.ABORTED, outcome)
                 if slot.node is not None:
