@@ -788,21 +788,7 @@ class RequestHandler:
             request.nodes = list(nodes)
             transition_request(request, model.RequestState.FULFILLED, now)
 
-        # The request is written as a fulfilled copy; it is fulfilled itself only once
-        # that write went through (a RETRY leaves it pending).
-        span = self.span.child("fulfil")
-        fulfilled = self.request.copy()
-        fulfil(fulfilled)
-        self.engine.requests.add_store(txn, fulfilled, self.lock, release=True)
-        try:
-            outcome = self._commit_final(txn, locks, with_request=True)
-        except Exception as exc:
-            span.fail("Unknown", str(exc))
-            raise
-        finally:
-            span.end()  # a RETRY writes again in a fulfil span of its own
-        if outcome is not RETRY:
-            fulfil(self.request)
+        outcome = self._write_final(txn, locks, "fulfil", fulfil)
         if outcome is DONE and not self.done:
             self.span.set(OUTCOME, "fulfilled")
             if self.span.recording:
@@ -824,21 +810,10 @@ class RequestHandler:
             lifecycle.note_decline(request, self.ref.pool_id, decline)
             return plan.record_decline(request, self.ref.pool_id, registered, now)
 
-        # Written as a declined copy; the request itself is declined once that write went
-        # through (a RETRY leaves it as it was).
-        span = self.span.child("decline")
-        declined = self.request.copy()
-        state = record(declined)
-        self.engine.requests.add_store(txn, declined, self.lock, release=True)
-        try:
-            outcome = self._commit_final(txn, locks, with_request=True)
-        except Exception as exc:
-            span.fail("Unknown", str(exc))
-            raise
-        finally:
-            span.end()
-        if outcome is not RETRY:
-            record(self.request)
+        states: list[str] = []
+        outcome = self._write_final(txn, locks, "decline",
+                                    lambda request: states.append(record(request)))
+        state = states[0]
         if outcome is DONE and not self.done:
             self.span.set(OUTCOME, "declined")
             self.span.fail(decline.code, decline.message)
@@ -848,6 +823,26 @@ class RequestHandler:
             self._report_done(now)
             lifecycle.record_declined(self.engine.events, self.request, self.ref.provider,
                                       self.ref.pool, decline)
+
+    def _write_final(self, txn: Txn, locks: list[HeldLock], step: str,
+                     change: Callable[[NodeRequest], object]) -> Final:
+        """Write the request as a copy with `change` applied, in `txn` with the node writes,
+        under a `step` span; the request itself takes the change only once that write went
+        through (a RETRY leaves it as it was, and writes again in a span of its own)."""
+        span = self.span.child(step)
+        copy = self.request.copy()
+        change(copy)
+        self.engine.requests.add_store(txn, copy, self.lock, release=True)
+        try:
+            outcome = self._commit_final(txn, locks, with_request=True)
+        except Exception as exc:
+            span.fail("Unknown", str(exc))
+            raise
+        finally:
+            span.end()
+        if outcome is not RETRY:
+            change(self.request)
+        return outcome
 
     def _report_done(self, now: float) -> None:
         """The request's wait, once it is fulfilled or failed (not declined for others)."""
