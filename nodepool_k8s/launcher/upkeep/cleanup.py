@@ -262,13 +262,8 @@ class CleanupWorker(Worker):
                 continue
             verdict = self._verdict(node, locked=False)
             next_check = min(next_check, now + verdict.recheck_in)
-            if verdict.action is plan.CleanupAction.DELETE:
-                wait = self._builder_wait(node)
-                if wait > 0:
-                    # Its builder deletes it (no lock attempt, no read here); we take it
-                    # after the grace, or when the builder's registration goes.
-                    self._deferred[node_id] = now + wait
-                    continue
+            if verdict.action is plan.CleanupAction.DELETE and self._defer(node, now):
+                continue  # its builder deletes it: no read, no lock attempt here
             # Between full passes trust the cache's lock view (its events tell us when a
             # node is unlocked); a full pass checks every candidate against ZooKeeper.
             if verdict.action is not plan.CleanupAction.NONE \
@@ -283,6 +278,10 @@ class CleanupWorker(Worker):
             if fresh is None:
                 continue
             verdict = self._verdict(fresh, locked)
+            # The fresh record may call for a deletion the cached one did not (the cache
+            # still showed it ready when its request went).
+            if verdict.action is plan.CleanupAction.DELETE and self._defer(fresh, now):
+                continue
             if verdict.action is plan.CleanupAction.DELETE \
                     and fresh.state == model.NodeState.READY:
                 # A spare past max-ready-age: an expiry, within the pool's budget.
@@ -305,14 +304,20 @@ class CleanupWorker(Worker):
         else:
             self._next_recheck = min(self._next_recheck, next_check)
 
-    def _builder_wait(self, node: Node) -> float:
-        """Seconds to leave `node` to the live launcher that built it (0: ours now)."""
+    def _defer(self, node: Node, now: float) -> bool:
+        """Whether `node`, due for deletion, is left to the live launcher that built it
+        (`plan.builder_wait`); if so it is looked at again when the grace ends (`now`:
+        monotonic) or a component goes."""
         if self._pool_ids is None:
             live = frozenset(c.id for c in self.engine.components.pools() if c.id)
             self._pool_ids = (self.engine.registry.pool_ids(), live)
         ours, live = self._pool_ids
-        return plan.builder_wait(node.launcher, ours=ours, live=live, age=self._age(node),
+        wait = plan.builder_wait(node.launcher, ours=ours, live=live, age=self._age(node),
                                  grace=self.engine.settings.delete_grace)
+        if wait <= 0:
+            return False
+        self._deferred[node.id] = now + wait
+        return True
 
     def _orphaned_locks(self) -> None:
         """Release locks our own session holds for work that no longer exists.

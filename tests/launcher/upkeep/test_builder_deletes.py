@@ -12,11 +12,14 @@ from typing import Iterator
 import pytest
 
 from nodepool_k8s.core import model
+from nodepool_k8s.core.model import Node
+from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import CacheEvent
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
 from tests.helpers import ZkConnection, client_for
+from tests.launcher.requests.support import ReadThroughNodes
 from tests.launcher.test_cleanup import body
 from tests.launcher.upkeep.conftest import MakeUpkeep
 from tests.launcher.upkeep.support import Upkeep
@@ -104,3 +107,33 @@ def test_builders_grace_counts_in_the_nodes_state(upkeep: MakeUpkeep,
     world.full_pass()
     assert world.state(fresh) == USED and not attempted(world, fresh)
     assert world.record(old) is None
+
+
+class LaggingNodes(ReadThroughNodes):
+    """A node cache one event behind for one node: it still holds the record as it was."""
+
+    def __init__(self, inner: ReadThroughNodes, node_id: str, stale: Node) -> None:
+        super().__init__(inner.zk, inner.store)
+        self.node_id, self.stale = node_id, stale
+
+    def get(self, node_id: str) -> Node | None:
+        return self.stale if node_id == self.node_id else super().get(node_id)
+
+
+def test_a_cache_behind_the_record_does_not_bypass_the_builder(
+        upkeep: MakeUpkeep, other_zkc: ZkClient) -> None:
+    """The cache still shows the node ready for a request that is gone (a de-allocation);
+    the fresh read shows it used: still the builder's to delete."""
+    world = upkeep(body())
+    theirs = register_other(other_zkc)
+    node_id = world.node(model.NodeState.READY, allocated_to="200-0000000001",
+                         launcher=theirs)
+    stale = world.record(node_id)
+    assert stale is not None
+    used = world.record(node_id)
+    assert used is not None
+    used.state = USED
+    world.deps.zk.set(paths.node_path(node_id), node_codec.encode(used))
+    world.deps.node_cache = LaggingNodes(world.deps.node_cache, node_id, stale)
+    world.step()
+    assert world.state(node_id) == USED and not attempted(world, node_id)
