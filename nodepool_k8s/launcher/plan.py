@@ -23,7 +23,8 @@ workers only act on their verdicts:
   (pool, label) pairs that were handed back, for a while, so the next request of that
   label goes elsewhere while another pool can take it;
 - `node_cleanup` decides delete / deallocate / nothing for one node from its age, with
-  how long until it should be looked at again;
+  how long until it should be looked at again; `builder_wait` how long a deletion is left
+  to the live launcher that built the node;
 - `min_ready_shortfall` counts how many spare nodes of a label are missing.
 """
 
@@ -369,6 +370,23 @@ def node_cleanup(node: NodeFacts, *, age: float, locked: bool, config: Config,
             return NOTHING
         return _after(limit, age, "hold expired")
     return NOTHING
+
+
+def builder_wait(launcher: Any, *, ours: frozenset[str], live: frozenset[str], age: float,
+                 grace: float) -> float:
+    """Seconds this launcher leaves a node it would delete to the launcher that built it
+    (0: delete it now).
+
+    `launcher`: the node's `launcher` (the pool id of its creator); `ours`: our pool ids;
+    `live`: the ids of every registered pool. The builder deletes its nodes at once; any
+    other launcher only `grace` seconds into the node's state (`age`), or at once when no
+    registered pool has the builder's id (the builder died or stopped: its nodes must not
+    wait for it). A node without a `launcher` is everyone's, as before.
+    """
+    if not isinstance(launcher, str) or not launcher or launcher in ours \
+            or launcher not in live:
+        return 0.0
+    return max(0.0, grace - age)
 
 
 # -- min-ready ------------------------------------------------------------------------------

@@ -20,8 +20,9 @@ from nodepool_k8s.runtime import validate
 from nodepool_k8s.core.errors import ConfigError
 
 ENV_PREFIX = "NODEPOOL_K8S_"
-# Fields where 0 is meaningful: no rate limit on reclaims; do not wait for launches on stop.
-ZERO_ALLOWED = frozenset({"reclaim_interval", "stop_timeout"})
+# Fields where 0 is meaningful: no rate limit on reclaims; do not wait for launches on stop;
+# every launcher deletes any node at once.
+ZERO_ALLOWED = frozenset({"reclaim_interval", "stop_timeout", "delete_grace"})
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,11 @@ class EngineSettings:
     leak_sweep_interval: float = 60.0
     # An unlocked `init` node older than this is abandoned (its creator died before locking).
     stale_init_age: float = 60.0
+    # A node to delete that another live launcher built (its `launcher` is a registered
+    # pool of another process) is left to that launcher for this many seconds in its state;
+    # then any launcher deletes it. Without the builder registered, at once. Each launcher
+    # deleting every used node at once raced for each one (lock attempts, failed writes).
+    delete_grace: float = 30.0
     # Request-lock dirs without a request are removed after this many seconds (Nodepool: 8 h).
     lock_dir_max_age: float = 8 * 3600.0
     # Empty node znodes (no data) are removed once older than this.

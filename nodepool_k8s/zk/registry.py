@@ -128,6 +128,14 @@ class ComponentRegistry:
         with self._lock:
             return any(reg.active and reg.path == path for reg in self._registrations)
 
+    def pool_ids(self) -> frozenset[str]:
+        """The `id` of each of our live pool registrations (what our nodes name as their
+        `launcher`)."""
+        with self._lock:
+            regs = list(self._registrations)
+        return frozenset(reg.data["id"] for reg in regs
+                         if reg.active and reg.kind == "pool" and reg.data.get("id"))
+
     def forget_paths(self) -> None:
         """Session lost: our ephemerals are gone; remember that before re-registering.
 

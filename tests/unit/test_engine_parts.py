@@ -98,6 +98,13 @@ def test_settings_check_every_way_in() -> None:
     assert settings.reclaim_interval == 0 and settings.stop_timeout == 0
 
 
+def test_delete_grace_defaults_to_a_wait_and_may_be_switched_off() -> None:
+    assert EngineSettings().delete_grace == 30.0
+    assert EngineSettings.from_env({"NODEPOOL_K8S_DELETE_GRACE": "0"}).delete_grace == 0
+    with pytest.raises(ConfigError, match="NODEPOOL_K8S_DELETE_GRACE"):
+        EngineSettings.from_env({"NODEPOOL_K8S_DELETE_GRACE": "-1"})
+
+
 def provider_config(**label_kw: object) -> ProviderConfig:
     label = PoolLabel(name="small", type="namespace", **label_kw)  # type: ignore[arg-type]
     pool = PoolConfig(name="main", provider="fake", labels={"small": label})

@@ -236,3 +236,21 @@ def test_decline_for_is_worked_out_once_per_labels_and_configuration(
     assert first is not None and first.code == "ExceedsQuota"
     assert plan.decline_for(req("200-0000000099"), tiny, tiny_prov) == first
     assert plan.decline_for(req(types=("b",)), tiny, tiny_prov) is not None  # not served
+
+
+OURS, THEIRS, GONE = "a-PoolWorker.p-main-1", "b-PoolWorker.p-main-2", "c-PoolWorker.p-main-3"
+
+
+@pytest.mark.parametrize("launcher, age, wait", [
+    (OURS, 0.0, 0.0),      # we built it: at once
+    (THEIRS, 0.0, 30.0),   # a live launcher built it: its grace
+    (THEIRS, 25.0, 5.0),   # the grace counts in the node's state
+    (THEIRS, 31.0, 0.0),   # past the grace: anyone's
+    (GONE, 0.0, 0.0),      # its builder is not registered: at once
+    (None, 0.0, 0.0),      # a record of no launcher: anyone's
+    ("", 0.0, 0.0),
+    (7, 0.0, 0.0),         # not a pool id
+])
+def test_builder_wait(launcher: object, age: float, wait: float) -> None:
+    assert plan.builder_wait(launcher, ours=frozenset({OURS}),
+                             live=frozenset({OURS, THEIRS}), age=age, grace=30.0) == wait

@@ -4,7 +4,11 @@ Owns, for nodes of this launcher's providers (decisions in `plan.node_cleanup`):
 - deleting unlocked nodes in used / in-use / building / failed / deleting / deleted /
   aborted, stale `init` nodes, ready nodes past `max-ready-age` (oldest first, within the
   pool's `expiry` disruption budget: see disruption.py), held nodes past
-  min(`hold_expiration`, `max-hold-age`) (through the deleter);
+  min(`hold_expiration`, `max-hold-age`) (through the deleter). A node another live
+  launcher built (its `launcher` is a pool registered by another process) is left to that
+  launcher for `delete_grace` seconds in its state, so several launchers do not race (lock
+  attempts, failed writes) for every used node; when the builder's registration goes (it
+  died: its ephemeral component vanished with its session) the node is ours at once;
 - de-allocating ready nodes whose request vanished (cancellation), so they are reused;
 - resetting lost requests: `pending` with nobody holding the lock goes back to `requested`
   with `nodes: []` and its nodes de-allocated (their launcher died);
@@ -35,7 +39,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Callable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from nodepool_k8s.runtime import logconfig
 from nodepool_k8s.core import model
@@ -51,10 +55,11 @@ from nodepool_k8s.core.model import Node
 from nodepool_k8s.core.transition import transition, transition_request
 from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.zk import errors, locks, paths
-from nodepool_k8s.zk.cache import CacheEvent, RequestCache
+from nodepool_k8s.zk.cache import CacheEvent, Component, RequestCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.events import EventLog
 from nodepool_k8s.zk.locks import HeldLock
+from nodepool_k8s.zk.registry import ComponentRegistry
 from nodepool_k8s.zk.requests import RequestStore
 from nodepool_k8s.zk.txn import Txn
 
@@ -64,6 +69,12 @@ MIN_PASS_GAP = 0.5
 OWN_LOCK_STATES = frozenset({model.NodeState.INIT, model.NodeState.BUILDING,
                              model.NodeState.DELETING, model.NodeState.DELETED,
                              model.NodeState.ABORTED, model.NodeState.FAILED})
+
+
+class PoolIndex(Protocol):
+    """The registered pool components (`zk.cache.ComponentCache`)."""
+
+    def pools(self) -> Iterable[Component]: ...
 
 
 class CleanupDeps(LeakDeps, Protocol):
@@ -95,6 +106,12 @@ class CleanupDeps(LeakDeps, Protocol):
 
     @property
     def events(self) -> EventLog: ...
+
+    @property
+    def components(self) -> PoolIndex: ...
+
+    @property
+    def registry(self) -> ComponentRegistry: ...
 
     # Written by the persistent-lock check, read by min-ready and the pool workers.
     stuck_nodes: frozenset[str]
@@ -133,6 +150,13 @@ class CleanupWorker(Worker):
         # once, tried again on full passes only.
         self._empty_refused: set[str] = set()
         self.orphans_released = 0
+        # Nodes due for deletion that are left to the live launcher that built them (see
+        # `plan.builder_wait`) -> monotonic time their grace ends. Looked at again then
+        # (not a full pass), or at once when a component goes away (`_builders_changed`).
+        self._deferred: dict[str, float] = {}
+        self._builders_changed = False
+        # Our own pool ids and every registered one, read once per pass (`_builder_wait`).
+        self._pool_ids: tuple[frozenset[str], frozenset[str]] | None = None
 
     # -- cache listeners (quick, on the cache thread) -------------------------------------
     def on_node_event(self, kind: CacheEvent, node_id: str) -> None:
@@ -152,6 +176,9 @@ class CleanupWorker(Worker):
     def on_component_event(self, kind: CacheEvent, key: str) -> None:
         if kind is CacheEvent.REMOVED:
             self._lost_due = True
+            # The builder of a deferred node may be gone: its nodes are ours to delete now.
+            with self._dirty_lock:
+                self._builders_changed = True
             self.wake()
 
     def request_full_pass(self) -> None:
@@ -169,6 +196,8 @@ class CleanupWorker(Worker):
             self._next_full = now + self.engine.settings.cleanup_interval
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
+            builders_changed, self._builders_changed = self._builders_changed, False
+        dirty.update(k for k, t in self._deferred.items() if builders_changed or t <= now)
         dirty.update(self.deleter.due_retries())
         self.deleter.resume_due()
         ids = self.engine.node_cache.ids() if full else list(dirty)
@@ -183,7 +212,7 @@ class CleanupWorker(Worker):
             self._step("persistent locks", self._persistent_locks)
         self._step("leak sweep", lambda: self.leaks.sweep_due(now))
         due = min(self._next_full, self._next_recheck, self.deleter.next_retry(),
-                  self.leaks.next_due())
+                  self.leaks.next_due(), min(self._deferred.values(), default=math.inf))
         # Everything due was acted on in this pass; a deadline still in the past means
         # nothing will act on it, and re-running at once would only spin. Events (cache
         # changes, finished deletions) still wake the worker immediately.
@@ -219,7 +248,11 @@ class CleanupWorker(Worker):
         cache = self.engine.node_cache
         next_check = math.inf
         candidates: list[str] = []
+        self._pool_ids = None
+        if full:
+            self._deferred.clear()
         for node_id in ids:
+            self._deferred.pop(node_id, None)
             node = cache.get(node_id)
             if node is None:
                 self.deleter.forget(node_id)  # gone: a pending retry has nothing to do
@@ -229,6 +262,8 @@ class CleanupWorker(Worker):
                 continue
             verdict = self._verdict(node, locked=False)
             next_check = min(next_check, now + verdict.recheck_in)
+            if verdict.action is plan.CleanupAction.DELETE and self._defer(node, now):
+                continue  # its builder deletes it: no read, no lock attempt here
             # Between full passes trust the cache's lock view (its events tell us when a
             # node is unlocked); a full pass checks every candidate against ZooKeeper.
             if verdict.action is not plan.CleanupAction.NONE \
@@ -243,6 +278,10 @@ class CleanupWorker(Worker):
             if fresh is None:
                 continue
             verdict = self._verdict(fresh, locked)
+            # The fresh record may call for a deletion the cached one did not (the cache
+            # still showed it ready when its request went).
+            if verdict.action is plan.CleanupAction.DELETE and self._defer(fresh, now):
+                continue
             if verdict.action is plan.CleanupAction.DELETE \
                     and fresh.state == model.NodeState.READY:
                 # A spare past max-ready-age: an expiry, within the pool's budget.
@@ -264,6 +303,21 @@ class CleanupWorker(Worker):
             self._node_ages.keep(live)
         else:
             self._next_recheck = min(self._next_recheck, next_check)
+
+    def _defer(self, node: Node, now: float) -> bool:
+        """Whether `node`, due for deletion, is left to the live launcher that built it
+        (`plan.builder_wait`); if so it is looked at again when the grace ends (`now`:
+        monotonic) or a component goes."""
+        if self._pool_ids is None:
+            live = frozenset(c.id for c in self.engine.components.pools() if c.id)
+            self._pool_ids = (self.engine.registry.pool_ids(), live)
+        ours, live = self._pool_ids
+        wait = plan.builder_wait(node.launcher, ours=ours, live=live, age=self._age(node),
+                                 grace=self.engine.settings.delete_grace)
+        if wait <= 0:
+            return False
+        self._deferred[node.id] = now + wait
+        return True
 
     def _orphaned_locks(self) -> None:
         """Release locks our own session holds for work that no longer exists.

@@ -31,6 +31,7 @@ from nodepool_k8s.launcher.upkeep.deleter import NodeDeleter
 from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.cache import Component, decode_component
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.txn import Txn
@@ -48,6 +49,27 @@ class InlineExecutor(Executor):
         return future
 
 
+class ReadThroughComponents:
+    """The registered pool components as ZooKeeper holds them now (`ComponentCache.pools`,
+    read on every call)."""
+
+    def __init__(self, zk: ZkClient) -> None:
+        self.zk = zk
+
+    def pools(self) -> list[Component]:
+        root = f"{paths.COMPONENTS}/pool"
+        found: list[Component] = []
+        for name in self.zk.get_children(root) or []:
+            got = self.zk.get(f"{root}/{name}")
+            if got is None:
+                continue
+            component = decode_component("pool", name, got[0],
+                                         got[1].ephemeral_owner)
+            if component is not None and component.id and component.owner:
+                found.append(component)
+        return found
+
+
 class UpkeepDeps(WorkerDeps):
     """`WorkerDeps` and what the cleanup worker uses on top (`CleanupDeps`)."""
 
@@ -56,6 +78,7 @@ class UpkeepDeps(WorkerDeps):
         super().__init__(zk, config, clock, settings)
         self.woken_all = 0
         self.deleter: NodeDeleter | None = None  # set by `Upkeep`
+        self.components = ReadThroughComponents(zk)  # type: ignore[assignment]
 
     def wake_all(self) -> None:
         self.woken_all += 1
@@ -112,14 +135,16 @@ class Upkeep:
     # -- records, as a launcher and Zuul leave them ---------------------------------------
     def node(self, state: str = model.NodeState.USED, label: str = "small", *,
              allocated_to: str | None = None, hold_expiration: float | None = None,
-             resource: bool = True, state_time: float | None = None) -> str:
+             resource: bool = True, state_time: float | None = None,
+             launcher: str | None = None) -> str:
         """A node record of provider `fake`, pool `main`, with its resource in the fake
-        cloud (unless not `resource`); its id."""
+        cloud (unless not `resource`), built by pool id `launcher` (none: nobody's); its
+        id."""
         node = Node(id="", state=model.NodeState(state),
                     state_time=self.clock.time() if state_time is None else state_time,
                     type=[label])
         node.set(provider="fake", pool="main", allocated_to=allocated_to,
-                 hold_expiration=hold_expiration)
+                 hold_expiration=hold_expiration, launcher=launcher)
         txn = Txn()
         index = NodeStore.add_create(txn, node)
         node_id = NodeStore.created_id(txn.commit(self.deps.zk)[index])
