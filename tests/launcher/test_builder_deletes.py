@@ -23,4 +23,8 @@ def test_each_launcher_deletes_what_it_built(launchers: LauncherFactory, zuul: Z
     built = [launcher.providers["fake"].call_names().count("launch")  # type: ignore[attr-defined]
              for launcher in (first, second)]
     assert sum(built) == BUILDS
+    # A deleter counts a node just after its record is gone: wait for the counts too (a
+    # node deleted by the launcher that did not build it never lets them match).
+    wait_for(lambda: [first.deleter.deleted, second.deleter.deleted] == built, 15,
+             message=f"each launcher to have deleted what it built ({built})")
     assert [first.deleter.deleted, second.deleter.deleted] == built
