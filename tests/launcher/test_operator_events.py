@@ -26,6 +26,8 @@ from tests.launchers import BASIC, LauncherFactory, make_config
 
 
 def events_of(launcher: Launcher, kind: str) -> list[dict[str, Any]]:
+    # Batched kinds are written at the latest `batch_age` after the first: not waited for.
+    launcher.engine.events.flush()
     return [e for e in zk_events.read_events(launcher.zk) if e.get("kind") == kind]
 
 
