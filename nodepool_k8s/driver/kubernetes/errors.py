@@ -159,10 +159,17 @@ def map_api_error(exc: BaseException, what: str) -> NodepoolError:
         # Connection refused/reset, read timeouts, protocol errors: the API may come back.
         message = f"{what}: {type(exc).__name__}: {exc}"
         causes = list(_causes(exc))
-        if any(isinstance(c, ssl.SSLCertVerificationError) for c in causes):
-            return TlsUntrusted(message)
-        if any(isinstance(c, _UNREACHABLE) for c in causes):
-            return Unreachable(message)
+        # Named by the cause itself: urllib3's wrapper leads with the URL, which would push
+        # the reason out of a condition's message.
+        for cause in causes:
+            if isinstance(cause, ssl.SSLCertVerificationError):
+                # Constructed by hand (as in tests) it may lack the attributes ssl sets.
+                detail = getattr(cause, "verify_message", None) or cause
+                return TlsUntrusted(f"{what}: [SSL: CERTIFICATE_VERIFY_FAILED] certificate"
+                                    f" verify failed: {detail}")
+        for cause in causes:
+            if isinstance(cause, _UNREACHABLE):
+                return Unreachable(f"{what}: {type(cause).__name__}: {cause}")
         return TemporaryError(message)
     if isinstance(exc, ValueError):
         # An unparseable response body (e.g. a proxy's HTML error page).
