@@ -139,21 +139,24 @@ def test_budget_arithmetic() -> None:
     assert disruption.budget_limit(DisruptionBudget(max_nodes=0), 7) == 0
 
 
+ONE_LABEL = textwrap.dedent("""
+    zookeeper-servers:
+      - host: 127.0.0.1
+    labels:
+      - name: small
+    providers:
+      - name: fake
+        driver: fake
+        pools:
+          - name: main
+            labels:
+              - name: small
+                type: namespace
+    """)
+
+
 def test_fingerprint_is_stable_and_sensitive() -> None:
-    text = textwrap.dedent("""
-        zookeeper-servers:
-          - host: 127.0.0.1
-        labels:
-          - name: small
-        providers:
-          - name: fake
-            driver: fake
-            pools:
-              - name: main
-                labels:
-                  - name: small
-                    type: namespace
-        """)
+    text = ONE_LABEL
     first = load_config_text(text)
     again = load_config_text(text)
     changed = load_config_text(replaced(text, "type: namespace",
@@ -169,20 +172,7 @@ def test_fingerprint_is_stable_and_sensitive() -> None:
 def test_a_key_left_unset_is_not_part_of_the_fingerprint() -> None:
     """A release that adds an optional label key (unset by default) must not make every
     spare built by the release before look drifted; setting the key does change it."""
-    text = textwrap.dedent("""
-        zookeeper-servers:
-          - host: 127.0.0.1
-        labels:
-          - name: small
-        providers:
-          - name: fake
-            driver: fake
-            pools:
-              - name: main
-                labels:
-                  - name: small
-                    type: namespace
-        """)
+    text = ONE_LABEL
     pool = load_config_text(text).providers["fake"].pools["main"]
     label = pool.labels["small"]
     assert label.image_pull_secrets == () and label.dynamic_labels == {}
@@ -196,20 +186,7 @@ def test_a_key_left_unset_is_not_part_of_the_fingerprint() -> None:
 
 def test_min_ready_and_boot_timeout_are_not_part_of_the_fingerprint() -> None:
     """Keeping more spares, or waiting longer for one, builds no node differently."""
-    text = textwrap.dedent("""
-        zookeeper-servers:
-          - host: 127.0.0.1
-        labels:
-          - name: small
-        providers:
-          - name: fake
-            driver: fake
-            pools:
-              - name: main
-                labels:
-                  - name: small
-                    type: namespace
-        """)
+    text = ONE_LABEL
     pool = load_config_text(text).providers["fake"].pools["main"]
     label = pool.labels["small"]
     more = dataclasses.replace(label, min_ready=label.min_ready + 3,
