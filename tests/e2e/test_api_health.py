@@ -23,8 +23,7 @@ from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.views import pools as pool_view
 from nodepool_k8s.zk import events as zk_events
-from nodepool_k8s.zk import paths
-from tests.e2e.util import wait_cluster_empty
+from tests.e2e.util import finish
 from tests.helpers import wait_for
 from tests.launchers import LauncherFactory
 
@@ -74,12 +73,7 @@ def fulfil_and_finish(zuul: ZuulClient, k8s_sim: Simulator,
     request_id = zuul.submit(["ns"])
     body = zuul.wait(request_id, 60)
     assert body is not None and body["state"] == "fulfilled", body
-    nodeset = zuul.accept(request_id)
-    zuul.use(nodeset)
-    zuul.release(nodeset)
-    wait_for(lambda: not kazoo_client.get_children(paths.NODES), 30,
-             message="every node removed from ZooKeeper")
-    wait_cluster_empty(k8s_sim)
+    finish(zuul, request_id, k8s_sim, kazoo_client)
 
 
 def test_an_api_outage_turns_the_condition_false_and_back(

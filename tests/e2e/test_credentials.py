@@ -29,8 +29,7 @@ from nodepool_k8s.launcher.daemon import Launcher
 from nodepool_k8s.launcher.service import LauncherService
 from nodepool_k8s.dev.simulator import Simulator, SimulatorConfig
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
-from nodepool_k8s.zk import paths
-from tests.e2e.util import wait_cluster_empty
+from tests.e2e.util import finish
 from tests.helpers import ZkConnection, wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
 
@@ -70,16 +69,6 @@ def credentials(launcher: Launcher) -> dict[str, Any] | None:
 def state(zuul: ZuulClient, request_id: str) -> str | None:
     body = zuul.get_request(request_id)
     return body["state"] if body else None
-
-
-def finish(zuul: ZuulClient, request_id: str, k8s_sim: Simulator,
-           kazoo_client: KazooClient) -> None:
-    nodeset = zuul.accept(request_id)
-    zuul.use(nodeset)
-    zuul.release(nodeset)
-    wait_for(lambda: not kazoo_client.get_children(paths.NODES), 30,
-             message="every node removed from ZooKeeper")
-    wait_cluster_empty(k8s_sim)
 
 
 def test_refused_credentials_keep_the_request_waiting(

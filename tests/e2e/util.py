@@ -24,6 +24,7 @@ from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.kubernetes.provider import KubernetesProvider, KubernetesSettings
 from nodepool_k8s.dev.simulator import Simulator
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import paths
 from tests.helpers import wait_for
 
@@ -282,3 +283,15 @@ def provider_factory(**settings: Any) -> Callable[[ProviderConfig, Clock], Provi
         return KubernetesProvider(config, clock=clock, kubeconfig=None, settings=tunables)
 
     return factory
+
+
+def finish(zuul: ZuulClient, request_id: str, k8s_sim: Simulator,
+           kazoo_client: KazooClient) -> None:
+    """Zuul uses and releases the fulfilled request's nodes; every node record and every
+    object of ours in the cluster is gone afterwards."""
+    nodeset = zuul.accept(request_id)
+    zuul.use(nodeset)
+    zuul.release(nodeset)
+    wait_for(lambda: not kazoo_client.get_children(paths.NODES), 30,
+             message="every node removed from ZooKeeper")
+    wait_cluster_empty(k8s_sim)
