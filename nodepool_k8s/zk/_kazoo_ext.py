@@ -295,33 +295,36 @@ def poll_select(rlist: list[Any], wlist: list[Any], xlist: list[Any],
     descriptors is reused. Same results: a descriptor ready for reading (or in error /
     hung up, as selectors report it) is listed in the first list, else a writable one in
     the second; the third is always empty.
+
+    It runs three times per ZooKeeper message on kazoo's connection thread (the loop's
+    wait, then before each read or write), so the usual call (sockets, a float timeout)
+    takes a short path: descriptors from `fileno()` in one comprehension, the reused poll
+    object looked up by them, the ready descriptors mapped back without a generator.
     """
     if timeout is not None:
-        if not isinstance(timeout, (int, float)):
+        if type(timeout) is not float and not isinstance(timeout, (int, float)):
             raise TypeError("timeout must be a number")
         if timeout < 0:
             raise ValueError("timeout must be non-negative")
-    rfds = tuple(_fd(f) for f in rlist)
-    wfds = tuple(_fd(f) for f in wlist)
-    cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] | None = \
-        getattr(_pollers, "cache", None)
-    if cache is None:
+    try:
+        rfds = tuple([f if type(f) is int else f.fileno() for f in rlist])
+        wfds = tuple([f if type(f) is int else f.fileno() for f in wlist])
+    except (AttributeError, TypeError, ValueError):  # not a file: kazoo's own error
+        rfds = tuple(_fd(f) for f in rlist)
+        wfds = tuple(_fd(f) for f in wlist)
+    if (rfds and min(rfds) < 0) or (wfds and min(wfds) < 0):  # closed: as selectors say
+        raise ValueError(f"Invalid file descriptor: {min(rfds + wfds)}")
+    try:
+        cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Any] = _pollers.cache
+    except AttributeError:
         cache = _pollers.cache = {}
     key = (rfds, wfds)
     poller = cache.get(key)
     if poller is None:
-        if len(cache) >= 16:
-            cache.clear()
-        masks: dict[int, int] = {}
-        for fd in rfds:
-            masks[fd] = masks.get(fd, 0) | _POLL_READ
-        for fd in wfds:
-            masks[fd] = masks.get(fd, 0) | _POLL_WRITE
-        poller = select.poll()
-        for fd, mask in masks.items():
-            poller.register(fd, mask)
-        cache[key] = poller
+        poller = _new_poller(cache, key)
     ready = poller.poll(None if timeout is None else math.ceil(timeout * 1e3))
+    if not ready:
+        return [], [], []
     revents: list[Any] = []
     wevents: list[Any] = []
     for fd, events in ready:
@@ -330,10 +333,33 @@ def poll_select(rlist: list[Any], wlist: list[Any], xlist: list[Any],
         # As selectors map poll/epoll events: anything but POLLOUT counts as readable,
         # anything but POLLIN as writable (for a descriptor registered for that).
         if events & _NOT_OUT and fd in rfds:
-            revents.extend(f for f, d in zip(rlist, rfds) if d == fd)
+            for f, d in zip(rlist, rfds):
+                if d == fd:
+                    revents.append(f)
         elif events & _NOT_IN and fd in wfds:
-            wevents.extend(f for f, d in zip(wlist, wfds) if d == fd)
+            for f, d in zip(wlist, wfds):
+                if d == fd:
+                    wevents.append(f)
     return revents, wevents, []
+
+
+def _new_poller(cache: dict[tuple[tuple[int, ...], tuple[int, ...]], Any],
+                key: tuple[tuple[int, ...], tuple[int, ...]]) -> Any:
+    """A poll object for (read fds, write fds), kept in this thread's `cache` (at most 16:
+    a reconnect brings new descriptors)."""
+    if len(cache) >= 16:
+        cache.clear()
+    rfds, wfds = key
+    masks: dict[int, int] = {}
+    for fd in rfds:
+        masks[fd] = masks.get(fd, 0) | _POLL_READ
+    for fd in wfds:
+        masks[fd] = masks.get(fd, 0) | _POLL_WRITE
+    poller = select.poll()
+    for fd, mask in masks.items():
+        poller.register(fd, mask)
+    cache[key] = poller
+    return poller
 
 
 class PollThreadingHandler(SequentialThreadingHandler):  # type: ignore[misc]
