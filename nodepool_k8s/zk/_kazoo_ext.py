@@ -284,7 +284,8 @@ class FastIO:
       during that write fails them with ConnectionLoss (like a request whose answer was
       lost) instead of sending them again on the next connection, where the ones already
       received would run twice. kazoo's special requests (authentication, close, its test
-      sentinels) end a batch and go out through kazoo's own code.
+      sentinels), and one that does not encode, end a batch and go out through kazoo's
+      own code.
 
     Only for plain TCP: over TLS, kazoo's own code runs unchanged (an SSL socket's reads
     do not map to the socket's readiness). Requests, their order and the replies' handling
@@ -397,11 +398,15 @@ class FastIO:
                     or request is kazoo_connection._CONNECTION_DROP \
                     or request.type in (Auth.type, Close.type):
                 break
+            try:
+                encoded = request.serialize()
+            except Exception:  # noqa: BLE001 - kazoo's own path reports it, as it would
+                break
             xid = connection._xid = (connection._xid % 2147483647) + 1
             body = bytearray(int_struct.pack(xid))
             if request.type:
                 body.extend(int_struct.pack(request.type))
-            body += request.serialize()
+            body += encoded
             message += int_struct.pack(len(body))
             message += body
             queue.popleft()

@@ -9,6 +9,9 @@ tools/profile first on PYTHONPATH (see sitecustomize.py here):
         tools/benchmark --profiles zero --labels namespace --serial 0 --launchers 0 \\
         --scale-nodes 0 --burst 0 --requests 300
 
+A second argument, a `pgrep -f` pattern (e.g. `/tmp/before/etc/demo/benchmark`), picks
+the launcher when others run on the machine.
+
 It waits for the first launcher process, samples /proc/<pid>/task/*/stat every 0.1 s
 until the process exits, and prints each thread group's CPU and share (numbered thread
 names such as launch-<provider>_3 are summed). Reading /proc costs the launcher nothing.
@@ -23,9 +26,14 @@ import sys
 import time
 
 
+# Which process: the first whose command line matches (a second argument narrows it, e.g.
+# to one tree's configuration path when other launchers run on the machine).
+PATTERN = sys.argv[2] if len(sys.argv) > 2 else "nodepool-launcher"
+
+
 def launcher_pid() -> int:
     while True:
-        found = subprocess.run(["pgrep", "-f", "nodepool-launcher"], capture_output=True,
+        found = subprocess.run(["pgrep", "-f", PATTERN], capture_output=True,
                                text=True, check=False).stdout.split()
         pids = [int(p) for p in found if int(p) != os.getpid()]
         if pids:
