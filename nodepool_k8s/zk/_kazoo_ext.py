@@ -301,7 +301,7 @@ class FastIO:
         self._socket: Any = None  # the socket `_buffer` was read from
         self._buffer = b""
         self._offset = 0
-        # Counters (read by tests and the benchmark's profile hooks): request batches
+        # Counters (`ZkClient.io_counts`, for tests): request batches
         # written, the requests in them, socket reads that held more than one message.
         self.batches = 0
         self.batched = 0
