@@ -135,17 +135,23 @@ class Allocator:
         tenant = self.request.tenant_name
         return self.deps.config.tenant_resource_limits.get(tenant) if tenant else None
 
+    def fits_cached(self, remaining: list[Slot], provider_cfg: ProviderConfig,
+                    pool_cfg: PoolConfig) -> quota.Fit:
+        """Whether nodes for `remaining` fit the quotas as the cache sees them (no
+        ZooKeeper request)."""
+        tenant_limit = self.tenant_limit
+        counts = _counted(provider_cfg, set() if tenant_limit is None
+                          else {self.request.tenant_name})
+        return self.check(quota.demand([s.label for s in remaining], pool_cfg),
+                          self.deps.cached_usage(counts), provider_cfg, pool_cfg,
+                          tenant_limit)
+
     def create(self, remaining: list[Slot], provider_cfg: ProviderConfig,
                pool_cfg: PoolConfig) -> quota.Fit:
         """Create nodes in `init` for `remaining` if the quotas allow (FITS: every slot has
         its `node`, not yet locked or launched); else the verdict that says why not."""
-        tenant_limit = self.tenant_limit
-        counts = _counted(provider_cfg, set() if tenant_limit is None
-                          else {self.request.tenant_name})
         # A cheap look at the cache first: while paused this is all a pass costs.
-        verdict = self.check(quota.demand([s.label for s in remaining], pool_cfg),
-                             self.deps.cached_usage(counts), provider_cfg, pool_cfg,
-                             tenant_limit)
+        verdict = self.fits_cached(remaining, provider_cfg, pool_cfg)
         if not verdict:
             return verdict
         try:

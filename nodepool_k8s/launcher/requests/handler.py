@@ -172,6 +172,11 @@ class RequestHandler:
         # None on success or the failure's error text).
         self.refuse: Callable[[NodeRequest], plan.Decline | None] = lambda request: None
         self.on_launch_done: Callable[[str, str | None], None] = lambda label, error: None
+        # Set by the pool worker: whether another launcher of this pool holds an older
+        # request waiting for the same capacity (see `_yielding`), and since when
+        # (monotonic) this one has let it go first while the cache showed room.
+        self.older_waits: Callable[[NodeRequest], bool] = lambda request: False
+        self._yield_since: float | None = None
         # Set by the pool worker: why no launch may start now (its provider cannot act), and
         # the decline it hands the request back with (see `hold`, `hand_back`).
         self.held: plan.Waiting | None = None
@@ -211,8 +216,13 @@ class RequestHandler:
 
     @property
     def next_deadline(self) -> float | None:
-        """When (monotonic) it tries again after an aborted launch."""
-        return self.backoff.until if self.backoff is not None else None
+        """When (monotonic) it tries again after an aborted launch, or when it stops
+        letting an older request of another launcher go first (`_yielding`)."""
+        until = self.backoff.until if self.backoff is not None else None
+        if self._yield_since is not None:
+            given_up = self._yield_since + self.engine.settings.quota_yield
+            until = given_up if until is None else min(until, given_up)
+        return until
 
     def _enter(self, state: HandlerState, *, scope: str | None = None,
                why: str = "") -> None:
@@ -251,7 +261,7 @@ class RequestHandler:
 
     def _backing_off(self) -> bool:
         """Whether the wait after an aborted launch still runs."""
-        until = self.next_deadline
+        until = self.backoff.until if self.backoff is not None else None
         return until is not None and self.engine.clock.monotonic() < until
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -328,6 +338,8 @@ class RequestHandler:
             return True
         if self.backoff is not None:  # its wait is over: this is the try again
             self.backoff = Backoff(self.backoff.reason, None)
+        if self._yielding(needed, provider_cfg, pool_cfg):
+            return True
         verdict = self._allocate(needed, provider_cfg, pool_cfg)
         if verdict:
             self._enter(HandlerState.ACTIVE)
@@ -346,6 +358,34 @@ class RequestHandler:
         self._enter(HandlerState.AT_QUOTA, scope=verdict.scope, why=verdict.describe())
         self._note_waiting()
         return True
+
+    def _yielding(self, needed: list[Slot], provider_cfg: ProviderConfig,
+                  pool_cfg: PoolConfig) -> bool:
+        """Whether a handler waiting at quota lets an older request go first: the cache
+        shows room for its nodes, and another launcher of this pool holds an older request
+        that waits for quota too. Every launcher sees a node go at once; each trying its
+        guarded create then would cost all but one a failed write (a guard conflict).
+        The oldest tries at once; the others look again when the room is taken (a cache
+        event), or after the engine's `quota_yield` seconds, whatever that older request's
+        launcher does (dead, paused, or unable to use the room): never lost, only later."""
+        wait = self.engine.settings.quota_yield
+        if self.state is not HandlerState.AT_QUOTA or wait <= 0 \
+                or not self.older_waits(self.request):
+            self._yield_since = None
+            return False
+        remaining = [s for s in needed if s.node is None]
+        if not remaining \
+                or not self.allocator.fits_cached(remaining, provider_cfg, pool_cfg):
+            self._yield_since = None  # no room to leave to it: as before
+            return False
+        now = self.engine.clock.monotonic()
+        if self._yield_since is None:
+            self._yield_since = now
+            self.log.debug("Letting an older request of another launcher take the room")
+        if now - self._yield_since < wait:
+            return True
+        self._yield_since = None  # waited long enough: try now
+        return False
 
     def waiting(self) -> plan.Waiting | None:
         """Why this handler holds its request back now (None while it goes on)."""
