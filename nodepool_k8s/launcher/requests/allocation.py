@@ -32,7 +32,9 @@ from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig, Tenant
 from nodepool_k8s.driver.base import LaunchResult, Provider
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.cache import NodeCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock
@@ -289,6 +291,10 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
     the requests' locks vanished) and creates nothing.
     """
     tenants = {a.request.tenant_name for a, _ in batch if a.tenant_limit is not None}
+    # A request that waited here carries why (`waiting_reasons`); its handler drops the
+    # note once its nodes are created. That write rides in this transaction instead (the
+    # request's lock is checked in it anyway): one write request less per wait.
+    ride = [True]
     guards = [paths.provider_guard_path(provider_cfg.name)]
     guards += [paths.tenant_guard_path(t) for t in sorted(t for t in tenants if t)]
     counts = _counted(provider_cfg, tenants)
@@ -312,6 +318,10 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
     def attempt() -> GuardedWrite[tuple[int, quota.Fit]] | tuple[int, quota.Fit]:
         tries[0] += 1
         known = deps.guard.known_listing(guards) if tries[0] == 1 else None
+        if known is not None and _created_since(deps.node_cache.nodes(), known[1], counts):
+            # Another launcher created nodes under the guard since our last commit (the
+            # cache shows them): a decision on our listing would fail on the guard.
+            known = None
         if tries[0] > 1:
             deps.guard.forget()  # another launcher wrote a guard since
         if known is not None:
@@ -327,13 +337,22 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
             return 0, verdict
         txn = Txn()
         indexes: list[list[int]] = []
+        notes: list[tuple[NodeRequest, NodeRequest, int]] = []
         for (allocator, _slots), nodes in zip(batch, planned):
             # Only while the request is still ours: a pass that began before our session
             # expired must not create nodes for a request another launcher now serves.
             allocator.request_lock.guard(txn)
+            cleared = _without_note(allocator.request, allocator.ref.pool_id) \
+                if ride[0] else None
+            if cleared is not None:
+                notes.append((allocator.request, cleared, txn.set(
+                    paths.request_path(cleared.id), request_codec.encode(cleared),
+                    version=allocator.request.version)))
             indexes.append([NodeStore.add_create(txn, node) for node in nodes])
 
         def committed(results: list[Any]) -> tuple[int, quota.Fit]:
+            for request, cleared, index in notes:
+                request.version, request.extra = results[index].version, cleared.extra
             made: list[Node] = []
             for (_allocator, slots), nodes, where in zip(batch, planned, indexes):
                 for slot, node, index in zip(slots, nodes, where):
@@ -346,10 +365,52 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
             return len(planned), verdict
         return GuardedWrite(versions, txn, committed)
 
-    outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+    try:
+        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+    except errors.VersionConflict as exc:
+        failed = exc.__cause__
+        revised = [a.request for a, _ in batch
+                   if isinstance(failed, errors.TxnFailed)
+                   and failed.path == paths.request_path(a.request.id)]
+        if not revised:
+            raise
+        # The requestor revised the request meanwhile (Zuul's relative priority): adopt
+        # its revision and decide again without the note; the handler drops it after.
+        for request in revised:
+            adopt_revision(deps, request)
+        ride[0] = False
+        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
     if outcome is CONTENDED:
         return 0, quota.Fit(False, CONTENTION, ())
     return outcome
+
+
+def _created_since(cached: Sequence[Node], ids: list[str], counts: Keep) -> bool:
+    """Whether the cache shows a node that `counts` prices, created after the listing
+    `ids` (a higher sequence number) and not in it."""
+    listed = set(ids)
+    top = max(ids, default="")
+    return any(node.id > top and node.id not in listed and (counts is None or counts(node))
+               for node in cached)
+
+
+def _without_note(request: NodeRequest, pool_id: str) -> NodeRequest | None:
+    """A copy of `request` without pool `pool_id`'s waiting note (None: it has none)."""
+    if lifecycle.waiting_note(request, pool_id) is None:
+        return None
+    cleared = request.copy()
+    lifecycle.note_waiting(cleared, pool_id, None)
+    return cleared
+
+
+def adopt_revision(deps: AllocationDeps, request: NodeRequest) -> None:
+    """Take over what the requestor may change on a request we hold locked (its version,
+    relative priority and extra keys) from a fresh read; nothing if it is gone."""
+    fresh = request_codec.RequestStore(deps.zk).get(request.id)
+    if fresh is not None:
+        request.version = fresh.version
+        request.relative_priority = fresh.relative_priority
+        request.extra = fresh.extra
 
 
 def create_batch(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[Slot]]],
