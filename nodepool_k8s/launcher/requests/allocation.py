@@ -149,11 +149,13 @@ class Allocator:
                           tenant_limit)
 
     def create(self, remaining: list[Slot], provider_cfg: ProviderConfig,
-               pool_cfg: PoolConfig) -> quota.Fit:
+               pool_cfg: PoolConfig, looked: quota.Fit | None = None) -> quota.Fit:
         """Create nodes in `init` for `remaining` if the quotas allow (FITS: every slot has
-        its `node`, not yet locked or launched); else the verdict that says why not."""
+        its `node`, not yet locked or launched); else the verdict that says why not.
+        `looked`: `fits_cached(remaining, ...)` if the caller just worked it out."""
         # A cheap look at the cache first: while paused this is all a pass costs.
-        verdict = self.fits_cached(remaining, provider_cfg, pool_cfg)
+        verdict = looked if looked is not None \
+            else self.fits_cached(remaining, provider_cfg, pool_cfg)
         if not verdict:
             return verdict
         try:

@@ -338,9 +338,10 @@ class RequestHandler:
             return True
         if self.backoff is not None:  # its wait is over: this is the try again
             self.backoff = Backoff(self.backoff.reason, None)
-        if self._yielding(needed, provider_cfg, pool_cfg):
+        yielding, looked = self._yielding(needed, provider_cfg, pool_cfg)
+        if yielding:
             return True
-        verdict = self._allocate(needed, provider_cfg, pool_cfg)
+        verdict = self._allocate(needed, provider_cfg, pool_cfg, looked)
         if verdict:
             self._enter(HandlerState.ACTIVE)
             if not any(s.state is SlotState.NEED or s.state is SlotState.LAUNCHING
@@ -360,32 +361,37 @@ class RequestHandler:
         return True
 
     def _yielding(self, needed: list[Slot], provider_cfg: ProviderConfig,
-                  pool_cfg: PoolConfig) -> bool:
+                  pool_cfg: PoolConfig) -> tuple[bool, quota.Fit | None]:
         """Whether a handler waiting at quota lets an older request go first: the cache
         shows room for its nodes, and another launcher of this pool holds an older request
         that waits for quota too. Every launcher sees a node go at once; each trying its
         guarded create then would cost all but one a failed write (a guard conflict).
         The oldest tries at once; the others look again when the room is taken (a cache
         event), or after the engine's `quota_yield` seconds, whatever that older request's
-        launcher does (dead, paused, or unable to use the room): never lost, only later."""
+        launcher does (dead, paused, or unable to use the room): never lost, only later.
+        Also the cache's verdict for the nodes still to create when it looked (the create
+        need not work it out again)."""
         wait = self.engine.settings.quota_yield
         if self.state is not HandlerState.AT_QUOTA or wait <= 0 \
                 or not self.older_waits(self.request):
             self._yield_since = None
-            return False
+            return False, None
         remaining = [s for s in needed if s.node is None]
-        if not remaining \
-                or not self.allocator.fits_cached(remaining, provider_cfg, pool_cfg):
+        if not remaining:
+            self._yield_since = None
+            return False, None
+        looked = self.allocator.fits_cached(remaining, provider_cfg, pool_cfg)
+        if not looked:
             self._yield_since = None  # no room to leave to it: as before
-            return False
+            return False, looked
         now = self.engine.clock.monotonic()
         if self._yield_since is None:
             self._yield_since = now
             self.log.debug("Letting an older request of another launcher take the room")
         if now - self._yield_since < wait:
-            return True
+            return True, looked
         self._yield_since = None  # waited long enough: try now
-        return False
+        return False, looked
 
     def waiting(self) -> plan.Waiting | None:
         """Why this handler holds its request back now (None while it goes on)."""
@@ -652,7 +658,9 @@ class RequestHandler:
             lock.release()
 
     def _allocate(self, needed: list[Slot], provider_cfg: ProviderConfig,
-                  pool_cfg: PoolConfig) -> quota.Fit:
+                  pool_cfg: PoolConfig, looked: quota.Fit | None = None) -> quota.Fit:
+        """`looked`: the cache's verdict for the slots without a node, worked out in this
+        pass (valid while no slot is served by reuse)."""
         created = [s for s in needed if s.node is not None]
         if created:
             # Created by a batch whose launches could not all be started (`launch_created`
@@ -663,11 +671,13 @@ class RequestHandler:
                 return quota.FITS
         if self.request.reuse:
             self.allocator.reuse(needed)
+            if any(s.state is not SlotState.NEED for s in needed):
+                looked = None
         remaining = [s for s in needed if s.state is SlotState.NEED]
         if not remaining:
             return quota.FITS
         try:
-            verdict = self.allocator.create(remaining, provider_cfg, pool_cfg)
+            verdict = self.allocator.create(remaining, provider_cfg, pool_cfg, looked)
         except errors.LockLost:
             self.abandon("the request's lock vanished before its nodes were created")
             return quota.Fit(False, CONTENTION, ())

@@ -151,6 +151,27 @@ def test_at_quota_room_goes_first_to_an_older_request_another_launcher_holds(
     assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
 
 
+def test_with_quota_yield_0_every_waiting_launcher_tries_at_once(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    deps = make_worker_deps(max_servers=1)
+    deps.settings = deps.settings.replace(quota_yield=0)
+    deps.registered_pools = lambda: [  # type: ignore[method-assign]
+        plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
+    worker, launches = worker_for(deps)
+    first = deps.submit(["small"])
+    worker.run_once()
+    second = deps.submit(["small"])
+    worker.run_once()
+    older = deps.submit(["small"], priority="100")
+    taken_by_peer(deps, older, plan.Waiting("WaitingForQuota", "waits for room"))
+    launches.run_all()
+    assert state(deps, first) == model.RequestState.FULFILLED
+    free_the_node(deps)
+
+    worker.run_once()
+    assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
+
+
 def test_a_younger_request_of_another_launcher_does_not_hold_ours_back(
         make_worker_deps: MakeWorkerDeps) -> None:
     deps = make_worker_deps(max_servers=1)
