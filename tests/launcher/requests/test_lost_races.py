@@ -16,6 +16,7 @@ from nodepool_k8s.launcher.requests.allocation import Allocator, Slot, create_gu
 from nodepool_k8s.launcher.requests.batch import copy_request
 from nodepool_k8s.launcher.requests.handler import HandlerState
 from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.client import Stat
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.registry import pool_worker_id
@@ -252,3 +253,34 @@ def test_a_guard_another_launcher_bumped_is_read_before_the_commit(
                           pool_cfg)[0] == 1
 
     assert deps.zk.writes.snapshot()[0] - before == 1  # the commit, no failed one first
+
+
+def test_a_request_the_requestor_revised_meanwhile_gets_its_nodes_and_keeps_the_revision(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """Zuul revised the waiting request's relative priority: the create that carried the
+    note fails on the request's version, the revision is adopted and the nodes are created
+    without the note, which goes in a write of its own."""
+    deps = make_worker_deps(max_servers=1)
+    worker, launches = worker_for(deps)
+    deps.submit(["small"])
+    worker.run_once()
+    second = deps.submit(["small"])
+    worker.run_once()
+    launches.run_all()
+    free_the_node(deps)
+    got = deps.zk.get(paths.request_path(second))
+    assert got is not None
+    revised = request_codec.decode(second, got[0], got[1].version)
+    revised.relative_priority = 7
+    deps.zk.set(paths.request_path(second), request_codec.encode(revised), got[1].version)
+
+    worker.run_once()
+
+    assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
+    request = deps.requests.get(second)
+    assert request is not None and request.relative_priority == 7
+    assert lifecycle.waiting_note(request, worker.id) is None
+    launches.run_all()
+    done = deps.requests.get(second)
+    assert done is not None and done.state == model.RequestState.FULFILLED
+    assert done.relative_priority == 7
