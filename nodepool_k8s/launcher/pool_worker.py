@@ -11,7 +11,10 @@ and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.
 3. walk the cached requests in pool order; `plan.triage` decides; tenant limits defer;
    then lock and decline or accept. A request nobody has locked yet (its lock dir does
    not exist) is locked and written in one versioned transaction, the version standing in
-   for the re-read; otherwise: lock without blocking, re-read, decide again, write.
+   for the re-read; otherwise: lock without blocking, re-read, decide again, write. A
+   race lost to another launcher's transaction costs one read (the request is then
+   skipped until the cache shows that version), and a lock another contender holds is
+   seen by listing the lock dir, without a contender of ours.
    Fresh requests that qualify are accepted together (`requests.batch.Batch`, which
    reaches this worker only through its public `BatchOwner` methods). A request it would
    take but holds back (paused, drained, busy, its tenant at its limit) while no other

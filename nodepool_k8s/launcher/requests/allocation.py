@@ -4,15 +4,21 @@ Owns: finding nodes for a request's unfilled slots, either by taking over a read
 unallocated node of the pool (lock, re-read, re-check, write `allocated_to`) or by creating
 node znodes in `init` after a quota check, serialised across launchers by the guard loop
 (`zk.quota_guard.commit_guarded`: the guard bump rides in the transaction that creates the
-nodes). It does not launch anything: the request handler (`handler.py`) starts the launches
-of the nodes created here and owns every later state change.
+nodes). A request that waited drops its `waiting_reasons` note in that transaction (no
+write of its own), and our last commit's listing is reused only while the cache shows no
+node created since by another launcher (a decision on it would fail on the guard). It
+does not launch anything: the request handler (`handler.py`) starts the launches of the
+nodes created here and owns every later state change.
 
 Dependencies: only what `AllocationDeps` lists (a slice of the engine), so a test or a
 future caller can see what allocation reads and writes.
 
 Failure modes: a non-fitting `quota.Fit` (the handler pauses or declines), a
 CONTENTION verdict when every guarded attempt lost to another launcher (the handler asks
-for another pass), and the typed ZooKeeper errors of the commit.
+for another pass), and the typed ZooKeeper errors of the commit. A request the requestor
+revised since the handler read it (its version moved: Zuul's relative priority) fails the
+create that carries its note: the revision is adopted and the create made again without
+the note.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ machine driven by its pool worker's passes.
 Owns: the nodes of one request. Each slot (one per entry of `node_types`, order kept, so
 `nodes` lines up with `node_types`) is satisfied by reusing a ready node of the pool or by
 creating a node (both in `allocation.py`: quota check and guarded create) and launching
-it; the handler pauses at quota and resumes when capacity frees; it finishes with exactly
+it; the handler pauses at quota and resumes when capacity frees (first letting an older
+request that another launcher of the pool holds take freed room, for at most the engine's
+`quota_yield`: `_yielding`); it finishes with exactly
 one transaction that writes every node and the request and releases every lock
 (fulfilled, declined, or the request was cancelled).
 
