@@ -11,7 +11,10 @@ and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.
 3. walk the cached requests in pool order; `plan.triage` decides; tenant limits defer;
    then lock and decline or accept. A request nobody has locked yet (its lock dir does
    not exist) is locked and written in one versioned transaction, the version standing in
-   for the re-read; otherwise: lock without blocking, re-read, decide again, write.
+   for the re-read; otherwise: lock without blocking, re-read, decide again, write. A
+   race lost to another launcher's transaction costs one read (the request is then
+   skipped until the cache shows that version), and a lock another contender holds is
+   seen by listing the lock dir, without a contender of ours.
    Fresh requests that qualify are accepted together (`requests.batch.Batch`, which
    reaches this worker only through its public `BatchOwner` methods). A request it would
    take but holds back (paused, drained, busy, its tenant at its limit) while no other
@@ -193,6 +196,9 @@ class PoolWorker(Worker):
         self._contended = False
         # Requests whose lock dir exists (someone locked them before): never batched.
         self._lock_dir_seen: set[str] = set()
+        # Requests a fresh read showed taken by another launcher -> the version read: the
+        # cache's older copies of them are skipped (`taken_elsewhere`).
+        self._taken_elsewhere: dict[str, int] = {}
         self.refused = RefusedRequests(self.log)
         # Requests whose `waiting_reasons` entry we wrote and the version we wrote, until
         # the cache shows it; and how many requests we held back in the last pass.
@@ -401,9 +407,15 @@ class PoolWorker(Worker):
         # Locked for ever by a contender that is not ephemeral (the cleanup reported it):
         # trying its lock again every CONTENDED_RETRY would only cost three writes each time.
         stuck = self.engine.stuck_requests
-        if self._lock_dir_seen or self.refused or self._waiting_written:
+        taken = self._taken_elsewhere
+        if self._lock_dir_seen or self.refused or self._waiting_written or taken:
             ids = {r.id for r in requests}
             self._lock_dir_seen &= ids
+            for request in requests:
+                if taken.get(request.id, -1) <= request.version:
+                    taken.pop(request.id, None)  # the cache caught up (or it is gone)
+            for gone in taken.keys() - ids:
+                del taken[gone]
             self.refused.keep_only(ids)
             for gone in self._waiting_written.keys() - ids:
                 del self._waiting_written[gone]
@@ -412,7 +424,8 @@ class PoolWorker(Worker):
                 break
             if request.id in self.handlers or request.state != model.RequestState.REQUESTED \
                     or self.id in request.declined_by or self._creator_starting(request) \
-                    or self.refused.skip(request) or request.id in stuck:
+                    or self.refused.skip(request) or request.id in stuck \
+                    or request.id in taken:
                 continue
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
@@ -531,6 +544,12 @@ class PoolWorker(Worker):
     def saw_lock_dir(self, request_id: str) -> None:
         self._lock_dir_seen.add(request_id)
 
+    def taken_elsewhere(self, request: NodeRequest) -> None:
+        """A fresh read showed `request` no longer `requested` (another launcher took or
+        declined it): until the cache shows a version at least as new, its stale copy is
+        skipped (trying it would cost a lock attempt to find it taken)."""
+        self._taken_elsewhere[request.id] = request.version
+
     def keep(self, handler: RequestHandler) -> None:
         with self._handlers_lock:
             self.handlers[handler.request.id] = handler
@@ -558,13 +577,26 @@ class PoolWorker(Worker):
         fresh = copy_request(request)
         decline = decision.decline
         self._prepare(fresh, decline)
-        try:
-            lock = requests.store_fresh(fresh, release=decline is not None)
-        except (errors.NoNodeError, errors.VersionConflict):
-            return None  # it changed meanwhile; the cache event brings us back
+        lock: HeldLock | None = None
+        if not self.lock_dir_seen(request.id):
+            try:
+                lock = requests.store_fresh(fresh, release=decline is not None)
+            except (errors.NoNodeError, errors.VersionConflict):
+                return None  # it changed meanwhile; the cache event brings us back
+            if lock is None:
+                self.saw_lock_dir(request.id)
+                # Mostly another launcher's same transaction won and wrote `pending` with
+                # its lock: one read tells, and losing costs nothing more.
+                now = requests.get(request.id)
+                if now is None or now.state != model.RequestState.REQUESTED:
+                    if now is not None:
+                        self.taken_elsewhere(now)
+                    return None
         if lock is None:
-            # Somebody locked it before: the ordinary way, lock, re-read, decide again.
-            got = requests.lock_and_read(request.id)
+            # Somebody locked it before: the ordinary way, lock, re-read, decide again;
+            # not while another's contender is in the lock dir (that attempt would cost a
+            # contender's create and deletion to find it held).
+            got = requests.lock_and_read(request.id, look_first=True)
             if got is None:
                 # Another pool holds the lock; if it lets go without writing (it skipped the
                 # request), no cache event follows: look again shortly.
@@ -602,6 +634,7 @@ class PoolWorker(Worker):
         handler = RequestHandler(self.engine, self.ref, provider, self.launches, request,
                                  lock, self.registered_ids, self.wake, accept_started)
         handler.refuse = self._breaker_refusal
+        handler.older_waits = self._older_waits
         handler.on_launch_done = self._launch_done
         if handler.span.recording:
             handler.log.info("Accepted request for %s (trace %s)", request.node_types,
@@ -609,6 +642,29 @@ class PoolWorker(Worker):
         else:
             handler.log.info("Accepted request for %s", request.node_types)
         return handler
+
+    def _older_waits(self, request: NodeRequest) -> bool:
+        """Whether another registered launcher of this pool (same provider and pool name)
+        holds a request older than `request` (Nodepool's order) that waits for quota, as
+        the `waiting_reasons` note on it in the request cache says."""
+        own = f"PoolWorker.{self.ref.provider}-{self.ref.pool}"
+        peers = {p.id for p in self.engine.registered_pools()
+                 if p.id != self.id and p.provider == self.ref.provider
+                 and p.id.rsplit("-", 1)[0].endswith(own)}
+        if not peers:
+            return False
+        mine = request.sort_key()
+        for other in self.engine.request_cache.requests():
+            if other.state != model.RequestState.PENDING or other.id == request.id:
+                continue
+            notes = other.extra.get(model.WAITING_REASONS)
+            if not isinstance(notes, dict) or not any(
+                    isinstance(note, dict) and note.get("reason") == "WaitingForQuota"
+                    for pool_id, note in notes.items() if pool_id in peers):
+                continue
+            if other.sort_key() < mine:
+                return True
+        return False
 
     # -- circuit breaker and status --------------------------------------------------------
     def _breaker_check(self, labels: list[str], pool_cfg: PoolConfig,

@@ -21,8 +21,9 @@ from nodepool_k8s.core.errors import ConfigError
 
 ENV_PREFIX = "NODEPOOL_K8S_"
 # Fields where 0 is meaningful: no rate limit on reclaims; do not wait for launches on stop;
-# every launcher deletes any node at once.
-ZERO_ALLOWED = frozenset({"reclaim_interval", "stop_timeout", "delete_grace"})
+# every launcher deletes any node at once; waiting launchers try for freed room at once.
+ZERO_ALLOWED = frozenset({"reclaim_interval", "stop_timeout", "delete_grace",
+                          "quota_yield"})
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,11 @@ class EngineSettings:
     # (doubling up to `min_ready_backoff_max`).
     min_ready_backoff: float = 5.0
     min_ready_backoff_max: float = 120.0
+    # A request waiting at quota whose launcher sees room lets an older request that
+    # another launcher of the same pool holds (waiting at quota too) try first, for at most
+    # this many seconds; then it tries itself. 0: every waiting launcher tries at once (all
+    # but one lose, each a failed write). One launcher alone never waits.
+    quota_yield: float = 1.0
     # Optimistic quota decisions retry this many times on concurrent changes per pass.
     guard_attempts: int = 20
     # On graceful stop, wait this long for cancelled launches to return.

@@ -87,14 +87,27 @@ class RequestStore:
         return locks.contenders(
             self.zk.get_children(paths.request_lock_path(request_id)) or [])
 
+    def held_elsewhere(self, request_id: str) -> bool:
+        """Whether any client's lock contender (an exclusive or a read lock) is in the
+        request's lock dir now."""
+        children = self.zk.get_children(paths.request_lock_path(request_id)) or []
+        return any(locks.is_contender(child) for child in children)
+
     # -- locks ---------------------------------------------------------------------------
     def lock(self, request_id: str, *, blocking: bool = False,
              timeout: float | None = None) -> HeldLock | None:
         return locks.acquire(self.zk, paths.request_lock_path(request_id),
                              blocking=blocking, timeout=timeout, makepath=True)
 
-    def lock_and_read(self, request_id: str) -> tuple[HeldLock, NodeRequest] | None:
-        """Non-blocking lock, then a fresh read; None (lock released) if busy or gone."""
+    def lock_and_read(self, request_id: str, *, look_first: bool = False
+                      ) -> tuple[HeldLock, NodeRequest] | None:
+        """Non-blocking lock, then a fresh read; None (lock released) if busy or gone.
+
+        `look_first`: list the lock dir before contending and give up, writing nothing,
+        while somebody's contender is in it (a lost attempt costs a contender's create and
+        deletion; the listing is one the attempt would read anyway)."""
+        if look_first and self.held_elsewhere(request_id):
+            return None
         held = self.lock(request_id)
         if held is None:
             return None

@@ -98,6 +98,13 @@ def test_settings_check_every_way_in() -> None:
     assert settings.reclaim_interval == 0 and settings.stop_timeout == 0
 
 
+def test_quota_yield_defaults_to_a_short_wait_and_may_be_switched_off() -> None:
+    assert EngineSettings().quota_yield == 1.0
+    assert EngineSettings.from_env({"NODEPOOL_K8S_QUOTA_YIELD": "0"}).quota_yield == 0
+    with pytest.raises(ConfigError, match="NODEPOOL_K8S_QUOTA_YIELD"):
+        EngineSettings.from_env({"NODEPOOL_K8S_QUOTA_YIELD": "-1"})
+
+
 def test_delete_grace_defaults_to_a_wait_and_may_be_switched_off() -> None:
     assert EngineSettings().delete_grace == 30.0
     assert EngineSettings.from_env({"NODEPOOL_K8S_DELETE_GRACE": "0"}).delete_grace == 0

@@ -11,6 +11,7 @@ wrapped for that):
                                        clock in NODEPOOL_K8S_PROFILE_CLOCK, e.g. wall)
                                        -> PREFIX.<pid>.pstat (read with pstats)
   NODEPOOL_K8S_PROFILE_ZKOPS=PREFIX    ZooKeeper requests sent, by type and path pattern
+                                       (refused ones once more, as FAILED)
                                        -> PREFIX.<pid>
   NODEPOOL_K8S_PROFILE_TRACEMALLOC=PREFIX
                                        tracemalloc from the start (frames per trace:
@@ -48,7 +49,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable
+from typing import Any, Callable
 
 _AT_EXIT = []
 
@@ -126,6 +127,25 @@ def _zkops(prefix: str) -> None:
         else:
             watched = " (watch)" if getattr(request, "watcher", None) else ""
             counts[(name, pattern(getattr(request, "path", None)) + watched)] += 1
+        if ops is not None:
+            failed = (f"FAILED {name}[{len(ops)}]", ",".join(kinds))
+        else:
+            failed = (f"FAILED {name}", pattern(getattr(request, "path", None)))
+
+        def answered(result: Any) -> None:
+            # A refused request (or a transaction with a refused operation) is counted a
+            # second time under FAILED: a failed write is still a write. A multi-read's
+            # missing znode shows as FAILED too.
+            try:
+                if not result.successful():
+                    counts[failed] += 1
+                    return
+                value = result.get_nowait()
+                if isinstance(value, list) and any(isinstance(v, Exception) for v in value):
+                    counts[failed] += 1
+            except Exception:
+                pass
+        async_object.rawlink(answered)
         return original(self, request, async_object)
     KazooClient._call = call
 

@@ -4,15 +4,21 @@ Owns: finding nodes for a request's unfilled slots, either by taking over a read
 unallocated node of the pool (lock, re-read, re-check, write `allocated_to`) or by creating
 node znodes in `init` after a quota check, serialised across launchers by the guard loop
 (`zk.quota_guard.commit_guarded`: the guard bump rides in the transaction that creates the
-nodes). It does not launch anything: the request handler (`handler.py`) starts the launches
-of the nodes created here and owns every later state change.
+nodes). A request that waited drops its `waiting_reasons` note in that transaction (no
+write of its own), and our last commit's listing is reused only while the cache shows no
+node created since by another launcher (a decision on it would fail on the guard). It
+does not launch anything: the request handler (`handler.py`) starts the launches of the
+nodes created here and owns every later state change.
 
 Dependencies: only what `AllocationDeps` lists (a slice of the engine), so a test or a
 future caller can see what allocation reads and writes.
 
 Failure modes: a non-fitting `quota.Fit` (the handler pauses or declines), a
 CONTENTION verdict when every guarded attempt lost to another launcher (the handler asks
-for another pass), and the typed ZooKeeper errors of the commit.
+for another pass), and the typed ZooKeeper errors of the commit. A request the requestor
+revised since the handler read it (its version moved: Zuul's relative priority) fails the
+create that carries its note: the revision is adopted and the create made again without
+the note.
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig, Tenant
 from nodepool_k8s.driver.base import LaunchResult, Provider
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.launcher import lifecycle
 from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.cache import NodeCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.locks import HeldLock
@@ -135,17 +143,25 @@ class Allocator:
         tenant = self.request.tenant_name
         return self.deps.config.tenant_resource_limits.get(tenant) if tenant else None
 
-    def create(self, remaining: list[Slot], provider_cfg: ProviderConfig,
-               pool_cfg: PoolConfig) -> quota.Fit:
-        """Create nodes in `init` for `remaining` if the quotas allow (FITS: every slot has
-        its `node`, not yet locked or launched); else the verdict that says why not."""
+    def fits_cached(self, remaining: list[Slot], provider_cfg: ProviderConfig,
+                    pool_cfg: PoolConfig) -> quota.Fit:
+        """Whether nodes for `remaining` fit the quotas as the cache sees them (no
+        ZooKeeper request)."""
         tenant_limit = self.tenant_limit
         counts = _counted(provider_cfg, set() if tenant_limit is None
                           else {self.request.tenant_name})
+        return self.check(quota.demand([s.label for s in remaining], pool_cfg),
+                          self.deps.cached_usage(counts), provider_cfg, pool_cfg,
+                          tenant_limit)
+
+    def create(self, remaining: list[Slot], provider_cfg: ProviderConfig,
+               pool_cfg: PoolConfig, looked: quota.Fit | None = None) -> quota.Fit:
+        """Create nodes in `init` for `remaining` if the quotas allow (FITS: every slot has
+        its `node`, not yet locked or launched); else the verdict that says why not.
+        `looked`: `fits_cached(remaining, ...)` if the caller just worked it out."""
         # A cheap look at the cache first: while paused this is all a pass costs.
-        verdict = self.check(quota.demand([s.label for s in remaining], pool_cfg),
-                             self.deps.cached_usage(counts), provider_cfg, pool_cfg,
-                             tenant_limit)
+        verdict = looked if looked is not None \
+            else self.fits_cached(remaining, provider_cfg, pool_cfg)
         if not verdict:
             return verdict
         try:
@@ -283,6 +299,10 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
     the requests' locks vanished) and creates nothing.
     """
     tenants = {a.request.tenant_name for a, _ in batch if a.tenant_limit is not None}
+    # A request that waited here carries why (`waiting_reasons`); its handler drops the
+    # note once its nodes are created. That write rides in this transaction instead (the
+    # request's lock is checked in it anyway): one write request less per wait.
+    ride = [True]
     guards = [paths.provider_guard_path(provider_cfg.name)]
     guards += [paths.tenant_guard_path(t) for t in sorted(t for t in tenants if t)]
     counts = _counted(provider_cfg, tenants)
@@ -306,6 +326,10 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
     def attempt() -> GuardedWrite[tuple[int, quota.Fit]] | tuple[int, quota.Fit]:
         tries[0] += 1
         known = deps.guard.known_listing(guards) if tries[0] == 1 else None
+        if known is not None and _created_since(deps.node_cache.nodes(), known[1], counts):
+            # Another launcher created nodes under the guard since our last commit (the
+            # cache shows them): a decision on our listing would fail on the guard.
+            known = None
         if tries[0] > 1:
             deps.guard.forget()  # another launcher wrote a guard since
         if known is not None:
@@ -321,13 +345,22 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
             return 0, verdict
         txn = Txn()
         indexes: list[list[int]] = []
+        notes: list[tuple[NodeRequest, NodeRequest, int]] = []
         for (allocator, _slots), nodes in zip(batch, planned):
             # Only while the request is still ours: a pass that began before our session
             # expired must not create nodes for a request another launcher now serves.
             allocator.request_lock.guard(txn)
+            cleared = _without_note(allocator.request, allocator.ref.pool_id) \
+                if ride[0] else None
+            if cleared is not None:
+                notes.append((allocator.request, cleared, txn.set(
+                    paths.request_path(cleared.id), request_codec.encode(cleared),
+                    version=allocator.request.version)))
             indexes.append([NodeStore.add_create(txn, node) for node in nodes])
 
         def committed(results: list[Any]) -> tuple[int, quota.Fit]:
+            for request, cleared, index in notes:
+                request.version, request.extra = results[index].version, cleared.extra
             made: list[Node] = []
             for (_allocator, slots), nodes, where in zip(batch, planned, indexes):
                 for slot, node, index in zip(slots, nodes, where):
@@ -340,10 +373,52 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
             return len(planned), verdict
         return GuardedWrite(versions, txn, committed)
 
-    outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+    try:
+        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+    except errors.VersionConflict as exc:
+        failed = exc.__cause__
+        revised = [a.request for a, _ in batch
+                   if isinstance(failed, errors.TxnFailed)
+                   and failed.path == paths.request_path(a.request.id)]
+        if not revised:
+            raise
+        # The requestor revised the request meanwhile (Zuul's relative priority): adopt
+        # its revision and decide again without the note; the handler drops it after.
+        for request in revised:
+            adopt_revision(deps, request)
+        ride[0] = False
+        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
     if outcome is CONTENDED:
         return 0, quota.Fit(False, CONTENTION, ())
     return outcome
+
+
+def _created_since(cached: Sequence[Node], ids: list[str], counts: Keep) -> bool:
+    """Whether the cache shows a node that `counts` prices, created after the listing
+    `ids` (a higher sequence number) and not in it."""
+    listed = set(ids)
+    top = max(ids, default="")
+    return any(node.id > top and node.id not in listed and (counts is None or counts(node))
+               for node in cached)
+
+
+def _without_note(request: NodeRequest, pool_id: str) -> NodeRequest | None:
+    """A copy of `request` without pool `pool_id`'s waiting note (None: it has none)."""
+    if lifecycle.waiting_note(request, pool_id) is None:
+        return None
+    cleared = request.copy()
+    lifecycle.note_waiting(cleared, pool_id, None)
+    return cleared
+
+
+def adopt_revision(deps: AllocationDeps, request: NodeRequest) -> None:
+    """Take over what the requestor may change on a request we hold locked (its version,
+    relative priority and extra keys) from a fresh read; nothing if it is gone."""
+    fresh = request_codec.RequestStore(deps.zk).get(request.id)
+    if fresh is not None:
+        request.version = fresh.version
+        request.relative_priority = fresh.relative_priority
+        request.extra = fresh.extra
 
 
 def create_batch(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[Slot]]],

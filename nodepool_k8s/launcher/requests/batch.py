@@ -69,6 +69,10 @@ class BatchOwner(Protocol):
 
     def saw_lock_dir(self, request_id: str) -> None: ...
 
+    def taken_elsewhere(self, request: NodeRequest) -> None:
+        """A fresh read showed `request` taken by somebody else (not `requested`)."""
+        ...
+
     def new_handler(self, provider: Provider, request: NodeRequest,
                     lock: HeldLock, accept_started: int = 0) -> RequestHandler:
         """The handler of a request just locked and written `pending`; accepting it began
@@ -178,6 +182,8 @@ class Batch:
                     owner.saw_lock_dir(fresh.id)
                     now = self.deps.requests.get(fresh.id)
                     if now is None or now.state != model.RequestState.REQUESTED:
+                        if now is not None:
+                            owner.taken_elsewhere(now)
                         continue
                     handler = take(paused)
                 else:

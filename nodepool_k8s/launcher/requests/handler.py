@@ -4,7 +4,9 @@ machine driven by its pool worker's passes.
 Owns: the nodes of one request. Each slot (one per entry of `node_types`, order kept, so
 `nodes` lines up with `node_types`) is satisfied by reusing a ready node of the pool or by
 creating a node (both in `allocation.py`: quota check and guarded create) and launching
-it; the handler pauses at quota and resumes when capacity frees; it finishes with exactly
+it; the handler pauses at quota and resumes when capacity frees (first letting an older
+request that another launcher of the pool holds take freed room, for at most the engine's
+`quota_yield`: `_yielding`); it finishes with exactly
 one transaction that writes every node and the request and releases every lock
 (fulfilled, declined, or the request was cancelled).
 
@@ -172,6 +174,11 @@ class RequestHandler:
         # None on success or the failure's error text).
         self.refuse: Callable[[NodeRequest], plan.Decline | None] = lambda request: None
         self.on_launch_done: Callable[[str, str | None], None] = lambda label, error: None
+        # Set by the pool worker: whether another launcher of this pool holds an older
+        # request waiting for the same capacity (see `_yielding`), and since when
+        # (monotonic) this one has let it go first while the cache showed room.
+        self.older_waits: Callable[[NodeRequest], bool] = lambda request: False
+        self._yield_since: float | None = None
         # Set by the pool worker: why no launch may start now (its provider cannot act), and
         # the decline it hands the request back with (see `hold`, `hand_back`).
         self.held: plan.Waiting | None = None
@@ -211,8 +218,13 @@ class RequestHandler:
 
     @property
     def next_deadline(self) -> float | None:
-        """When (monotonic) it tries again after an aborted launch."""
-        return self.backoff.until if self.backoff is not None else None
+        """When (monotonic) it tries again after an aborted launch, or when it stops
+        letting an older request of another launcher go first (`_yielding`)."""
+        until = self.backoff.until if self.backoff is not None else None
+        if self._yield_since is not None:
+            given_up = self._yield_since + self.engine.settings.quota_yield
+            until = given_up if until is None else min(until, given_up)
+        return until
 
     def _enter(self, state: HandlerState, *, scope: str | None = None,
                why: str = "") -> None:
@@ -251,7 +263,7 @@ class RequestHandler:
 
     def _backing_off(self) -> bool:
         """Whether the wait after an aborted launch still runs."""
-        until = self.next_deadline
+        until = self.backoff.until if self.backoff is not None else None
         return until is not None and self.engine.clock.monotonic() < until
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -328,7 +340,10 @@ class RequestHandler:
             return True
         if self.backoff is not None:  # its wait is over: this is the try again
             self.backoff = Backoff(self.backoff.reason, None)
-        verdict = self._allocate(needed, provider_cfg, pool_cfg)
+        yielding, looked = self._yielding(needed, provider_cfg, pool_cfg)
+        if yielding:
+            return True
+        verdict = self._allocate(needed, provider_cfg, pool_cfg, looked)
         if verdict:
             self._enter(HandlerState.ACTIVE)
             if not any(s.state is SlotState.NEED or s.state is SlotState.LAUNCHING
@@ -346,6 +361,39 @@ class RequestHandler:
         self._enter(HandlerState.AT_QUOTA, scope=verdict.scope, why=verdict.describe())
         self._note_waiting()
         return True
+
+    def _yielding(self, needed: list[Slot], provider_cfg: ProviderConfig,
+                  pool_cfg: PoolConfig) -> tuple[bool, quota.Fit | None]:
+        """Whether a handler waiting at quota lets an older request go first: the cache
+        shows room for its nodes, and another launcher of this pool holds an older request
+        that waits for quota too. Every launcher sees a node go at once; each trying its
+        guarded create then would cost all but one a failed write (a guard conflict).
+        The oldest tries at once; the others look again when the room is taken (a cache
+        event), or after the engine's `quota_yield` seconds, whatever that older request's
+        launcher does (dead, paused, or unable to use the room): never lost, only later.
+        Also the cache's verdict for the nodes still to create when it looked (the create
+        need not work it out again)."""
+        wait = self.engine.settings.quota_yield
+        if self.state is not HandlerState.AT_QUOTA or wait <= 0 \
+                or not self.older_waits(self.request):
+            self._yield_since = None
+            return False, None
+        remaining = [s for s in needed if s.node is None]
+        if not remaining:
+            self._yield_since = None
+            return False, None
+        looked = self.allocator.fits_cached(remaining, provider_cfg, pool_cfg)
+        if not looked:
+            self._yield_since = None  # no room to leave to it: as before
+            return False, looked
+        now = self.engine.clock.monotonic()
+        if self._yield_since is None:
+            self._yield_since = now
+            self.log.debug("Letting an older request of another launcher take the room")
+        if now - self._yield_since < wait:
+            return True, looked
+        self._yield_since = None  # waited long enough: try now
+        return False, looked
 
     def waiting(self) -> plan.Waiting | None:
         """Why this handler holds its request back now (None while it goes on)."""
@@ -612,7 +660,9 @@ class RequestHandler:
             lock.release()
 
     def _allocate(self, needed: list[Slot], provider_cfg: ProviderConfig,
-                  pool_cfg: PoolConfig) -> quota.Fit:
+                  pool_cfg: PoolConfig, looked: quota.Fit | None = None) -> quota.Fit:
+        """`looked`: the cache's verdict for the slots without a node, worked out in this
+        pass (valid while no slot is served by reuse)."""
         created = [s for s in needed if s.node is not None]
         if created:
             # Created by a batch whose launches could not all be started (`launch_created`
@@ -623,11 +673,13 @@ class RequestHandler:
                 return quota.FITS
         if self.request.reuse:
             self.allocator.reuse(needed)
+            if any(s.state is not SlotState.NEED for s in needed):
+                looked = None
         remaining = [s for s in needed if s.state is SlotState.NEED]
         if not remaining:
             return quota.FITS
         try:
-            verdict = self.allocator.create(remaining, provider_cfg, pool_cfg)
+            verdict = self.allocator.create(remaining, provider_cfg, pool_cfg, looked)
         except errors.LockLost:
             self.abandon("the request's lock vanished before its nodes were created")
             return quota.Fit(False, CONTENTION, ())

@@ -25,12 +25,16 @@ class Owner:
         self.seen: set[str] = set()
         self.kept: dict[str, RequestHandler] = {}
         self.refused: list[str] = []
+        self.taken: dict[str, int] = {}
 
     def lock_dir_seen(self, request_id: str) -> bool:
         return request_id in self.seen
 
     def saw_lock_dir(self, request_id: str) -> None:
         self.seen.add(request_id)
+
+    def taken_elsewhere(self, request: NodeRequest) -> None:
+        self.taken[request.id] = request.version
 
     def new_handler(self, provider: Provider, request: NodeRequest,
                     lock: HeldLock, accept_started: int = 0) -> RequestHandler:

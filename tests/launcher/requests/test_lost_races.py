@@ -1,0 +1,286 @@
+"""What a launcher that loses a race to another launcher writes: the request taken by
+another's transaction, a request lock held by another's contender, the room freed at quota
+that an older request of another launcher waits for, a guard another launcher bumped.
+Other launchers are played in the same real ZooKeeper; the pool worker's pass is stepped
+on a ManualClock."""
+
+from __future__ import annotations
+
+import logging
+
+from nodepool_k8s.core import model
+from nodepool_k8s.core.model import NodeRequest
+from nodepool_k8s.launcher import lifecycle, plan
+from nodepool_k8s.launcher.pool_worker import CONTENDED_RETRY
+from nodepool_k8s.launcher.requests.allocation import Allocator, Slot, create_guarded
+from nodepool_k8s.launcher.requests.batch import copy_request
+from nodepool_k8s.launcher.requests.handler import HandlerState
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.client import Stat
+from nodepool_k8s.zk.nodes import NodeStore
+from nodepool_k8s.zk.registry import pool_worker_id
+from nodepool_k8s.zk.txn import Txn
+from tests.launcher.requests.conftest import MakeDeps
+from tests.launcher.requests.support import ReadThroughRequests, WorkerDeps
+from tests.launcher.requests.test_pool_worker import MakeWorkerDeps, state, worker_for
+
+PEER = pool_worker_id("fake", "main", "other-host")
+
+
+class StaleRequests(ReadThroughRequests):
+    """A request cache that has not seen the latest writes of some requests yet."""
+
+    def __init__(self, fresh: ReadThroughRequests, stale: list[NodeRequest]) -> None:
+        super().__init__(fresh.zk, fresh.store)
+        self.stale = {r.id: r for r in stale}
+
+    def get(self, request_id: str) -> NodeRequest | None:
+        return self.stale.get(request_id) or super().get(request_id)
+
+    def requests(self) -> list[NodeRequest]:
+        return [self.stale.get(r.id, r) for r in super().requests()]
+
+
+def lock_stat(deps: WorkerDeps, request_id: str) -> Stat | None:
+    return deps.zk.exists(paths.request_lock_path(request_id))
+
+
+def taken_by_peer(deps: WorkerDeps, request_id: str,
+                  waiting: plan.Waiting | None = None) -> None:
+    """Another launcher locks the request, writes it `pending` (noting why it waits, if
+    `waiting`) and keeps the lock."""
+    cached = deps.requests.get(request_id)
+    assert cached is not None
+    fresh = copy_request(cached)
+    fresh.state = model.RequestState.PENDING
+    if waiting is not None:
+        lifecycle.note_waiting(fresh, PEER, waiting)
+    assert deps.requests.store_fresh(fresh, release=False) is not None
+
+
+def test_a_request_another_launcher_took_costs_one_failed_write_however_stale_the_cache(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """Our transaction fails on the winner's lock dir; one read shows it `pending`; the
+    passes that still see the cache's `requested` copy skip it without writing (they
+    used to send the transaction again and contend for the lock)."""
+    deps = make_worker_deps()
+    worker, launches = worker_for(deps)
+    worker.run_once()  # registration and status written before counting
+    request_id = deps.submit(["small"])
+    stale = deps.requests.get(request_id)
+    assert stale is not None
+    taken_by_peer(deps, request_id)
+    deps.request_cache = StaleRequests(deps.request_cache, [stale])
+    before, lock_dir = deps.zk.writes.snapshot()[0], lock_stat(deps, request_id)
+    assert lock_dir is not None
+
+    for _ in range(3):
+        worker.run_once()
+
+    assert deps.zk.writes.snapshot()[0] - before == 1
+    after = lock_stat(deps, request_id)
+    assert after is not None and after.cversion == lock_dir.cversion  # no contender came
+    assert worker.handlers == {} and launches.in_flight == 0
+    assert state(deps, request_id) == model.RequestState.PENDING
+
+
+def test_a_lock_held_by_another_contender_is_not_contended(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """A request still `requested` whose lock another client holds: the lock dir is
+    listed, nothing is written, and the pass comes back shortly."""
+    deps = make_worker_deps()
+    worker, launches = worker_for(deps)
+    worker.run_once()
+    request_id = deps.submit(["small"])
+    elsewhere = deps.requests.lock(request_id)
+    assert elsewhere is not None
+    before, lock_dir = deps.zk.writes.snapshot()[0], lock_stat(deps, request_id)
+    assert lock_dir is not None
+
+    assert worker.run_once() == deps.clock.monotonic() + CONTENDED_RETRY
+    assert worker.run_once() == deps.clock.monotonic() + CONTENDED_RETRY
+
+    # The first pass tried the one-transaction lock (it cannot know the dir exists).
+    assert deps.zk.writes.snapshot()[0] - before == 1
+    after = lock_stat(deps, request_id)
+    assert after is not None and after.cversion == lock_dir.cversion
+    elsewhere.release()
+    worker.run_once()
+    assert state(deps, request_id) == model.RequestState.PENDING and launches.in_flight == 1
+
+
+def free_the_node(deps: WorkerDeps) -> None:
+    [node_id] = [n.id for n in deps.node_cache.nodes()]
+    got = deps.nodes.lock_and_read(node_id)
+    assert got is not None
+    assert deps.nodes.delete(got[1], got[0])
+
+
+def test_at_quota_room_goes_first_to_an_older_request_another_launcher_holds(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """Both launchers of the pool see the node go; the one holding the younger request
+    lets the older one's launcher create first (each trying would fail all but one on
+    the guard), and tries itself after `quota_yield` if the room is still there."""
+    deps = make_worker_deps(max_servers=1)
+    deps.registered_pools = lambda: [  # type: ignore[method-assign]
+        plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
+    worker, launches = worker_for(deps)
+    first = deps.submit(["small"])
+    worker.run_once()
+    second = deps.submit(["small"])
+    worker.run_once()
+    assert worker.handlers[second].state is HandlerState.AT_QUOTA
+    older = deps.submit(["small"], priority="100")
+    taken_by_peer(deps, older, plan.Waiting("WaitingForQuota", "waits for room"))
+    launches.run_all()
+    assert state(deps, first) == model.RequestState.FULFILLED
+    free_the_node(deps)
+    guard = deps.zk.exists(paths.provider_guard_path("fake"))
+    assert guard is not None
+
+    wait = deps.settings.quota_yield
+    assert wait > 0
+    assert worker.run_once() == deps.clock.monotonic() + wait
+    assert worker.handlers[second].state is HandlerState.AT_QUOTA
+    assert deps.node_cache.nodes() == []
+    now = deps.zk.exists(paths.provider_guard_path("fake"))
+    assert now is not None and now.version == guard.version  # no guarded create sent
+
+    deps.clock.advance(wait)  # the older one's launcher did not use the room: ours does
+    worker.run_once()
+    assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
+
+
+def test_with_quota_yield_0_every_waiting_launcher_tries_at_once(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    deps = make_worker_deps(max_servers=1)
+    deps.settings = deps.settings.replace(quota_yield=0)
+    deps.registered_pools = lambda: [  # type: ignore[method-assign]
+        plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
+    worker, launches = worker_for(deps)
+    first = deps.submit(["small"])
+    worker.run_once()
+    second = deps.submit(["small"])
+    worker.run_once()
+    older = deps.submit(["small"], priority="100")
+    taken_by_peer(deps, older, plan.Waiting("WaitingForQuota", "waits for room"))
+    launches.run_all()
+    assert state(deps, first) == model.RequestState.FULFILLED
+    free_the_node(deps)
+
+    worker.run_once()
+    assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
+
+
+def test_a_younger_request_of_another_launcher_does_not_hold_ours_back(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    deps = make_worker_deps(max_servers=1)
+    deps.registered_pools = lambda: [  # type: ignore[method-assign]
+        plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
+    worker, launches = worker_for(deps)
+    first = deps.submit(["small"])
+    worker.run_once()
+    second = deps.submit(["small"])
+    worker.run_once()
+    younger = deps.submit(["small"])
+    taken_by_peer(deps, younger, plan.Waiting("WaitingForQuota", "waits for room"))
+    launches.run_all()
+    assert state(deps, first) == model.RequestState.FULFILLED
+    free_the_node(deps)
+
+    worker.run_once()
+    assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
+
+
+def test_the_waiting_note_goes_in_the_transaction_that_creates_the_nodes(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """A request that waited at quota drops its note in its guarded create (the request's
+    write and the guard's bump share one zxid), not in a write of its own."""
+    deps = make_worker_deps(max_servers=1)
+    worker, launches = worker_for(deps)
+    deps.submit(["small"])
+    worker.run_once()
+    second = deps.submit(["small"])
+    worker.run_once()
+    waiting = deps.requests.get(second)
+    assert waiting is not None and lifecycle.waiting_note(waiting, worker.id) is not None
+    launches.run_all()
+    free_the_node(deps)
+
+    worker.run_once()
+
+    assert worker.handlers[second].state is HandlerState.ACTIVE
+    got = deps.zk.get(paths.request_path(second))
+    assert got is not None
+    request = deps.requests.get(second)
+    assert request is not None and lifecycle.waiting_note(request, worker.id) is None
+    guard = deps.zk.exists(paths.provider_guard_path("fake"))  # bumped by that create only
+    assert guard is not None and got[1].mzxid == guard.mzxid
+    assert worker.handlers[second].request.version == request.version
+    launches.run_all()
+    assert state(deps, second) == model.RequestState.FULFILLED
+
+
+def test_a_guard_another_launcher_bumped_is_read_before_the_commit(
+        make_deps: MakeDeps) -> None:
+    """Our last commit's listing is reused only while the cache shows no node created
+    since by anyone else: otherwise the commit would fail on the guard (a failed write)
+    before the decision is made again."""
+    deps = make_deps()
+    first_request, first_lock = deps.accept(deps.submit(["small"]))
+    second_request, second_lock = deps.accept(deps.submit(["small"]))
+    log = logging.LoggerAdapter(logging.getLogger("test"), {})
+    provider_cfg = deps.config.providers["fake"]
+    pool_cfg = provider_cfg.pools["main"]
+    first = Allocator(deps, deps.ref, deps.provider,  # type: ignore[arg-type]
+                      first_request, first_lock, log)
+    assert create_guarded(deps, [(first, [Slot(0, "small")])], provider_cfg, pool_cfg)[0] == 1
+    # Another launcher creates a node under the same guard.
+    guard = paths.provider_guard_path("fake")
+    version = deps.zk.exists(guard)
+    assert version is not None
+    other = first.new_node("small", pool_cfg)
+    txn = Txn()
+    txn.set(guard, b"", version=version.version)
+    NodeStore.add_create(txn, other)
+    txn.commit(deps.zk)
+    second = Allocator(deps, deps.ref, deps.provider,  # type: ignore[arg-type]
+                       second_request, second_lock, log)
+    before = deps.zk.writes.snapshot()[0]
+
+    assert create_guarded(deps, [(second, [Slot(0, "small")])], provider_cfg,
+                          pool_cfg)[0] == 1
+
+    assert deps.zk.writes.snapshot()[0] - before == 1  # the commit, no failed one first
+
+
+def test_a_request_the_requestor_revised_meanwhile_gets_its_nodes_and_keeps_the_revision(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """Zuul revised the waiting request's relative priority: the create that carried the
+    note fails on the request's version, the revision is adopted and the nodes are created
+    without the note, which goes in a write of its own."""
+    deps = make_worker_deps(max_servers=1)
+    worker, launches = worker_for(deps)
+    deps.submit(["small"])
+    worker.run_once()
+    second = deps.submit(["small"])
+    worker.run_once()
+    launches.run_all()
+    free_the_node(deps)
+    got = deps.zk.get(paths.request_path(second))
+    assert got is not None
+    revised = request_codec.decode(second, got[0], got[1].version)
+    revised.relative_priority = 7
+    deps.zk.set(paths.request_path(second), request_codec.encode(revised), got[1].version)
+
+    worker.run_once()
+
+    assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
+    request = deps.requests.get(second)
+    assert request is not None and request.relative_priority == 7
+    assert lifecycle.waiting_note(request, worker.id) is None
+    launches.run_all()
+    done = deps.requests.get(second)
+    assert done is not None and done.state == model.RequestState.FULFILLED
+    assert done.relative_priority == 7
