@@ -6,12 +6,12 @@ older than 3.6; one thread, tombstones against stale results); nodes are kept as
 `Node` records (the fields decisions need, strings interned) so ten thousand nodes cost a
 few MB. The node cache does not read the changes of a node while it is locked (whoever
 holds the lock reads it under the lock, and everything that acts locks first), nor those of
-a node another live launcher built for a request (`NodeCache.left_to_builder`, set by the
-engine): such entries keep their last read record, marked stale, until the lock goes, the
-rule stops holding or a reader that needs them current calls `refresh` (mirror.py, "Reads
-skipped"). Provider, pool, label, type and resources never change after creation, so
-quota counting is exact with the first read. The small `/nodepool/components` tree uses
-kazoo's TreeCache, with a guard against its stale-result "ghosts".
+a node another live launcher built for a request still there (`NodeCache.left_to_builder`,
+the engine's rule): such entries keep their last read record, marked stale, until the lock
+goes, the rule stops holding at a later change or a reader that needs them current calls
+`refresh` (mirror.py, "Reads skipped"). Provider, pool, label, type and resources never
+change after creation, so quota counting is exact with the first read. The small
+`/nodepool/components` tree uses kazoo's TreeCache, with a guard against its stale-result "ghosts".
 
 Listeners are called on the cache's thread with `(kind, key)` (kind: changed, removed,
 lock, synced, reconnected); they must be quick (set an event, no ZooKeeper calls). Reads

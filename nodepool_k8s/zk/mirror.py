@@ -215,6 +215,8 @@ class ChildMirror(Generic[T]):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         self._synced.clear()
+        for _, waiting in list(self._waiters):
+            waiting.set()  # nothing will answer them now: what is held is what they get
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
@@ -235,7 +237,8 @@ class ChildMirror(Generic[T]):
     def refresh(self, keys: list[str] | None = None, timeout: float = 10.0) -> bool:
         """Read the stale ones of `keys` (all stale children without it) and wait for the
         answers; False if some did not come within `timeout` (the entries then stay as
-        they were). Not from a listener: the answers are applied on the mirror's thread."""
+        they were). Without a connection, or once stopped, it returns at once with what is
+        held. Not from a listener: the answers are applied on the mirror's thread."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("refresh() from the mirror's own thread would wait forever")
         if keys is not None and not keys:
@@ -404,6 +407,9 @@ class ChildMirror(Generic[T]):
         return record is not None and self._skip_read(record, locked)
 
     def _on_refresh(self, keys: list[str] | None, done: threading.Event) -> None:
+        if not self.zk.connected:
+            done.set()  # no answer would come before the reconnect's resync re-reads all
+            return
         with self._lock:
             candidates = list(self.items) if keys is None else keys
             behind = {k for k in candidates if self._behind(k) and not self._is_dead(k)}
