@@ -741,10 +741,18 @@ class ChildMirror(Generic[T]):
             else:
                 self.contenders.pop(key, None)
         if not held and self._tree and self._behind(key):
-            # Changes left unread while it was locked: read them now, unless the rule
-            # still holds without the lock.
-            self._read_change(key)
+            # Changes left unread while it was locked: read them, unless the rule still
+            # holds without the lock. After the events queued by now: a removal releases
+            # the lock in the transaction that deletes the child, whose deletion event is
+            # most often among them, and a deleted child needs no read.
+            self._submit(self._unlocked, key)
         self._notify(CacheEvent.LOCK, key)
+
+    def _unlocked(self, key: str) -> None:
+        with self._lock:
+            locked = bool(self.contenders.get(key))
+        if not locked and self._behind(key):
+            self._read_change(key)
 
     def _on_lock_exists(self, key: str, result: Any) -> None:
         """The lock dir may have been created between our listing and the exists call:
