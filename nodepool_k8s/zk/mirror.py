@@ -38,13 +38,16 @@ Reads skipped (`skip_read`): with those counts a mirror knows that a child chang
 which version, without its data. A child whose last-read record the owner's `skip_read`
 rule accepts (a node locked by someone: its holder reads it under the lock; a record left
 to another live process) is not read when it changes: it stays `stale` (counted, behind)
-and is read once when the rule stops holding (its lock goes away: the rule is asked again)
-or when someone asks (`refresh`, which waits for the answers; a read already in flight is
-shared, not repeated). Only counted children are skipped: a child whose creation this
-connection did not see is read on every change, as before. What a skipped child's entry
-shows is its last read record, which is older than ZooKeeper's: readers that act on a
-record lock it and read it fresh anyway; readers that decide from the cache what may need
-acting on (cleanup, views) `refresh` first where a skipped change could matter to them.
+and is read once when the rule stops holding (its lock goes away: the rule is asked again,
+after the events queued by then, as a removal releases the lock in the transaction that
+deletes the child; or at its next change) or when someone asks (`refresh`, which waits
+for the answers; a read already in flight is shared, not repeated; without a connection
+it returns at once). Only counted children are skipped: a child whose creation this
+connection did not see is read on every change, as before; a reconnect's resync reads
+everything. What a skipped child's entry shows is its last read record, older than
+ZooKeeper's: readers that act on a record lock it and read it fresh anyway; readers that
+decide from the cache what may need acting on (cleanup, views) `refresh` first where a
+skipped change could matter to them. The rule must be quick and read no ZooKeeper.
 
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
