@@ -18,7 +18,7 @@ from nodepool_k8s.config.model import Config, PoolConfig, ProviderConfig
 from nodepool_k8s.driver.base import ClusterAware, Provider
 from nodepool_k8s.launcher.plan import PoolInfo
 from nodepool_k8s.launcher.settings import EngineSettings
-from nodepool_k8s.core.model import Resources
+from nodepool_k8s.core.model import MIN_READY_PRIORITY, Node, Resources
 from nodepool_k8s.runtime.stats import Stats
 from nodepool_k8s.runtime.tracing import NOOP_TRACER, Tracer
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
@@ -49,6 +49,7 @@ class Engine:
         self.nodes = NodeStore(zk)
         self.requests = RequestStore(zk)
         self.node_cache = NodeCache(zk)
+        self.node_cache.left_to_builder = self._left_to_builder
         self.request_cache = RequestCache(zk)
         self.components = ComponentCache(zk)
         self.registry = ComponentRegistry(zk, hostname)
@@ -83,6 +84,26 @@ class Engine:
     @property
     def config(self) -> Config:
         return self._config
+
+    def _left_to_builder(self, node: Node) -> bool:
+        """Whether the node cache may leave `node`'s changes unread: another launcher, still
+        registered, built it for a request that is still there. Until that request goes,
+        the builder does everything to the node (fulfils the request, releases the node;
+        not a min-ready request's: its ready node is a spare, which min-ready counts);
+        this launcher only counts its quota, from fields that never change. Once the request
+        is gone the node's next change is read again: Zuul's release of a used node (which
+        the builder deletes, and everyone after `delete_grace`), or the de-allocation that
+        makes it a spare (a min-ready request's node, a cancelled request's) that any
+        launcher of the pool may hand out and that min-ready counts. Not with a zero delete
+        grace: then every launcher deletes a used node at once. Cleanup reads stale entries
+        on its full passes and when a launcher goes away; views read them when asked."""
+        if not node.allocated_to or not node.launcher or self.settings.delete_grace <= 0 \
+                or node.allocated_to.startswith(MIN_READY_PRIORITY + "-"):
+            return False  # a min-ready request's node is a spare every min-ready counts
+        if node.launcher in self.registry.pool_ids() \
+                or node.allocated_to not in self.request_cache:
+            return False
+        return any(c.id == node.launcher for c in self.components.pools())
 
     def set_config(self, config: Config) -> None:
         self._config = config

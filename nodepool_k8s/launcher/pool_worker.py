@@ -68,7 +68,7 @@ from nodepool_k8s.launcher.requests.handler import (HandlerDeps, HandlerState, P
                                                     RequestHandler)
 from nodepool_k8s.launcher.requests.launch import LaunchPool
 from nodepool_k8s.launcher.worker import RefusedRequests, Worker
-from nodepool_k8s.core.model import NodeRequest, Resources
+from nodepool_k8s.core.model import Node, NodeRequest, Resources
 from nodepool_k8s.core.pool_records import PoolStatusRecord
 from nodepool_k8s.zk import errors
 from nodepool_k8s.zk.cache import ComponentCache
@@ -801,12 +801,27 @@ class PoolWorker(Worker):
         if now - self._last_reclaim < self.engine.settings.reclaim_interval:
             return
         cache = self.engine.node_cache
-        scope = [n for n in cache.nodes() if n.provider == self.ref.provider
-                 and (whole_provider or n.pool == self.ref.pool)]
-        if any(n.state == model.NodeState.DELETING for n in scope):
-            return
-        idle = [n for n in scope if n.state == model.NodeState.READY and not n.allocated_to
-                and not cache.is_locked(n.id)]
+
+        def idle_nodes() -> list[Node] | None:
+            """The candidates; None while a deletion in the scope is in progress."""
+            scope = [n for n in cache.nodes() if n.provider == self.ref.provider
+                     and (whole_provider or n.pool == self.ref.pool)]
+            if any(n.state == model.NodeState.DELETING for n in scope):
+                return None
+            if not any(n.state == model.NodeState.READY and not n.allocated_to
+                       and not cache.is_locked(n.id) for n in scope):
+                return []
+            stale = cache.stale() & {n.id for n in scope}
+            if stale:
+                # A deletion elsewhere is written under its deleter's lock, which the cache
+                # leaves unread (zk/cache.py): read those entries before deleting a spare.
+                cache.refresh(list(stale))
+                scope = [cache.get(n.id) or n for n in scope]
+                if any(n.state == model.NodeState.DELETING for n in scope):
+                    return None
+            return [n for n in scope if n.state == model.NodeState.READY
+                    and not n.allocated_to and not cache.is_locked(n.id)]
+        idle = idle_nodes()
         if not idle:
             return
         oldest = min(idle, key=lambda n: (n.state_time or 0.0, n.id))

@@ -4,8 +4,14 @@ Owns: what the engine knows about ZooKeeper between reads. Nodes and requests ar
 by `mirror.ChildMirror` (a persistent recursive watch, or one-shot watches on a server
 older than 3.6; one thread, tombstones against stale results); nodes are kept as slim
 `Node` records (the fields decisions need, strings interned) so ten thousand nodes cost a
-few MB. The small `/nodepool/components` tree uses
-kazoo's TreeCache, with a guard against its stale-result "ghosts".
+few MB. The node cache does not read the changes of a node while it is locked (whoever
+holds the lock reads it under the lock, and everything that acts locks first), nor those of
+a node another live launcher built for a request still there (`NodeCache.left_to_builder`,
+the engine's rule): such entries keep their last read record, marked stale, until the lock
+goes, the rule stops holding at a later change or a reader that needs them current calls
+`refresh` (mirror.py, "Reads skipped"). Provider, pool, label, type and resources never
+change after creation, so quota counting is exact with the first read. The small
+`/nodepool/components` tree uses kazoo's TreeCache, with a guard against its stale-result "ghosts".
 
 Listeners are called on the cache's thread with `(kind, key)` (kind: changed, removed,
 lock, synced, reconnected); they must be quick (set an event, no ZooKeeper calls). Reads
@@ -19,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Callable, Generic, TypeVar
 
 from kazoo.recipe.cache import TreeCache, TreeEvent
 
@@ -81,6 +87,16 @@ class MirroredCache(Generic[T]):
         with self._mirror._lock:
             return dict(self._mirror.malformed)
 
+    def stale(self) -> set[str]:
+        """Ids whose entry is older than ZooKeeper's record (changes left unread)."""
+        return self._mirror.stale()
+
+    def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool:
+        """Make the stale ones of `ids` (every stale entry without it) current: one read
+        each, shared with a read already in flight; False if some answer did not come in
+        `timeout`. Never from a cache listener."""
+        return self._mirror.refresh(ids, timeout)
+
 
 class NodeCache(MirroredCache[Node]):
     """Nodes by id, with their lock contenders (a cheap "probably locked")."""
@@ -89,10 +105,16 @@ class NodeCache(MirroredCache[Node]):
 
     def __init__(self, zk: ZkClient) -> None:
         self._by_request: dict[str, set[str]] = {}
+        # Whether a node is left to the live launcher that built it (the engine's rule; on
+        # the cache's thread, quick): its changes are not read until someone asks.
+        self.left_to_builder: Callable[[Node], bool] = lambda node: False
         self._mirror: ChildMirror[Node] = ChildMirror(
             zk, paths.NODES, decode_summary, name="node-cache", accept=paths.is_node_id,
             with_locks=True, lock_expected=lambda n: n.state == model.NodeState.INIT,
-            on_change=self._index, persistent=True)
+            on_change=self._index, persistent=True, skip_read=self._skip_read)
+
+    def _skip_read(self, node: Node, locked: bool) -> bool:
+        return locked or self.left_to_builder(node)
 
     def _index(self, node_id: str, old: Node | None, new: Node | None) -> None:
         before = old.allocated_to if old is not None else None

@@ -34,6 +34,21 @@ it already answered costs no read. This client's own data writes count as such a
 (zk/echo.py): a change event that arrives while one of ours to that child is unanswered
 waits for the answer, and is read only if the answer does not account for it.
 
+Reads skipped (`skip_read`): with those counts a mirror knows that a child changed and to
+which version, without its data. A child whose last-read record the owner's `skip_read`
+rule accepts (a node locked by someone: its holder reads it under the lock; a record left
+to another live process) is not read when it changes: it stays `stale` (counted, behind)
+and is read once when the rule stops holding (its lock goes away: the rule is asked again,
+after the events queued by then, as a removal releases the lock in the transaction that
+deletes the child; or at its next change) or when someone asks (`refresh`, which waits
+for the answers; a read already in flight is shared, not repeated; without a connection
+it returns at once). Only counted children are skipped: a child whose creation this
+connection did not see is read on every change, as before; a reconnect's resync reads
+everything. What a skipped child's entry shows is its last read record, older than
+ZooKeeper's: readers that act on a record lock it and read it fresh anyway; readers that
+decide from the cache what may need acting on (cleanup, views) `refresh` first where a
+skipped change could matter to them. The rule must be quick and read no ZooKeeper.
+
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
 the child `malformed` with the reason, reported once per version with its path through
@@ -111,14 +126,18 @@ class ChildMirror(Generic[T]):
                  accept: Callable[[str], bool], with_locks: bool = False,
                  lock_expected: Callable[[T], bool] = lambda record: True,
                  on_change: Callable[[str, "T | None", "T | None"], None] | None = None,
-                 reused_names: bool = False, persistent: bool = False) -> None:
+                 reused_names: bool = False, persistent: bool = False,
+                 skip_read: Callable[[T, bool], bool] | None = None) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
         paused, resumed and paused again), so a deleted name must not be tombstoned; such
         a (small) mirror reads each child synchronously on its own thread instead, which
         keeps every answer in order without tombstones.
-        `persistent`: use a persistent recursive watch when the server has them."""
+        `persistent`: use a persistent recursive watch when the server has them.
+        `skip_read(record, locked)`: a change of a child holding `record` (its last read
+        data; `locked`: the child has lock contenders) need not be read now (module doc,
+        "Reads skipped"); asked on the mirror's thread, must be quick."""
         self.zk = zk
         self.root = root
         self.name = name
@@ -165,6 +184,12 @@ class ChildMirror(Generic[T]):
         # whose change events came meanwhile: their read waits for those answers.
         self._expected: dict[str, int] = {}
         self._deferred: set[str] = set()
+        self._skip_read = skip_read
+        # Children someone asked to have current (`refresh`): never skipped until read, and
+        # the callers waiting for them (the keys still behind, the event to set).
+        self._wanted: set[str] = set()
+        self._waiters: list[tuple[set[str], threading.Event]] = []
+        self.skipped = 0  # change events left unread under `skip_read`
         self.events = 0  # answers applied (reads and own writes)
         self.reads = 0  # data reads sent
 
@@ -193,6 +218,8 @@ class ChildMirror(Generic[T]):
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
         self._synced.clear()
+        for _, waiting in list(self._waiters):
+            waiting.set()  # nothing will answer them now: what is held is what they get
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
@@ -204,6 +231,24 @@ class ChildMirror(Generic[T]):
     def evict(self, key: str) -> None:
         """Forget a child ZooKeeper no longer has (found by a reconciliation)."""
         self._submit(self._remove, key)
+
+    def stale(self) -> set[str]:
+        """Children whose data held is older than ZooKeeper's (changes left unread)."""
+        with self._lock:
+            return {k for k in self.items if self._behind(k)}
+
+    def refresh(self, keys: list[str] | None = None, timeout: float = 10.0) -> bool:
+        """Read the stale ones of `keys` (all stale children without it) and wait for the
+        answers; False if some did not come within `timeout` (the entries then stay as
+        they were). Without a connection, or once stopped, it returns at once with what is
+        held. Not from a listener: the answers are applied on the mirror's thread."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("refresh() from the mirror's own thread would wait forever")
+        if keys is not None and not keys:
+            return True
+        done = threading.Event()
+        self._submit(self._on_refresh, keys, done)
+        return done.wait(timeout)
 
     # -- own writes (zk/echo.py; the writer's or kazoo's thread: enqueue only) -------------
     def expect_write(self, key: str) -> bool:
@@ -348,6 +393,52 @@ class ChildMirror(Generic[T]):
         if left <= 0 and key in self._deferred:
             self._deferred.discard(key)
             self._read_change(key)  # nothing, if the answers account for every change
+        self._settle_waiters()
+
+    def _behind(self, key: str) -> bool:
+        """A counted child whose data held lacks changes the watch reported."""
+        wanted = self._changes.get(key)
+        return wanted is not None and self._versions.get(key, -1) < wanted
+
+    def _skipped(self, key: str) -> bool:
+        """Whether a change of `key` is left unread now (`skip_read`)."""
+        if self._skip_read is None or key in self._wanted or key not in self._changes:
+            return False
+        with self._lock:
+            record = self.items.get(key)
+            locked = bool(self.contenders.get(key))
+        return record is not None and self._skip_read(record, locked)
+
+    def _on_refresh(self, keys: list[str] | None, done: threading.Event) -> None:
+        if not self.zk.connected:
+            done.set()  # no answer would come before the reconnect's resync re-reads all
+            return
+        with self._lock:
+            candidates = list(self.items) if keys is None else keys
+            behind = {k for k in candidates if self._behind(k) and not self._is_dead(k)}
+        if not behind:
+            done.set()
+            return
+        self._wanted |= behind
+        self._waiters.append((behind, done))
+        for key in sorted(behind):
+            self._read_change(key)
+
+    def _settle_waiters(self) -> None:
+        """Release the `refresh` callers whose children are now current (or gone)."""
+        if not self._waiters:
+            return
+        done = {k for k in self._wanted if not self._behind(k) or self._is_dead(k)}
+        self._wanted -= done
+        left = []
+        for keys, event in self._waiters:
+            keys -= done
+            keys &= self._wanted
+            if keys:
+                left.append((keys, event))
+            else:
+                event.set()
+        self._waiters = left
 
     def _current(self, key: str) -> bool:
         """Whether the data held for `key` has every change the watch reported."""
@@ -363,6 +454,9 @@ class ChildMirror(Generic[T]):
         if key in self._expected:
             self._deferred.add(key)  # probably our own write, whose answer has the data
             return
+        if self._skipped(key):
+            self.skipped += 1
+            return  # stale until its lock goes or someone asks (module doc)
         if key in self._reading:
             self._stale.add(key)
             return
@@ -391,6 +485,9 @@ class ChildMirror(Generic[T]):
         if self.zk.connections != self._counted_since:
             self._counted_since = self.zk.connections
             self._changes.clear()
+            # Nothing is counted now, so nothing is behind: whoever waits for a refresh
+            # gets what the re-reads below bring (or what was held).
+            self._settle_waiters()
         # Everything is read again below; answers to writes still outstanding (failed by
         # the disconnect) must not hold back a read.
         self._expected.clear()
@@ -536,6 +633,7 @@ class ChildMirror(Generic[T]):
                 if key in self._stale:
                     self._stale.discard(key)
                     self._read_change(key)  # nothing, if this answer has the changes
+            self._settle_waiters()
 
     def _apply_data(self, key: str, result: Any) -> None:
         if self._is_dead(key):
@@ -645,7 +743,19 @@ class ChildMirror(Generic[T]):
                 self.contenders[key] = held
             else:
                 self.contenders.pop(key, None)
+        if not held and self._tree and self._behind(key):
+            # Changes left unread while it was locked: read them, unless the rule still
+            # holds without the lock. After the events queued by now: a removal releases
+            # the lock in the transaction that deletes the child, whose deletion event is
+            # most often among them, and a deleted child needs no read.
+            self._submit(self._unlocked, key)
         self._notify(CacheEvent.LOCK, key)
+
+    def _unlocked(self, key: str) -> None:
+        with self._lock:
+            locked = bool(self.contenders.get(key))
+        if not locked and self._behind(key):
+            self._read_change(key)
 
     def _on_lock_exists(self, key: str, result: Any) -> None:
         """The lock dir may have been created between our listing and the exists call:
@@ -686,5 +796,6 @@ class ChildMirror(Generic[T]):
             self._mzxid.pop(key, None)
             self._versions.pop(key, None)
         self._changes.pop(key, None)
+        self._settle_waiters()
         if existed:
             self._notify(CacheEvent.REMOVED, key)

@@ -163,6 +163,9 @@ class Cache:
     def nodes(self) -> list[Any]:
         return self.items
 
+    def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool:
+        return True
+
     def requests(self) -> list[Any]:
         return self.items
 

@@ -69,6 +69,8 @@ class NodeSource(Protocol):
 
     def nodes(self) -> Iterable[CountedNode]: ...
 
+    def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool: ...
+
 
 class RequestSource(Protocol):
     """The node requests a gauge report counts (`zk.cache.RequestCache`)."""
@@ -218,6 +220,8 @@ class GaugeReporter:
         return 0.0
 
     def report(self) -> None:
+        # Node states by count: entries whose changes the cache left unread are read now.
+        self.nodes.refresh()
         computed = global_gauges(self.nodes.nodes(), self.requests.requests(),
                                  self.components.pools())
         values = dict(computed)

@@ -54,6 +54,8 @@ class NodeIndex(Protocol):
 
     def malformed(self) -> dict[str, str]: ...
 
+    def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool: ...
+
 
 class RequestIndex(Protocol):
     """The requests this source reads (`zk.cache.RequestCache`)."""
@@ -124,6 +126,8 @@ class LauncherStatus:
                 return self._views[1]
             cache = self.launcher.node_cache
             self._require_synced(cache.synced, "nodes")
+            # Entries whose changes the cache left unread are read now (a view asks).
+            cache.refresh()
             ids = sorted(cache.ids())
             full: dict[str, Node] = {}
             changed: list[str] = []

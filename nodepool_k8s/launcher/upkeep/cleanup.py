@@ -197,6 +197,11 @@ class CleanupWorker(Worker):
         with self._dirty_lock:
             dirty, self._dirty = self._dirty, set()
             builders_changed, self._builders_changed = self._builders_changed, False
+        if full or builders_changed:
+            # Nodes whose changes the cache left to their builder (`Engine._left_to_builder`):
+            # current before a full pass, and when a builder may have gone.
+            if not self.engine.node_cache.refresh():
+                self.log.debug("Some stale node entries were not read in time")
         dirty.update(k for k, t in self._deferred.items() if builders_changed or t <= now)
         dirty.update(self.deleter.due_retries())
         self.deleter.resume_due()

@@ -107,6 +107,12 @@ class ReadThroughNodes:
     def empty_ids(self) -> list[str]:
         return [i for i in self.store.ids() if self.store.is_empty(i)]
 
+    def stale(self) -> set[str]:
+        return set()  # every answer above is read fresh
+
+    def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool:
+        return True
+
     def malformed(self) -> dict[str, str]:
         return {i: "malformed" for i in self.store.ids()
                 if not self.store.is_empty(i) and self.store.get(i) is None}

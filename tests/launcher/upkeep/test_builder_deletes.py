@@ -2,7 +2,8 @@
 launchers' pool registrations in real ZooKeeper sessions: the launcher that built a node
 deletes it at once; another launcher leaves it to the builder for `delete_grace` seconds
 in its state, or takes it at once when the builder's registration is gone (it died), so
-nothing waits for a dead builder and nothing is fought over by live ones.
+nothing waits for a dead builder and nothing is fought over by live ones, also when the
+node cache left the node's changes unread while its builder lived.
 """
 
 from __future__ import annotations
@@ -10,15 +11,16 @@ from __future__ import annotations
 from typing import Iterator
 
 import pytest
+from kazoo.client import KazooClient
 
 from nodepool_k8s.core import model
 from nodepool_k8s.core.model import Node
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.cache import CacheEvent
+from nodepool_k8s.zk.cache import CacheEvent, NodeCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
-from tests.helpers import ZkConnection, client_for
+from tests.helpers import Signal, ZkConnection, client_for, wait_for
 from tests.launcher.requests.support import ReadThroughNodes
 from tests.launcher.test_cleanup import body
 from tests.launcher.upkeep.conftest import MakeUpkeep
@@ -137,3 +139,40 @@ def test_a_cache_behind_the_record_does_not_bypass_the_builder(
     world.deps.node_cache = LaggingNodes(world.deps.node_cache, node_id, stale)
     world.step()
     assert world.state(node_id) == USED and not attempted(world, node_id)
+
+
+def test_a_dead_builders_node_the_cache_left_unread_is_read_and_deleted(
+        upkeep: MakeUpkeep, other_zkc: ZkClient, zkc: ZkClient,
+        kazoo_client: KazooClient) -> None:
+    """The real node cache, which leaves the changes of a node another live launcher built
+    for a request unread (`Engine._left_to_builder`): Zuul's `used` is not read while the
+    builder lives (its to delete, no lock attempt here); once the builder goes, the node is
+    deleted at once (the cleanup refreshes stale entries then, and reads candidates fresh
+    before acting in any case)."""
+    world = upkeep(body())
+    theirs = register_other(other_zkc)
+    cache = NodeCache(zkc)
+    cache.left_to_builder = lambda n: n.launcher == theirs and bool(n.allocated_to)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        world.deps.node_cache = cache  # type: ignore[assignment]
+        changes = Signal()
+        cache.add_listener(changes)
+        node_id = world.node(model.NodeState.IN_USE, allocated_to="200-0000000001",
+                             launcher=theirs)
+        changes.until(lambda: (n := cache.get(node_id)) is not None and bool(n.external_id),
+                      10, message="the cache to show the node")
+        used = world.record(node_id)
+        assert used is not None
+        used.state = USED
+        kazoo_client.set(paths.node_path(node_id), node_codec.encode(used))  # Zuul's
+        wait_for(lambda: node_id in cache.stale(), 10, message="the change to be counted")
+        world.step()
+        assert world.state(node_id) == USED and not attempted(world, node_id)
+        other_zkc.stop()  # the builder is killed: its session and registration end
+        world.cleanup.on_component_event(CacheEvent.REMOVED, "pool/other-host0000000000")
+        world.step()
+        assert world.record(node_id) is None
+    finally:
+        cache.stop()

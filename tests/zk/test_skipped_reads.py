@@ -1,0 +1,156 @@
+"""Changes the node cache leaves unread (mirror.py, "Reads skipped"), on a real ZooKeeper
+with another session as the writer: a change of a node another session holds locked is
+counted, not read; the entry is stale until the lock goes (then one read brings every
+change made under it) or someone asks (`refresh`: one read, shared by concurrent askers);
+a node left to its builder (`left_to_builder`) stays stale after the lock goes, until
+asked.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from typing import Any, Iterator
+
+import pytest
+from kazoo.client import KazooClient
+
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.cache import NodeCache
+from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.mirror import ChildMirror
+from tests.helpers import Signal, wait_for
+
+
+def record(state: str, **extra: Any) -> bytes:
+    return json.dumps({"state": state, "type": ["small"], "provider": "p", "pool": "main",
+                       **extra}).encode()
+
+
+def drained(mirror: ChildMirror[Any]) -> None:
+    """Wait until the cache's thread has handled everything queued before now."""
+    done = threading.Event()
+    mirror._tasks.put((done.set, ()))
+    assert done.wait(10)
+
+
+class Other:
+    """Another session's node: created, locked, written and unlocked by `kazoo_client`."""
+
+    def __init__(self, kazoo_client: KazooClient, cache: NodeCache, **extra: Any) -> None:
+        self.kazoo, self.cache, self.mirror = kazoo_client, cache, cache._mirror
+        self.changes = Signal()  # never removed: the cache lives no longer than the test
+        cache.add_listener(self.changes)
+        kazoo_client.ensure_path(paths.NODES)
+        self.path = kazoo_client.create(f"{paths.NODES}/", record("building", **extra),
+                                        sequence=True)
+        self.id = self.path.rsplit("/", 1)[1]
+        self.contender: str | None = None
+        self.until(lambda: self.state() == "building")
+
+    def until(self, predicate: Any) -> None:
+        self.changes.until(predicate, 10, message="the cache to show it")
+
+    def state(self) -> str | None:
+        node = self.cache.get(self.id)
+        return node.state if node is not None else None
+
+    def lock(self) -> None:
+        self.contender = self.kazoo.create(
+            f"{self.path}/lock/{uuid.uuid4().hex}{paths.LOCK_NODE_NAME}", ephemeral=True,
+            sequence=True, makepath=True)
+        self.until(lambda: self.cache.is_locked(self.id))
+
+    def unlock(self) -> None:
+        assert self.contender is not None
+        self.kazoo.delete(self.contender)
+        self.contender = None
+
+    def write(self, state: str, **extra: Any) -> None:
+        """Write a new state and wait until the cache has counted the change (a skipped
+        change tells the listeners nothing: polled)."""
+        counted = self.mirror._changes.get(self.id, 0)
+        self.kazoo.set(self.path, record(state, **extra))
+        wait_for(lambda: self.mirror._changes.get(self.id, 0) == counted + 1, 10)
+        drained(self.mirror)
+
+
+@pytest.fixture
+def cache(zkc: ZkClient) -> Iterator[NodeCache]:
+    cache = NodeCache(zkc)
+    cache.start()
+    assert cache.wait_synced(10)
+    yield cache
+    cache.stop()
+
+
+def test_changes_of_a_node_locked_by_another_session_are_not_read(
+        cache: NodeCache, kazoo_client: KazooClient) -> None:
+    node = Other(kazoo_client, cache)
+    node.lock()
+    before = cache._mirror.reads
+    node.write("ready")
+    node.write("in-use")
+    assert cache._mirror.reads == before
+    assert node.state() == "building"  # the record as read before the lock
+    assert cache.stale() == {node.id}
+
+
+def test_a_stale_entry_is_read_once_on_demand(cache: NodeCache,
+                                              kazoo_client: KazooClient) -> None:
+    node = Other(kazoo_client, cache)
+    node.lock()
+    node.write("ready")
+    node.write("in-use")
+    before = cache._mirror.reads
+    answers: list[bool] = []
+    askers = [threading.Thread(target=lambda: answers.append(cache.refresh()))
+              for _ in range(2)]
+    askers.append(threading.Thread(target=lambda: answers.append(cache.refresh([node.id]))))
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join(15)
+    assert answers == [True, True, True]
+    assert node.state() == "in-use"
+    assert cache.stale() == set()
+    assert cache._mirror.reads == before + 1  # three askers, one read
+    assert cache.refresh() and cache._mirror.reads == before + 1  # current: no read
+
+
+def test_the_entry_is_current_once_the_lock_goes(cache: NodeCache,
+                                                 kazoo_client: KazooClient) -> None:
+    node = Other(kazoo_client, cache)
+    node.lock()
+    before = cache._mirror.reads
+    node.write("ready")
+    node.write("in-use")
+    node.write("used")
+    node.unlock()
+    node.until(lambda: node.state() == "used")
+    drained(cache._mirror)
+    assert cache._mirror.reads == before + 1  # three changes under the lock, one read
+    assert cache.stale() == set()
+    node.write("deleting")  # unlocked: read as it comes
+    node.until(lambda: node.state() == "deleting")
+
+
+def test_a_node_left_to_its_builder_is_read_only_when_asked(
+        cache: NodeCache, kazoo_client: KazooClient) -> None:
+    cache.left_to_builder = lambda n: n.launcher == "theirs" and bool(n.allocated_to)
+    node = Other(kazoo_client, cache, launcher="theirs", allocated_to="200-0000000001")
+    spare = Other(kazoo_client, cache, launcher="theirs")  # no request: may be handed out
+    before = cache._mirror.reads
+    node.lock()
+    node.write("ready", launcher="theirs", allocated_to="200-0000000001")
+    node.unlock()
+    node.write("used", launcher="theirs", allocated_to="200-0000000001")
+    node.until(lambda: not cache.is_locked(node.id))
+    drained(cache._mirror)
+    assert cache._mirror.reads == before
+    assert node.state() == "building" and cache.stale() == {node.id}
+    spare.write("ready", launcher="theirs")  # not left to the builder: read at once
+    spare.until(lambda: spare.state() == "ready")
+    assert cache.refresh([node.id]) and node.state() == "used"
+    assert cache._mirror.reads == before + 2
