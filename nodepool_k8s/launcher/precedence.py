@@ -83,6 +83,13 @@ class LaunchFirst:
             ours = provider in self._waiting.values()
         return ours or self._others_waiting(provider)
 
+    @property
+    def housekeeping_waits(self) -> bool:
+        """Housekeeping of no particular provider (a full cleanup pass, the leak sweep)
+        may wait: launches run and none of this launcher's pools waits for quota."""
+        with self._lock:
+            return self._launches > 0 and not self._waiting
+
     def may_defer(self, provider: str | None) -> bool:
         """Work that frees `provider`'s quota may wait: launches run and no pool of that
         provider waits for quota (None, an unknown provider: no)."""

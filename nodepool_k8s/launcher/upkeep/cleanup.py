@@ -161,7 +161,7 @@ class CleanupWorker(Worker):
         # launches (None: nothing waits).
         self._held_since: float | None = None
         if deleter.first is not None:
-            deleter.first.subscribe(self.wake)
+            deleter.first.subscribe(self._may_resume)
 
     # -- cache listeners (quick, on the cache thread) -------------------------------------
     def on_node_event(self, kind: CacheEvent, node_id: str) -> None:
@@ -230,15 +230,22 @@ class CleanupWorker(Worker):
         # changes, finished deletions) still wake the worker immediately.
         return max(due, self.clock.monotonic() + MIN_PASS_GAP)
 
+    def _may_resume(self) -> None:
+        """The last launch returned or a pool began to wait: run what waits for it (only
+        then: most launches end with nothing held)."""
+        if self._held_since is not None:
+            self.wake()
+
     def _hold(self, now: float) -> float | None:
         """Launch first: until when (monotonic) the due full pass and leak sweep wait for
-        this launcher's launches (None: they run now). They wait while launches run, at
-        most `delete_defer_max` from when they first waited; the last launch returning
-        wakes this worker (`LaunchFirst.subscribe`). Lost requests are not held: resetting
-        one serves a request."""
+        this launcher's launches (None: they run now). They wait while launches run and
+        none of our pools waits for quota, at most `delete_defer_max` from when they first
+        waited; the last launch returning or a pool beginning to wait wakes this worker
+        (`LaunchFirst.subscribe`). Lost requests are not held: resetting one serves a
+        request."""
         first = self.deleter.first
         bound = self.engine.settings.delete_defer_max
-        if first is None or bound <= 0 or not first.launching:
+        if first is None or bound <= 0 or not first.housekeeping_waits:
             self._held_since = None
             return None
         if self._held_since is None:

@@ -108,3 +108,31 @@ def test_a_deletion_starts_after_the_bound_under_a_steady_stream(
         assert world.state(used) == model.NodeState.USED
     world.step(bound / (steps + 1))
     assert launches.queued and gone(world, used)
+
+
+def test_the_full_pass_waits_for_the_launches_within_the_bound(
+        upkeep: MakeUpkeep, zuul: ZuulClient) -> None:
+    world = upkeep(pool_yaml(max_servers=50))
+    bound = world.deps.settings.delete_defer_max
+    worker, launches = world.pool_worker()
+    zuul.submit(["small"])
+    worker.run_once()
+    # A used node no event told the cleanup worker of: only a full pass finds it.
+    used = world.node(model.NodeState.USED)
+    due = world.full_pass()
+    assert world.state(used) == model.NodeState.USED and world.deleter.deferred() == 0
+    assert due is not None and due <= world.clock.monotonic() + bound
+    launches.run_all()
+    world.step()
+    assert gone(world, used)
+    # Under launches that never stop, it runs after the bound (and its deletion waits
+    # for them at most as long again).
+    zuul.submit(["small"])
+    worker.run_once()
+    other = world.node(model.NodeState.USED)
+    world.full_pass()
+    assert world.state(other) == model.NodeState.USED and world.deleter.deferred() == 0
+    world.step(bound)
+    assert world.deleter.deferred() == 1
+    world.step(bound)
+    assert launches.queued and gone(world, other)
