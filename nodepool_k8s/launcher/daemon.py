@@ -42,6 +42,7 @@ from nodepool_k8s.launcher.upkeep.cleanup import CleanupWorker
 from nodepool_k8s.launcher.context import Engine
 from nodepool_k8s.launcher.upkeep.deleter import NodeDeleter
 from nodepool_k8s.launcher.reporting.gauges import GaugeReporter
+from nodepool_k8s.launcher.precedence import LaunchFirst
 from nodepool_k8s.launcher.requests.launch import LaunchPool
 from nodepool_k8s.launcher.requests.min_ready import MinReadyWorker
 from nodepool_k8s.launcher.pool_worker import PoolWorker
@@ -89,8 +90,11 @@ class Launcher:
                              else tracing.start(config.tracing))
         self.provider_factory = provider_factory
         self.fqdn = fqdn
+        # Launch first: launches report to it, pool workers say when a request waits for
+        # quota, housekeeping yields to launches while none does (see launcher.precedence).
+        self.first = LaunchFirst(self._other_pool_waits)
         self.deleter = NodeDeleter(self.engine, self.engine.settings.delete_workers,
-                                   on_done=self._deletion_done)
+                                   on_done=self._deletion_done, first=self.first)
         self.cleanup = CleanupWorker(self.engine, self.deleter)
         self.min_ready = MinReadyWorker(self.engine)
         engine = self.engine
@@ -253,7 +257,7 @@ class Launcher:
             else self.engine.settings.launch_workers
         old_pool = self.launch_pools.get(name)
         old_provider = self.engine.providers.get(name)
-        self.launch_pools[name] = LaunchPool(name, workers)
+        self.launch_pools[name] = LaunchPool(name, workers, self.first)
         if cluster is None:
             self.engine.cluster_aware.pop(name, None)
         else:
@@ -301,9 +305,10 @@ class Launcher:
     def _start_pool(self, key: PoolKey) -> None:
         provider, pool = key
         launches = self.launch_pools.get(provider) or LaunchPool(
-            provider, self.engine.settings.launch_workers)
+            provider, self.engine.settings.launch_workers, self.first)
         self.launch_pools.setdefault(provider, launches)
-        worker = PoolWorker(self.engine, provider, pool, launches, fqdn=self.fqdn)
+        worker = PoolWorker(self.engine, provider, pool, launches, fqdn=self.fqdn,
+                            first=self.first)
         worker.register()
         self.pool_workers[key] = worker
         worker.start()
@@ -380,6 +385,12 @@ class Launcher:
                     log.warning("Could not re-register components yet: %s", exc)
                 self.cleanup.request_full_pass()
             self.wake_all()
+
+    def _other_pool_waits(self, provider: str) -> bool:
+        """A registered pool of `provider` is paused (waits for quota or capacity, or an
+        operator paused it): another launcher's, or ours as ZooKeeper shows it."""
+        return any(p.paused and p.provider == provider
+                   for p in self.engine.registered_pools())
 
     def _deletion_done(self) -> None:
         self.cleanup.wake()  # a deletion completed or failed: cleanup re-evaluates

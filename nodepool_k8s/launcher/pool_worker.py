@@ -66,6 +66,7 @@ from nodepool_k8s.zk import events as zk_events
 from nodepool_k8s.launcher.requests.batch import Batch, copy_request
 from nodepool_k8s.launcher.requests.handler import (HandlerDeps, HandlerState, PoolRef,
                                                     RequestHandler)
+from nodepool_k8s.launcher.precedence import LaunchFirst
 from nodepool_k8s.launcher.requests.launch import LaunchPool
 from nodepool_k8s.launcher.worker import RefusedRequests, Worker
 from nodepool_k8s.core.model import Node, NodeRequest, Resources
@@ -167,7 +168,9 @@ class PoolWorkerDeps(HandlerDeps, disruption.DisruptionDeps, Protocol):
 
 class PoolWorker(Worker):
     def __init__(self, engine: PoolWorkerDeps, provider: str, pool: str, launches: LaunchPool,
-                 fqdn: str | None = None) -> None:
+                 fqdn: str | None = None, first: LaunchFirst | None = None) -> None:
+        """`first`: told after each pass whether a request waits for quota or capacity
+        here (the deleter yields to launches only while none does)."""
         super().__init__(f"PoolWorker.{provider}-{pool}", engine.clock, engine.stats.thread_crashed)
         self.engine = engine
         self.ref = PoolRef(pool_worker_id(provider, pool, fqdn), provider, pool)
@@ -209,6 +212,8 @@ class PoolWorker(Worker):
         self._unable: plan.Unable | None = None
         self._unhealthy: plan.Waiting | None = None
         self.recently_failed = plan.RecentlyFailed()
+        self.first = first
+        self._tenant_waits = False  # the last pass held a request back for its tenant's limit
 
     # -- registration ---------------------------------------------------------------------
     def register(self) -> None:
@@ -219,6 +224,8 @@ class PoolWorker(Worker):
             pool.priority if pool else 100)
 
     def unregister(self) -> None:
+        if self.first is not None:
+            self.first.set_waiting(self.id, self.ref.provider, False)
         self._status_writer.remove()
         if self.registration is not None:
             self.engine.registry.unregister(self.registration)
@@ -269,6 +276,8 @@ class PoolWorker(Worker):
         if scopes & {quota.SCOPE_POOL, quota.SCOPE_PROVIDER, quota.SCOPE_CLOUD}:
             self._reclaim(whole_provider=bool(scopes - {quota.SCOPE_POOL}))
         paused = self._assign(provider_cfg, pool_cfg, provider, registered, paused, control)
+        if self.first is not None:  # what a deletion would free is awaited here
+            self.first.set_waiting(self.id, self.ref.provider, paused or self._tenant_waits)
         if paused != self._reported_paused:
             self._reported_paused = paused
             # Batched: a pool at quota may pause and resume once per freed node.
@@ -397,6 +406,7 @@ class PoolWorker(Worker):
         me, cloud = view.me, view.cloud
         tenant_usage: list[quota.UsageRecord] | None = None
         held_back = 0
+        self._tenant_waits = False
         # Once one request waits for a launch slot, every later one waits in this pass
         # too: a slot that frees while the pass walks the queue goes to the oldest request
         # at the next pass, not to whichever request the walk has reached (a burst would
@@ -453,6 +463,7 @@ class PoolWorker(Worker):
                     tenant_usage = self.engine.cached_usage(
                         lambda node: node.tenant_name in limited)
                 if not self._tenant_fits(request, pool_cfg, tenant_usage):
+                    self._tenant_waits = True
                     # Over the tenant's limit: defer, neither decline nor pause. The
                     # limit binds in every pool: another one would not take it either.
                     held_back += self._held_back(request, registered, plan.Waiting(

@@ -21,9 +21,10 @@ from nodepool_k8s.core.errors import ConfigError
 
 ENV_PREFIX = "NODEPOOL_K8S_"
 # Fields where 0 is meaningful: no rate limit on reclaims; do not wait for launches on stop;
-# every launcher deletes any node at once; waiting launchers try for freed room at once.
+# every launcher deletes any node at once; waiting launchers try for freed room at once;
+# housekeeping never yields to launches.
 ZERO_ALLOWED = frozenset({"reclaim_interval", "stop_timeout", "delete_grace",
-                          "quota_yield"})
+                          "quota_yield", "delete_defer_max"})
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,11 @@ class EngineSettings:
     # Threads deleting nodes and leaked resources. They send the deletions; none waits for a
     # Terminating namespace (the deleter parks such nodes), so a few serve large bursts.
     delete_workers: int = 8
+    # Launch first: while this launcher's launches are queued or running and no pool of the
+    # node's provider waits for quota or capacity, a deletion (and the cleanup's full pass
+    # and leak sweep) waits for them, at most this many seconds; then it starts whatever
+    # runs. 0: never wait.
+    delete_defer_max: float = 10.0
     # After a failed deletion (TemporaryError) retry after this many seconds, doubling up to
     # `delete_retry_max`.
     delete_retry: float = 5.0

@@ -44,6 +44,7 @@ from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
 from nodepool_k8s.driver.base import LaunchResult, LaunchSpec, Provider, RequestInfo
 from nodepool_k8s.core.errors import LaunchError, ProviderUnavailable, QuotaExceeded, TemporaryError
 from nodepool_k8s.core.model import Node, NodeRequest
+from nodepool_k8s.launcher.precedence import LaunchFirst
 from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.nodes import NodeStore, PendingLock
 
@@ -69,14 +70,18 @@ class LaunchOutcome:
 
 
 class LaunchPool:
-    """The bounded set of launch threads of one provider (shared by its pools)."""
+    """The bounded set of launch threads of one provider (shared by its pools).
 
-    def __init__(self, provider: str, workers: int) -> None:
+    Each launch counts with `first` (the launcher's `LaunchFirst`) from its submission until
+    `done` told its pool worker it returned: housekeeping yields to it meanwhile."""
+
+    def __init__(self, provider: str, workers: int, first: LaunchFirst | None = None) -> None:
         self.provider = provider
         self.workers = workers
         self._executor = threads.fixed_pool(workers, f"launch-{provider}")
         self._lock = threading.Lock()
         self._in_flight = 0
+        self._first = first
 
     @property
     def in_flight(self) -> int:
@@ -87,6 +92,9 @@ class LaunchPool:
                done: Callable[[], None]) -> "Future[LaunchOutcome]":
         with self._lock:
             self._in_flight += 1
+        first = self._first
+        if first is not None:
+            first.launch_queued()
 
         def run() -> LaunchOutcome:
             try:
@@ -95,11 +103,25 @@ class LaunchPool:
                 with self._lock:
                     self._in_flight -= 1
 
-        future = self._executor.submit(run)
+        def returned(_future: "Future[LaunchOutcome]") -> None:
+            try:
+                done()
+            finally:
+                if first is not None:
+                    first.launch_returned()
+
+        try:
+            future = self._executor.submit(run)
+        except BaseException:
+            with self._lock:
+                self._in_flight -= 1
+            if first is not None:
+                first.launch_returned()
+            raise
         # `done` (the pool worker's wake) must run once the future reports done: called
         # from inside `run` it could wake the worker before the result is set, the worker
         # would see the launch still running and sleep until some unrelated event.
-        future.add_done_callback(lambda _future: done())
+        future.add_done_callback(returned)
         return future
 
     def shutdown(self, wait: bool = True) -> None:

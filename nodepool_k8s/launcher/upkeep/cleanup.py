@@ -157,6 +157,11 @@ class CleanupWorker(Worker):
         self._builders_changed = False
         # Our own pool ids and every registered one, read once per pass (`_builder_wait`).
         self._pool_ids: tuple[frozenset[str], frozenset[str]] | None = None
+        # Launch first: since when (monotonic) a due full pass or leak sweep waits for the
+        # launches (None: nothing waits).
+        self._held_since: float | None = None
+        if deleter.first is not None:
+            deleter.first.subscribe(self._may_resume)
 
     # -- cache listeners (quick, on the cache thread) -------------------------------------
     def on_node_event(self, kind: CacheEvent, node_id: str) -> None:
@@ -192,6 +197,9 @@ class CleanupWorker(Worker):
             return None
         now = self.clock.monotonic()
         full = now >= self._next_full or now >= self._next_recheck
+        hold_until = self._hold(now) if full or self.leaks.next_due() <= now else None
+        if hold_until is not None:
+            full = False
         if full:
             self._next_full = now + self.engine.settings.cleanup_interval
         with self._dirty_lock:
@@ -215,13 +223,43 @@ class CleanupWorker(Worker):
             self._step("request-lock dirs", lambda: self._lock_dirs(now))
             self._step("orphaned locks", self._orphaned_locks)
             self._step("persistent locks", self._persistent_locks)
-        self._step("leak sweep", lambda: self.leaks.sweep_due(now))
-        due = min(self._next_full, self._next_recheck, self.deleter.next_retry(),
-                  self.leaks.next_due(), min(self._deferred.values(), default=math.inf))
+        if hold_until is None:
+            self._step("leak sweep", lambda: self.leaks.sweep_due(now))
+        timed = [self._next_full, self._next_recheck, self.leaks.next_due()]
+        if hold_until is not None:  # what is due now waits for the launches
+            timed = [max(t, hold_until) for t in timed]
+        due = min(*timed, self.deleter.next_retry(),
+                  min(self._deferred.values(), default=math.inf))
         # Everything due was acted on in this pass; a deadline still in the past means
         # nothing will act on it, and re-running at once would only spin. Events (cache
         # changes, finished deletions) still wake the worker immediately.
         return max(due, self.clock.monotonic() + MIN_PASS_GAP)
+
+    def _may_resume(self) -> None:
+        """The last launch returned or a pool began to wait: run what waits for it (only
+        then: most launches end with nothing held)."""
+        if self._held_since is not None:
+            self.wake()
+
+    def _hold(self, now: float) -> float | None:
+        """Launch first: until when (monotonic) the due full pass and leak sweep wait for
+        this launcher's launches (None: they run now). They wait while launches run and
+        none of our pools waits for quota, at most `delete_defer_max` from when they first
+        waited; the last launch returning or a pool beginning to wait wakes this worker
+        (`LaunchFirst.subscribe`). Lost requests are not held: resetting one serves a
+        request."""
+        first = self.deleter.first
+        bound = self.engine.settings.delete_defer_max
+        if first is None or bound <= 0 or not first.housekeeping_waits:
+            self._held_since = None
+            return None
+        if self._held_since is None:
+            self._held_since = now
+        until = self._held_since + bound
+        if now >= until:
+            self._held_since = None
+            return None
+        return until
 
     def _step(self, name: str, fn: Callable[[], None]) -> None:
         """Run one cleanup task; a failure is logged and does not stop the others."""
@@ -297,7 +335,9 @@ class CleanupWorker(Worker):
                     disruption.record_removal(self.engine, disruption.EXPIRY, fresh,
                                               verdict.reason)
             elif verdict.action is plan.CleanupAction.DELETE:
-                self.deleter.submit(node_id, verdict.reason, self._still_deletable)
+                # With its provider: the deletion may wait for the launches (launch first).
+                self.deleter.submit(node_id, verdict.reason, self._still_deletable,
+                                    provider=fresh.provider)
             elif verdict.action is plan.CleanupAction.DEALLOCATE:
                 self._deallocate(node_id)
         if full:

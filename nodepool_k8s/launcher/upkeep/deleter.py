@@ -35,6 +35,17 @@ worker), a leak's when the resource is no longer listed (`prune_leaks`); `next_r
 names future retries of work that is not running, so the cleanup worker never wakes for a
 deadline that nothing will act on.
 
+Launch first (`precedence.LaunchFirst`): a deletion submitted with its provider (the
+cleanup's, of used and other unwanted nodes; leaks) does not start while this launcher's
+launches are queued or running and no pool sharing that provider waits for quota or
+capacity: it waits in `_deferred` (claimed, so `busy`; in FIFO order) and starts the moment
+the last launch returned or a pool began to wait, or after `delete_defer_max` seconds
+whatever runs (the cleanup worker wakes for that through `next_retry`). A deletion asked for
+without a provider (making room at quota, a drain or expiry, `nodepool delete`) starts at
+once. A node whose deletion waits is still `used` in ZooKeeper and counts against quota,
+as any node until its znode goes; a shutdown drops the waiting ones (the next launcher's
+cleanup finds them).
+
 Retries and a parked deletion's next look are due on monotonic time: a backward step of
 the wall clock by an hour must not hold every failed deletion for that hour.
 """
@@ -57,6 +68,7 @@ from nodepool_k8s.config.model import ProviderConfig
 from nodepool_k8s.core.errors import (DeletionBlocked, NotOwned, ProviderUnavailable,
                                       TemporaryError, ZkSessionLost)
 from nodepool_k8s.launcher import lifecycle
+from nodepool_k8s.launcher.precedence import LaunchFirst
 from nodepool_k8s.runtime.clock import Clock
 from nodepool_k8s.driver.base import Deletion, Provider, Underway
 from nodepool_k8s.launcher.settings import EngineSettings, next_backoff
@@ -115,6 +127,16 @@ class Outcome(enum.Enum):
     DONE = "done"  # nothing more to do (deleted, refused, gone, not ours to act on)
     FAILED = "failed"  # retried later with back-off
     # (A pass may also end in `Going`: the resource is going, the node waits locked.)
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A deletion that waits for the launches (see the module docstring)."""
+
+    provider: str
+    reason: str
+    check: Check | None
+    until: float  # monotonic: it starts by then whatever runs
 
 
 @dataclass
@@ -230,7 +252,8 @@ class DeleterDeps(Protocol):
 class NodeDeleter:
     def __init__(self, engine: DeleterDeps, workers: int,
                  on_done: Callable[[], None] = lambda: None,
-                 executor: Executor | None = None) -> None:
+                 executor: Executor | None = None, first: LaunchFirst | None = None) -> None:
+        """`first`: the launcher's launch-first signals (None: no deletion waits)."""
         self.engine = engine
         # Tests may pass an executor that runs each pass at once, in the caller's thread.
         self._executor = executor or threads.fixed_pool(workers, "deleter")
@@ -252,6 +275,12 @@ class NodeDeleter:
         self._refused: set[str] = set()
         # Leaked resources whose stuck deletion was reported (once each).
         self._stuck_leaks: set[LeakKey] = set()
+        # Deletions waiting for the launches, oldest first; their keys are in `_in_flight`
+        # (claimed: not submitted twice, `busy`) until they start or are dropped.
+        self._deferred: dict[RetryKey, Deferred] = {}
+        self._first = first
+        if first is not None:
+            first.subscribe(self.start_deferred)
 
     # -- scheduling -----------------------------------------------------------------------
     def _claim(self, key: RetryKey) -> bool:
@@ -300,7 +329,8 @@ class NodeDeleter:
         (a node's or a leak's) for another look (leak retries follow the sweep)."""
         with self._lock:
             return min([r.due for _, r in self._waiting_retries()]
-                       + [g.recheck_at for g in self._going.values()], default=math.inf)
+                       + [g.recheck_at for g in self._going.values()]
+                       + [d.until for d in self._deferred.values()], default=math.inf)
 
     def due_retries(self) -> list[str]:
         now = self.engine.clock.monotonic()
@@ -308,8 +338,10 @@ class NodeDeleter:
             return [k for k, r in self._waiting_retries() if r.due <= now]
 
     def resume_due(self) -> None:
-        """Look again at parked deletions whose time to look again has come (the cleanup
-        pass calls this; `next_retry` wakes it in time)."""
+        """Look again at parked deletions whose time to look again has come, and start the
+        waiting ones that may start (the cleanup pass calls this; `next_retry` wakes it in
+        time)."""
+        self.start_deferred()
         now = self.engine.clock.monotonic()
         with self._lock:
             due = [(k, g) for k, g in self._going.items() if g.recheck_at <= now]
@@ -324,10 +356,22 @@ class NodeDeleter:
         with self._lock:
             return len(self._going)
 
+    @property
+    def first(self) -> LaunchFirst | None:
+        """The launch-first signals this deleter yields to (the cleanup worker's too)."""
+        return self._first
+
+    def deferred(self) -> int:
+        """Deletions waiting for the launches (for tests and the status)."""
+        with self._lock:
+            return len(self._deferred)
+
     def forget(self, node_id: str) -> None:
         """The node is gone (deleted by another launcher, or by hand): no retry."""
         with self._lock:
             going = self._going.pop(node_id, None)
+            if self._deferred.pop(node_id, None) is not None:
+                self._in_flight.discard(node_id)
             if node_id not in self._in_flight:
                 self._retry.pop(node_id, None)
                 self._refused.discard(node_id)
@@ -342,6 +386,9 @@ class NodeDeleter:
                         and k not in live and k not in self._in_flight]:
                 del self._retry[key]
             self._refused &= live
+            for key in [k for k in self._deferred if isinstance(k, str) and k not in live]:
+                del self._deferred[key]
+                self._in_flight.discard(key)
             gone = [self._going.pop(k) for k in list(self._going)
                     if isinstance(k, str) and k not in live]
         for going in gone:
@@ -360,6 +407,10 @@ class NodeDeleter:
             for key in [k for k in self._going if isinstance(k, LeakKey)
                         and k.provider == provider_name and k.external_id not in present]:
                 del self._going[key]
+            for key in [k for k in self._deferred if isinstance(k, LeakKey)
+                        and k.provider == provider_name and k.external_id not in present]:
+                del self._deferred[key]
+                self._in_flight.discard(key)
             self._stuck_leaks = {k for k in self._stuck_leaks
                                  if k.provider != provider_name or k.external_id in present}
 
@@ -368,27 +419,84 @@ class NodeDeleter:
         with self._lock:
             return len(self._retry)
 
-    def submit(self, node_id: str, reason: str, check: Check | None = None) -> bool:
-        """Delete node `node_id` in the background; False if already in progress/backoff."""
+    def submit(self, node_id: str, reason: str, check: Check | None = None,
+               provider: str | None = None) -> bool:
+        """Delete node `node_id` in the background; False if already in progress/backoff.
+        With the node's `provider` the deletion may wait for the launches (launch first);
+        without, it starts at once."""
         if not self._claim(node_id):
             return False
-        self._executor.submit(self._delete_node, node_id, reason, check)
+        if not self._defer(node_id, provider, reason, check):
+            self._start(node_id, reason, check)
         return True
 
     def delete_leak(self, provider_name: str, external_id: str) -> bool:
         key = LeakKey(provider_name, external_id)
         if not self._claim(key):
             return False
-        self._executor.submit(self._delete_leak, key, None)
+        if not self._defer(key, provider_name, "leaked", None):
+            self._start(key, "leaked", None)
         return True
+
+    def _defer(self, key: RetryKey, provider: str | None, reason: str,
+               check: Check | None) -> bool:
+        """Keep the claimed deletion of `key` waiting for the launches if it may wait."""
+        first = self._first
+        bound = self.engine.settings.delete_defer_max
+        if first is None or bound <= 0:
+            return False
+        # Decided under the lock `start_deferred` takes: a launch returning meanwhile finds
+        # the entry there (or this check sees no launch), so none waits for nothing.
+        with self._lock:
+            if not first.may_defer(provider):
+                return False
+            assert provider is not None
+            self._deferred[key] = Deferred(provider, reason, check,
+                                           self.engine.clock.monotonic() + bound)
+        return True
+
+    def _start(self, key: RetryKey, reason: str, check: Check | None) -> None:
+        try:
+            if isinstance(key, LeakKey):
+                self._executor.submit(self._delete_leak, key, None)
+            else:
+                self._executor.submit(self._delete_node, key, reason, check)
+        except RuntimeError:  # shut down meanwhile
+            with self._lock:
+                self._in_flight.discard(key)
+
+    def start_deferred(self) -> None:
+        """Start the waiting deletions that may start now: launches all returned, a pool
+        of their provider waits for quota, or they waited `delete_defer_max` (oldest
+        first; quick: a thread takes each)."""
+        first = self._first
+        now = self.engine.clock.monotonic()
+        with self._lock:
+            if not self._deferred:
+                return
+            verdicts: dict[str, bool] = {}
+            due: list[tuple[RetryKey, Deferred]] = []
+            for key, deferred in self._deferred.items():
+                if deferred.provider not in verdicts:
+                    verdicts[deferred.provider] = first is not None \
+                        and first.may_defer(deferred.provider)
+                if deferred.until <= now or not verdicts[deferred.provider]:
+                    due.append((key, deferred))
+            for key, _ in due:
+                del self._deferred[key]
+        for key, deferred in due:
+            self._start(key, deferred.reason, deferred.check)
 
     def shutdown(self, wait: bool) -> None:
         self._executor.shutdown(wait=wait, cancel_futures=True)
         with self._lock:
             # Their nodes stay `deleting`; the locks go with the session the launcher is
             # about to close (releasing each here could wait for a ZooKeeper that is down),
-            # and whoever runs next finishes them.
+            # and whoever runs next finishes them. Waiting deletions were never started.
             self._going.clear()
+            for key in self._deferred:
+                self._in_flight.discard(key)
+            self._deferred.clear()
 
     # -- the provider's wake-up -----------------------------------------------------------
     def wake(self, key: RetryKey) -> None:

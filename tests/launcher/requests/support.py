@@ -22,6 +22,7 @@ from nodepool_k8s.core.model import NodeRequest, RequestState, Resources
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.driver.fake import FakeProvider
 from nodepool_k8s.launcher.plan import PoolInfo
+from nodepool_k8s.launcher.precedence import LaunchFirst
 from nodepool_k8s.launcher.requests.allocation import PoolRef
 from nodepool_k8s.launcher.requests.batch import copy_request
 from nodepool_k8s.launcher.requests.launch import LaunchOutcome
@@ -231,11 +232,14 @@ class Deps:
 
 
 class InlineLaunches:
-    """The launch pool's interface; launches run in the caller's thread on `run_all`."""
+    """The launch pool's interface; launches run in the caller's thread on `run_all` (or
+    the oldest on `run_oldest`). Each counts with `first` (launch first) from its
+    submission until it returned, as `LaunchPool` does."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: LaunchFirst | None = None) -> None:
         self.queued: list[tuple[Callable[[], LaunchOutcome], Callable[[], None],
                                 Future[LaunchOutcome]]] = []
+        self.first = first
 
     @property
     def in_flight(self) -> int:
@@ -245,15 +249,27 @@ class InlineLaunches:
                done: Callable[[], None]) -> Future[LaunchOutcome]:
         future: Future[LaunchOutcome] = Future()
         self.queued.append((fn, done, future))
+        if self.first is not None:
+            self.first.launch_queued()
         return future
 
     def run_all(self) -> int:
         """Run every queued launch to its end; how many ran."""
         ran, self.queued = self.queued, []
         for fn, done, future in ran:
-            future.set_result(fn())
-            done()
+            self._run(fn, done, future)
         return len(ran)
+
+    def run_oldest(self) -> None:
+        """Run the launch queued first to its end."""
+        self._run(*self.queued.pop(0))
+
+    def _run(self, fn: Callable[[], LaunchOutcome], done: Callable[[], None],
+             future: Future[LaunchOutcome]) -> None:
+        future.set_result(fn())
+        done()
+        if self.first is not None:
+            self.first.launch_returned()
 
 
 class ReadThroughJson:

@@ -9,7 +9,9 @@ every call) with what cleanup uses on top. The deleter runs each deletion at onc
 caller's thread (`InlineExecutor`), so a cleanup pass (`Upkeep.step`) has deleted what it
 decided to delete when it returns, and a provider's wake-up
 (`FakeProvider.finish_deletions`) finishes a parked deletion before it returns; a pool
-worker's launches run on `InlineLaunches.run_all`. Nothing waits for a thread or a watch:
+worker's launches run on `InlineLaunches.run_all`. As in the launcher, one `LaunchFirst`
+joins them: a deletion the cleanup asks for while a pool worker's launch is queued waits
+for it (and starts in the thread that runs the last launch). Nothing waits for a thread or a watch:
 a test moves the clock, runs one pass and looks at ZooKeeper and the fake cloud.
 """
 
@@ -24,6 +26,7 @@ from nodepool_k8s.config.model import Config
 from nodepool_k8s.core import model
 from nodepool_k8s.core.model import Node
 from nodepool_k8s.launcher.pool_worker import PoolWorker
+from nodepool_k8s.launcher.precedence import LaunchFirst
 from nodepool_k8s.launcher.requests.min_ready import MinReadyWorker
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.launcher.upkeep.cleanup import CleanupWorker
@@ -97,9 +100,16 @@ class Upkeep:
 
     def __init__(self, deps: UpkeepDeps) -> None:
         self.deps = deps
-        self.deleter = deps.deleter = NodeDeleter(deps, workers=1, executor=InlineExecutor())
+        self.first = LaunchFirst(self._other_pool_waits)
+        self.deleter = deps.deleter = NodeDeleter(deps, workers=1, executor=InlineExecutor(),
+                                                  first=self.first)
         self.cleanup = CleanupWorker(deps, self.deleter)
         self.sweeper = self.cleanup.leaks
+
+    def _other_pool_waits(self, provider: str) -> bool:
+        """As the launcher asks: a registered pool of `provider` is paused."""
+        return any(c.paused and c.provider_name == provider
+                   for c in self.deps.components.pools())
 
     @property
     def clock(self) -> ManualClock:
@@ -108,9 +118,9 @@ class Upkeep:
     def pool_worker(self, pool: str = "main") -> tuple[PoolWorker, InlineLaunches]:
         """The pool worker of pool `pool` of provider `fake` on the same deps, registered;
         its launches run on `run_all`."""
-        launches = InlineLaunches()
+        launches = InlineLaunches(self.first)
         worker = PoolWorker(self.deps, "fake", pool, launches,  # type: ignore[arg-type]
-                            fqdn="test-host")
+                            fqdn="test-host", first=self.first)
         worker.register()
         return worker, launches
 
