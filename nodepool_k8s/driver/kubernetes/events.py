@@ -142,7 +142,7 @@ class EventRecorder:
         """One try, never retried; failures are counted and logged at debug level."""
         namespace = body["metadata"]["namespace"]
         try:
-            response = self._client.core.create_namespaced_event(
+            response = self._client.api.create_namespaced_event(
                 namespace, body, _preload_content=False, _request_timeout=SEND_TIMEOUT)
             try:
                 response.data  # read it all: the connection goes back to the pool
