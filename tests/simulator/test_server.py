@@ -119,6 +119,24 @@ def test_plain_http_and_keep_alive(make_sim: Any) -> None:
     assert call(conn, "GET", "/api/v1/namespaces", "wrong")[0] == 401
 
 
+def test_answers_carry_the_headers_of_a_kube_apiserver(k8s_sim: Simulator) -> None:
+    """What a client parses per answer is what a real API server makes it parse: the same
+    header names (an audit id per request, the priority-and-fairness uids), no others."""
+    conn = https(k8s_sim)
+    seen = []
+    for path in ("/api/v1/namespaces/default", "/api/v1/namespaces/nothing-here"):
+        conn.request("GET", path, headers={"Authorization": f"Bearer {k8s_sim.admin_token}"})
+        resp = conn.getresponse()
+        resp.read()
+        assert sorted(name.lower() for name, _ in resp.getheaders()) == [
+            "audit-id", "cache-control", "content-length", "content-type", "date",
+            "x-kubernetes-pf-flowschema-uid", "x-kubernetes-pf-prioritylevel-uid"]
+        assert resp.getheader("Cache-Control") == "no-cache, private"
+        seen.append(resp.getheader("Audit-Id"))
+    assert len(set(seen)) == 2  # one audit id per request
+    conn.close()
+
+
 def test_delete_bodies_are_read_on_keep_alive_connections(k8s_sim: Simulator) -> None:
     conn = https(k8s_sim)
     token = k8s_sim.admin_token

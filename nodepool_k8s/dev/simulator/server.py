@@ -28,6 +28,7 @@ import socket
 import ssl
 import threading
 import time
+import uuid
 from email.utils import formatdate
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -115,10 +116,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(result)
 
     def _head(self, code: int, headers: dict[str, str]) -> bytes:
+        """The status line and the headers a kube-apiserver sends with every answer: an
+        audit id per request, the API priority and fairness classification, caching and
+        date, then `headers`. Clients pay per header parsed, so no more than it sends."""
         phrase = HTTPStatus(code).phrase if code in HTTPStatus._value2member_map_ else ""
         lines = [f"HTTP/1.1 {code} {phrase}",
-                 f"Date: {formatdate(usegmt=True)}",
-                 "Cache-Control: no-cache, private"]
+                 f"Audit-Id: {uuid.uuid4()}",
+                 "Cache-Control: no-cache, private",
+                 *self.server.flow_headers,
+                 f"Date: {formatdate(usegmt=True)}"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         if self.close_connection:
             lines.append("Connection: close")
@@ -171,6 +177,9 @@ class _HttpServer(ThreadingHTTPServer):
         # Set while the server answers (not frozen), and when it stops.
         self._thawed = threading.Event()
         self._thawed.set()
+        # The flow schema and priority level every request is classified into.
+        self.flow_headers = (f"X-Kubernetes-Pf-Flowschema-Uid: {uuid.uuid4()}",
+                             f"X-Kubernetes-Pf-Prioritylevel-Uid: {uuid.uuid4()}")
         super().__init__(address, _Handler)
 
     @property

@@ -8,9 +8,11 @@ by the provider's `api_retries`/`api_backoff`/`api_timeout`. Responses are decod
 dicts (`_preload_content=False`), never to client model objects. Every request has
 the provider's short connect and read timeouts (`api-connect-timeout`, `api-read-timeout`);
 a launch passes its `Budget` (its cancel event and its deadline) so that its calls, their
-retries and the waits between them together end by the launch's deadline. Every HTTP request goes
-out through `MeteredApiClient.request`, which reports its verb, resource and status code to
-the provider's `on_api_call` listener (the launcher's metrics). Every request, `call`'s and
+retries and the waits between them together end by the launch's deadline. Every HTTP
+request goes out through `MeteredApiClient.request`, which reports its verb, resource and
+status code to the provider's `on_api_call` listener (the launcher's metrics), or, for the
+hot requests of a launch and a deletion, through an `Endpoint` (`KubeClient.api`), which
+reports the same. Every request, `call`'s and
 a watch's (`stream`), goes through the client's live credentials (`credentials`): a 401 has
 them loaded again (rate-limited) and the request sent once more.
 
@@ -38,11 +40,12 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import urllib3.exceptions
 from kubernetes import client as k8s
-from kubernetes.client.exceptions import ApiException
+from kubernetes.client.exceptions import (ApiException, ForbiddenException, NotFoundException,
+                                          ServiceException, UnauthorizedException)
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
@@ -294,7 +297,8 @@ class MeteredApiClient(k8s.ApiClient):  # type: ignore[misc]
 
     `request` is where every call of the generated API classes goes out (calls, watches,
     `call_api` itself), so counting there counts each HTTP request once, including those
-    that got no answer; swapping `rest_client` (a credentials reload) does not bypass it."""
+    that got no answer; swapping `rest_client` (a credentials reload) does not bypass it.
+    An `Endpoint` sends below `request` and reports through `tell` itself."""
 
     listener: RequestListener | None = None
 
@@ -309,16 +313,168 @@ class MeteredApiClient(k8s.ApiClient):  # type: ignore[misc]
             code = str(exc.status) if exc.status else NO_ANSWER
             raise
         finally:
-            listener = self.listener
-            if listener is not None:
+            if self.listener is not None:
                 try:
                     host = str(self.configuration.host or "")
                     path = url[len(host):] if url.startswith(host) else urlsplit(url).path
                     verb, resource = describe_request(method, path.partition("?")[0],
                                                       query_params)
-                    listener(verb, resource, code)
                 except Exception:  # noqa: BLE001 - counting must not fail a request
-                    log.debug("reporting an API request failed", exc_info=True)
+                    log.debug("describing an API request failed", exc_info=True)
+                else:
+                    self.tell(verb, resource, code)
+
+    def tell(self, verb: str, resource: str, code: str) -> None:
+        """Report one request sent (its answer's status `code`, or NO_ANSWER)."""
+        listener = self.listener
+        if listener is None:
+            return
+        try:
+            listener(verb, resource, code)
+        except Exception:  # noqa: BLE001 - counting must not fail a request
+            log.debug("reporting an API request failed", exc_info=True)
+
+
+# What the generated API methods send for a JSON request, the same for every call.
+_JSON_HEADERS = {"Accept": "application/json", "Content-Type": "application/json"}
+# The only authentication the generated methods name for every API call.
+_AUTH_SETTINGS = ["BearerToken"]
+# The errors the client's REST layer raises for an answer outside 2xx (others: ApiException).
+_STATUS_ERRORS: dict[int, type[ApiException]] = {
+    401: UnauthorizedException, 403: ForbiddenException, 404: NotFoundException}
+
+
+def _urllib3_timeout(value: Any) -> urllib3.Timeout | None:
+    """The client REST layer's reading of `_request_timeout`: a number bounds the whole
+    request, a pair is (connect, read)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value:
+        return urllib3.Timeout(total=value)
+    if isinstance(value, tuple) and len(value) == 2:
+        return urllib3.Timeout(connect=value[0], read=value[1])
+    return None
+
+
+class Endpoint:
+    """One API operation (`method` on a path `template` such as
+    `/api/v1/namespaces/{namespace}/roles`), sent through the client's live REST layer.
+
+    What a generated method (`CoreV1Api.create_namespaced_role` and the like) and the layers
+    under it do per call, checking keyword arguments, choosing headers, walking the body to
+    sanitise it, formatting parameters, parsing the URL again to find its connection pool
+    (together about a third of a call's CPU), is done once here. What matters is kept, per
+    request: the client's default headers and its bearer token (read, and refreshed, through
+    the configuration), the live `rest_client`'s connection pool (a new one after a
+    credentials reload or a CA change), its TLS settings and its single attempt (`retries`),
+    the timeouts, the REST layer's errors for an answer outside 2xx (`ApiException` and its
+    subclasses, as `errors.map_api_error` reads them) and the metering (`MeteredApiClient.
+    tell`, with the verb and resource worked out once from the template). Through a proxy,
+    or with query parameters, it takes the generated methods' road
+    (`MeteredApiClient.request`) instead. Bodies are plain dicts, answers raw
+    (`_preload_content=False`), as `KubeClient.call` expects.
+
+    Called like the generated method: the path parameters (`name` before `namespace`, as
+    they order them), then the body (positional or `body=`) for a method that sends one;
+    other keyword arguments are query parameters, named as the API names them."""
+
+    def __init__(self, api_client: MeteredApiClient, method: str, template: str) -> None:
+        self._api_client = api_client
+        self.method = method
+        self.template = template
+        self._params = sorted(re.findall(r"{(\w+)}", template), key=lambda p: p != "name")
+        self.__name__ = f"{method} {template}"
+        self.verb, self.resource = describe_request(
+            method, re.sub(r"{\w+}", "x", template), None)
+        # (rest client, host) -> (its pool for the host, the host URL's path prefix)
+        self._route: tuple[Any, str, Any, str] | None = None
+
+    def path(self, *values: str) -> str:
+        if len(values) != len(self._params):
+            raise TypeError(f"{self.__name__} takes {len(self._params)} path parameters")
+        path = self.template
+        for name, value in zip(self._params, values):
+            # As the generated methods quote: every character but unreserved ones.
+            path = path.replace("{" + name + "}", quote(str(value), safe=""))
+        return path
+
+    def _pool(self, rest_client: Any, host: str) -> tuple[Any, str] | None:
+        """The connection pool of `rest_client` for `host` and the host's path prefix;
+        None through a proxy (the pool manager then decides per request)."""
+        route = self._route
+        if route is not None and route[0] is rest_client and route[1] == host:
+            return route[2], route[3]
+        manager = rest_client.pool_manager
+        if isinstance(manager, urllib3.ProxyManager):
+            return None
+        url = urllib3.util.parse_url(host)
+        pool = manager.connection_from_host(url.host, port=url.port, scheme=url.scheme)
+        prefix = url.path or ""
+        self._route = (rest_client, host, pool, prefix)
+        return pool, prefix
+
+    def __call__(self, *args: Any, body: Any = None, _preload_content: bool = False,
+                 _request_timeout: Any = None, **query: Any) -> Any:
+        count = len(self._params)
+        if len(args) > count + 1:
+            raise TypeError(f"{self.__name__}: too many arguments")
+        if len(args) == count + 1:
+            body = args[count]
+        path = self.path(*args[:count])
+        api_client = self._api_client
+        headers = {**api_client.default_headers, **_JSON_HEADERS}
+        if api_client.cookie:
+            headers["Cookie"] = api_client.cookie
+        api_client.update_params_for_auth(headers, [], _AUTH_SETTINGS)
+        host = str(api_client.configuration.host)
+        route = None if query or _preload_content else self._pool(api_client.rest_client, host)
+        if route is None:
+            return api_client.request(self.method, host + path, query_params=list(query.items()),
+                                      headers=headers, body=body,
+                                      _preload_content=_preload_content,
+                                      _request_timeout=_request_timeout)
+        pool, prefix = route
+        code = NO_ANSWER
+        try:
+            try:
+                response = pool.urlopen(
+                    self.method, prefix + path,
+                    body=None if body is None else json.dumps(body), headers=headers,
+                    preload_content=False, timeout=_urllib3_timeout(_request_timeout),
+                    redirect=False, assert_same_host=False)
+            except urllib3.exceptions.SSLError as exc:
+                raise ApiException(status=0, reason=f"{type(exc).__name__}\n{exc}") from exc
+            status = int(response.status)
+            code = str(status or NO_ANSWER)
+            if not 200 <= status <= 299:
+                error = ServiceException if 500 <= status <= 599 \
+                    else _STATUS_ERRORS.get(status, ApiException)
+                raise error(http_resp=response)
+            return response
+        finally:
+            api_client.tell(self.verb, self.resource, code)
+
+
+class Endpoints:
+    """The operations a launch and a deletion make, each an `Endpoint` of one client."""
+
+    def __init__(self, api_client: MeteredApiClient) -> None:
+        def op(method: str, template: str) -> Endpoint:
+            return Endpoint(api_client, method, template)
+        ns = "/api/v1/namespaces/{namespace}"
+        self.create_namespace = op("POST", "/api/v1/namespaces")
+        self.read_namespace = op("GET", "/api/v1/namespaces/{name}")
+        self.delete_namespace = op("DELETE", "/api/v1/namespaces/{name}")
+        self.create_namespaced_resource_quota = op("POST", ns + "/resourcequotas")
+        self.create_namespaced_limit_range = op("POST", ns + "/limitranges")
+        self.create_namespaced_service_account = op("POST", ns + "/serviceaccounts")
+        self.create_namespaced_service_account_token = op(
+            "POST", ns + "/serviceaccounts/{name}/token")
+        self.create_namespaced_pod = op("POST", ns + "/pods")
+        self.create_namespaced_event = op("POST", ns + "/events")
+        self.create_namespaced_network_policy = op(
+            "POST", "/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies")
+        rbac = "/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+        self.create_namespaced_role = op("POST", rbac + "/roles")
+        self.create_namespaced_role_binding = op("POST", rbac + "/rolebindings")
 
 
 def _cannot_reload() -> tuple[k8s.Configuration, str | None]:
@@ -354,6 +510,7 @@ class KubeClient:
         self.networking = k8s.NetworkingV1Api(self.api_client)
         self.authentication = k8s.AuthenticationV1Api(self.api_client)
         self.version = k8s.VersionApi(self.api_client)
+        self.api = Endpoints(self.api_client)
         self.credentials = Credentials(provider or str(context), configuration, context,
                                        load or _cannot_reload, self.api_client, backoff,
                                        clock, on_change)
