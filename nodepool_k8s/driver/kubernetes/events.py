@@ -8,13 +8,6 @@ bucket with burst `burst`); when the queue is full or the bucket empty the event
 and counted. An Events failure never fails a launch. The RBAC this needs is `events:
 create` (etc/kubernetes/launcher-rbac.yaml).
 
-A queued event waits up to `window` seconds for later ones about the same object (a
-namespace's `Launched`, `Registered` and `Ready` come within a fraction of a second of each
-other): those of the same type go out as one Event, with the last one's reason, the
-messages of all in order, and the first one's time as `firstTimestamp` (one API request
-instead of three; `merged` counts the events folded into another). An event sent `now`
-is neither delayed nor merged.
-
 An event posted into a namespace that is then deleted (a failed attempt) is deleted with it;
 the launcher's own event log in ZooKeeper (`nodepool events`) keeps the failure.
 """
@@ -26,7 +19,6 @@ import queue
 import secrets
 import socket
 import threading
-import time
 from datetime import datetime, timezone
 
 from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
@@ -41,8 +33,6 @@ WARNING = "Warning"
 QUEUE_SIZE = 256
 SEND_TIMEOUT = 5.0
 MESSAGE_LIMIT = 1024
-# Seconds a queued event waits for later ones about the same object to be merged with.
-BATCH_WINDOW = 1.0
 
 
 def _stamp(when: float) -> str:
@@ -77,41 +67,22 @@ def event_body(namespace: str, reason: str, message: str, event_type: str, when:
     }
 
 
-def _about(body: Event) -> tuple[str, str, str, str]:
-    """What events may be merged on: the same object of the same namespace, the same type."""
-    involved = body["involvedObject"]
-    return (body["metadata"]["namespace"], involved["kind"], involved["name"], body["type"])
-
-
-def merge(bodies: list[Event]) -> Event:
-    """One Event telling what `bodies` (about one object, oldest first) told: the last one's
-    reason and name, every message in order (clipped), the first one's time first."""
-    if len(bodies) == 1:
-        return bodies[0]
-    last = bodies[-1]
-    message = "; ".join(body["message"] for body in bodies)
-    return {**last, "message": message[:MESSAGE_LIMIT],
-            "firstTimestamp": bodies[0]["firstTimestamp"]}
-
-
 class EventRecorder:
     """Best-effort, rate-limited sender of Events through one provider's client."""
 
     def __init__(self, client: KubeClient, clock: Clock = SYSTEM_CLOCK, rate: float = 20.0,
-                 burst: int = 50, window: float = BATCH_WINDOW) -> None:
+                 burst: int = 50) -> None:
         self._client = client
         self._clock = clock
         self._rate = rate
         self._burst = float(burst)
         self._tokens = float(burst)
         self._refilled = clock.monotonic()
-        self._window = window
         self._queue: queue.Queue[Event | None] = queue.Queue(QUEUE_SIZE)
         self._lock = threading.Lock()
         self.sent = 0
         self.dropped = 0
         self.failed = 0
-        self.merged = 0
         self._thread = threading.Thread(target=self._run, name="k8s-events", daemon=True)
         # Looked up once, like the launcher's registration does: two system calls per event
         # otherwise, in the launch and deleter threads.
@@ -121,7 +92,6 @@ class EventRecorder:
         self._thread.start()
 
     def stop(self) -> None:
-        """Send what waits in its window, then end (within `SEND_TIMEOUT`)."""
         try:
             self._queue.put_nowait(None)
         except queue.Full:
@@ -141,16 +111,19 @@ class EventRecorder:
 
     def emit(self, namespace: str, reason: str, message: str, warning: bool = False,
              pod: str | None = None, node_id: str | None = None, now: bool = False) -> None:
-        """Queue one event (sent within the batch window, perhaps merged); dropped (and
-        counted) when the queue is full, or when over the rate as it is sent.
+        """Queue one event; dropped (and counted) when over the rate or the queue is full.
 
         `now`: send it from the calling thread instead (once, short timeout, errors
         swallowed): a failed attempt's event must reach its namespace before the namespace
         is deleted."""
+        if not self._take_token():
+            with self._lock:
+                self.dropped += 1
+            return
         body = event_body(namespace, reason, message, WARNING if warning else NORMAL,
                           self._clock.time(), pod, node_id, self._host)
         if now:
-            self._send([body])
+            self._send(body)
             return
         try:
             self._queue.put_nowait(body)
@@ -159,43 +132,15 @@ class EventRecorder:
                 self.dropped += 1
 
     def _run(self) -> None:
-        # Per object, the events waiting to be sent and when their window ends (monotonic
-        # seconds of this machine: the queue's own timeouts).
-        waiting: dict[tuple[str, str, str, str], list[Event]] = {}
-        due: dict[tuple[str, str, str, str], float] = {}
         while True:
-            timeout = None if not due else max(0.0, min(due.values()) - time.monotonic())
-            try:
-                body = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                pass
-            else:
-                if body is None:
-                    for bodies in waiting.values():
-                        self._send(bodies)
-                    return
-                key = _about(body)
-                if key in waiting:
-                    waiting[key].append(body)
-                else:
-                    waiting[key] = [body]
-                    due[key] = time.monotonic() + self._window
-            now = time.monotonic()
-            for key in [key for key, end in due.items() if end <= now]:
-                del due[key]
-                self._send(waiting.pop(key))
+            body = self._queue.get()
+            if body is None:
+                return
+            self._send(body)
 
-    def _send(self, bodies: list[Event]) -> None:
-        """`bodies` as one Event, one try, never retried; dropped when over the rate;
-        failures are counted and logged at debug level."""
-        if not self._take_token():
-            with self._lock:
-                self.dropped += len(bodies)
-            return
-        body = merge(bodies)
+    def _send(self, body: Event) -> None:
+        """One try, never retried; failures are counted and logged at debug level."""
         namespace = body["metadata"]["namespace"]
-        with self._lock:
-            self.merged += len(bodies) - 1
         try:
             response = self._client.api.create_namespaced_event(
                 namespace, body, _preload_content=False, _request_timeout=SEND_TIMEOUT)
