@@ -441,7 +441,9 @@ class Endpoint:
                     preload_content=False, timeout=_urllib3_timeout(_request_timeout),
                     redirect=False, assert_same_host=False)
             except urllib3.exceptions.SSLError as exc:
-                raise ApiException(status=0, reason=f"{type(exc).__name__}\n{exc}") from exc
+                # As the REST layer words it: an HTTP reason phrase, not a condition reason.
+                phrase = f"{type(exc).__name__}\n{exc}"
+                raise ApiException(status=0, reason=phrase) from exc
             status = int(response.status)
             code = str(status or NO_ANSWER)
             if not 200 <= status <= 299:
