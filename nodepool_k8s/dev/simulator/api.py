@@ -146,6 +146,12 @@ class Api:
     def handle(self, req: Request) -> Response | WatchStream:
         path = req.path.rstrip("/") or "/"
         if path in ANONYMOUS_PATHS:
+            # As a real API server: authentication comes first, so a request without
+            # credentials is anonymous (allowed here) but one whose token is refused is 401.
+            header = req.headers.get("authorization")
+            if header and self.authority.authenticate(header) is None:
+                self.authority.count_rejected(req.method, path)
+                raise errors.unauthorized()
             if path == "/version":
                 return Response(200, discovery.version(self.config.server_version))
             return Response(200, "ok", content_type="text/plain")
