@@ -91,6 +91,18 @@ def test_admin_credentials_change_at_runtime(k8s_sim: Simulator) -> None:
     assert k8s_sim.rejected_requests == 3
 
 
+def test_the_anonymous_paths_refuse_a_refused_token(k8s_sim: Simulator) -> None:
+    """As a real API server: no credentials is anonymous (/version and the health paths
+    allowed); a bearer token that does not authenticate is 401 everywhere."""
+    conn = https(k8s_sim)
+    for path in ("/version", "/healthz", "/readyz"):
+        assert call(conn, "GET", path, None)[0] == 200
+        assert call(conn, "GET", path, k8s_sim.admin_token)[0] == 200
+        assert call(conn, "GET", path, "not-a-token")[0] == 401
+    assert k8s_sim.rejected_log == [("GET", "/version"), ("GET", "/healthz"),
+                                    ("GET", "/readyz")]
+
+
 def test_end_watches(k8s_sim: Simulator, kube: Kube, changes: Signal) -> None:
     response = kube.core.list_namespace(watch=True, _preload_content=False,
                                         timeout_seconds=60)
