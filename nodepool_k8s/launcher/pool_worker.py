@@ -413,7 +413,8 @@ class PoolWorker(Worker):
         # otherwise hand slots to requests far behind the ones held back before them).
         full = False
         batch = Batch(self.engine, self, self.ref, provider, provider_cfg, pool_cfg)
-        requests = self.engine.request_cache.requests()
+        cache = self.engine.request_cache
+        requests = cache.requests()
         # Locked for ever by a contender that is not ephemeral (the cleanup reported it):
         # trying its lock again every CONTENDED_RETRY would only cost three writes each time.
         stuck = self.engine.stuck_requests
@@ -435,11 +436,27 @@ class PoolWorker(Worker):
             if request.id in self.handlers or request.state != model.RequestState.REQUESTED \
                     or self.id in request.declined_by or self._creator_starting(request) \
                     or self.refused.skip(request) or request.id in stuck \
-                    or request.id in taken:
+                    or request.id in taken or cache.is_locked(request.id):
+                # Locked (its lock dir shows a contender): a lock attempt cannot win, and
+                # its release comes as a cache event that wakes this worker.
                 continue
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
                 continue
+            if cache.is_stale(request.id):
+                # Changes not read yet (made under a lock just released, or being read):
+                # read them before acting on what is held (one read, shared).
+                cache.refresh([request.id])
+                current = cache.get(request.id)
+                if current is None or current.state != model.RequestState.REQUESTED \
+                        or self.id in current.declined_by or cache.is_locked(request.id) \
+                        or cache.is_stale(request.id):
+                    continue
+                request = current
+                decision = plan.triage(request, me, pool_cfg, provider_cfg, registered,
+                                       cloud)
+                if decision.verdict is plan.Verdict.SKIP:
+                    continue
             refusal, probe = None, False
             if decision.verdict is plan.Verdict.ACCEPT:
                 accepting = not paused and not full \
@@ -665,7 +682,13 @@ class PoolWorker(Worker):
         if not peers:
             return False
         mine = request.sort_key()
-        for other in self.engine.request_cache.requests():
+        cache = self.engine.request_cache
+        # A peer writes its note under its lock, which the cache leaves unread until the
+        # lock goes: read the older ones now (those that could make this one wait).
+        older = [r.id for r in cache.requests() if r.sort_key() < mine]
+        if older:
+            cache.refresh(older)
+        for other in cache.requests():
             if other.state != model.RequestState.PENDING or other.id == request.id:
                 continue
             notes = other.extra.get(model.WAITING_REASONS)

@@ -223,6 +223,10 @@ class RequestCache(MirroredCache[_CachedRequest]):
         with self._mirror._lock:
             return bool(self._mirror.contenders.get(request_id))
 
+    def is_stale(self, request_id: str) -> bool:
+        """Whether the entry lacks changes ZooKeeper has (left unread or being read)."""
+        return self._mirror.behind(request_id)
+
     def follows_locks(self) -> bool:
         """Whether lock contenders are followed (`is_locked` means something)."""
         return self._mirror._follows_locks()

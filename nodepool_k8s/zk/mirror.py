@@ -247,6 +247,11 @@ class ChildMirror(Generic[T]):
         with self._lock:
             return {k for k in self.items if self._behind(k)}
 
+    def behind(self, key: str) -> bool:
+        """Whether the child's data held is older than ZooKeeper's (`stale`, for one)."""
+        with self._lock:
+            return key in self.items and self._behind(key)
+
     def refresh(self, keys: list[str] | None = None, timeout: float = 10.0) -> bool:
         """Read the stale ones of `keys` (all stale children without it) and wait for the
         answers; False if some did not come within `timeout` (the entries then stay as
