@@ -685,7 +685,8 @@ class PoolWorker(Worker):
         cache = self.engine.request_cache
         # A peer writes its note under its lock, which the cache leaves unread until the
         # lock goes: read the older ones now (those that could make this one wait).
-        older = [r.id for r in cache.requests() if r.sort_key() < mine]
+        older = [r.id for r in cache.requests()
+                 if r.sort_key() < mine and cache.is_stale(r.id)]
         if older:
             cache.refresh(older)
         for other in cache.requests():

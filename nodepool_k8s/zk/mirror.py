@@ -27,6 +27,10 @@ contenders follow the persistent watch's events, which arrive in the server's or
 a contender event that arrives while a listing of that child's lock dir is in flight
 waits and is applied after the listing (contender names are never reused, so applying
 every event after any listing taken since the watch was added gives the right set).
+Locks kept in a tree of their own (`lock_root`: request locks) are followed the same way
+through a second persistent recursive watch on that root, whose events kazoo delivers on
+the same thread and in the server's order with the children's (so a contender created
+in the transaction that writes the child is known before that change is looked at).
 A persistent watch reports every write, where a one-shot watch missed those made before
 it was set again; each write adds one to the znode's version, so an answer whose version
 counts every change event seen since the child's creation is current, and a change event

@@ -222,8 +222,9 @@ class MinReadyWorker(Worker):
                 continue
             (missing if cache.get(request_id) is None else cached).append(request_id)
         # Changes made under another's lock are left unread by the cache: read them now.
-        if cached:
-            cache.refresh(cached)
+        stale = [i for i in cached if cache.is_stale(i)]
+        if stale:
+            cache.refresh(stale)
         found = [r for i in cached if (r := cache.get(i)) is not None]
         for path, item in self.engine.zk.get_many([paths.request_path(i) for i in missing]):
             if item is not None:
