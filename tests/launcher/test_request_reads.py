@@ -15,9 +15,12 @@ from __future__ import annotations
 from kazoo.client import KazooClient
 
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
+from nodepool_k8s.core import model
 from nodepool_k8s.zk import paths
-from tests.helpers import wait_for
-from tests.launchers import LauncherFactory
+from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
+from nodepool_k8s.zk.requests import RequestStore
+from tests.helpers import ZkConnection, client_for, wait_for
+from tests.launchers import TEST_SETTINGS, LauncherFactory
 
 
 def pool(provider: str, priority: int, max_servers: int) -> str:
@@ -75,3 +78,32 @@ def test_a_request_another_launcher_declines_is_read_and_served(
     assert body["declined_by"] == [c.id for c in preferred.component_cache.pools()
                                    if c.provider_name == "first"]
     assert other.request_cache._mirror.skipped >= 1  # the decline, left unread at first
+
+
+def test_a_request_whose_holder_dies_is_served(launchers: LauncherFactory, zuul: ZuulClient,
+                                               zk: ZkConnection) -> None:
+    """Another launcher (a session with a registered pool of the request's preferred
+    provider) takes the request, writes `pending` under its lock and dies: the pending
+    write, left unread under its lock, is read when its contender goes with the session,
+    the request is reset at once (no full cleanup pass is due for an hour) and served."""
+    launcher = launchers(pool("first", 100, 5),
+                         settings=TEST_SETTINGS.replace(cleanup_interval=3600.0))
+    other = client_for(zk)
+    try:
+        ComponentRegistry(other, hostname="other").register_pool(
+            pool_worker_id("second", "main", fqdn="other.example.com"), "second", "main",
+            ["small"], 100)
+        wait_for(lambda: len(launcher.component_cache.pools()) == 2, 10)
+        request_id = zuul.submit(["small"], provider="second")  # left to `second`
+        store = RequestStore(other)
+        got = store.lock_and_read(request_id)
+        assert got is not None
+        held, request = got
+        request.state = model.RequestState.PENDING
+        store.store(request, held)
+        mirror = launcher.request_cache._mirror
+        wait_for(lambda: request_id in mirror.stale(), 10)
+    finally:
+        other.stop()  # its contender and its pool registration go with the session
+    body = zuul.wait(request_id)
+    assert body is not None and body["state"] == "fulfilled", body
