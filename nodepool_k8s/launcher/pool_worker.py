@@ -14,7 +14,10 @@ and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.
    for the re-read; otherwise: lock without blocking, re-read, decide again, write. A
    race lost to another launcher's transaction costs one read (the request is then
    skipped until the cache shows that version), and a lock another contender holds is
-   seen by listing the lock dir, without a contender of ours.
+   seen by listing the lock dir, without a contender of ours. Where the request cache
+   follows the request locks, a request whose lock dir shows a contender is not tried at
+   all (its release is a cache event that wakes the pool), and an entry with changes not
+   read yet is read before the pass acts on it.
    Fresh requests that qualify are accepted together (`requests.batch.Batch`, which
    reaches this worker only through its public `BatchOwner` methods). A request it would
    take but holds back (paused, drained, busy, its tenant at its limit) while no other
