@@ -332,6 +332,13 @@ class Launcher:
 
     def _on_request_event(self, kind: CacheEvent, request_id: str) -> None:
         self.cleanup.on_request_event(kind, request_id)
+        if kind is CacheEvent.LOCK:
+            # A request's lock changed: only a release can let a pool take it (the pool
+            # pass leaves a locked one alone); min-ready counts no locks.
+            if not self.engine.request_cache.is_locked(request_id):
+                for worker in list(self.pool_workers.values()):
+                    worker.wake()
+            return
         for worker in list(self.pool_workers.values()):
             worker.wake()
         self.min_ready.wake()

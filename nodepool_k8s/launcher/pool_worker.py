@@ -14,7 +14,10 @@ and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.
    for the re-read; otherwise: lock without blocking, re-read, decide again, write. A
    race lost to another launcher's transaction costs one read (the request is then
    skipped until the cache shows that version), and a lock another contender holds is
-   seen by listing the lock dir, without a contender of ours.
+   seen by listing the lock dir, without a contender of ours. Where the request cache
+   follows the request locks, a request whose lock dir shows a contender is not tried at
+   all (its release is a cache event that wakes the pool), and an entry with changes not
+   read yet is read before the pass acts on it.
    Fresh requests that qualify are accepted together (`requests.batch.Batch`, which
    reaches this worker only through its public `BatchOwner` methods). A request it would
    take but holds back (paused, drained, busy, its tenant at its limit) while no other
@@ -413,7 +416,8 @@ class PoolWorker(Worker):
         # otherwise hand slots to requests far behind the ones held back before them).
         full = False
         batch = Batch(self.engine, self, self.ref, provider, provider_cfg, pool_cfg)
-        requests = self.engine.request_cache.requests()
+        cache = self.engine.request_cache
+        requests = cache.requests()
         # Locked for ever by a contender that is not ephemeral (the cleanup reported it):
         # trying its lock again every CONTENDED_RETRY would only cost three writes each time.
         stuck = self.engine.stuck_requests
@@ -435,11 +439,27 @@ class PoolWorker(Worker):
             if request.id in self.handlers or request.state != model.RequestState.REQUESTED \
                     or self.id in request.declined_by or self._creator_starting(request) \
                     or self.refused.skip(request) or request.id in stuck \
-                    or request.id in taken:
+                    or request.id in taken or cache.is_locked(request.id):
+                # Locked (its lock dir shows a contender): a lock attempt cannot win, and
+                # its release comes as a cache event that wakes this worker.
                 continue
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
                 continue
+            if cache.is_stale(request.id):
+                # Changes not read yet (made under a lock just released, or being read):
+                # read them before acting on what is held (one read, shared).
+                cache.refresh([request.id])
+                current = cache.get(request.id)
+                if current is None or current.state != model.RequestState.REQUESTED \
+                        or self.id in current.declined_by or cache.is_locked(request.id) \
+                        or cache.is_stale(request.id):
+                    continue
+                request = current
+                decision = plan.triage(request, me, pool_cfg, provider_cfg, registered,
+                                       cloud)
+                if decision.verdict is plan.Verdict.SKIP:
+                    continue
             refusal, probe = None, False
             if decision.verdict is plan.Verdict.ACCEPT:
                 accepting = not paused and not full \
@@ -665,7 +685,14 @@ class PoolWorker(Worker):
         if not peers:
             return False
         mine = request.sort_key()
-        for other in self.engine.request_cache.requests():
+        cache = self.engine.request_cache
+        # A peer writes its note under its lock, which the cache leaves unread until the
+        # lock goes: read the older ones now (those that could make this one wait).
+        older = [r.id for r in cache.requests()
+                 if r.sort_key() < mine and cache.is_stale(r.id)]
+        if older:
+            cache.refresh(older)
+        for other in cache.requests():
             if other.state != model.RequestState.PENDING or other.id == request.id:
                 continue
             notes = other.extra.get(model.WAITING_REASONS)

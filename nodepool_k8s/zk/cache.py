@@ -10,7 +10,10 @@ a node another live launcher built for a request still there (`NodeCache.left_to
 the engine's rule): such entries keep their last read record, marked stale, until the lock
 goes, the rule stops holding at a later change or a reader that needs them current calls
 `refresh` (mirror.py, "Reads skipped"). Provider, pool, label, type and resources never
-change after creation, so quota counting is exact with the first read. The small
+change after creation, so quota counting is exact with the first read. The request cache
+follows the request locks (`/nodepool/requests-lock`, a second persistent watch, no data
+read) and does not read a request's changes while a contender that is not this client's
+own live work is in its lock dir; it reads them once that lock goes or when asked. The small
 `/nodepool/components` tree uses kazoo's TreeCache, with a guard against its stale-result "ghosts".
 
 Listeners are called on the cache's thread with `(kind, key)` (kind: changed, removed,
@@ -31,7 +34,7 @@ from kazoo.recipe.cache import TreeCache, TreeEvent
 
 from nodepool_k8s.core import model, records
 from nodepool_k8s.core.model import Node, NodeRequest
-from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import locks, paths
 from nodepool_k8s.zk import requests as request_codec
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.mirror import CacheEvent as CacheEvent
@@ -177,9 +180,22 @@ class RequestCache(MirroredCache[_CachedRequest]):
     name = "request cache"
 
     def __init__(self, zk: ZkClient) -> None:
+        self.zk = zk
         self._mirror: ChildMirror[_CachedRequest] = ChildMirror(
             zk, paths.REQUESTS, self._decode, name="request-cache",
-            accept=paths.is_request_id, persistent=True)
+            accept=paths.is_request_id, persistent=True, skip_read=self._skip_read,
+            lock_root=paths.REQUEST_LOCKS)
+
+    def _skip_read(self, item: _CachedRequest, locked: bool) -> bool:
+        """A change made while a contender not of this client's own live work is in the
+        request's lock dir: its holder (another launcher, Zuul) reads it under the lock,
+        and its write and release come to us as one change and one lock event."""
+        if not locked:
+            return False
+        request_id = item.request.id
+        lock_dir = paths.request_lock_path(request_id)
+        return any(not locks.held_here(self.zk, f"{lock_dir}/{name}")
+                   for name in self._mirror.contenders.get(request_id, ()))
 
     @staticmethod
     def _decode(request_id: str, raw: bytes, stat: Any) -> _CachedRequest:
@@ -203,6 +219,20 @@ class RequestCache(MirroredCache[_CachedRequest]):
     def __contains__(self, request_id: object) -> bool:
         with self._mirror._lock:
             return request_id in self._mirror.items
+
+    def is_locked(self, request_id: str) -> bool:
+        """Probably locked: some contender is in the request's lock dir (known only with
+        persistent watches: otherwise always False)."""
+        with self._mirror._lock:
+            return bool(self._mirror.contenders.get(request_id))
+
+    def is_stale(self, request_id: str) -> bool:
+        """Whether the entry lacks changes ZooKeeper has (left unread or being read)."""
+        return self._mirror.behind(request_id)
+
+    def follows_locks(self) -> bool:
+        """Whether lock contenders are followed (`is_locked` means something)."""
+        return self._mirror._follows_locks()
 
 
 @dataclass(frozen=True)

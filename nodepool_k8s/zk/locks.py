@@ -55,6 +55,7 @@ class HeldLock:
 
     def __post_init__(self) -> None:
         _LIVE.add(self)
+        _BY_PATH[self.child_path] = self
 
     @property
     def child_path(self) -> str:
@@ -150,6 +151,14 @@ def adopt_fresh_lock(zk: ZkClient, path: str, data: bytes, old_version: int, loc
 
 
 _LIVE: "weakref.WeakSet[HeldLock]" = weakref.WeakSet()
+_BY_PATH: "weakref.WeakValueDictionary[str, HeldLock]" = weakref.WeakValueDictionary()
+
+
+def held_here(zk: ZkClient, contender_path: str) -> bool:
+    """Whether the contender at `contender_path` is a lock `zk`'s own live work holds
+    (not released, still referenced); quick, reads no ZooKeeper."""
+    held = _BY_PATH.get(contender_path)
+    return held is not None and held.zk is zk and not held.released
 
 
 def live_contenders() -> set[str]:

@@ -27,6 +27,10 @@ contenders follow the persistent watch's events, which arrive in the server's or
 a contender event that arrives while a listing of that child's lock dir is in flight
 waits and is applied after the listing (contender names are never reused, so applying
 every event after any listing taken since the watch was added gives the right set).
+Locks kept in a tree of their own (`lock_root`: request locks) are followed the same way
+through a second persistent recursive watch on that root, whose events kazoo delivers on
+the same thread and in the server's order with the children's (so a contender created
+in the transaction that writes the child is known before that change is looked at).
 A persistent watch reports every write, where a one-shot watch missed those made before
 it was set again; each write adds one to the znode's version, so an answer whose version
 counts every change event seen since the child's creation is current, and a change event
@@ -127,7 +131,8 @@ class ChildMirror(Generic[T]):
                  lock_expected: Callable[[T], bool] = lambda record: True,
                  on_change: Callable[[str, "T | None", "T | None"], None] | None = None,
                  reused_names: bool = False, persistent: bool = False,
-                 skip_read: Callable[[T, bool], bool] | None = None) -> None:
+                 skip_read: Callable[[T, bool], bool] | None = None,
+                 lock_root: str | None = None) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
@@ -137,13 +142,20 @@ class ChildMirror(Generic[T]):
         `persistent`: use a persistent recursive watch when the server has them.
         `skip_read(record, locked)`: a change of a child holding `record` (its last read
         data; `locked`: the child has lock contenders) need not be read now (module doc,
-        "Reads skipped"); asked on the mirror's thread, must be quick."""
+        "Reads skipped"); asked on the mirror's thread, must be quick.
+        `lock_root`: the children's locks live in a tree of their own,
+        `<lock_root>/<child>/<contender>` (request locks), not under `<child>/lock`; they
+        are followed (as `with_locks`) through a second persistent recursive watch on that
+        root, which reads no data. Without persistent watches they are not followed: no
+        contenders are known and nothing is skipped for a lock."""
         self.zk = zk
         self.root = root
         self.name = name
         self._decode = decode
         self._accept = accept
-        self._with_locks = with_locks
+        self._with_locks = with_locks or lock_root is not None
+        self._lock_root = lock_root
+        self._lock_tree = False  # the lock root's persistent watch is in use
         self._lock_expected = lock_expected
         self._on_change = on_change
         self._reused_names = reused_names
@@ -214,6 +226,8 @@ class ChildMirror(Generic[T]):
         self.zk.echoes.remove(self.root, self)
         if self._want_tree:
             self.zk.unwatch_tree(self.root, self._tree_watch)
+        if self._lock_root is not None:
+            self.zk.unwatch_tree(self._lock_root, self._lock_tree_watch)
         self._tasks.put(None)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(5)
@@ -236,6 +250,11 @@ class ChildMirror(Generic[T]):
         """Children whose data held is older than ZooKeeper's (changes left unread)."""
         with self._lock:
             return {k for k in self.items if self._behind(k)}
+
+    def behind(self, key: str) -> bool:
+        """Whether the child's data held is older than ZooKeeper's (`stale`, for one)."""
+        with self._lock:
+            return key in self.items and self._behind(key)
 
     def refresh(self, keys: list[str] | None = None, timeout: float = 10.0) -> bool:
         """Read the stale ones of `keys` (all stale children without it) and wait for the
@@ -293,7 +312,13 @@ class ChildMirror(Generic[T]):
         return f"{self.root}/{key}"
 
     def _lock_path(self, key: str) -> str:
+        if self._lock_root is not None:
+            return f"{self._lock_root}/{key}"
         return f"{self.root}/{key}/lock"
+
+    def _follows_locks(self) -> bool:
+        """Whether contenders are followed (a separate lock root: only by its watch)."""
+        return self._with_locks and (self._lock_root is None or self._lock_tree)
 
     def _key_of(self, path: str) -> str:
         return path[len(self.root) + 1:].split("/", 1)[0]
@@ -334,7 +359,8 @@ class ChildMirror(Generic[T]):
         goes with the connection it came on: `ZkClient.connections` counts a new one on this
         thread before any of its events is read."""
         depth = path.count("/", len(self.root))
-        if depth <= 1 or (depth == 3 and self._with_locks and kind != EventType.CHANGED):
+        if depth <= 1 or (depth == 3 and self._with_locks and self._lock_root is None
+                          and kind != EventType.CHANGED):
             self._submit(self._on_tree_event, kind, path, self.zk.connections)
 
     def _on_tree_event(self, kind: str, path: str, connection: int) -> None:
@@ -373,13 +399,33 @@ class ChildMirror(Generic[T]):
                     self._backlog.append(key)
                     self._pump()
             return
-        if not self._with_locks or len(parts) != 3 or parts[1] != "lock":
+        if not self._with_locks or self._lock_root is not None or len(parts) != 3 \
+                or parts[1] != "lock":
             return
+        self._on_contender_event(key, kind, parts[2])
+
+    def _lock_tree_watch(self, kind: str, path: str) -> None:
+        """The lock root's persistent watch listener (kazoo's connection thread, in the
+        server's order with the children's events): contenders' creations and deletions
+        only; lock dirs come and go on their own, and contenders' data is not wanted."""
+        assert self._lock_root is not None
+        if kind != EventType.CHANGED and path.count("/", len(self._lock_root)) == 2:
+            self._submit(self._on_lock_tree_event, kind, path)
+
+    def _on_lock_tree_event(self, kind: str, path: str) -> None:
+        assert self._lock_root is not None
+        if not self._lock_tree or not path.startswith(self._lock_root + "/"):
+            return
+        key, name = path[len(self._lock_root) + 1:].split("/", 1)
+        if self._accept(key):
+            self._on_contender_event(key, kind, name)
+
+    def _on_contender_event(self, key: str, kind: str, name: str) -> None:
         listing = self._lock_listings.get(key)
         if listing is not None:
-            listing[1].append((kind, parts[2]))
+            listing[1].append((kind, name))
         else:
-            self._apply_contender(key, kind, parts[2])
+            self._apply_contender(key, kind, name)
 
     def _on_expect(self, key: str) -> None:
         self._expected[key] = self._expected.get(key, 0) + 1
@@ -500,6 +546,10 @@ class ChildMirror(Generic[T]):
                     self._want_tree = False
                     log.info("%s: ZooKeeper has no persistent watches (3.6+); using "
                              "one-shot watches", self.name)
+                elif self._lock_root is not None:
+                    # Before the listings of the lock dirs (the resync's, below).
+                    self._lock_tree = self.zk.watch_tree(self._lock_root,
+                                                         self._lock_tree_watch)
             children, stat = self.zk.kazoo.get_children(
                 self.root, watch=None if self._tree else self._root_watch, include_data=True)
         except kex.NoNodeError:
@@ -598,7 +648,7 @@ class ChildMirror(Generic[T]):
             self._on_data(key, result if result.ready() else _Unanswered(), counted)
         else:
             result.rawlink(lambda r: self._submit(self._on_data, key, r, counted))
-        if self._with_locks and with_lock:
+        if with_lock and self._follows_locks():
             self._fetch_lock(key)
 
     def _fetch_lock(self, key: str) -> None:

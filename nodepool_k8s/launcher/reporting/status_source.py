@@ -67,6 +67,8 @@ class RequestIndex(Protocol):
 
     def malformed(self) -> dict[str, str]: ...
 
+    def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool: ...
+
 
 class PoolIndex(Protocol):
     """The registered pool components (`zk.cache.ComponentCache`)."""
@@ -154,6 +156,9 @@ class LauncherStatus:
     def requests(self) -> Sequence[NodeRequest]:
         cache = self.launcher.request_cache
         self._require_synced(cache.synced, "requests")
+        # Entries whose changes the cache left unread (made under another's lock) are
+        # read now (a view asks).
+        cache.refresh()
         return cache.requests()
 
     def malformed(self) -> Sequence[MalformedRecord]:

@@ -215,16 +215,17 @@ class MinReadyWorker(Worker):
         """Every existing min-ready request (cache data, plus a fetch of what it lacks)."""
         store, cache = self.engine.requests, self.engine.request_cache
         prefix = model.MIN_READY_PRIORITY + "-"
-        found: list[NodeRequest] = []
+        cached: list[str] = []
         missing: list[str] = []
         for request_id in store.ids():
             if not request_id.startswith(prefix):
                 continue
-            cached = cache.get(request_id)
-            if cached is None:
-                missing.append(request_id)
-            else:
-                found.append(cached)
+            (missing if cache.get(request_id) is None else cached).append(request_id)
+        # Changes made under another's lock are left unread by the cache: read them now.
+        stale = [i for i in cached if cache.is_stale(i)]
+        if stale:
+            cache.refresh(stale)
+        found = [r for i in cached if (r := cache.get(i)) is not None]
         for path, item in self.engine.zk.get_many([paths.request_path(i) for i in missing]):
             if item is not None:
                 request = request_codec.parse(paths.basename(path), item[0], item[1].version)

@@ -177,6 +177,24 @@ class CleanupWorker(Worker):
                 with self._dirty_lock:
                     self._dirty.update(nodes)
                 self.wake()
+        elif kind is CacheEvent.CHANGED and self._maybe_lost(request_id):
+            self._lost_due = True
+            self.wake()
+
+    def _maybe_lost(self, request_id: str) -> bool:
+        """A request the cache has just read `pending` (current) with no lock contender:
+        its holder let go without finishing it, or its session ended (the cache reads a
+        change made under a lock only once that lock goes, so the holder's registration
+        going may have come before the cache showed `pending`). Not on lock events: the
+        final write releases the lock in its own transaction, whose contender deletion
+        comes before the write's change. Only where locks are followed: without them the
+        cache cannot tell, and full passes find it."""
+        cache = self.engine.request_cache
+        if not cache.follows_locks() or cache.is_locked(request_id) \
+                or cache.is_stale(request_id):
+            return False
+        request = cache.get(request_id)
+        return request is not None and request.state == model.RequestState.PENDING
 
     def on_component_event(self, kind: CacheEvent, key: str) -> None:
         if kind is CacheEvent.REMOVED:

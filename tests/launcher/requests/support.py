@@ -154,6 +154,19 @@ class ReadThroughRequests:
     def evict(self, request_id: str) -> None:
         """Nothing is kept, so nothing is stale."""
 
+    def is_locked(self, request_id: str) -> bool:
+        """Locks are not followed (as a cache without persistent watches)."""
+        return False
+
+    def follows_locks(self) -> bool:
+        return False
+
+    def is_stale(self, request_id: str) -> bool:
+        return False
+
+    def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool:
+        return True
+
 
 class Deps:
     """The engine slice the request path uses (see the module docstring)."""

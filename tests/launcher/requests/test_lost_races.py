@@ -7,6 +7,9 @@ on a ManualClock."""
 from __future__ import annotations
 
 import logging
+import uuid
+
+from kazoo.client import KazooClient
 
 from nodepool_k8s.core import model
 from nodepool_k8s.core.model import NodeRequest
@@ -17,10 +20,12 @@ from nodepool_k8s.launcher.requests.batch import copy_request
 from nodepool_k8s.launcher.requests.handler import HandlerState
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk import requests as request_codec
+from nodepool_k8s.zk.cache import RequestCache
 from nodepool_k8s.zk.client import Stat
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.registry import pool_worker_id
 from nodepool_k8s.zk.txn import Txn
+from tests.helpers import Signal
 from tests.launcher.requests.conftest import MakeDeps
 from tests.launcher.requests.support import ReadThroughRequests, WorkerDeps
 from tests.launcher.requests.test_pool_worker import MakeWorkerDeps, state, worker_for
@@ -284,3 +289,42 @@ def test_a_request_the_requestor_revised_meanwhile_gets_its_nodes_and_keeps_the_
     done = deps.requests.get(second)
     assert done is not None and done.state == model.RequestState.FULFILLED
     assert done.relative_priority == 7
+
+
+def test_a_request_another_session_holds_costs_no_lock_attempt(
+        make_worker_deps: MakeWorkerDeps, kazoo_client: KazooClient) -> None:
+    """With a request cache that follows the request locks, a request whose lock dir shows
+    another's contender is left alone: no transaction, no lock attempt, no listing, no
+    retry timer; the lock's release wakes the pool, which then takes it."""
+    deps = make_worker_deps()
+    cache = RequestCache(deps.zk)
+    cache.start()
+    try:
+        assert cache.wait_synced(10) and cache.follows_locks()
+        deps.request_cache = cache
+        worker, launches = worker_for(deps)
+        worker.run_once()
+        changes = Signal().listen(cache)
+        request_id = deps.submit(["small"])
+        contender = kazoo_client.create(
+            f"{paths.request_lock_path(request_id)}/{uuid.uuid4().hex}"
+            f"{paths.LOCK_NODE_NAME}", ephemeral=True, sequence=True, makepath=True)
+        changes.until(lambda: request_id in cache and cache.is_locked(request_id), 10)
+        before = deps.zk.writes.snapshot()[0]
+        lock_dir = lock_stat(deps, request_id)
+        assert lock_dir is not None
+
+        assert worker.run_once() != deps.clock.monotonic() + CONTENDED_RETRY
+        worker.run_once()
+
+        assert deps.zk.writes.snapshot()[0] - before == 0
+        after = lock_stat(deps, request_id)
+        assert after is not None and after.cversion == lock_dir.cversion
+        assert worker.handlers == {} and launches.in_flight == 0
+        kazoo_client.delete(contender)
+        changes.until(lambda: not cache.is_locked(request_id), 10)
+        worker.run_once()
+        assert state(deps, request_id) == model.RequestState.PENDING
+        assert launches.in_flight == 1
+    finally:
+        cache.stop()
