@@ -233,10 +233,27 @@ class MinReadyWorker(Worker):
                     found.append(request)
         return found
 
+    def _current_nodes(self, labels: set[str]) -> None:
+        """Read the cached nodes of `labels` that lack changes (the node cache leaves a
+        node's changes under another's lock unread). A spare built for another launcher's
+        min-ready request turns ready under that launcher's lock: counted from its older
+        `building` copy, while its request reads fulfilled, it would be no spare and no
+        outstanding node either, and a second spare would be asked for."""
+        cache = self.engine.node_cache
+        stale = cache.stale()
+        if not stale:
+            return
+        ids = [node_id for node_id in stale
+               if (node := cache.get(node_id)) is not None and node.label in labels]
+        if ids:
+            cache.refresh(ids)
+
     def _create(self, wanted: dict[Target, int], now: float) -> None:
         def attempt() -> GuardedWrite[None] | None:
             versions = self.engine.guard.read([paths.MIN_READY_GUARD])
-            short = self._shortfall(wanted, self._authoritative_requests())
+            requests = self._authoritative_requests()
+            self._current_nodes({label for label, _ in wanted})
+            short = self._shortfall(wanted, requests)
             if not short:
                 return None
             txn = Txn()
