@@ -19,20 +19,13 @@ from kazoo.client import KazooClient
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import NodeCache
 from nodepool_k8s.zk.client import ZkClient
-from nodepool_k8s.zk.mirror import ChildMirror
-from tests.helpers import Signal, wait_for
+from tests.zk.support import drained, write_counted
+from tests.helpers import Signal
 
 
 def record(state: str, **extra: Any) -> bytes:
     return json.dumps({"state": state, "type": ["small"], "provider": "p", "pool": "main",
                        **extra}).encode()
-
-
-def drained(mirror: ChildMirror[Any]) -> None:
-    """Wait until the cache's thread has handled everything queued before now."""
-    done = threading.Event()
-    mirror._tasks.put((done.set, ()))
-    assert done.wait(10)
 
 
 class Other:
@@ -70,10 +63,7 @@ class Other:
     def write(self, state: str, **extra: Any) -> None:
         """Write a new state and wait until the cache has counted the change (a skipped
         change tells the listeners nothing: polled)."""
-        counted = self.mirror._changes.get(self.id, 0)
-        self.kazoo.set(self.path, record(state, **extra))
-        wait_for(lambda: self.mirror._changes.get(self.id, 0) == counted + 1, 10)
-        drained(self.mirror)
+        write_counted(self.kazoo, self.mirror, self.id, self.path, record(state, **extra))
 
 
 @pytest.fixture

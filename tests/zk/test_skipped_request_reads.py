@@ -9,7 +9,6 @@ a change made under a lock of this client's own live work is read as it comes.
 from __future__ import annotations
 
 import json
-import threading
 import uuid
 from typing import Any, Iterator
 
@@ -19,21 +18,14 @@ from kazoo.client import KazooClient
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import RequestCache
 from nodepool_k8s.zk.client import ZkClient
-from nodepool_k8s.zk.mirror import ChildMirror
 from nodepool_k8s.zk.requests import RequestStore
-from tests.helpers import Signal, ZkConnection, client_for, wait_for
+from tests.zk.support import drained, write_counted
+from tests.helpers import Signal, ZkConnection, client_for
 
 
 def record(state: str, **extra: Any) -> bytes:
     return json.dumps({"state": state, "node_types": ["small"], "requestor": "zuul",
                        **extra}).encode()
-
-
-def drained(mirror: ChildMirror[Any]) -> None:
-    """Wait until the cache's thread has handled everything queued before now."""
-    done = threading.Event()
-    mirror._tasks.put((done.set, ()))
-    assert done.wait(10)
 
 
 class Request:
@@ -67,10 +59,7 @@ class Request:
     def write(self, state: str, **extra: Any) -> None:
         """Write a new state and wait until the cache has counted the change (a skipped
         change tells the listeners nothing: polled)."""
-        counted = self.mirror._changes.get(self.id, 0)
-        self.kazoo.set(self.path, record(state, **extra))
-        wait_for(lambda: self.mirror._changes.get(self.id, 0) == counted + 1, 10)
-        drained(self.mirror)
+        write_counted(self.kazoo, self.mirror, self.id, self.path, record(state, **extra))
 
 
 @pytest.fixture

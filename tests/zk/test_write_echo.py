@@ -21,8 +21,8 @@ from kazoo.client import KazooClient
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.cache import NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
-from nodepool_k8s.zk.mirror import ChildMirror
 from nodepool_k8s.zk.txn import Txn
+from tests.zk.support import drained
 from tests.helpers import Signal, submissions
 
 
@@ -57,14 +57,6 @@ class Node:
     def wait(self, state: str) -> None:
         self.changes.until(lambda: self.state() == state, 10,
                            message=f"the cache to show {state}")
-
-
-def drained(mirror: ChildMirror[Any]) -> None:
-    """Wait until the cache's thread has handled everything queued before now (queued
-    past `_submit`: a test's `submissions` signal hears nothing of it)."""
-    done = threading.Event()
-    mirror._tasks.put((done.set, ()))
-    assert done.wait(10)
 
 
 @pytest.fixture

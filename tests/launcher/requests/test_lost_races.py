@@ -14,7 +14,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s.core import model
 from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.launcher import lifecycle, plan
-from nodepool_k8s.launcher.pool_worker import CONTENDED_RETRY
+from nodepool_k8s.launcher.pool_worker import CONTENDED_RETRY, PoolWorker
 from nodepool_k8s.launcher.requests.allocation import Allocator, Slot, create_guarded
 from nodepool_k8s.launcher.requests.batch import copy_request
 from nodepool_k8s.launcher.requests.handler import HandlerState
@@ -27,7 +27,7 @@ from nodepool_k8s.zk.registry import pool_worker_id
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import Signal
 from tests.launcher.requests.conftest import MakeDeps
-from tests.launcher.requests.support import ReadThroughRequests, WorkerDeps
+from tests.launcher.requests.support import InlineLaunches, ReadThroughRequests, WorkerDeps
 from tests.launcher.requests.test_pool_worker import MakeWorkerDeps, state, worker_for
 
 PEER = pool_worker_id("fake", "main", "other-host")
@@ -122,12 +122,12 @@ def free_the_node(deps: WorkerDeps) -> None:
     assert deps.nodes.delete(got[1], got[0])
 
 
-def test_at_quota_room_goes_first_to_an_older_request_another_launcher_holds(
-        make_worker_deps: MakeWorkerDeps) -> None:
-    """Both launchers of the pool see the node go; the one holding the younger request
-    lets the older one's launcher create first (each trying would fail all but one on
-    the guard), and tries itself after `quota_yield` if the room is still there."""
-    deps = make_worker_deps(max_servers=1)
+def room_freed_while_a_peer_holds(deps: WorkerDeps, peer_priority: str
+                                  ) -> tuple[PoolWorker, InlineLaunches, str]:
+    """max-servers 1 and a peer launcher in the pool: our first request's node fills the
+    quota, our second waits at quota, the peer holds a request of `peer_priority` (older
+    or younger than ours) waiting for room; then our first node goes. Returns our worker,
+    its launches and the waiting request, before the pass that sees the room."""
     deps.registered_pools = lambda: [  # type: ignore[method-assign]
         plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
     worker, launches = worker_for(deps)
@@ -136,11 +136,21 @@ def test_at_quota_room_goes_first_to_an_older_request_another_launcher_holds(
     second = deps.submit(["small"])
     worker.run_once()
     assert worker.handlers[second].state is HandlerState.AT_QUOTA
-    older = deps.submit(["small"], priority="100")
-    taken_by_peer(deps, older, plan.Waiting("WaitingForQuota", "waits for room"))
+    peers = deps.submit(["small"], priority=peer_priority)
+    taken_by_peer(deps, peers, plan.Waiting("WaitingForQuota", "waits for room"))
     launches.run_all()
     assert state(deps, first) == model.RequestState.FULFILLED
     free_the_node(deps)
+    return worker, launches, second
+
+
+def test_at_quota_room_goes_first_to_an_older_request_another_launcher_holds(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """Both launchers of the pool see the node go; the one holding the younger request
+    lets the older one's launcher create first (each trying would fail all but one on
+    the guard), and tries itself after `quota_yield` if the room is still there."""
+    deps = make_worker_deps(max_servers=1)
+    worker, launches, second = room_freed_while_a_peer_holds(deps, "100")
     guard = deps.zk.exists(paths.provider_guard_path("fake"))
     assert guard is not None
 
@@ -161,18 +171,7 @@ def test_with_quota_yield_0_every_waiting_launcher_tries_at_once(
         make_worker_deps: MakeWorkerDeps) -> None:
     deps = make_worker_deps(max_servers=1)
     deps.settings = deps.settings.replace(quota_yield=0)
-    deps.registered_pools = lambda: [  # type: ignore[method-assign]
-        plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
-    worker, launches = worker_for(deps)
-    first = deps.submit(["small"])
-    worker.run_once()
-    second = deps.submit(["small"])
-    worker.run_once()
-    older = deps.submit(["small"], priority="100")
-    taken_by_peer(deps, older, plan.Waiting("WaitingForQuota", "waits for room"))
-    launches.run_all()
-    assert state(deps, first) == model.RequestState.FULFILLED
-    free_the_node(deps)
+    worker, launches, second = room_freed_while_a_peer_holds(deps, "100")
 
     worker.run_once()
     assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
@@ -181,18 +180,7 @@ def test_with_quota_yield_0_every_waiting_launcher_tries_at_once(
 def test_a_younger_request_of_another_launcher_does_not_hold_ours_back(
         make_worker_deps: MakeWorkerDeps) -> None:
     deps = make_worker_deps(max_servers=1)
-    deps.registered_pools = lambda: [  # type: ignore[method-assign]
-        plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
-    worker, launches = worker_for(deps)
-    first = deps.submit(["small"])
-    worker.run_once()
-    second = deps.submit(["small"])
-    worker.run_once()
-    younger = deps.submit(["small"])
-    taken_by_peer(deps, younger, plan.Waiting("WaitingForQuota", "waits for room"))
-    launches.run_all()
-    assert state(deps, first) == model.RequestState.FULFILLED
-    free_the_node(deps)
+    worker, launches, second = room_freed_while_a_peer_holds(deps, "200")
 
     worker.run_once()
     assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
