@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 
 from nodepool_k8s.core import model
-from nodepool_k8s.core.model import NodeRequest
+from nodepool_k8s.core.model import Node, NodeRequest
 from nodepool_k8s.launcher.requests.handler import RequestHandler
 from nodepool_k8s.launcher import maintenance
 from nodepool_k8s.launcher.requests.min_ready import MinReadyWorker
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.pool_state import DRAIN, PAUSE, PoolState
 from tests.launcher.requests.conftest import MakeDeps
-from tests.launcher.requests.support import SETTINGS, Deps, InlineLaunches
+from tests.launcher.requests.support import SETTINGS, Deps, InlineLaunches, ReadThroughNodes
 
 
 # The ManualClock starts at 2023-11-14 22:13:20 UTC: inside this window, 46m40s before its end.
@@ -151,3 +151,51 @@ def test_a_maintenance_window_holds_min_ready_until_it_ends(make_deps: MakeDeps)
     deps.clock.advance(wake - deps.clock.monotonic())
     worker.run_once()
     assert len(min_ready_requests(deps)) == 1
+
+
+class UnreadNodes(ReadThroughNodes):
+    """A node cache that shows some nodes as read before their latest changes (as the
+    real one leaves changes made under another launcher's lock unread) until refreshed."""
+
+    def __init__(self, fresh: ReadThroughNodes, old: dict[str, Node]) -> None:
+        super().__init__(fresh.zk, fresh.store)
+        self.old = old
+        self.refreshed: list[str] = []
+
+    def get(self, node_id: str) -> Node | None:
+        return self.old.get(node_id) or super().get(node_id)
+
+    def nodes(self) -> list[Node]:
+        return [self.old.get(n.id, n) for n in super().nodes()]
+
+    def stale(self) -> set[str]:
+        return set(self.old)
+
+    def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool:
+        for node_id in list(self.old) if ids is None else ids:
+            if self.old.pop(node_id, None) is not None:
+                self.refreshed.append(node_id)
+        return True
+
+
+def test_a_spare_turned_ready_under_another_launchers_lock_is_read_before_counting(
+        make_deps: MakeDeps) -> None:
+    """Another launcher's min-ready request is fulfilled; its node turned ready under that
+    launcher's lock, so our cache still holds it `building`. Counted from that copy it is
+    no spare, and the fulfilled request does not count it either (the node is known): the
+    count reads it first and asks for nothing."""
+    deps = make_deps(min_ready=1)
+    MinReadyWorker(deps).run_once()  # type: ignore[arg-type]
+    [request] = min_ready_requests(deps)
+    serve(deps, request)
+    [node] = deps.node_cache.nodes()
+    assert node.state == model.NodeState.READY and node.allocated_to == request.id
+    building = Node.from_dict(node.id, {**node.to_dict(), "state": model.NodeState.BUILDING})
+    deps.request_cache.owner = lambda request_id: None  # type: ignore[method-assign]
+    unread = UnreadNodes(deps.node_cache, {node.id: building})
+    deps.node_cache = unread  # type: ignore[assignment]
+
+    MinReadyWorker(deps).run_once()  # type: ignore[arg-type]
+
+    assert [r.id for r in min_ready_requests(deps)] == [request.id]
+    assert unread.refreshed == [node.id]
