@@ -59,21 +59,6 @@ OURS = "nodepool_provider_name=kubespray"
 LOGGER = "nodepool_k8s"
 
 
-# The API probe (GET /version every `api-probe-interval`) is a request like any other: with
-# a refused token a real API server answers it 401 too, and then it, not the call under
-# test, may be the one that finds out. These tests count the refused calls of launches, so
-# the probe looks once at the start and not again.
-PROBE_ONCE = 3600.0
-
-
-@pytest.fixture
-def make_k8s_provider(make_k8s_provider: ProviderFactory) -> ProviderFactory:
-    def factory(sim: Simulator, *labels: Any, **kw: Any) -> KubernetesProvider:
-        kw.setdefault("api_probe_interval", PROBE_ONCE)
-        return make_k8s_provider(sim, *labels, **kw)
-    return factory
-
-
 def _launch(provider: KubernetesProvider, node_id: str = "0000000000") -> Any:
     return provider.launch(make_spec(provider.config, "k8s-namespace", node_id=node_id),
                            threading.Event())
@@ -94,12 +79,21 @@ def _errors(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
 
 
 def _streaming(provider: KubernetesProvider) -> Any:
-    """Wait until both shared watches stream: from then on only the test's own calls send
-    requests. Returns the provider's client."""
+    """Wait until both shared watches stream and stop the API probe: from then on only the
+    test's own calls send requests. Returns the provider's client.
+
+    The probe (GET /version) is a request like any other: with a refused token a real API
+    server answers it 401 too, so a probe sent beside a test's call would be a second
+    refused request, and these tests count them."""
     client, pods = provider._connected()
     with watching(provider) as changes:
         changes.until(lambda: pods.watches and provider._namespace_watch().watches,
                       message="both watches to stream")
+    probe = provider._probe
+    assert probe is not None
+    probe.stop()
+    probe._thread.join(30)
+    assert not probe._thread.is_alive()
     return client
 
 
@@ -205,7 +199,7 @@ def test_in_cluster_token_rotated_by_the_kubelet_is_read_again(
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", str(sim.port))
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "no-kubeconfig"))  # so: in-cluster
     provider = KubernetesProvider(
-        make_provider(NS, context=None, api_probe_interval=PROBE_ONCE), kubeconfig=None,
+        make_provider(NS, context=None), kubeconfig=None,
         settings=dataclasses.replace(FAST, service_account=str(account)))
     try:
         provider.start()
