@@ -375,17 +375,21 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
 
     try:
         outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
-    except errors.VersionConflict as exc:
+    except (errors.VersionConflict, errors.NoNodeError) as exc:
         failed = exc.__cause__
-        revised = [a.request for a, _ in batch
+        changed = [a.request for a, _ in batch
                    if isinstance(failed, errors.TxnFailed)
                    and failed.path == paths.request_path(a.request.id)]
-        if not revised:
+        if not changed:
             raise
-        # The requestor revised the request meanwhile (Zuul's relative priority): adopt
-        # its revision and decide again without the note; the handler drops it after.
-        for request in revised:
-            adopt_revision(deps, request)
+        if isinstance(exc, errors.VersionConflict):
+            # The requestor revised the request meanwhile (Zuul's relative priority): adopt
+            # its revision and decide again without the note; the handler drops it after.
+            for request in changed:
+                adopt_revision(deps, request)
+        # Else the requestor deleted it meanwhile (a cancelled build): decide again without
+        # the note, as if none had ridden along; the handler finds the request gone and
+        # releases what was made for it, as for a request deleted at any other moment.
         ride[0] = False
         outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
     if outcome is CONTENDED:

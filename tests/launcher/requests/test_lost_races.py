@@ -279,6 +279,41 @@ def test_a_request_the_requestor_revised_meanwhile_gets_its_nodes_and_keeps_the_
     assert done.relative_priority == 7
 
 
+class NotSeenGone(StaleRequests):
+    """A request cache that still shows some deleted requests."""
+
+    def __contains__(self, request_id: object) -> bool:
+        return request_id in self.stale or super().__contains__(request_id)
+
+
+def test_a_waiting_request_the_requestor_deleted_meanwhile_fails_no_pass(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """Zuul cancelled the waiting request (deleted it) just before room freed: the create
+    that carried its note fails on the request, and the pass decides again without the
+    note instead of failing; the handler then finds the request gone, as at any moment."""
+    deps = make_worker_deps(max_servers=1)
+    worker, launches = worker_for(deps)
+    deps.submit(["small"])
+    worker.run_once()
+    second = deps.submit(["small"])
+    worker.run_once()
+    launches.run_all()
+    free_the_node(deps)
+    waiting = deps.requests.get(second)
+    assert waiting is not None and lifecycle.waiting_note(waiting, worker.id) is not None
+    deps.zk.delete(paths.request_path(second))
+    # The cache has not seen the deletion yet (its event is on the way).
+    deps.request_cache = NotSeenGone(deps.request_cache, [waiting])  # type: ignore[assignment]
+
+    worker.run_once()  # raised NoNodeError out of the pass before
+    deps.request_cache = ReadThroughRequests(deps.zk, deps.requests)  # type: ignore[assignment]
+    launches.run_all()
+    worker.run_once()
+
+    assert second not in worker.handlers or worker.handlers[second].done
+    assert all(node.allocated_to != second for node in deps.node_cache.nodes())
+
+
 def test_a_request_another_session_holds_costs_no_lock_attempt(
         make_worker_deps: MakeWorkerDeps, kazoo_client: KazooClient) -> None:
     """With a request cache that follows the request locks, a request whose lock dir shows
