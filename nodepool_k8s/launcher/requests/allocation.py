@@ -18,7 +18,8 @@ CONTENTION verdict when every guarded attempt lost to another launcher (the hand
 for another pass), and the typed ZooKeeper errors of the commit. A request the requestor
 revised since the handler read it (its version moved: Zuul's relative priority) fails the
 create that carries its note: the revision is adopted and the create made again without
-the note.
+the note. So is a create whose request the requestor deleted meanwhile (no revision to
+adopt; the handler then finds the request gone).
 """
 
 from __future__ import annotations
