@@ -248,12 +248,11 @@ def test_a_guard_another_launcher_bumped_is_read_before_the_commit(
     assert deps.zk.writes.snapshot()[0] - before == 1  # the commit, no failed one first
 
 
-def test_a_request_the_requestor_revised_meanwhile_gets_its_nodes_and_keeps_the_revision(
-        make_worker_deps: MakeWorkerDeps) -> None:
-    """Zuul revised the waiting request's relative priority: the create that carried the
-    note fails on the request's version, the revision is adopted and the nodes are created
-    without the note, which goes in a write of its own."""
-    deps = make_worker_deps(max_servers=1)
+def room_freed_for_a_waiting_request(deps: WorkerDeps
+                                     ) -> tuple[PoolWorker, InlineLaunches, str]:
+    """max-servers 1: our first request's node fills the quota, our second waits at quota
+    with its note; then the first node goes. Returns our worker, its launches and the
+    waiting request, before the pass that sees the room."""
     worker, launches = worker_for(deps)
     deps.submit(["small"])
     worker.run_once()
@@ -261,6 +260,16 @@ def test_a_request_the_requestor_revised_meanwhile_gets_its_nodes_and_keeps_the_
     worker.run_once()
     launches.run_all()
     free_the_node(deps)
+    return worker, launches, second
+
+
+def test_a_request_the_requestor_revised_meanwhile_gets_its_nodes_and_keeps_the_revision(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """Zuul revised the waiting request's relative priority: the create that carried the
+    note fails on the request's version, the revision is adopted and the nodes are created
+    without the note, which goes in a write of its own."""
+    deps = make_worker_deps(max_servers=1)
+    worker, launches, second = room_freed_for_a_waiting_request(deps)
     got = deps.zk.get(paths.request_path(second))
     assert got is not None
     revised = request_codec.decode(second, got[0], got[1].version)
@@ -292,13 +301,7 @@ def test_a_waiting_request_the_requestor_deleted_meanwhile_fails_no_pass(
     that carried its note fails on the request, and the pass decides again without the
     note instead of failing; the handler then finds the request gone, as at any moment."""
     deps = make_worker_deps(max_servers=1)
-    worker, launches = worker_for(deps)
-    deps.submit(["small"])
-    worker.run_once()
-    second = deps.submit(["small"])
-    worker.run_once()
-    launches.run_all()
-    free_the_node(deps)
+    worker, launches, second = room_freed_for_a_waiting_request(deps)
     waiting = deps.requests.get(second)
     assert waiting is not None and lifecycle.waiting_note(waiting, worker.id) is not None
     deps.zk.delete(paths.request_path(second))
