@@ -688,10 +688,7 @@ class PoolWorker(Worker):
         cache = self.engine.request_cache
         # A peer writes its note under its lock, which the cache leaves unread until the
         # lock goes: read the older ones now (those that could make this one wait).
-        older = [r.id for r in cache.requests()
-                 if r.sort_key() < mine and cache.is_stale(r.id)]
-        if older:
-            cache.refresh(older)
+        cache.refresh([r.id for r in cache.requests() if r.sort_key() < mine])
         for other in cache.requests():
             if other.state != model.RequestState.PENDING or other.id == request.id:
                 continue
@@ -849,14 +846,12 @@ class PoolWorker(Worker):
             if not any(n.state == model.NodeState.READY and not n.allocated_to
                        and not cache.is_locked(n.id) for n in scope):
                 return []
-            stale = cache.stale() & {n.id for n in scope}
-            if stale:
-                # A deletion elsewhere is written under its deleter's lock, which the cache
-                # leaves unread (zk/cache.py): read those entries before deleting a spare.
-                cache.refresh(list(stale))
-                scope = [cache.get(n.id) or n for n in scope]
-                if any(n.state == model.NodeState.DELETING for n in scope):
-                    return None
+            # A deletion elsewhere is written under its deleter's lock, which the cache
+            # leaves unread (zk/cache.py): read those entries before deleting a spare.
+            cache.refresh([n.id for n in scope])
+            scope = [cache.get(n.id) or n for n in scope]
+            if any(n.state == model.NodeState.DELETING for n in scope):
+                return None
             return [n for n in scope if n.state == model.NodeState.READY
                     and not n.allocated_to and not cache.is_locked(n.id)]
         idle = idle_nodes()

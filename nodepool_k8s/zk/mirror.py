@@ -263,10 +263,15 @@ class ChildMirror(Generic[T]):
         held. Not from a listener: the answers are applied on the mirror's thread."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("refresh() from the mirror's own thread would wait forever")
-        if keys is not None and not keys:
+        with self._lock:
+            # Nothing behind, nothing to wait for: callers ask for their whole scope and
+            # this costs them no trip through the mirror's thread.
+            behind = [k for k in (self.items if keys is None else keys)
+                      if k in self.items and self._behind(k)]
+        if not behind:
             return True
         done = threading.Event()
-        self._submit(self._on_refresh, keys, done)
+        self._submit(self._on_refresh, behind, done)
         return done.wait(timeout)
 
     # -- own writes (zk/echo.py; the writer's or kazoo's thread: enqueue only) -------------

@@ -222,9 +222,7 @@ class MinReadyWorker(Worker):
                 continue
             (missing if cache.get(request_id) is None else cached).append(request_id)
         # Changes made under another's lock are left unread by the cache: read them now.
-        stale = [i for i in cached if cache.is_stale(i)]
-        if stale:
-            cache.refresh(stale)
+        cache.refresh(cached)
         found = [r for i in cached if (r := cache.get(i)) is not None]
         for path, item in self.engine.zk.get_many([paths.request_path(i) for i in missing]):
             if item is not None:
@@ -240,13 +238,7 @@ class MinReadyWorker(Worker):
         `building` copy, while its request reads fulfilled, it would be no spare and no
         outstanding node either, and a second spare would be asked for."""
         cache = self.engine.node_cache
-        stale = cache.stale()
-        if not stale:
-            return
-        ids = [node_id for node_id in stale
-               if (node := cache.get(node_id)) is not None and node.label in labels]
-        if ids:
-            cache.refresh(ids)
+        cache.refresh([node.id for node in cache.nodes() if node.label in labels])
 
     def _create(self, wanted: dict[Target, int], now: float) -> None:
         def attempt() -> GuardedWrite[None] | None:
