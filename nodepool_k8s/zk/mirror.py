@@ -257,21 +257,24 @@ class ChildMirror(Generic[T]):
             return key in self.items and self._behind(key)
 
     def refresh(self, keys: list[str] | None = None, timeout: float = 10.0) -> bool:
-        """Read the stale ones of `keys` (all stale children without it) and wait for the
-        answers; False if some did not come within `timeout` (the entries then stay as
-        they were). Without a connection, or once stopped, it returns at once with what is
-        held. Not from a listener: the answers are applied on the mirror's thread."""
+        """Read the stale ones of `keys` (all stale children without it, after the events
+        queued before the call) and wait for the answers; False if some did not come
+        within `timeout` (the entries then stay as they were). Without a connection, or
+        once stopped, it returns at once with what is held. Not from a listener: the
+        answers are applied on the mirror's thread."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("refresh() from the mirror's own thread would wait forever")
-        with self._lock:
-            # Nothing behind, nothing to wait for: callers ask for their whole scope and
-            # this costs them no trip through the mirror's thread.
-            behind = [k for k in (self.items if keys is None else keys)
-                      if k in self.items and self._behind(k)]
-        if not behind:
-            return True
+        if keys is not None:
+            with self._lock:
+                # None of them behind, nothing to wait for: callers ask for their whole
+                # scope and this costs them no trip through the mirror's thread.
+                keys = [k for k in keys if k in self.items and self._behind(k)]
+            if not keys:
+                return True
+        # Without `keys` the trip is kept even when nothing is behind yet: the task runs
+        # after the events already queued, so a view's reading is current as of the call.
         done = threading.Event()
-        self._submit(self._on_refresh, behind, done)
+        self._submit(self._on_refresh, keys, done)
         return done.wait(timeout)
 
     # -- own writes (zk/echo.py; the writer's or kazoo's thread: enqueue only) -------------

@@ -149,8 +149,8 @@ def test_a_node_left_to_its_builder_is_read_only_when_asked(
 def test_a_refresh_with_nothing_behind_costs_no_trip_through_the_mirrors_thread(
         cache: NodeCache, kazoo_client: KazooClient,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Callers ask for their whole scope (min-ready, reclaim, the quota yield, views):
-    current entries must not cost each of them a task on the mirror's thread and a wait."""
+    """Callers ask for their whole scope (min-ready, reclaim, the quota yield): current
+    entries must not cost each of them a task on the mirror's thread and a wait."""
     node = Other(kazoo_client, cache)
     tasks: list[object] = []  # the refreshes handed to the mirror's thread
     submit = cache._mirror._submit
@@ -161,7 +161,7 @@ def test_a_refresh_with_nothing_behind_costs_no_trip_through_the_mirrors_thread(
         submit(fn, *args)
     monkeypatch.setattr(cache._mirror, "_submit", recording)
 
-    assert cache.refresh([node.id]) and cache.refresh()
+    assert cache.refresh([node.id])
     assert tasks == []
 
     node.lock()
