@@ -439,9 +439,11 @@ class PoolWorker(Worker):
             if request.id in self.handlers or request.state != model.RequestState.REQUESTED \
                     or self.id in request.declined_by or self._creator_starting(request) \
                     or self.refused.skip(request) or request.id in stuck \
-                    or request.id in taken or cache.is_locked(request.id):
+                    or request.id in taken or cache.is_locked(request.id) \
+                    or cache.is_closed(request.id):
                 # Locked (its lock dir shows a contender): a lock attempt cannot win, and
-                # its release comes as a cache event that wakes this worker.
+                # its release comes as a cache event that wakes this worker. Closed by its
+                # taker (fulfilled or failed, unread): nothing to serve.
                 continue
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
@@ -688,9 +690,12 @@ class PoolWorker(Worker):
         cache = self.engine.request_cache
         # A peer writes its note under its lock, which the cache leaves unread until the
         # lock goes: read the older ones now (those that could make this one wait).
-        cache.refresh([r.id for r in cache.requests() if r.sort_key() < mine])
+        # Not those closed by their taker: fulfilled or failed, they hold nothing back.
+        cache.refresh([r.id for r in cache.requests()
+                       if r.sort_key() < mine and not cache.is_closed(r.id)])
         for other in cache.requests():
-            if other.state != model.RequestState.PENDING or other.id == request.id:
+            if other.state != model.RequestState.PENDING or other.id == request.id \
+                    or cache.is_closed(other.id):
                 continue
             notes = other.extra.get(model.WAITING_REASONS)
             if not isinstance(notes, dict) or not any(

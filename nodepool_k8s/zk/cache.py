@@ -13,7 +13,10 @@ goes, the rule stops holding at a later change or a reader that needs them curre
 change after creation, so quota counting is exact with the first read. The request cache
 follows the request locks (`/nodepool/requests-lock`, a second persistent watch, no data
 read) and does not read a request's changes while a contender that is not this client's
-own live work is in its lock dir; it reads them once that lock goes or when asked. The small
+own live work is in its lock dir; it reads them once that lock goes or when asked, not at
+all when the lock's holder closed the request and removed the lock dir with its release
+(`is_closed`: the pool pass leaves such an entry alone; cleanup's full pass reads those still
+there, so one wrongly taken as closed waits at most one pass). The small
 `/nodepool/components` tree uses kazoo's TreeCache, with a guard against its stale-result "ghosts".
 
 Listeners are called on the cache's thread with `(kind, key)` (kind: changed, removed,
@@ -184,7 +187,7 @@ class RequestCache(MirroredCache[_CachedRequest]):
         self._mirror: ChildMirror[_CachedRequest] = ChildMirror(
             zk, paths.REQUESTS, self._decode, name="request-cache",
             accept=paths.is_request_id, persistent=True, skip_read=self._skip_read,
-            lock_root=paths.REQUEST_LOCKS)
+            lock_root=paths.REQUEST_LOCKS, may_close=self._may_close)
 
     def _skip_read(self, item: _CachedRequest, locked: bool) -> bool:
         """A change made while a contender not of this client's own live work is in the
@@ -196,6 +199,12 @@ class RequestCache(MirroredCache[_CachedRequest]):
         lock_dir = paths.request_lock_path(request_id)
         return any(not locks.held_here(self.zk, f"{lock_dir}/{name}")
                    for name in self._mirror.contenders.get(request_id, ()))
+
+    @staticmethod
+    def _may_close(item: _CachedRequest) -> bool:
+        """Not min-ready requests: their owner must read the close to delete them, and
+        min-ready counts them by state (few; read as before)."""
+        return item.request.requestor != model.MIN_READY_REQUESTOR
 
     @staticmethod
     def _decode(request_id: str, raw: bytes, stat: Any) -> _CachedRequest:
@@ -225,6 +234,19 @@ class RequestCache(MirroredCache[_CachedRequest]):
         persistent watches: otherwise always False)."""
         with self._mirror._lock:
             return bool(self._mirror.contenders.get(request_id))
+
+    def is_closed(self, request_id: str) -> bool:
+        """Whether the entry's request was closed by the taker of its lock (fulfilled or
+        failed, its lock dir removed) without the cache reading it: its record shows what it
+        was before that lock; nothing needs doing for it (mirror.py, "Closed by the
+        taker")."""
+        with self._mirror._lock:
+            return request_id in self._mirror.closed
+
+    def closed(self) -> list[str]:
+        """Ids of the entries taken as closed by their taker (`is_closed`)."""
+        with self._mirror._lock:
+            return list(self._mirror.closed)
 
     def is_stale(self, request_id: str) -> bool:
         """Whether the entry lacks changes ZooKeeper has (left unread or being read)."""

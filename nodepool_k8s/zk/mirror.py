@@ -53,6 +53,20 @@ ZooKeeper's: readers that act on a record lock it and read it fresh anyway; read
 decide from the cache what may need acting on (cleanup, views) `refresh` first where a
 skipped change could matter to them. The rule must be quick and read no ZooKeeper.
 
+Closed by the taker (`may_close`, locks in a tree of their own): a taker that closes a child
+for good (a request fulfilled or failed) deletes the child's lock dir in the transaction
+that writes the child and deletes its contender. The events come in that order: the change
+(left unread: locked), the contender's deletion (which schedules the read at the release,
+after the events queued by then) and the dir's deletion. A dir deleted while the child is
+`stale` with no contender left marks it `closed`: the read at the release does not go out
+(it is queued behind the dir's event when both came in one network read; when the dir's
+event comes later, the read has gone out: correct, only not saved). A closed child keeps
+its last read record, stale, until its deletion; it is read when someone asks (`refresh`),
+at a change made after the close, when a contender comes back into its lock dir, and at a
+reconnect's resync. Only a child left stale counts: nothing is inferred from a dir whose
+child was current or is being read. An owner must make sure a wrongly inferred close is
+read in time (the request cache's users: cleanup's full pass refreshes every closed entry).
+
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
 the child `malformed` with the reason, reported once per version with its path through
@@ -132,7 +146,8 @@ class ChildMirror(Generic[T]):
                  on_change: Callable[[str, "T | None", "T | None"], None] | None = None,
                  reused_names: bool = False, persistent: bool = False,
                  skip_read: Callable[[T, bool], bool] | None = None,
-                 lock_root: str | None = None) -> None:
+                 lock_root: str | None = None,
+                 may_close: Callable[[T], bool] | None = None) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
@@ -147,7 +162,10 @@ class ChildMirror(Generic[T]):
         `<lock_root>/<child>/<contender>` (request locks), not under `<child>/lock`; they
         are followed (as `with_locks`) through a second persistent recursive watch on that
         root, which reads no data. Without persistent watches they are not followed: no
-        contenders are known and nothing is skipped for a lock."""
+        contenders are known and nothing is skipped for a lock.
+        `may_close(record)`: with `lock_root`, a child whose lock dir itself is deleted
+        while changes made under someone's lock are left unread is "closed by its taker"
+        (module doc, "Closed by the taker") if this accepts its last read record."""
         self.zk = zk
         self.root = root
         self.name = name
@@ -197,6 +215,12 @@ class ChildMirror(Generic[T]):
         self._expected: dict[str, int] = {}
         self._deferred: set[str] = set()
         self._skip_read = skip_read
+        self._may_close = may_close
+        # Children closed by their taker (`may_close`): stale, and not read at their lock's
+        # release; read when asked (`refresh`), at a new change or a new contender. Changed
+        # on the mirror's thread under `_lock`.
+        self.closed: set[str] = set()
+        self.closings = 0  # children taken as closed (lock dir deleted while stale)
         # Children someone asked to have current (`refresh`): never skipped until read, and
         # the callers waiting for them (the keys still behind, the event to set).
         self._wanted: set[str] = set()
@@ -393,6 +417,8 @@ class ChildMirror(Generic[T]):
             elif kind == EventType.CHANGED:
                 if key in self._changes:
                     self._changes[key] += 1
+                with self._lock:
+                    self.closed.discard(key)  # written after its close: read it as it comes
                 self._read_change(key)
             elif kind == EventType.CREATED and not self._is_dead(key):
                 # The watch saw the creation, so it sees every change after it (also of a
@@ -417,16 +443,18 @@ class ChildMirror(Generic[T]):
         server's order with the children's events): contenders' creations and deletions
         only; lock dirs come and go on their own, and contenders' data is not wanted."""
         assert self._lock_root is not None
-        if kind != EventType.CHANGED and path.count("/", len(self._lock_root)) == 2:
+        depth = path.count("/", len(self._lock_root))
+        if (kind != EventType.CHANGED and depth == 2) or \
+                (kind == EventType.DELETED and depth == 1 and self._may_close is not None):
             self._submit(self._on_lock_tree_event, kind, path)
 
     def _on_lock_tree_event(self, kind: str, path: str) -> None:
         assert self._lock_root is not None
         if not self._lock_tree or not path.startswith(self._lock_root + "/"):
             return
-        key, name = path[len(self._lock_root) + 1:].split("/", 1)
+        key, _, name = path[len(self._lock_root) + 1:].partition("/")
         if self._accept(key):
-            self._on_contender_event(key, kind, name)
+            self._on_contender_event(key, kind, name)  # name "": the lock dir itself
 
     def _on_contender_event(self, key: str, kind: str, name: str) -> None:
         listing = self._lock_listings.get(key)
@@ -458,6 +486,8 @@ class ChildMirror(Generic[T]):
         """Whether a change of `key` is left unread now (`skip_read`)."""
         if self._skip_read is None or key in self._wanted or key not in self._changes:
             return False
+        if key in self.closed:
+            return True
         with self._lock:
             record = self.items.get(key)
             locked = bool(self.contenders.get(key))
@@ -519,11 +549,16 @@ class ChildMirror(Generic[T]):
         self._fetch(key, with_lock=False)
 
     def _apply_contender(self, key: str, kind: str, name: str) -> None:
+        if not name and kind == EventType.DELETED:
+            self._lock_dir_deleted(key)
+            return
         if self._is_dead(key) or not locks.contenders([name]):
             return
         with self._lock:
             held = self.contenders.get(key, NO_CONTENDERS)
         if kind == EventType.CREATED:
+            with self._lock:
+                self.closed.discard(key)  # someone works on it again: read at its release
             self._set_contenders(key, held | {name})
         elif kind == EventType.DELETED:
             self._set_contenders(key, held - {name})
@@ -539,6 +574,8 @@ class ChildMirror(Generic[T]):
         if self.zk.connections != self._counted_since:
             self._counted_since = self.zk.connections
             self._changes.clear()
+            with self._lock:
+                self.closed.clear()  # everything is read again below
             # Nothing is counted now, so nothing is behind: whoever waits for a refresh
             # gets what the re-reads below bring (or what was held).
             self._settle_waiters()
@@ -722,6 +759,7 @@ class ChildMirror(Generic[T]):
                 records.REPORTS.report(self.name.replace("-cache", ""), self._path(key),
                                        stat.version, reason)
         with self._lock:
+            self.closed.discard(key)  # read: what it shows is ZooKeeper's, closed or not
             self._mzxid[key] = stat.mzxid
             self._versions[key] = stat.version
             old = self.items.pop(key, None)
@@ -812,8 +850,24 @@ class ChildMirror(Generic[T]):
     def _unlocked(self, key: str) -> None:
         with self._lock:
             locked = bool(self.contenders.get(key))
-        if not locked and self._behind(key):
+        if not locked and key not in self.closed and self._behind(key):
             self._read_change(key)
+
+    def _lock_dir_deleted(self, key: str) -> None:
+        """The child's lock dir itself went (after its last contender: a dir with
+        contenders cannot be deleted). Changes left unread under that lock mean its taker
+        closed the child in the transaction that removed the dir (module doc)."""
+        if self._is_dead(key) or self._may_close is None or key in self._wanted:
+            return
+        with self._lock:
+            record = self.items.get(key)
+            locked = bool(self.contenders.get(key))
+        if record is None or locked or not self._behind(key) or key in self._reading \
+                or not self._may_close(record):
+            return
+        with self._lock:
+            self.closed.add(key)
+        self.closings += 1
 
     def _on_lock_exists(self, key: str, result: Any) -> None:
         """The lock dir may have been created between our listing and the exists call:
@@ -851,6 +905,7 @@ class ChildMirror(Generic[T]):
             if self.malformed.pop(key, None) is not None:
                 records.REPORTS.forget(self._path(key))
             self.contenders.pop(key, None)
+            self.closed.discard(key)
             self._mzxid.pop(key, None)
             self._versions.pop(key, None)
         self._changes.pop(key, None)

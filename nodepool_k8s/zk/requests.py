@@ -4,7 +4,16 @@ Owns: reading requests tolerantly (unusable znodes are logged with their path an
 request locks at `/nodepool/requests-lock/<id>` (never under the request znode), guarded
 versioned writes that keep every key the requestor wrote, creating our own min-ready
 requests (ephemeral, carrying every key Zuul's reader indexes), and the few deletions a
-launcher may do: its own min-ready requests and orphaned lock dirs.
+launcher may do: its own min-ready requests, the lock dir of a request it closes and
+orphaned lock dirs.
+
+Closing a request (`fulfilled` or `failed`, written with the lock released) deletes its lock
+dir in the same transaction, after our contender: nobody works on a closed request again,
+Zuul never deletes a lock dir, and other launchers' request caches take the dir's deletion
+as "closed by its taker" and read nothing more of it (mirror.py, "Reads skipped"). The
+deletion is optional (`Txn.delete`): if another contender is in the dir (Zuul revising the
+request, another launcher trying it) or the dir is gone, the close commits without it, and
+whoever locks a request whose dir went meanwhile finds it not locked (`locks.acquire`).
 
 It never deletes another requestor's request and never creates a child under a request.
 
@@ -43,6 +52,12 @@ def parse(request_id: str, data: bytes, version: int = -1) -> NodeRequest | None
         records.REPORTS.report("request", paths.request_path(request_id), version,
                                exc.reason)
         return None
+
+
+def closes(request: NodeRequest) -> bool:
+    """Whether writing `request` (with its lock released) closes it: nobody serves it
+    again, only its requestor reads it and deletes it."""
+    return request.state in (model.RequestState.FULFILLED, model.RequestState.FAILED)
 
 
 def encode(request: NodeRequest) -> bytes:
@@ -124,7 +139,9 @@ class RequestStore:
     # -- writes --------------------------------------------------------------------------
     def add_store(self, txn: Txn, request: NodeRequest, held: HeldLock,
                   release: bool = False) -> int:
-        """Queue a guarded, versioned write of the whole request (all requestor keys kept)."""
+        """Queue a guarded, versioned write of the whole request (all requestor keys kept).
+        With `release` the lock is given back in `txn`; a request it closes loses its
+        lock dir too (module doc)."""
         if not held.valid:
             raise errors.LockLost(f"lock on request {request.id} is no longer ours")
         if not release:
@@ -133,6 +150,8 @@ class RequestStore:
                       version=request.version)
         if release:
             held.release_in(txn)
+            if closes(request):
+                held.remove_dir_in(txn)
         return idx
 
     def store(self, request: NodeRequest, held: HeldLock, release: bool = False) -> None:
@@ -176,6 +195,9 @@ class RequestStore:
         idx = txn.set(paths.request_path(request.id), data, version=request.version)
         if release:
             txn.delete(f"{lock_dir}/{contender}")
+            if closes(request):
+                # Created in this transaction, so nobody else can be in it.
+                txn.delete(lock_dir)
         return PendingFresh(self, request, release, lock_dir, contender, data, idx,
                             txn.commit_async(self.zk))
 

@@ -7,8 +7,11 @@ write request (and one ZooKeeper txn) however many operations it holds.
 
 Failure: `commit` raises `TxnFailed` naming the first refused operation and its typed cause
 (`NoNodeError`, `VersionConflict`, `NodeExistsError`, `NotEmptyError`); nothing was applied
-then. Connection trouble raises `ZkConnectionError`: the outcome is unknown and the caller
-must re-read before deciding anything. An operation ZooKeeper refused for lack of access
+then. An optional deletion (`delete(..., optional=True)`: tidying, such as a closed
+request's lock dir) refused because its znode is gone or has children is dropped and the
+rest committed again: one more transaction, only in that race. Connection trouble raises
+`ZkConnectionError`: the outcome is unknown and the caller must re-read before deciding
+anything. An operation ZooKeeper refused for lack of access
 raises `ZkAuthError` (permanent) naming its path, not `TxnFailed`.
 
 Creates carry the client's default ACL (`zookeeper-acl`, see `access`), as kazoo's own
@@ -36,6 +39,7 @@ class Op:
     version: int = -1
     ephemeral: bool = False
     sequence: bool = False
+    optional: bool = False  # a deletion the transaction may go without (`Txn.delete`)
 
 
 class Txn:
@@ -54,8 +58,10 @@ class Txn:
         self.ops.append(Op("set", path, data, version=version))
         return len(self.ops) - 1
 
-    def delete(self, path: str, version: int = -1) -> int:
-        self.ops.append(Op("delete", path, version=version))
+    def delete(self, path: str, version: int = -1, *, optional: bool = False) -> int:
+        """Queue deleting `path`. `optional`: if that alone is refused (the znode is gone or
+        has children), `commit` applies the rest without it (its result is then None)."""
+        self.ops.append(Op("delete", path, version=version, optional=optional))
         return len(self.ops) - 1
 
     def check(self, path: str, version: int = -1) -> int:
@@ -67,9 +73,21 @@ class Txn:
         """Apply all operations atomically; returns per-op results (created paths, stats)."""
         if not self.ops:
             return []
-        if len(self.ops) == 1:
-            return [self._single(zk, self.ops[0])]
-        return self.commit_async(zk).result()
+        try:
+            if len(self.ops) == 1:
+                return [self._single(zk, self.ops[0])]
+            return self.commit_async(zk).result()
+        except errors.TxnFailed as exc:
+            dropped = self.ops[exc.index] if 0 <= exc.index < len(self.ops) else None
+            if dropped is None or not dropped.optional or dropped.path != exc.path \
+                    or not isinstance(exc.cause, (errors.NoNodeError, errors.NotEmptyError)):
+                raise
+            # Nothing was applied: the same writes again without that deletion.
+            rest = Txn()
+            rest.ops = [op for i, op in enumerate(self.ops) if i != exc.index]
+            results = rest.commit(zk)
+            results.insert(exc.index, None)
+            return results
 
     def commit_async(self, zk: ZkClient) -> "PendingTxn":
         """Send the transaction (two or more operations) without waiting for the answer:

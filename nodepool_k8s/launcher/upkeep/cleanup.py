@@ -13,10 +13,15 @@ Owns, for nodes of this launcher's providers (decisions in `plan.node_cleanup`):
 - resetting lost requests: `pending` with nobody holding the lock goes back to `requested`
   with `nodes: []` and its nodes de-allocated (their launcher died);
 - removing node znodes without data and request-lock dirs older than 8 h with no request
-  (`lock_dir_max_age`). Zuul deletes a request but never its lock dir, so ZooKeeper holds
-  one dir per request of the last 8 h and this worker one entry per dir (its due time and
-  first-seen age, about 0.2 KiB): a table that grows with the request rate for 8 h, then
-  stays (100,000 requests a day: about 33,000 entries, some 7 MiB);
+  (`lock_dir_max_age`). Zuul deletes a request but never its lock dir; a launcher of ours
+  removes it when it closes the request (zk/requests.py), so the dirs left are those of
+  requests deleted while not closed by us (cancelled after someone locked them, served by
+  a Nodepool launcher, a close that met another contender in the dir). This worker keeps
+  one entry per such dir of the last 8 h (its due time and first-seen age, about 0.2 KiB):
+  with every request closed by us, next to nothing; at worst (none closed by us, 100,000
+  requests a day) about 33,000 entries, some 7 MiB. A dir that vanishes meanwhile (its
+  request's taker or another launcher removed it) is dropped from the table at the next
+  listing, and a deletion that finds it gone is no error;
 - reporting lock contenders that are not ephemeral (no session will release them), once
   each, and publishing what they lock (`engine.stuck_nodes`, `stuck_requests`);
 - the leak sweep (see leaks.py).
@@ -228,6 +233,13 @@ class CleanupWorker(Worker):
             # current before a full pass, and when a builder may have gone.
             if not self.engine.node_cache.refresh():
                 self.log.debug("Some stale node entries were not read in time")
+        if full:
+            # Requests taken as closed by their taker are not read at their lock's release:
+            # read the ones still there, so one wrongly taken as closed (still open) is
+            # served within a pass (zk/mirror.py, "Closed by the taker").
+            closed = self.engine.request_cache.closed()
+            if closed and not self.engine.request_cache.refresh(closed):
+                self.log.debug("Some closed request entries were not read in time")
         dirty.update(k for k, t in self._deferred.items() if builders_changed or t <= now)
         dirty.update(self.deleter.due_retries())
         self.deleter.resume_due()
