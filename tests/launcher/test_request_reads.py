@@ -1,26 +1,31 @@
 """Request reads per request with two launchers serving one pool (architecture.md, "What
 the caches read"): each launcher's request cache reads a request at its creation; the
 launcher that takes it writes `pending` and `fulfilled` under its lock (its own writes
-are echoed, not read); the other one leaves those changes unread while that lock is there
-and reads the request once when it goes (the `fulfilled` write releases it in the same
-transaction). So both launchers together read a request about three times, where reading
-every change cost about four (creation twice, `pending` and `fulfilled` once more each).
-The slack covers a creation read answered late and a change read because its lock event
-came a moment after it. A request another launcher declines (lock, write, unlock in one
-transaction) is read and served.
+are echoed, not read) and removes the lock dir with the `fulfilled` write; the other one
+leaves those changes unread while that lock is there, and the dir's deletion tells it the
+request is closed: it reads nothing more. So both launchers together read a request about
+twice (three times while the other read it at the lock's release, four reading every
+change). No lock dir is left. The slack covers a creation read answered late and a change
+read because the dir's event came a moment after the lock's. A request another launcher
+declines (lock, write, unlock in one transaction), or gives back to `requested` under its
+lock, is read and served; so is one wrongly taken as closed, at cleanup's next full pass.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from kazoo.client import KazooClient
 
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.core import model
 from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
-from nodepool_k8s.zk.requests import RequestStore
+from nodepool_k8s.zk.requests import RequestStore, encode
 from tests.helpers import ZkConnection, client_for, wait_for
 from tests.launchers import TEST_SETTINGS, LauncherFactory
+from tests.zk.support import held_up, queued_event_of
 
 
 def pool(provider: str, priority: int, max_servers: int) -> str:
@@ -42,7 +47,7 @@ providers:
 
 
 REQUESTS = 20
-BUDGET = 3.3  # reads per request, both launchers together
+BUDGET = 2.3  # reads per request, both launchers together
 
 
 def test_request_reads_per_request_with_two_launchers(launchers: LauncherFactory,
@@ -62,6 +67,7 @@ def test_request_reads_per_request_with_two_launchers(launchers: LauncherFactory
     print(f"request-cache reads of {REQUESTS} requests, per launcher: {reads}; "
           f"changes left unread: {skipped}")
     assert sum(reads) <= BUDGET * REQUESTS, reads
+    assert not kazoo_client.get_children(paths.REQUEST_LOCKS)  # closed: no dir left
 
 
 def test_a_request_another_launcher_declines_is_read_and_served(
@@ -107,3 +113,79 @@ def test_a_request_whose_holder_dies_is_served(launchers: LauncherFactory, zuul:
         other.stop()  # its contender and its pool registration go with the session
     body = zuul.wait(request_id)
     assert body is not None and body["state"] == "fulfilled", body
+
+
+def other_pool(zk: ZkConnection, launcher: Any) -> tuple[ZkClient, str]:
+    """Another session with a registered pool of provider `second` (the one the tests'
+    requests ask for): the launcher leaves such requests to it."""
+    other = client_for(zk)
+    pool_id = pool_worker_id("second", "main", fqdn="other.example.com")
+    ComponentRegistry(other, hostname="other").register_pool(pool_id, "second", "main",
+                                                             ["small"], 100)
+    wait_for(lambda: len(launcher.component_cache.pools()) == 2, 10)
+    return other, pool_id
+
+
+def test_a_request_given_back_under_another_launchers_lock_is_served(
+        launchers: LauncherFactory, zuul: ZuulClient, zk: ZkConnection) -> None:
+    """Another launcher takes the request, writes `pending` under its lock, then declines
+    it (`requested` again) and releases the lock, in a transaction of its own: the lock
+    dir stays, and the launcher reads the request at the release and serves it."""
+    launcher = launchers(pool("first", 100, 5),
+                         settings=TEST_SETTINGS.replace(cleanup_interval=3600.0))
+    other, pool_id = other_pool(zk, launcher)
+    try:
+        request_id = zuul.submit(["small"], provider="second")  # left to `second`
+        store = RequestStore(other)
+        got = store.lock_and_read(request_id)
+        assert got is not None
+        held, request = got
+        request.state = model.RequestState.PENDING
+        store.store(request, held)
+        mirror = launcher.request_cache._mirror
+        wait_for(lambda: request_id in mirror.stale(), 10)
+        request.state = model.RequestState.REQUESTED
+        request.declined_by = [pool_id]
+        store.store(request, held, release=True)
+        body = zuul.wait(request_id)
+        assert body is not None and body["state"] == "fulfilled", body
+        assert not launcher.request_cache.is_closed(request_id)
+    finally:
+        other.stop()
+
+
+def test_a_request_wrongly_taken_as_closed_is_served_at_the_next_full_pass(
+        launchers: LauncherFactory, zuul: ZuulClient, zk: ZkConnection,
+        kazoo_client: KazooClient) -> None:
+    """Someone gives the request back (`requested`, declined by its pool) and deletes its
+    lock dir in the same transaction, as only a close does: the launcher's cache takes it
+    as closed and does not read it at the release; cleanup's full pass (every 5 s here)
+    reads it, and the launcher serves it."""
+    launcher = launchers(pool("first", 100, 5))
+    other, pool_id = other_pool(zk, launcher)
+    try:
+        request_id = zuul.submit(["small"], provider="second")
+        store = RequestStore(other)
+        got = store.lock_and_read(request_id)
+        assert got is not None
+        held, request = got
+        request.state = model.RequestState.PENDING
+        store.store(request, held)
+        cache = launcher.request_cache
+        wait_for(lambda: request_id in cache._mirror.stale(), 10)
+        request.state = model.RequestState.REQUESTED
+        request.declined_by = [pool_id]
+        lock_dir = paths.request_lock_path(request_id)
+        go = held_up(cache._mirror)
+        txn = kazoo_client.transaction()
+        txn.set_data(paths.request_path(request_id), encode(request), request.version)
+        txn.delete(held.child_path)
+        txn.delete(lock_dir)
+        assert not any(isinstance(result, Exception) for result in txn.commit())
+        wait_for(lambda: queued_event_of(cache._mirror, lock_dir), 10)
+        go.set()
+        wait_for(lambda: cache.is_closed(request_id), 10)
+        body = zuul.wait(request_id)
+        assert body is not None and body["state"] == "fulfilled", body
+    finally:
+        other.stop()

@@ -28,3 +28,16 @@ def write_counted(kazoo: KazooClient, mirror: ChildMirror[Any], key: str, path: 
     kazoo.set(path, data)
     wait_for(lambda: mirror._changes.get(key, 0) == counted + 1, 10)
     drained(mirror)
+
+
+def held_up(mirror: ChildMirror[Any]) -> threading.Event:
+    """Hold the mirror's thread until the returned event is set: events queue meanwhile,
+    in the order they came (as a burst read in one go from the network would)."""
+    go = threading.Event()
+    mirror._tasks.put((go.wait, (10,)))
+    return go
+
+
+def queued_event_of(mirror: ChildMirror[Any], path: str) -> bool:
+    """Whether a watch event about exactly `path` waits in the mirror's queue."""
+    return any(path in args for _, args in list(mirror._tasks.queue) if _ is not None)

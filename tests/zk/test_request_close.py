@@ -30,7 +30,7 @@ from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.requests import RequestStore
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import ZkConnection, client_for, wait_for
-from tests.zk.support import drained
+from tests.zk.support import drained, held_up, queued_event_of
 from tests.zk.test_skipped_request_reads import Request, record
 
 
@@ -167,13 +167,6 @@ def test_an_optional_deletion_of_a_missing_znode_is_dropped(
     assert kazoo_client.get("/a")[0] == b"y"
 
 
-def held_up(cache: RequestCache) -> threading.Event:
-    """Hold the cache's thread until the returned event is set: events queue meanwhile."""
-    go = threading.Event()
-    cache._mirror._tasks.put((go.wait, (10,)))
-    return go
-
-
 def close_as_another_session(kazoo: KazooClient, request: Request, contender: str,
                              state: str = "fulfilled", remove_dir: bool = True) -> None:
     txn = kazoo.transaction()
@@ -191,10 +184,11 @@ def test_a_request_closed_under_another_sessions_lock_is_not_read(
     request.write("pending")
     mirror = cache._mirror
     before = mirror.reads
-    go = held_up(cache)
+    go = held_up(mirror)
     close_as_another_session(kazoo_client, request, contender)
-    # The change, the contender's deletion and the dir's deletion, all queued.
-    wait_for(lambda: mirror._tasks.qsize() >= 3, 10, message="the close's events")
+    # The change, the contender's deletion and (last) the dir's deletion, all queued.
+    wait_for(lambda: queued_event_of(mirror, request.lock_dir), 10,
+             message="the close's events")
     go.set()
     drained(mirror)
     drained(mirror)  # the read scheduled at the release, had it gone out
@@ -228,9 +222,10 @@ def test_a_closed_request_locked_and_written_again_is_read(
     request = Request(kazoo_client, cache)
     contender = request.lock()
     request.write("pending")
-    go = held_up(cache)
+    go = held_up(cache._mirror)
     close_as_another_session(kazoo_client, request, contender, state="requested")
-    wait_for(lambda: cache._mirror._tasks.qsize() >= 3, 10, message="the close's events")
+    wait_for(lambda: queued_event_of(cache._mirror, request.lock_dir), 10,
+             message="the close's events")
     go.set()
     drained(cache._mirror)
     assert cache.is_closed(request.id)
