@@ -164,6 +164,13 @@ class ReadThroughRequests:
     def is_stale(self, request_id: str) -> bool:
         return False
 
+    def is_closed(self, request_id: str) -> bool:
+        """Nothing is kept, so nothing is taken as closed unread."""
+        return False
+
+    def closed(self) -> list[str]:
+        return []
+
     def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool:
         return True
 
