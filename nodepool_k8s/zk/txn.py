@@ -8,11 +8,11 @@ write request (and one ZooKeeper txn) however many operations it holds.
 Failure: `commit` raises `TxnFailed` naming the first refused operation and its typed cause
 (`NoNodeError`, `VersionConflict`, `NodeExistsError`, `NotEmptyError`); nothing was applied
 then. An optional deletion (`delete(..., optional=True)`: tidying, such as a closed
-request's lock dir) refused because its znode is gone or has children is dropped and the
-rest committed again: one more transaction, only in that race. Connection trouble raises
-`ZkConnectionError`: the outcome is unknown and the caller must re-read before deciding
-anything. An operation ZooKeeper refused for lack of access
-raises `ZkAuthError` (permanent) naming its path, not `TxnFailed`.
+request's lock dir) refused because its znode is gone, has children or may not be deleted
+by us is dropped and the rest committed again: one more transaction, only then.
+Connection trouble raises `ZkConnectionError`: the outcome is unknown and the caller must
+re-read before deciding anything. An operation ZooKeeper refused for lack of access raises
+`ZkAuthError` (permanent) naming its path, not `TxnFailed`.
 
 Creates carry the client's default ACL (`zookeeper-acl`, see `access`), as kazoo's own
 creates do.
@@ -59,8 +59,9 @@ class Txn:
         return len(self.ops) - 1
 
     def delete(self, path: str, version: int = -1, *, optional: bool = False) -> int:
-        """Queue deleting `path`. `optional`: if that alone is refused (the znode is gone or
-        has children), `commit` applies the rest without it (its result is then None)."""
+        """Queue deleting `path`. `optional`: if that alone is refused (the znode is gone, has
+        children or an ACL forbids it), `commit` applies the rest without it (its result is
+        then None)."""
         self.ops.append(Op("delete", path, version=version, optional=optional))
         return len(self.ops) - 1
 
@@ -78,16 +79,27 @@ class Txn:
                 return [self._single(zk, self.ops[0])]
             return self.commit_async(zk).result()
         except errors.TxnFailed as exc:
-            dropped = self.ops[exc.index] if 0 <= exc.index < len(self.ops) else None
-            if dropped is None or not dropped.optional or dropped.path != exc.path \
-                    or not isinstance(exc.cause, (errors.NoNodeError, errors.NotEmptyError)):
+            index = exc.index if isinstance(exc.cause, (errors.NoNodeError,
+                                                        errors.NotEmptyError)) else -1
+            if not self._optional(index, exc.path):
                 raise
-            # Nothing was applied: the same writes again without that deletion.
-            rest = Txn()
-            rest.ops = [op for i, op in enumerate(self.ops) if i != exc.index]
-            results = rest.commit(zk)
-            results.insert(exc.index, None)
-            return results
+        except errors.ZkAuthError as exc:
+            # Not allowed to delete it (an ACL on its parent): tidying we go without.
+            index = next((i for i, op in enumerate(self.ops)
+                          if op.optional and op.path == exc.path), -1)
+            if not self._optional(index, exc.path):
+                raise
+        # Nothing was applied: the same writes again without that deletion.
+        rest = Txn()
+        rest.ops = [op for i, op in enumerate(self.ops) if i != index]
+        results = rest.commit(zk)
+        results.insert(index, None)
+        return results
+
+    def _optional(self, index: int, path: str | None) -> bool:
+        """Whether the operation at `index` is an optional deletion of `path`."""
+        return 0 <= index < len(self.ops) and self.ops[index].optional \
+            and self.ops[index].path == path
 
     def commit_async(self, zk: ZkClient) -> "PendingTxn":
         """Send the transaction (two or more operations) without waiting for the answer:

@@ -22,6 +22,7 @@ from typing import Iterator
 import pytest
 from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock
+from kazoo.security import make_acl, make_digest_acl
 
 from nodepool_k8s.core import model
 from nodepool_k8s.zk import errors, paths
@@ -259,3 +260,25 @@ def test_our_own_lock_contends_after_the_dir_is_gone(zkc: ZkClient, zk: ZkConnec
         assert not kazoo_client.get_children(paths.request_lock_path(request_id))
     finally:
         other.stop()
+
+
+def test_an_optional_deletion_refused_for_access_is_dropped(
+        zkc: ZkClient, zk: ZkConnection, kazoo_client: KazooClient) -> None:
+    """A lock dir whose parent another identity's ACL guards (we may create in it, not
+    delete): the close goes through without removing it."""
+    owner = KazooClient(hosts=zk.hosts, auth_data=[("digest", "owner:secret")])
+    owner.start(timeout=15)
+    try:
+        acl = [make_digest_acl("owner", "secret", all=True),
+               make_acl("world", "anyone", read=True, write=True, create=True)]
+        owner.create("/guarded", b"", acl=acl)
+        owner.create("/guarded/dir", b"")
+    finally:
+        owner.stop()
+        owner.close()
+    kazoo_client.ensure_path("/a")
+    txn = Txn()
+    txn.set("/a", b"x")
+    txn.delete("/guarded/dir", optional=True)
+    assert txn.commit(zkc)[1] is None
+    assert kazoo_client.get("/a")[0] == b"x" and kazoo_client.exists("/guarded/dir")
