@@ -20,6 +20,7 @@ from kazoo.client import KazooClient
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.core import model
 from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.cache import CacheEvent
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
 from nodepool_k8s.zk.requests import RequestStore, encode
@@ -187,5 +188,44 @@ def test_a_request_wrongly_taken_as_closed_is_served_at_the_next_full_pass(
         wait_for(lambda: cache.is_closed(request_id), 10)
         body = zuul.wait(request_id)
         assert body is not None and body["state"] == "fulfilled", body
+    finally:
+        other.stop()
+
+
+def test_a_closed_request_last_read_pending_is_not_taken_for_lost(
+        launchers: LauncherFactory, zuul: ZuulClient, zk: ZkConnection,
+        kazoo_client: KazooClient) -> None:
+    """The cache read the request `pending` under another launcher's lock (the quota
+    yield does that), then the taker closed it: the entry says `pending`, with no lock.
+    The lost-request check leaves it alone (no lock attempt, no lock dir made again)."""
+    launcher = launchers(pool("first", 100, 5),
+                         settings=TEST_SETTINGS.replace(cleanup_interval=3600.0))
+    other, _ = other_pool(zk, launcher)
+    try:
+        request_id = zuul.submit(["small"], provider="second")
+        store = RequestStore(other)
+        got = store.lock_and_read(request_id)
+        assert got is not None
+        held, request = got
+        request.state = model.RequestState.PENDING
+        store.store(request, held)
+        cache = launcher.request_cache
+        wait_for(lambda: request_id in cache._mirror.stale(), 10)
+        assert cache.refresh([request_id])
+        assert (cache.get(request_id) or request).state == model.RequestState.PENDING
+        lock_dir = paths.request_lock_path(request_id)
+        go = held_up(cache._mirror)
+        request.state = model.RequestState.FULFILLED
+        store.store(request, held, release=True)
+        wait_for(lambda: queued_event_of(cache._mirror, lock_dir), 10)
+        go.set()
+        wait_for(lambda: cache.is_closed(request_id), 10)
+        cleanup = launcher.cleanup
+        for _ in range(2):  # the second pass starts after the first trigger for sure
+            passes = cleanup.passes
+            cleanup.on_component_event(CacheEvent.REMOVED, "pool/gone0000000000")
+            wait_for(lambda: cleanup.passes > passes, 10)
+        assert kazoo_client.exists(lock_dir) is None
+        assert cache.is_closed(request_id)
     finally:
         other.stop()

@@ -550,8 +550,11 @@ class CleanupWorker(Worker):
         if self._refused:
             self._refused.keep_only({r.id for r in requests})
         for request in requests:
+            # Closed by its taker (its record, read before that lock, may say `pending`):
+            # not lost. A full pass reads those entries first (`run_once`).
             if request.state != model.RequestState.PENDING or engine.stopping.is_set() \
-                    or self._refused.skip(request):
+                    or self._refused.skip(request) \
+                    or engine.request_cache.is_closed(request.id):
                 continue
             try:
                 self._reset_if_lost(request)
