@@ -52,6 +52,8 @@ everything. What a skipped child's entry shows is its last read record, older th
 ZooKeeper's: readers that act on a record lock it and read it fresh anyway; readers that
 decide from the cache what may need acting on (cleanup, views) `refresh` first where a
 skipped change could matter to them. The rule must be quick and read no ZooKeeper.
+`left_unread` tells since when each such child has been left unread without a lock (the
+owner's clock), so an owner can read the ones left for long (the cleanup does).
 
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
@@ -132,7 +134,8 @@ class ChildMirror(Generic[T]):
                  on_change: Callable[[str, "T | None", "T | None"], None] | None = None,
                  reused_names: bool = False, persistent: bool = False,
                  skip_read: Callable[[T, bool], bool] | None = None,
-                 lock_root: str | None = None) -> None:
+                 lock_root: str | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
@@ -147,7 +150,8 @@ class ChildMirror(Generic[T]):
         `<lock_root>/<child>/<contender>` (request locks), not under `<child>/lock`; they
         are followed (as `with_locks`) through a second persistent recursive watch on that
         root, which reads no data. Without persistent watches they are not followed: no
-        contenders are known and nothing is skipped for a lock."""
+        contenders are known and nothing is skipped for a lock.
+        `monotonic`: the clock of `left_unread`'s times (the owner's, so it can step it)."""
         self.zk = zk
         self.root = root
         self.name = name
@@ -197,6 +201,10 @@ class ChildMirror(Generic[T]):
         self._expected: dict[str, int] = {}
         self._deferred: set[str] = set()
         self._skip_read = skip_read
+        self._monotonic = monotonic
+        # Skipped children without a lock -> when (`monotonic`) that was last so: a change
+        # left unread, or a lock that went while changes were unread (`left_unread`).
+        self._left_at: dict[str, float] = {}
         # Children someone asked to have current (`refresh`): never skipped until read, and
         # the callers waiting for them (the keys still behind, the event to set).
         self._wanted: set[str] = set()
@@ -255,6 +263,15 @@ class ChildMirror(Generic[T]):
         """Whether the child's data held is older than ZooKeeper's (`stale`, for one)."""
         with self._lock:
             return key in self.items and self._behind(key)
+
+    def left_unread(self) -> dict[str, float]:
+        """Children whose changes `skip_read` left unread -> since when (`monotonic`) they
+        are so with no lock contender: the last skipped change, or the lock's going,
+        whichever came later. Only those still behind; a locked one may be among them (its
+        lock came after): callers look at its contenders."""
+        with self._lock:
+            return {k: t for k, t in self._left_at.items()
+                    if k in self.items and self._behind(k)}
 
     def refresh(self, keys: list[str] | None = None, timeout: float = 10.0) -> bool:
         """Read the stale ones of `keys` (all stale children without it, after the events
@@ -510,6 +527,8 @@ class ChildMirror(Generic[T]):
             return
         if self._skipped(key):
             self.skipped += 1
+            with self._lock:
+                self._left_at[key] = self._monotonic()
             return  # stale until its lock goes or someone asks (module doc)
         if key in self._reading:
             self._stale.add(key)
@@ -539,6 +558,8 @@ class ChildMirror(Generic[T]):
         if self.zk.connections != self._counted_since:
             self._counted_since = self.zk.connections
             self._changes.clear()
+            with self._lock:
+                self._left_at.clear()
             # Nothing is counted now, so nothing is behind: whoever waits for a refresh
             # gets what the re-reads below bring (or what was held).
             self._settle_waiters()
@@ -724,6 +745,7 @@ class ChildMirror(Generic[T]):
         with self._lock:
             self._mzxid[key] = stat.mzxid
             self._versions[key] = stat.version
+            self._left_at.pop(key, None)
             old = self.items.pop(key, None)
             self.malformed.pop(key, None)
             if not data:
@@ -806,6 +828,9 @@ class ChildMirror(Generic[T]):
             # holds without the lock. After the events queued by now: a removal releases
             # the lock in the transaction that deletes the child, whose deletion event is
             # most often among them, and a deleted child needs no read.
+            if self._skip_read is not None:
+                with self._lock:  # before the listeners hear of it
+                    self._left_at[key] = self._monotonic()
             self._submit(self._unlocked, key)
         self._notify(CacheEvent.LOCK, key)
 
@@ -851,6 +876,7 @@ class ChildMirror(Generic[T]):
             if self.malformed.pop(key, None) is not None:
                 records.REPORTS.forget(self._path(key))
             self.contenders.pop(key, None)
+            self._left_at.pop(key, None)
             self._mzxid.pop(key, None)
             self._versions.pop(key, None)
         self._changes.pop(key, None)
