@@ -6,7 +6,8 @@ nothing waits for a dead builder and nothing is fought over by live ones, also w
 node cache left the node's changes unread while its builder lived. With the launcher's
 rule (`Engine._left_to_builder`) on a real node cache: Zuul's use and release of such a
 node, and its builder's de-allocation, are not read; the cleanup reads the entry once it
-has been left unread, unlocked, for the grace, and min-ready reads what it counts.
+has been left unread, unlocked, for the grace, and min-ready and the tenant limits read
+what they count.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kazoo.recipe.lock import Lock
 from nodepool_k8s.core import model
 from nodepool_k8s.core.model import Node
 from nodepool_k8s.launcher.context import Engine
+from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk import nodes as node_codec
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import CacheEvent, NodeCache
@@ -301,5 +303,65 @@ def test_a_spare_its_builder_made_of_a_returned_node_is_counted_by_min_ready(
         assert not min_ready_requests(kazoo_client)
         spare = cache.get(node_id)
         assert spare is not None and not spare.allocated_to
+    finally:
+        cache.stop()
+
+
+TENANT_LIMITED = """
+labels:
+  - name: small
+tenant-resource-limits:
+  - tenant-name: limited
+    max-servers: 1
+providers:
+  - name: fake
+    driver: fake
+    pools:
+      - name: main
+        max-servers: 10
+        labels:
+          - name: small
+            type: namespace
+            launch-delay: 0.02
+"""
+
+
+def test_a_spare_handed_out_again_by_its_builder_counts_for_its_new_tenant(
+        upkeep: MakeUpkeep, other_zkc: ZkClient, zkc: ZkClient, kazoo_client: KazooClient,
+        zuul: ZuulClient) -> None:
+    """The builder made a spare of a node Zuul returned unused and handed it out to a
+    request of tenant `limited` (at its limit of one server with it): this launcher's
+    entry still shows the old request's tenant. Before it counts the tenant's usage, the
+    pool worker reads the entries left to other launchers: the request waits."""
+    world = upkeep(TENANT_LIMITED, settings=QUIET)
+    theirs = register_other(other_zkc)
+    cache = rule_cache(world, zkc)
+    worker, launches = world.pool_worker()
+    try:
+        node_id = world.node(model.NodeState.READY, allocated_to="200-0000000001",
+                             launcher=theirs)
+        node = world.record(node_id)
+        assert node is not None
+        node.set(tenant_name="free")
+        world.deps.zk.set(paths.node_path(node_id), node_codec.encode(node))
+        wait_for(lambda: (n := cache.get(node_id)) is not None and n.tenant_name == "free",
+                 10, message="the cache to show the node's tenant")
+        counted = Unread(cache)
+        builder = Lock(kazoo_client, paths.node_lock_path(node_id))
+        assert builder.acquire(timeout=10)  # de-allocated and handed out again
+        write_as(kazoo_client, node_id, allocated_to="200-0000000002", tenant_name="limited")
+        builder.release()
+        counted.settled(cache, node_id, changes=1)
+        left = cache.get(node_id)
+        assert counted.read() == 0 and left is not None and left.tenant_name == "free"
+        request_id = zuul.submit(["small"], tenant_name="limited")
+        worker.run_once()
+        launches.run_all()
+        worker.run_once()
+        request = world.deps.requests.get(request_id)
+        assert request is not None and request.state == model.RequestState.REQUESTED
+        assert not request.nodes
+        fresh = cache.get(node_id)
+        assert fresh is not None and fresh.tenant_name == "limited"
     finally:
         cache.stop()
