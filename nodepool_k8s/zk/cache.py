@@ -11,11 +11,11 @@ entries keep their last read record, marked stale, until the lock goes, the rule
 holding at a later change or a reader that needs them current calls `refresh` (mirror.py,
 "Reads skipped"; `left_unread` tells since when, for the cleanup). Provider, pool, label,
 type and resources never change after creation, so quota counting is exact with the first
-read. The request cache
-follows the request locks (`/nodepool/requests-lock`, a second persistent watch, no data
-read) and does not read a request's changes while a contender that is not this client's
-own live work is in its lock dir; it reads them once that lock goes or when asked. The small
-`/nodepool/components` tree uses kazoo's TreeCache, with a guard against its stale-result "ghosts".
+read. The request cache follows the request locks (`/nodepool/requests-lock`, a second
+persistent watch, no data read) and does not read a request's changes while a contender
+that is not this client's own live work is in its lock dir; it reads them once that lock
+goes or when asked. The small `/nodepool/components` tree uses kazoo's TreeCache, with a
+guard against its stale-result "ghosts".
 
 Listeners are called on the cache's thread with `(kind, key)` (kind: changed, removed,
 lock, synced, reconnected); they must be quick (set an event, no ZooKeeper calls). Reads
