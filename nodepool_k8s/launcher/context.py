@@ -48,7 +48,7 @@ class Engine:
         self.tracer = tracer
         self.nodes = NodeStore(zk)
         self.requests = RequestStore(zk)
-        self.node_cache = NodeCache(zk)
+        self.node_cache = NodeCache(zk, clock.monotonic)
         self.node_cache.left_to_builder = self._left_to_builder
         self.request_cache = RequestCache(zk)
         self.components = ComponentCache(zk)
@@ -86,22 +86,25 @@ class Engine:
         return self._config
 
     def _left_to_builder(self, node: Node) -> bool:
-        """Whether the node cache may leave `node`'s changes unread: another launcher, still
-        registered, built it for a request that is still there. Until that request goes,
-        the builder does everything to the node (fulfils the request, releases the node;
-        not a min-ready request's: its ready node is a spare, which min-ready counts);
-        this launcher only counts its quota, from fields that never change. Once the request
-        is gone the node's next change is read again: Zuul's release of a used node (which
-        the builder deletes, and everyone after `delete_grace`), or the de-allocation that
-        makes it a spare (a min-ready request's node, a cancelled request's) that any
-        launcher of the pool may hand out and that min-ready counts. Not with a zero delete
-        grace: then every launcher deletes a used node at once. Cleanup reads stale entries
-        on its full passes and when a launcher goes away; views read them when asked."""
+        """Whether the node cache may leave `node`'s changes unread (`node`: its last read
+        record): another launcher, still registered, built it for a request. That builder
+        does everything to the node: fulfils the request, de-allocates the node if the
+        request goes before Zuul takes it, deletes it once Zuul releases it; this launcher
+        counts its quota from fields that never change. So neither Zuul's use and release
+        nor the builder's deletion is read here: the entry stays stale, and the znode's
+        deletion removes it. What reads such an entry: the cleanup, once it has been left
+        unread without a lock for `delete_grace` (the builder did not delete it: it acts as
+        before on what it reads), on its full passes and when a launcher goes away;
+        min-ready for the labels it counts; the tenant limits and views when they need it
+        current. A spare the builder made of it is not handed out or reclaimed here until
+        read (the builder does both). Not a node whose last record is unallocated (a
+        spare: any launcher of the pool may hand it out), nor a min-ready request's (a
+        spare every min-ready counts). Not with a zero delete grace: then every launcher
+        deletes a used node at once."""
         if not node.allocated_to or not node.launcher or self.settings.delete_grace <= 0 \
                 or node.allocated_to.startswith(MIN_READY_PRIORITY + "-"):
             return False  # a min-ready request's node is a spare every min-ready counts
-        if node.launcher in self.registry.pool_ids() \
-                or node.allocated_to not in self.request_cache:
+        if node.launcher in self.registry.pool_ids():
             return False
         return any(c.id == node.launcher for c in self.components.pools())
 

@@ -482,6 +482,12 @@ class PoolWorker(Worker):
                     continue
                 if tenant_usage is None:
                     limited = self.engine.config.tenant_resource_limits
+                    if limited:
+                        # A spare another launcher handed out again carries its new
+                        # tenant in changes the cache may have left to that launcher.
+                        nodes, mine = self.engine.node_cache, self.engine.registry.pool_ids()
+                        nodes.refresh([i for i in nodes.left_unread() if (n := nodes.get(i))
+                                       is not None and n.launcher not in mine])
                     tenant_usage = self.engine.cached_usage(
                         lambda node: node.tenant_name in limited)
                 if not self._tenant_fits(request, pool_cfg, tenant_usage):

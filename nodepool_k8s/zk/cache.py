@@ -6,18 +6,19 @@ older than 3.6; one thread, tombstones against stale results); nodes are kept as
 `Node` records (the fields decisions need, strings interned) so ten thousand nodes cost a
 few MB. The node cache does not read the changes of a node while it is locked (whoever
 holds the lock reads it under the lock, and everything that acts locks first), nor those of
-a node another live launcher built for a request still there (`NodeCache.left_to_builder`,
-the engine's rule): such entries keep their last read record, marked stale, until the lock
-goes, the rule stops holding at a later change or a reader that needs them current calls
-`refresh` (mirror.py, "Reads skipped"). Provider, pool, label, type and resources never
-change after creation, so quota counting is exact with the first read. The request cache
-follows the request locks (`/nodepool/requests-lock`, a second persistent watch, no data
-read) and does not read a request's changes while a contender that is not this client's
-own live work is in its lock dir; it reads them once that lock goes or when asked, not at
-all when the lock's holder closed the request and removed the lock dir with its release
-(`is_closed`: the pool pass leaves such an entry alone; cleanup's full pass reads those still
-there, so one wrongly taken as closed waits at most one pass). The small
-`/nodepool/components` tree uses kazoo's TreeCache, with a guard against its stale-result "ghosts".
+a node another live launcher built (`NodeCache.left_to_builder`, the engine's rule): such
+entries keep their last read record, marked stale, until the lock goes, the rule stops
+holding at a later change or a reader that needs them current calls `refresh` (mirror.py,
+"Reads skipped"; `left_unread` tells since when, for the cleanup). Provider, pool, label,
+type and resources never change after creation, so quota counting is exact with the first
+read. The request cache follows the request locks (`/nodepool/requests-lock`, a second
+persistent watch, no data read) and does not read a request's changes while a contender
+that is not this client's own live work is in its lock dir; it reads them once that lock
+goes or when asked, not at all when the lock's holder closed the request and removed the
+lock dir with its release (`is_closed`: the pool pass leaves such an entry alone; cleanup's
+full pass reads those still there, so one wrongly taken as closed waits at most one pass).
+The small `/nodepool/components` tree uses kazoo's TreeCache, with a guard against its
+stale-result "ghosts".
 
 Listeners are called on the cache's thread with `(kind, key)` (kind: changed, removed,
 lock, synced, reconnected); they must be quick (set an event, no ZooKeeper calls). Reads
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
 
@@ -109,7 +111,8 @@ class NodeCache(MirroredCache[Node]):
 
     name = "node cache"
 
-    def __init__(self, zk: ZkClient) -> None:
+    def __init__(self, zk: ZkClient, monotonic: Callable[[], float] = time.monotonic) -> None:
+        """`monotonic`: the clock of `left_unread`'s times (the engine's)."""
         self._by_request: dict[str, set[str]] = {}
         # Whether a node is left to the live launcher that built it (the engine's rule; on
         # the cache's thread, quick): its changes are not read until someone asks.
@@ -117,7 +120,8 @@ class NodeCache(MirroredCache[Node]):
         self._mirror: ChildMirror[Node] = ChildMirror(
             zk, paths.NODES, decode_summary, name="node-cache", accept=paths.is_node_id,
             with_locks=True, lock_expected=lambda n: n.state == model.NodeState.INIT,
-            on_change=self._index, persistent=True, skip_read=self._skip_read)
+            on_change=self._index, persistent=True, skip_read=self._skip_read,
+            monotonic=monotonic)
 
     def _skip_read(self, node: Node, locked: bool) -> bool:
         return locked or self.left_to_builder(node)
@@ -146,6 +150,16 @@ class NodeCache(MirroredCache[Node]):
         """Ids of cached nodes whose `allocated_to` is `request_id`."""
         with self._mirror._lock:
             return list(self._by_request.get(request_id, ()))
+
+    def is_stale(self, node_id: str) -> bool:
+        """Whether the entry lacks changes ZooKeeper has (left unread: `stale`)."""
+        return self._mirror.behind(node_id)
+
+    def left_unread(self) -> dict[str, float]:
+        """Stale entries whose changes were left unread with no lock held (left to their
+        builder, or the lock came after) -> since when (monotonic; see
+        `ChildMirror.left_unread`)."""
+        return self._mirror.left_unread()
 
     def is_locked(self, node_id: str) -> bool:
         """Probably locked: some contender znode exists under `<node>/lock`."""

@@ -52,6 +52,8 @@ everything. What a skipped child's entry shows is its last read record, older th
 ZooKeeper's: readers that act on a record lock it and read it fresh anyway; readers that
 decide from the cache what may need acting on (cleanup, views) `refresh` first where a
 skipped change could matter to them. The rule must be quick and read no ZooKeeper.
+`left_unread` tells since when each such child has been left unread without a lock (the
+owner's clock), so an owner can read the ones left for long (the cleanup does).
 
 Closed by the taker (`may_close`, locks in a tree of their own): a taker that closes a child
 for good (a request fulfilled or failed) deletes the child's lock dir in the transaction
@@ -147,7 +149,8 @@ class ChildMirror(Generic[T]):
                  reused_names: bool = False, persistent: bool = False,
                  skip_read: Callable[[T, bool], bool] | None = None,
                  lock_root: str | None = None,
-                 may_close: Callable[[T], bool] | None = None) -> None:
+                 may_close: Callable[[T], bool] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
@@ -165,7 +168,8 @@ class ChildMirror(Generic[T]):
         contenders are known and nothing is skipped for a lock.
         `may_close(record)`: with `lock_root`, a child whose lock dir itself is deleted
         while changes made under someone's lock are left unread is "closed by its taker"
-        (module doc, "Closed by the taker") if this accepts its last read record."""
+        (module doc, "Closed by the taker") if this accepts its last read record.
+        `monotonic`: the clock of `left_unread`'s times (the owner's, so it can step it)."""
         self.zk = zk
         self.root = root
         self.name = name
@@ -221,6 +225,10 @@ class ChildMirror(Generic[T]):
         # on the mirror's thread under `_lock`.
         self.closed: set[str] = set()
         self.closings = 0  # children taken as closed (lock dir deleted while stale)
+        self._monotonic = monotonic
+        # Skipped children without a lock -> when (`monotonic`) that was last so: a change
+        # left unread, or a lock that went while changes were unread (`left_unread`).
+        self._left_at: dict[str, float] = {}
         # Children someone asked to have current (`refresh`): never skipped until read, and
         # the callers waiting for them (the keys still behind, the event to set).
         self._wanted: set[str] = set()
@@ -279,6 +287,15 @@ class ChildMirror(Generic[T]):
         """Whether the child's data held is older than ZooKeeper's (`stale`, for one)."""
         with self._lock:
             return key in self.items and self._behind(key)
+
+    def left_unread(self) -> dict[str, float]:
+        """Children whose changes `skip_read` left unread -> since when (`monotonic`) they
+        are so with no lock contender: the last skipped change, or the lock's going,
+        whichever came later. Only those still behind; a locked one may be among them (its
+        lock came after): callers look at its contenders."""
+        with self._lock:
+            return {k: t for k, t in self._left_at.items()
+                    if k in self.items and self._behind(k)}
 
     def refresh(self, keys: list[str] | None = None, timeout: float = 10.0) -> bool:
         """Read the stale ones of `keys` (all stale children without it, after the events
@@ -540,6 +557,8 @@ class ChildMirror(Generic[T]):
             return
         if self._skipped(key):
             self.skipped += 1
+            with self._lock:
+                self._left_at[key] = self._monotonic()
             return  # stale until its lock goes or someone asks (module doc)
         if key in self._reading:
             self._stale.add(key)
@@ -576,6 +595,7 @@ class ChildMirror(Generic[T]):
             self._changes.clear()
             with self._lock:
                 self.closed.clear()  # everything is read again below
+                self._left_at.clear()
             # Nothing is counted now, so nothing is behind: whoever waits for a refresh
             # gets what the re-reads below bring (or what was held).
             self._settle_waiters()
@@ -762,6 +782,7 @@ class ChildMirror(Generic[T]):
             self.closed.discard(key)  # read: what it shows is ZooKeeper's, closed or not
             self._mzxid[key] = stat.mzxid
             self._versions[key] = stat.version
+            self._left_at.pop(key, None)
             old = self.items.pop(key, None)
             self.malformed.pop(key, None)
             if not data:
@@ -844,6 +865,9 @@ class ChildMirror(Generic[T]):
             # holds without the lock. After the events queued by now: a removal releases
             # the lock in the transaction that deletes the child, whose deletion event is
             # most often among them, and a deleted child needs no read.
+            if self._skip_read is not None:
+                with self._lock:  # before the listeners hear of it
+                    self._left_at[key] = self._monotonic()
             self._submit(self._unlocked, key)
         self._notify(CacheEvent.LOCK, key)
 
@@ -906,6 +930,7 @@ class ChildMirror(Generic[T]):
                 records.REPORTS.forget(self._path(key))
             self.contenders.pop(key, None)
             self.closed.discard(key)
+            self._left_at.pop(key, None)
             self._mzxid.pop(key, None)
             self._versions.pop(key, None)
         self._changes.pop(key, None)

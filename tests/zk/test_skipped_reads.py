@@ -3,7 +3,8 @@ with another session as the writer: a change of a node another session holds loc
 counted, not read; the entry is stale until the lock goes (then one read brings every
 change made under it) or someone asks (`refresh`: one read, shared by concurrent askers);
 a node left to its builder (`left_to_builder`) stays stale after the lock goes, until
-asked.
+asked, and the cache tells since when it has been left so without a lock (`left_unread`,
+on the owner's clock).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Iterator
 import pytest
 from kazoo.client import KazooClient
 
+from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import NodeCache
 from nodepool_k8s.zk.client import ZkClient
@@ -144,6 +146,41 @@ def test_a_node_left_to_its_builder_is_read_only_when_asked(
     spare.until(lambda: spare.state() == "ready")
     assert cache.refresh([node.id]) and node.state() == "used"
     assert cache._mirror.reads == before + 2
+
+
+def test_a_node_left_unread_tells_since_when_it_is_so_without_a_lock(
+        zkc: ZkClient, kazoo_client: KazooClient) -> None:
+    """The time of the last change left unread, or of the lock's going after changes made
+    under it, whichever is later (the cleanup reads such an entry a grace after it); a
+    read entry is no longer listed."""
+    clock = ManualClock()
+    cache = NodeCache(zkc, clock.monotonic)
+    cache.left_to_builder = lambda n: n.launcher == "theirs" and bool(n.allocated_to)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        node = Other(kazoo_client, cache, launcher="theirs", allocated_to="200-0000000001")
+        ours = Other(kazoo_client, cache, launcher="ours", allocated_to="200-0000000002")
+        assert cache.left_unread() == {}
+        start = clock.monotonic()
+        node.lock()
+        ours.lock()
+        node.write("ready", launcher="theirs", allocated_to="200-0000000001")
+        ours.write("ready", launcher="ours", allocated_to="200-0000000002")
+        assert cache.left_unread() == {node.id: start, ours.id: start}  # both locked
+        clock.advance(5)
+        node.unlock()
+        ours.unlock()  # not left to anyone: read once its lock goes
+        ours.until(lambda: ours.state() == "ready")
+        drained(cache._mirror)
+        assert cache.left_unread() == {node.id: start + 5}
+        clock.advance(5)
+        node.write("used", launcher="theirs", allocated_to="200-0000000001")
+        assert cache.left_unread() == {node.id: start + 10}
+        assert cache.refresh([node.id]) and node.state() == "used"
+        assert cache.left_unread() == {}
+    finally:
+        cache.stop()
 
 
 def test_a_refresh_with_nothing_behind_costs_no_trip_through_the_mirrors_thread(

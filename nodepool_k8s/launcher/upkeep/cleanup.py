@@ -8,7 +8,10 @@ Owns, for nodes of this launcher's providers (decisions in `plan.node_cleanup`):
   launcher built (its `launcher` is a pool registered by another process) is left to that
   launcher for `delete_grace` seconds in its state, so several launchers do not race (lock
   attempts, failed writes) for every used node; when the builder's registration goes (it
-  died: its ephemeral component vanished with its session) the node is ours at once;
+  died: its ephemeral component vanished with its session) the node is ours at once. The
+  node cache does not read such a node's changes (Zuul's use and release, the builder's
+  de-allocation); an entry left unread and unlocked for `delete_grace` is read then
+  (`_read_left`), and acted on from that read. Nothing here acts on a stale entry;
 - de-allocating ready nodes whose request vanished (cancellation), so they are reused;
 - resetting lost requests: `pending` with nobody holding the lock goes back to `requested`
   with `nodes: []` and its nodes de-allocated (their launcher died);
@@ -160,6 +163,9 @@ class CleanupWorker(Worker):
         # (not a full pass), or at once when a component goes away (`_builders_changed`).
         self._deferred: dict[str, float] = {}
         self._builders_changed = False
+        # When (monotonic) the first entry the node cache left unread for its builder
+        # becomes due for a read (`_read_left`).
+        self._next_left = math.inf
         # Our own pool ids and every registered one, read once per pass (`_builder_wait`).
         self._pool_ids: tuple[frozenset[str], frozenset[str]] | None = None
         # Launch first: since when (monotonic) a due full pass or leak sweep waits for the
@@ -240,6 +246,7 @@ class CleanupWorker(Worker):
             closed = self.engine.request_cache.closed()
             if closed and not self.engine.request_cache.refresh(closed):
                 self.log.debug("Some closed request entries were not read in time")
+        self._step("nodes left unread", lambda: self._read_left(now, dirty))
         dirty.update(k for k, t in self._deferred.items() if builders_changed or t <= now)
         dirty.update(self.deleter.due_retries())
         self.deleter.resume_due()
@@ -258,7 +265,7 @@ class CleanupWorker(Worker):
         timed = [self._next_full, self._next_recheck, self.leaks.next_due()]
         if hold_until is not None:  # what is due now waits for the launches
             timed = [max(t, hold_until) for t in timed]
-        due = min(*timed, self.deleter.next_retry(),
+        due = min(*timed, self.deleter.next_retry(), self._next_left,
                   min(self._deferred.values(), default=math.inf))
         # Everything due was acted on in this pass; a deadline still in the past means
         # nothing will act on it, and re-running at once would only spin. Events (cache
@@ -333,6 +340,11 @@ class CleanupWorker(Worker):
                 continue
             if node.provider not in ours or self.deleter.busy(node_id):
                 continue
+            if cache.is_stale(node_id):
+                # Older than ZooKeeper's record (changes left unread): acting on it would
+                # lock a node Zuul holds or take a used node for ready. It is read when
+                # its lock goes, or by `_read_left`, then looked at again.
+                continue
             verdict = self._verdict(node, locked=False)
             next_check = min(next_check, now + verdict.recheck_in)
             if verdict.action is plan.CleanupAction.DELETE and self._defer(node, now):
@@ -378,6 +390,32 @@ class CleanupWorker(Worker):
             self._node_ages.keep(live)
         else:
             self._next_recheck = min(self._next_recheck, next_check)
+
+    def _read_left(self, now: float, dirty: set[str]) -> None:
+        """Read the entries of our providers' nodes the node cache left unread for their
+        live builder (`Engine._left_to_builder`) once they have been so, unlocked, for
+        `delete_grace`: the builder did not delete the node Zuul released, or made a spare
+        of it. One pipelined read of the due ones; they join `dirty`, looked at from what
+        was read as any other node. Locked ones wait: a lock's going restarts their
+        time. `now`: monotonic."""
+        cache = self.engine.node_cache
+        grace = self.engine.settings.delete_grace
+        ours = self.engine.config.providers
+        due: list[str] = []
+        self._next_left = math.inf
+        for node_id, since in cache.left_unread().items():
+            node = cache.get(node_id)
+            if node is None or node.provider not in ours or cache.is_locked(node_id):
+                continue
+            if since + grace <= now:
+                due.append(node_id)
+            else:
+                self._next_left = min(self._next_left, since + grace)
+        if due:
+            if not cache.refresh(due):
+                self.log.debug("Some node entries left to their builder were not read "
+                               "in time")
+            dirty.update(due)
 
     def _defer(self, node: Node, now: float) -> bool:
         """Whether `node`, due for deletion, is left to the live launcher that built it

@@ -114,6 +114,12 @@ class ReadThroughNodes:
     def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool:
         return True
 
+    def is_stale(self, node_id: str) -> bool:
+        return False
+
+    def left_unread(self) -> dict[str, float]:
+        return {}
+
     def malformed(self) -> dict[str, str]:
         return {i: "malformed" for i in self.store.ids()
                 if not self.store.is_empty(i) and self.store.get(i) is None}
