@@ -99,12 +99,8 @@ class Fit:
 FITS = Fit(True)
 
 
-def node_resources(stored: Any, fallback: Resources | None = None) -> Resources:
-    """A node's `resources` as a Resources value.
-
-    Nodes written by other launchers may lack the key or carry junk; those count as the
-    label's quota when known (`fallback`), else as one instance, so they are never free.
-    """
+def own_resources(stored: Any) -> Resources | None:
+    """A node's `resources` as a Resources value; None when it holds no amount."""
     if isinstance(stored, Mapping):
         values: dict[str, float] = {}
         for key, value in stored.items():
@@ -112,6 +108,18 @@ def node_resources(stored: Any, fallback: Resources | None = None) -> Resources:
                 values[str(key)] = float(value)
         if values:
             return Resources(values)
+    return None
+
+
+def node_resources(stored: Any, fallback: Resources | None = None) -> Resources:
+    """A node's `resources` as a Resources value.
+
+    Nodes written by other launchers may lack the key or carry junk; those count as the
+    label's quota when known (`fallback`), else as one instance, so they are never free.
+    """
+    own = own_resources(stored)
+    if own is not None:
+        return own
     return fallback if fallback is not None else Resources({"instances": 1})
 
 
