@@ -139,6 +139,39 @@ def total(records: Iterable[UsageRecord], *, provider: str | None = None,
     return Resources(acc)
 
 
+class Totals:
+    """The sums of usage records a quota check reads: of one pool, of its provider and of
+    each tenant asked about, worked out once for a batch of checks on the same records.
+    `plus` adds records (nodes planned by the batch) on top, summed in the order `total`
+    would sum the longer list, so every answer equals `total` over it."""
+
+    def __init__(self, records: Sequence[UsageRecord], provider: str, pool: str,
+                 _sums: tuple[Resources, Resources] | None = None) -> None:
+        self._records = records
+        self._provider_name, self._pool_name = provider, pool
+        if _sums is None:
+            _sums = (total(records, provider=provider, pool=pool),
+                     total(records, provider=provider))
+        self.pool, self.provider = _sums
+        self._tenants: dict[str | None, Resources] = {}
+
+    def tenant(self, name: str | None) -> Resources:
+        known = self._tenants.get(name)
+        if known is None:
+            known = self._tenants[name] = total(self._records, tenant=name)
+        return known
+
+    def plus(self, added: Sequence[UsageRecord]) -> "Totals":
+        pool, provider = self.pool, self.provider
+        for rec in added:
+            if rec.provider == self._provider_name:
+                provider = provider + rec.resources
+                if rec.pool == self._pool_name:
+                    pool = pool + rec.resources
+        return Totals(list(self._records) + list(added), self._provider_name,
+                      self._pool_name, (pool, provider))
+
+
 def demand(labels: Sequence[str], pool: PoolLimits) -> Resources:
     """What launching one node per entry of `labels` in `pool` would add to usage."""
     return Resources.total(pool.labels[name].quota() for name in labels
