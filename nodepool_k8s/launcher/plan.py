@@ -302,6 +302,8 @@ class RecentlyFailed:
                 now: float) -> Decline | None:
         """The decline for a request with a recently failed label that another pool
         could serve (None: take it here as usual)."""
+        if not self._until:
+            return None  # nothing remembered (asked for every waiting request each pass)
         failed = sorted(set(request.node_types) & set(self.active(now)))
         if not failed or not served_elsewhere(request, me, registered):
             return None

@@ -88,8 +88,29 @@ def _num(value: float) -> float | int | None:
     return int(value) if float(value).is_integer() else round(value, 3)
 
 
+# `validated` is asked at every pass of every pool worker and depends only on the
+# configuration objects (a reload makes new ones) and the cloud limits: remembered per
+# pool, checked by identity (bounded: cleared when full; a race computes it twice).
+_VALIDATED_MAX = 256
+_validated: dict[tuple[int, int, Resources | None],
+                 tuple[PoolConfig, ProviderConfig, cond.Condition]] = {}
+
+
 def validated(pool: PoolConfig, provider: ProviderConfig,
               cloud: Resources | None) -> cond.Condition:
+    key = (id(pool), id(provider), cloud)
+    known = _validated.get(key)
+    if known is not None and known[0] is pool and known[1] is provider:
+        return known[2]
+    verdict = _validated_afresh(pool, provider, cloud)
+    if len(_validated) >= _VALIDATED_MAX:
+        _validated.clear()
+    _validated[key] = (pool, provider, verdict)
+    return verdict
+
+
+def _validated_afresh(pool: PoolConfig, provider: ProviderConfig,
+                      cloud: Resources | None) -> cond.Condition:
     if pool.disabled:
         return _cond(FALSE, "Disabled", "max-servers is 0: the pool takes no requests")
     bad = []
