@@ -45,7 +45,6 @@ budget of ZooKeeper writes per node (tools/benchmark) is not touched by busy poo
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -277,9 +276,16 @@ class StatusBuilder:
                    now: float) -> list[PoolCondition]:
         """The pool's conditions as published: `fresh` (by type) with the transition times
         kept across passes by the conditions' one update rule (`conditions.update`)."""
+        # The update rule of `cond.update` (the time moves only on `cond.transitioned`),
+        # applied to the fixed set of pool conditions in one go: this runs at every pass.
+        before = {c.type: c for c in self._conditions}
+        self._conditions = []
         for ctype in CONDITIONS:
-            self._conditions = cond.update(self._conditions, dataclasses.replace(
-                fresh[ctype], type=ctype, last_transition_time=now))
+            new, old = fresh[ctype], before.get(ctype)
+            when = now if old is None or cond.transitioned(old, new) \
+                else old.last_transition_time
+            self._conditions.append(cond.Condition(ctype, new.status, new.reason,
+                                                   new.message, when))
         by_type = {c.type: c for c in self._conditions}
         # serialise writes PoolCondition's keys (time under POOL_TIME_KEY) but `neutral`.
         published = cast(list[PoolCondition], cond.serialise(
