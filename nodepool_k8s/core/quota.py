@@ -71,7 +71,7 @@ class NodeUsage(Protocol):
     def label(self) -> str | None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class UsageRecord:
     """The quota-relevant facts of one node (immutable after creation, except tenant)."""
 

@@ -35,6 +35,7 @@ remembered listing never keeps a deleted node's id for longer than that.
 from __future__ import annotations
 
 import enum
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Protocol, Sequence, TypeVar
@@ -135,8 +136,10 @@ class UsageMemo:
     records read directly) are never kept: they may be changed in place.
 
     Bounded: past twice the entries kept after the last pruning (at least MEMO_FLOOR), the
-    entries the cache no longer holds (that object under that id) are dropped. Threads may
-    race on it; the worst outcome is a record made twice.
+    entries the cache no longer holds (that object under that id) are dropped. Nodes of
+    one label carry equal resources: records share one (immutable) Resources per distinct
+    value, at most MEMO_FLOOR of them (forgotten all at once past that). Threads may race
+    on it; the worst outcome is a record made twice.
     """
 
     MEMO_FLOOR = 1024
@@ -144,6 +147,7 @@ class UsageMemo:
     def __init__(self) -> None:
         self._known: dict[str, tuple[quota.NodeUsage, quota.UsageRecord]] = {}
         self._limit = self.MEMO_FLOOR
+        self._shared: dict[tuple[tuple[str, float], ...], Resources] = {}
 
     def __len__(self) -> int:
         return len(self._known)
@@ -156,8 +160,15 @@ class UsageMemo:
         resources = quota.own_resources(node.resources)
         if resources is None or not getattr(node, "summary", False):
             return usage_record(node, fallback)
+        # Equal amounts compare equal across a zero's sign: a -0.0 keeps its own value.
+        value = tuple((k, v) for k, v in resources.items() if v or math.copysign(1.0, v) > 0)
+        shared = self._shared.get(value) if len(value) == len(resources) else resources
+        if shared is None:
+            if len(self._shared) >= self.MEMO_FLOOR:
+                self._shared = {}
+            shared = self._shared[value] = resources
         record = quota.UsageRecord(provider=node.provider, pool=node.pool,
-                                   tenant=node.tenant_name, resources=resources)
+                                   tenant=node.tenant_name, resources=shared)
         if len(self._known) >= self._limit:
             self._known = {k: v for k, v in self._known.items() if cache.get(k) is v[0]}
             self._limit = max(self.MEMO_FLOOR, 2 * len(self._known))

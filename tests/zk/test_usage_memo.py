@@ -102,3 +102,15 @@ def test_entries_the_cache_dropped_are_pruned() -> None:
     assert len(memo) == len(live)
     kept = memo.record(live[0].id, live[0], fallback, cache)
     assert memo.record(live[0].id, live[0], fallback, cache) is kept
+
+
+def test_equal_resources_are_shared_but_not_across_a_zeros_sign() -> None:
+    memo, cache, fallback = UsageMemo(), Cache(), Quota(9)
+    one, two, negative = (cache.put(summary(f"000000000{i}", resources=resources))
+                          for i, resources in enumerate(
+                              ({"instances": 1, "ram": 0}, {"instances": 1, "ram": 0},
+                               {"instances": 1, "ram": -0.0})))
+    first = memo.record(one.id, one, fallback, cache).resources
+    assert memo.record(two.id, two, fallback, cache).resources is first
+    signed = memo.record(negative.id, negative, fallback, cache).resources
+    assert signed is not first and str(signed["ram"]) == "-0.0"
