@@ -29,7 +29,9 @@ What it holds, bounded: the nodes this process created that the cache did not sh
 by then (it may already be gone: created, launched, used and deleted between two
 decisions) is read like any other missing id, counted if it exists and dropped if not. So
 the table holds at most the nodes created in the last `CREATED_TRUST` seconds, and the
-remembered listing never keeps a deleted node's id for longer than that.
+remembered listing never keeps a deleted node's id for longer than that. It also keeps the
+usage record of each node-cache entry it priced (`UsageMemo`), bounded by twice the
+entries the cache still holds.
 """
 
 from __future__ import annotations
