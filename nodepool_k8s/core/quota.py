@@ -71,7 +71,7 @@ class NodeUsage(Protocol):
     def label(self) -> str | None: ...
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class UsageRecord:
     """The quota-relevant facts of one node (immutable after creation, except tenant)."""
 
@@ -99,12 +99,8 @@ class Fit:
 FITS = Fit(True)
 
 
-def node_resources(stored: Any, fallback: Resources | None = None) -> Resources:
-    """A node's `resources` as a Resources value.
-
-    Nodes written by other launchers may lack the key or carry junk; those count as the
-    label's quota when known (`fallback`), else as one instance, so they are never free.
-    """
+def own_resources(stored: Any) -> Resources | None:
+    """A node's `resources` as a Resources value; None when it holds no amount."""
     if isinstance(stored, Mapping):
         values: dict[str, float] = {}
         for key, value in stored.items():
@@ -112,6 +108,18 @@ def node_resources(stored: Any, fallback: Resources | None = None) -> Resources:
                 values[str(key)] = float(value)
         if values:
             return Resources(values)
+    return None
+
+
+def node_resources(stored: Any, fallback: Resources | None = None) -> Resources:
+    """A node's `resources` as a Resources value.
+
+    Nodes written by other launchers may lack the key or carry junk; those count as the
+    label's quota when known (`fallback`), else as one instance, so they are never free.
+    """
+    own = own_resources(stored)
+    if own is not None:
+        return own
     return fallback if fallback is not None else Resources({"instances": 1})
 
 
@@ -129,6 +137,39 @@ def total(records: Iterable[UsageRecord], *, provider: str | None = None,
         for key, amount in rec.resources.items():
             acc[key] = acc.get(key, 0.0) + amount
     return Resources(acc)
+
+
+class Totals:
+    """The sums of usage records a quota check reads: of one pool, of its provider and of
+    each tenant asked about, worked out once for a batch of checks on the same records.
+    `plus` adds records (nodes planned by the batch) on top, summed in the order `total`
+    would sum the longer list, so every answer equals `total` over it."""
+
+    def __init__(self, records: Sequence[UsageRecord], provider: str, pool: str,
+                 _sums: tuple[Resources, Resources] | None = None) -> None:
+        self._records = records
+        self._provider_name, self._pool_name = provider, pool
+        if _sums is None:
+            _sums = (total(records, provider=provider, pool=pool),
+                     total(records, provider=provider))
+        self.pool, self.provider = _sums
+        self._tenants: dict[str | None, Resources] = {}
+
+    def tenant(self, name: str | None) -> Resources:
+        known = self._tenants.get(name)
+        if known is None:
+            known = self._tenants[name] = total(self._records, tenant=name)
+        return known
+
+    def plus(self, added: Sequence[UsageRecord]) -> "Totals":
+        pool, provider = self.pool, self.provider
+        for rec in added:
+            if rec.provider == self._provider_name:
+                provider = provider + rec.resources
+                if rec.pool == self._pool_name:
+                    pool = pool + rec.resources
+        return Totals(list(self._records) + list(added), self._provider_name,
+                      self._pool_name, (pool, provider))
 
 
 def demand(labels: Sequence[str], pool: PoolLimits) -> Resources:

@@ -225,12 +225,15 @@ class PoolBreaker:
         With `accepting`, a due probe is claimed in ZooKeeper (one launcher wins); without,
         a due probe is neither claimed nor refused (the request waits)."""
         probe = False
-        limits = Thresholds.of(pool)
         entries = self.entries()
+        if not entries:
+            return None, False  # nothing ever failed here: every label is admitted
+        limits = Thresholds.of(pool)
         for name in sorted(set(labels)):
             label = pool.labels.get(name)
-            if label is None:
-                continue
+            entry = entries.get(name)
+            if label is None or not entry or entry.get("state", CLOSED) == CLOSED:
+                continue  # `admit` allows a closed entry, whatever the configuration
             config = digest(label)
             verdict = admit(entries.get(name), config,
                             self.judged_now(name, entries.get(name), now), limits)

@@ -28,7 +28,7 @@ from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.pool_state import PoolStateCache
 from nodepool_k8s.zk.pool_status import (POOL_BREAKERS, POOL_STATUS, JsonDirCache,
                                          decode_breakers, decode_pool_status)
-from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard, usage_record
+from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard
 from nodepool_k8s.zk.registry import ComponentRegistry
 from nodepool_k8s.zk.requests import RequestStore
 
@@ -133,7 +133,8 @@ class Engine:
 
     def cached_usage(self, keep: Keep = None) -> list[quota.UsageRecord]:
         """Usage from the cache, of the nodes `keep` accepts (all without it)."""
-        return [usage_record(n, self.label_quota) for n in self.node_cache.nodes()
+        memo, cache = self.guard.memo, self.node_cache
+        return [memo.record(n.id, n, self.label_quota, cache) for n in cache.nodes()
                 if keep is None or keep(n)]
 
     def usage(self, keep: Keep = None, ids: list[str] | None = None) -> list[quota.UsageRecord]:

@@ -132,14 +132,27 @@ class Decision:
         return cls(Verdict.DECLINE, decline.message, decline)
 
 
+# `triage` answers ACCEPT for most requests of a busy pool at every pass: one shared value
+# (frozen) instead of a new one each time.
+ACCEPTED = Decision(Verdict.ACCEPT)
+
+
 def lacking(request: NodeRequest, labels: Iterable[str]) -> int:
-    have = set(labels)
-    return sum(1 for label in set(request.node_types) if label not in have)
+    """How many of the request's distinct labels are not in `labels`."""
+    return len(set(request.node_types).difference(labels))
 
 
 def order(requests: Iterable[NodeRequest], labels: Iterable[str]) -> list[NodeRequest]:
+    """Pool order: requests this pool serves fully first, then by `sort_key`. Every pass
+    sorts every cached request, so the key is worked out in one go (the same values as
+    `lacking` and `NodeRequest.sort_key`)."""
     have = frozenset(labels)
-    return sorted(requests, key=lambda r: (lacking(r, have), r.sort_key()))
+
+    def key(r: NodeRequest) -> tuple[int, str, int, str]:
+        parts = r.id.split("-", 1)
+        return (len(set(r.node_types).difference(have)), parts[0], r.relative_priority,
+                parts[-1])
+    return sorted(requests, key=key)
 
 
 # `decline_for` is asked about every waiting request at every pass of the pool worker, so
@@ -192,7 +205,7 @@ def triage(request: NodeRequest, me: PoolInfo, pool: PoolConfig, provider: Provi
         if target != f"{provider.name}/{pool.name}":
             return Decision(Verdict.SKIP, f"pool-level min-ready request of {target}")
         decline = decline_for(request, pool, provider, cloud_limits)
-        return Decision.declined(decline) if decline else Decision(Verdict.ACCEPT)
+        return Decision.declined(decline) if decline else ACCEPTED
     wanted = set(request.node_types)
     others = [p for p in registered if p.id != me.id and p.id not in request.declined_by
               and wanted <= p.labels]
@@ -206,7 +219,7 @@ def triage(request: NodeRequest, me: PoolInfo, pool: PoolConfig, provider: Provi
     decline = decline_for(request, pool, provider, cloud_limits)
     if decline:
         return Decision.declined(decline)
-    return Decision(Verdict.ACCEPT)
+    return ACCEPTED
 
 
 def all_declined(declined_by: Iterable[str], registered_ids: Iterable[str]) -> bool:
@@ -289,6 +302,8 @@ class RecentlyFailed:
                 now: float) -> Decline | None:
         """The decline for a request with a recently failed label that another pool
         could serve (None: take it here as usual)."""
+        if not self._until:
+            return None  # nothing remembered (asked for every waiting request each pass)
         failed = sorted(set(request.node_types) & set(self.active(now)))
         if not failed or not served_elsewhere(request, me, registered):
             return None

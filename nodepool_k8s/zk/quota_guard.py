@@ -29,12 +29,15 @@ What it holds, bounded: the nodes this process created that the cache did not sh
 by then (it may already be gone: created, launched, used and deleted between two
 decisions) is read like any other missing id, counted if it exists and dropped if not. So
 the table holds at most the nodes created in the last `CREATED_TRUST` seconds, and the
-remembered listing never keeps a deleted node's id for longer than that.
+remembered listing never keeps a deleted node's id for longer than that. It also keeps the
+usage record of each node-cache entry it priced (`UsageMemo`), bounded by twice the
+entries the cache still holds.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, Optional, Protocol, Sequence, TypeVar
@@ -113,8 +116,66 @@ Keep = Optional[Callable[[quota.NodeUsage], bool]]
 
 
 def usage_record(node: quota.NodeUsage, fallback: Fallback) -> quota.UsageRecord:
+    """`node`'s usage; the label's quota (`fallback`) is looked up only for a node whose
+    record carries no usable `resources`."""
+    resources = quota.own_resources(node.resources)
+    if resources is None:
+        resources = quota.node_resources(None, fallback(node))
     return quota.UsageRecord(provider=node.provider, pool=node.pool, tenant=node.tenant_name,
-                             resources=quota.node_resources(node.resources, fallback(node)))
+                             resources=resources)
+
+
+class UsageMemo:
+    """The usage records of the node cache's entries, one per entry object.
+
+    Every quota decision and every status pass prices the provider's nodes, so a burst
+    priced each of its nodes hundreds of times. A cache entry is a summary (`summary`
+    true): decoded once per record version, never changed afterwards (a new version is a
+    new object), so its record is worked out once and reused while the cache holds that
+    very object. Only records made from the node's own `resources` are kept: the label's
+    quota a node without them counts for comes from the configuration, which a reload
+    replaces, so those are made afresh each time. Whole records (nodes just created,
+    records read directly) are never kept: they may be changed in place.
+
+    Bounded: past twice the entries kept after the last pruning (at least MEMO_FLOOR), the
+    entries the cache no longer holds (that object under that id) are dropped. Nodes of
+    one label carry equal resources: records share one (immutable) Resources per distinct
+    value, at most MEMO_FLOOR of them (forgotten all at once past that). Threads may race
+    on it; the worst outcome is a record made twice.
+    """
+
+    MEMO_FLOOR = 1024
+
+    def __init__(self) -> None:
+        self._known: dict[str, tuple[quota.NodeUsage, quota.UsageRecord]] = {}
+        self._limit = self.MEMO_FLOOR
+        self._shared: dict[tuple[tuple[str, float], ...], Resources] = {}
+
+    def __len__(self) -> int:
+        return len(self._known)
+
+    def record(self, node_id: str, node: quota.NodeUsage, fallback: Fallback,
+               cache: "NodeLookup") -> quota.UsageRecord:
+        known = self._known.get(node_id)
+        if known is not None and known[0] is node:
+            return known[1]
+        resources = quota.own_resources(node.resources)
+        if resources is None or not getattr(node, "summary", False):
+            return usage_record(node, fallback)
+        # Equal amounts compare equal across a zero's sign: a -0.0 keeps its own value.
+        value = tuple((k, v) for k, v in resources.items() if v or math.copysign(1.0, v) > 0)
+        shared = self._shared.get(value) if len(value) == len(resources) else resources
+        if shared is None:
+            if len(self._shared) >= self.MEMO_FLOOR:
+                self._shared = {}
+            shared = self._shared[value] = resources
+        record = quota.UsageRecord(provider=node.provider, pool=node.pool,
+                                   tenant=node.tenant_name, resources=shared)
+        if len(self._known) >= self._limit:
+            self._known = {k: v for k, v in self._known.items() if cache.get(k) is v[0]}
+            self._limit = max(self.MEMO_FLOOR, 2 * len(self._known))
+        self._known[node_id] = (node, record)
+        return record
 
 
 @dataclass
@@ -128,6 +189,7 @@ class QuotaGuard:
     def __init__(self, zk: ZkClient, clock: Clock = SYSTEM_CLOCK) -> None:
         self.zk = zk
         self.clock = clock
+        self.memo = UsageMemo()
         # Nodes this process created that the caller's cache may not show yet (their
         # provider, pool and resources never change), with when (monotonic) they were
         # noted: priced from here instead of being fetched again by the next decision.
@@ -267,7 +329,7 @@ class QuotaGuard:
                             missing.append(node_id)
                         continue
                 if keep is None or keep(node):
-                    records.append(usage_record(node, fallback))
+                    records.append(self.memo.record(node_id, node, fallback, cache))
         gone: set[str] = set()
         for path, found in self.zk.get_many([paths.node_path(i) for i in missing]):
             if found is None or not found[0]:

@@ -98,3 +98,40 @@ def test_a_labels_digest_is_worked_out_once_per_label_object() -> None:
     changed = PoolLabel(name="a", type="namespace", cpu=2)
     assert b.digest(changed) != first
     assert b.digest(PoolLabel(name="a", type="namespace")) == first
+
+
+def test_check_of_a_pools_labels_by_entry() -> None:
+    """`PoolBreaker.check` answers every waiting request at every pass, and goes straight
+    past labels whose entry is missing or closed: an open entry (of the label's current
+    configuration) still refuses, or waits for its due probe when not accepting, and one of
+    an older configuration still admits."""
+    from typing import cast
+
+    from nodepool_k8s.config.model import PoolConfig, PoolLabel
+    from nodepool_k8s.runtime.clock import ManualClock
+
+    labels = {name: PoolLabel(name=name, type="namespace") for name in ("a", "b")}
+    pool = PoolConfig(name="main", provider="p", labels=labels, breaker_threshold=2)
+    record: dict[str, Any] = {}
+
+    class Cache:
+        def get(self, key: str) -> dict[str, Any]:
+            return record
+
+    clock = ManualClock(start=1_000.0)
+    pool_breaker = b.PoolBreaker(cast(Any, None), cast(Any, Cache()), "p", "main", "id",
+                                 clock)
+    now = clock.time()
+    assert pool_breaker.check(["a", "b"], pool, now, accepting=True) == (None, False)
+    record["a"] = {"state": b.CLOSED, "failures": 1, "trips": 0,
+                   "config": b.digest(labels["a"])}
+    assert pool_breaker.check(["a", "b"], pool, now, accepting=True) == (None, False)
+    record["b"] = {"state": b.OPEN, "failures": 2, "trips": 1, "reason": "ErrImagePull",
+                   "since": now, "until": now + 60, "config": b.digest(labels["b"])}
+    refusal, probe = pool_breaker.check(["a", "b"], pool, now, accepting=True)
+    assert refusal is not None and "label b is suspended" in refusal and not probe
+    assert pool_breaker.check(["a"], pool, now, accepting=True) == (None, False)
+    clock.advance(60)  # the probe is due: without accepting, neither claimed nor refused
+    assert pool_breaker.check(["b"], pool, clock.time(), accepting=False) == (None, False)
+    record["b"]["config"] = "an older configuration"
+    assert pool_breaker.check(["b"], pool, clock.time(), accepting=True) == (None, False)

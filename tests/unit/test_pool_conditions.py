@@ -61,3 +61,25 @@ def test_pool_messages_are_published_whole() -> None:
     published = by_type(builder.conditions(fresh(
         Suspended=cond.Condition("", cond.TRUE, "LabelSuspended", message)), 5.0))
     assert published["Suspended"]["message"] == message and len(message) > cond.MESSAGE_LIMIT
+
+
+def test_validated_is_worked_out_once_per_configuration() -> None:
+    """`Validated` is asked at every pass: remembered per configuration object and cloud
+    limits, and a reload (new objects) or other cloud limits are judged afresh."""
+    from nodepool_k8s.config.model import PoolConfig, PoolLabel, ProviderConfig
+    from nodepool_k8s.core.model import Resources
+
+    def configs(cpu: float) -> tuple[PoolConfig, ProviderConfig]:
+        pool = PoolConfig(name="main", provider="p", max_cores=4,
+                          labels={"big": PoolLabel(name="big", type="pod", cpu=cpu)})
+        return pool, ProviderConfig(name="p", driver="fake", pools={"main": pool})
+
+    pool, provider = configs(2)
+    first = pool_status.validated(pool, provider, Resources.limits())
+    assert (first.status, first.reason) == (cond.TRUE, "Valid")
+    assert pool_status.validated(pool, provider, Resources.limits()) is first
+    tight = pool_status.validated(pool, provider, Resources.limits({"cores": 1}))
+    assert (tight.status, tight.reason) == (cond.FALSE, "LabelExceedsLimits")
+    pool, provider = configs(8)  # a reload: the label no longer fits the pool's limit
+    reloaded = pool_status.validated(pool, provider, Resources.limits())
+    assert (reloaded.status, reloaded.reason) == (cond.FALSE, "LabelExceedsLimits")

@@ -100,3 +100,23 @@ def test_unlimited_by_default() -> None:
     assert p.limits()["instances"] == math.inf
     big = Resources({"instances": 10**9})
     assert quota.check(big, pool_usage=big, provider_usage=big, pool=p, provider=provider(p))
+
+
+def test_totals_equal_total_over_the_records_and_what_is_added() -> None:
+    """A batch of checks sums the records once (`Totals`) and adds the nodes it plans on
+    top: every sum equals `total` over the longer list, to the last bit (fractional
+    amounts, other pools, providers and tenants mixed in, keys only some records have)."""
+    base = [rec(cores=0.1), rec("other", "t1", cores=0.2), rec(tenant="t1", cores=0.3),
+            rec(provider_name="q", tenant="t1", cores=7),
+            quota.UsageRecord("p", "main", "t2", Resources({"gpu": 1.0 / 3}))]
+    added = [[rec(tenant="t1", cores=0.7)], [rec("other", cores=1e-9), rec(cores=0.1)],
+             [quota.UsageRecord("p", "main", None, Resources({"gpu": 0.1, "cores": 3}))]]
+    totals = quota.Totals(base, "p", "main")
+    records = list(base)
+    for more in [[]] + added:
+        totals, records = totals.plus(more), records + more
+        assert totals.pool == quota.total(records, provider="p", pool="main")
+        assert totals.provider == quota.total(records, provider="p")
+        for tenant in ("t1", "t2", None):
+            assert totals.tenant(tenant) == quota.total(records, tenant=tenant)
+        assert dict(totals.pool) == dict(quota.total(records, provider="p", pool="main"))

@@ -45,7 +45,6 @@ budget of ZooKeeper writes per node (tools/benchmark) is not touched by busy poo
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass
@@ -88,8 +87,29 @@ def _num(value: float) -> float | int | None:
     return int(value) if float(value).is_integer() else round(value, 3)
 
 
+# `validated` is asked at every pass of every pool worker and depends only on the
+# configuration objects (a reload makes new ones) and the cloud limits: remembered per
+# pool, checked by identity (bounded: cleared when full; a race computes it twice).
+_VALIDATED_MAX = 256
+_validated: dict[tuple[int, int, Resources | None],
+                 tuple[PoolConfig, ProviderConfig, cond.Condition]] = {}
+
+
 def validated(pool: PoolConfig, provider: ProviderConfig,
               cloud: Resources | None) -> cond.Condition:
+    key = (id(pool), id(provider), cloud)
+    known = _validated.get(key)
+    if known is not None and known[0] is pool and known[1] is provider:
+        return known[2]
+    verdict = _validated_afresh(pool, provider, cloud)
+    if len(_validated) >= _VALIDATED_MAX:
+        _validated.clear()
+    _validated[key] = (pool, provider, verdict)
+    return verdict
+
+
+def _validated_afresh(pool: PoolConfig, provider: ProviderConfig,
+                      cloud: Resources | None) -> cond.Condition:
     if pool.disabled:
         return _cond(FALSE, "Disabled", "max-servers is 0: the pool takes no requests")
     bad = []
@@ -256,9 +276,16 @@ class StatusBuilder:
                    now: float) -> list[PoolCondition]:
         """The pool's conditions as published: `fresh` (by type) with the transition times
         kept across passes by the conditions' one update rule (`conditions.update`)."""
+        # The update rule of `cond.update` (the time moves only on `cond.transitioned`),
+        # applied to the fixed set of pool conditions in one go: this runs at every pass.
+        before = {c.type: c for c in self._conditions}
+        self._conditions = []
         for ctype in CONDITIONS:
-            self._conditions = cond.update(self._conditions, dataclasses.replace(
-                fresh[ctype], type=ctype, last_transition_time=now))
+            new, old = fresh[ctype], before.get(ctype)
+            when = now if old is None or cond.transitioned(old, new) \
+                else old.last_transition_time
+            self._conditions.append(cond.Condition(ctype, new.status, new.reason,
+                                                   new.message, when))
         by_type = {c.type: c for c in self._conditions}
         # serialise writes PoolCondition's keys (time under POOL_TIME_KEY) but `neutral`.
         published = cast(list[PoolCondition], cond.serialise(

@@ -152,8 +152,8 @@ class Allocator:
         counts = _counted(provider_cfg, set() if tenant_limit is None
                           else {self.request.tenant_name})
         return self.check(quota.demand([s.label for s in remaining], pool_cfg),
-                          self.deps.cached_usage(counts), provider_cfg, pool_cfg,
-                          tenant_limit)
+                          usage_totals(self.deps.cached_usage(counts), provider_cfg,
+                                       pool_cfg), provider_cfg, pool_cfg, tenant_limit)
 
     def create(self, remaining: list[Slot], provider_cfg: ProviderConfig,
                pool_cfg: PoolConfig, looked: quota.Fit | None = None) -> quota.Fit:
@@ -174,10 +174,10 @@ class Allocator:
                 raise errors.LockLost(f"lock on request {self.request.id} vanished") from exc
             raise
 
-    def check(self, need: model.Resources, records: list[quota.UsageRecord],
+    def check(self, need: model.Resources, usage: quota.Totals,
               provider_cfg: ProviderConfig, pool_cfg: PoolConfig,
               tenant_limit: TenantLimit | None) -> quota.Fit:
-        return check_quota(need, records, self.provider, provider_cfg, pool_cfg,
+        return check_quota(need, usage, self.provider, provider_cfg, pool_cfg,
                            self.request.node_types, self.request.tenant_name, tenant_limit)
 
     def new_node(self, label: str, pool_cfg: PoolConfig) -> Node:
@@ -260,20 +260,26 @@ def handout_problem(provider: Provider, node: Node) -> str | None:
     return problem
 
 
-def check_quota(need: model.Resources, records: list[quota.UsageRecord], provider: Provider,
+def usage_totals(records: list[quota.UsageRecord], provider_cfg: ProviderConfig,
+                 pool_cfg: PoolConfig) -> quota.Totals:
+    """`records` summed as `check_quota` reads them (once for a batch of checks)."""
+    return quota.Totals(records, provider_cfg.name, pool_cfg.name)
+
+
+def check_quota(need: model.Resources, usage: quota.Totals, provider: Provider,
                 provider_cfg: ProviderConfig, pool_cfg: PoolConfig, labels: Sequence[str],
                 tenant: str | None = None,
                 tenant_limit: TenantLimit | None = None) -> quota.Fit:
     """Whether `need` (of nodes with `labels`) fits the pool, provider, cloud and, with
-    `tenant_limit`, the tenant's limits on top of `records`."""
+    `tenant_limit`, the tenant's limits on top of `usage` (`usage_totals` of the
+    records, made for this pool)."""
     verdict = quota.check(
-        need, pool_usage=quota.total(records, provider=provider_cfg.name, pool=pool_cfg.name),
-        provider_usage=quota.total(records, provider=provider_cfg.name),
+        need, pool_usage=usage.pool, provider_usage=usage.provider,
         pool=pool_cfg, provider=provider_cfg, cloud_limits=quota.tightest(
             provider.cloud_limits(pool_cfg.labels[name])
             for name in sorted(set(labels)) if name in pool_cfg.labels))
     if verdict and tenant_limit is not None:
-        verdict = quota.check_tenant(need, quota.total(records, tenant=tenant), tenant_limit)
+        verdict = quota.check_tenant(need, usage.tenant(tenant), tenant_limit)
     return verdict
 
 
@@ -312,15 +318,15 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
     def fitting(records: list[quota.UsageRecord]) -> tuple[list[list[Node]], quota.Fit]:
         """New nodes for the longest prefix of `batch` that fits on top of `records`."""
         planned: list[list[Node]] = []
-        added: list[quota.UsageRecord] = []
+        usage = usage_totals(records, provider_cfg, pool_cfg)
         for allocator, slots in batch:
             verdict = allocator.check(quota.demand([s.label for s in slots], pool_cfg),
-                                      records + added, provider_cfg, pool_cfg,
+                                      usage, provider_cfg, pool_cfg,
                                       allocator.tenant_limit)
             if not verdict:
                 return planned, verdict
             nodes = [allocator.new_node(s.label, pool_cfg) for s in slots]
-            added += [usage_record(node, lambda _node: None) for node in nodes]
+            usage = usage.plus([usage_record(node, lambda _node: None) for node in nodes])
             planned.append(nodes)
         return planned, quota.FITS
 

@@ -30,7 +30,7 @@ from nodepool_k8s.core.model import NodeRequest, Resources
 from nodepool_k8s.core.transition import transition_request
 from nodepool_k8s.driver.base import Provider
 from nodepool_k8s.launcher.requests.allocation import (
-    AllocationDeps, PoolRef, SlotState, check_quota, create_batch)
+    AllocationDeps, PoolRef, SlotState, check_quota, create_batch, usage_totals)
 from nodepool_k8s.launcher.requests.handler import RequestHandler
 from nodepool_k8s.runtime.tracing import Tracer
 from nodepool_k8s.zk import errors
@@ -106,7 +106,7 @@ class Batch:
         self.requests: list[NodeRequest] = []
         self._takes: list[Take] = []
         self.node_count = 0
-        self._usage: list[quota.UsageRecord] | None = None
+        self._usage: quota.Totals | None = None
         self._need = Resources({})
         self._spare_labels: set[str | None] | None = None
 
@@ -122,7 +122,9 @@ class Batch:
             return False
         provider_cfg, pool_cfg = self.provider_cfg, self.pool_cfg
         if self._usage is None:
-            self._usage = self.deps.cached_usage(lambda n: n.provider == provider_cfg.name)
+            self._usage = usage_totals(
+                self.deps.cached_usage(lambda n: n.provider == provider_cfg.name),
+                provider_cfg, pool_cfg)
         need = self._need + quota.demand(request.node_types, pool_cfg)
         if not check_quota(need, self._usage, self.provider, provider_cfg, pool_cfg,
                            request.node_types):
