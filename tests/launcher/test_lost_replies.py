@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.driver.base import LaunchSpec
 from nodepool_k8s.launcher.requests.launch import LaunchEnd, LaunchOutcome, LaunchPool
-from nodepool_k8s.zk import paths
+from nodepool_k8s.zk import errors, paths
+from nodepool_k8s.zk.txn import Txn
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.zk.client import ZkClient
 from tests.helpers import ZkConnection
@@ -146,3 +148,44 @@ def test_node_lock_lost_before_the_final_write_does_not_wedge_the_pool(
     other = zuul.submit(["small"])
     body = zuul.wait(other, timeout=30)
     assert body is not None and body["state"] == "fulfilled"
+
+
+def test_a_final_write_applied_whose_reply_was_lost_is_adopted(
+        zk: ZkConnection, zkc: ZkClient, zuul: ZuulClient, kazoo_client: KazooClient,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The transaction that fulfils a request was applied, but its reply was lost (a
+    failover between commit and answer). The handler reads the request back, finds what it
+    wrote and is done: one `fulfilled` write, no second one over a lock it no longer
+    holds, no error on the next passes. (Stepped, as above.)"""
+    world = make_upkeep(zk, zkc, ONE_SERVER)
+    worker, launches = world.pool_worker()
+    request_id = zuul.submit(["small"])
+    request_path = paths.request_path(request_id)
+    original = Txn.commit
+    lost: list[int] = []
+
+    def reply_lost(self: Txn, client: ZkClient) -> list[Any]:
+        results = original(self, client)
+        closing = any(op.kind == "set" and op.path == request_path
+                      and b'"fulfilled"' in op.data for op in self.ops)
+        if closing and not lost:
+            lost.append(kazoo_client.exists(request_path).version)
+            raise errors.ZkConnectionError("connection lost before the answer")
+        return results
+
+    monkeypatch.setattr(Txn, "commit", reply_lost)
+    caplog.set_level(logging.INFO)
+    worker.run_once()
+    launches.run_all()
+    for _ in range(2):
+        worker.run_once()
+        launches.run_all()
+    assert lost, "the final write was not sent"
+    body = zuul.get_request(request_id)
+    assert body is not None and body["state"] == "fulfilled" and len(body["nodes"]) == 1
+    # Written once: the version the lost reply would have told is still the request's.
+    assert kazoo_client.exists(request_path).version == lost[0]
+    assert any("applied although its reply was lost" in r.getMessage()
+               for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert request_id not in worker.handlers

@@ -750,8 +750,11 @@ class RequestHandler:
             locks.append(slot.lock)
         return txn, locks
 
-    def _commit_final(self, txn: Txn, locks: list[HeldLock], with_request: bool) -> Final:
-        """Commit the final transaction: DONE, GONE (request vanished) or RETRY."""
+    def _commit_final(self, txn: Txn, locks: list[HeldLock],
+                      written: NodeRequest | None) -> Final:
+        """Commit the final transaction: DONE, GONE (request vanished) or RETRY.
+        `written`: the request as the transaction writes it (None: it writes only nodes)."""
+        with_request = written is not None
         try:
             txn.commit(self.engine.zk)
         except errors.TxnFailed as exc:
@@ -767,7 +770,7 @@ class RequestHandler:
         except errors.ZkConnectionError:
             # Ambiguous: the reply was lost. If the request carries exactly what we wrote,
             # the whole transaction was applied (it is atomic): nothing to do again.
-            if not with_request or not self._final_write_applied():
+            if written is None or not self._final_write_applied(written):
                 raise
         for lock in locks:
             lock.mark_released()
@@ -775,10 +778,11 @@ class RequestHandler:
             self.lock.mark_released()
         return DONE
 
-    def _final_write_applied(self) -> bool:
-        outcome = zk_locks.reconcile_write(self.engine.zk, paths.request_path(self.request.id),
-                                           request_codec.encode(self.request),
-                                           self.request.version)
+    def _final_write_applied(self, written: NodeRequest) -> bool:
+        """Whether ZooKeeper holds exactly `written` one version on: the lost reply's
+        transaction was applied (it is atomic, so the node writes were too)."""
+        outcome = zk_locks.reconcile_write(self.engine.zk, paths.request_path(written.id),
+                                           request_codec.encode(written), written.version)
         if outcome is None:
             return False
         self.request.version = outcome[0]
@@ -886,7 +890,7 @@ class RequestHandler:
         change(copy)
         self.engine.requests.add_store(txn, copy, self.lock, release=True)
         try:
-            outcome = self._commit_final(txn, locks, with_request=True)
+            outcome = self._commit_final(txn, locks, written=copy)
         except Exception as exc:
             span.fail("Unknown", str(exc))
             raise
@@ -921,7 +925,7 @@ class RequestHandler:
         txn, locks = self._final_txn(allocated=False)
         try:
             if len(txn):
-                self._commit_final(txn, locks, with_request=False)
+                self._commit_final(txn, locks, written=None)
         finally:
             for slot in self.slots:
                 if slot.lock is not None and not slot.lock.released:
