@@ -53,6 +53,14 @@ ZooKeeper's: readers that act on a record lock it and read it fresh anyway; read
 decide from the cache what may need acting on (cleanup, views) `refresh` first where a
 skipped change could matter to them. The rule must be quick and read no ZooKeeper.
 
+Which children exist (`children_through`): with the persistent watch the mirror knows
+every child's name from the resync's listing and the creation and deletion events since,
+whether its data was read or not. Events are queued onto the mirror's thread on kazoo's
+connection thread as each is read, before any later answer on that connection is handed
+to its caller; so a task queued once a caller holds an answer runs after the events that
+came before it, and the names it sees include every child created before that answer
+(zk/quota_guard.py decides quota on this instead of listing the nodes).
+
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
 the child `malformed` with the reason, reported once per version with its path through
@@ -201,6 +209,14 @@ class ChildMirror(Generic[T]):
         # the callers waiting for them (the keys still behind, the event to set).
         self._wanted: set[str] = set()
         self._waiters: list[tuple[set[str], threading.Event]] = []
+        # With the persistent watch: every child known to exist, whose data is read or not
+        # (listed by the last resync, or reported created by the watch since, and not seen
+        # deleted), and the connection on which that resync added the watch and listed the
+        # root (-1: none, or a resync under way). See `children_through`.
+        self._names: set[str] = set()
+        self._listed_on = -1
+        self._barriers: list[threading.Event] = []  # `children_through` callers waiting
+        self._stopped = False
         self.skipped = 0  # change events left unread under `skip_read`
         self.events = 0  # answers applied (reads and own writes)
         self.reads = 0  # data reads sent
@@ -222,6 +238,7 @@ class ChildMirror(Generic[T]):
         self._submit(self._resync)
 
     def stop(self) -> None:
+        self._stopped = True
         self.zk.remove_listener(self._on_state)
         self.zk.echoes.remove(self.root, self)
         if self._want_tree:
@@ -234,6 +251,8 @@ class ChildMirror(Generic[T]):
         self._synced.clear()
         for _, waiting in list(self._waiters):
             waiting.set()  # nothing will answer them now: what is held is what they get
+        for barrier in list(self._barriers):
+            barrier.set()  # unanswered: they fall back to their own reads
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
@@ -276,6 +295,44 @@ class ChildMirror(Generic[T]):
         done = threading.Event()
         self._submit(self._on_refresh, keys, done)
         return done.wait(timeout)
+
+    def children_through(self, connection: int, timeout: float = 2.0) -> list[str] | None:
+        """Every child created before this client read an answer on `connection` (a
+        `ZkClient.connections` number) and still there then, perhaps with some created or
+        deleted after: the names this mirror knows once the events queued before the call
+        are applied. None when that does not hold or cannot be told in `timeout`: no
+        persistent watch, another connection than the one the watch was added and the
+        root listed on, a resync under way, the mirror stopped.
+
+        Why it holds (the ordering argument in zk/quota_guard.py): the server sends a
+        connection's watch events and answers in the order it applied the changes, kazoo
+        reads them one by one on its connection thread, and this mirror's watch listener
+        queues each event onto the mirror's thread there and then, before kazoo reads the
+        next message. So by the time the caller holds an answer read on `connection`,
+        every creation event before it is queued here, and this call's task runs after
+        them. Creations before the watch was added are in the resync's listing, taken after
+        it on the same connection. Not from the mirror's own thread."""
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("children_through() from the mirror's own thread would wait")
+        if self._stopped or not self._tree or self._listed_on != connection:
+            return None  # no trip through the thread for a known "no"
+        done = threading.Event()
+        answer: list[list[str]] = []
+        self._barriers.append(done)
+        try:
+            self._submit(self._on_children_through, connection, answer, done)
+            if not done.wait(timeout):
+                return None
+        finally:
+            self._barriers.remove(done)
+        return answer[0] if answer else None
+
+    def _on_children_through(self, connection: int, answer: list[list[str]],
+                             done: threading.Event) -> None:
+        if self._tree and self._listed_on == connection and self.zk.connections == connection \
+                and not self._resyncing and self._synced.is_set():
+            answer.append(list(self._names))
+        done.set()
 
     # -- own writes (zk/echo.py; the writer's or kazoo's thread: enqueue only) -------------
     def expect_write(self, key: str) -> bool:
@@ -401,6 +458,7 @@ class ChildMirror(Generic[T]):
                 # events ran after the reconnect): that watch missed the changes since.
                 if connection == self._counted_since:
                     self._changes[key] = 0
+                self._names.add(key)
                 if key not in self._queued:
                     # Through the bounded backlog, as a listing's new children are.
                     self._queued.add(key)
@@ -546,6 +604,8 @@ class ChildMirror(Generic[T]):
         # the disconnect) must not hold back a read.
         self._expected.clear()
         self._deferred.clear()
+        self._listed_on = -1
+        listing_on = self.zk.connections
         try:
             if self._want_tree:
                 # Before the listing, so no change after it goes unseen.
@@ -571,6 +631,10 @@ class ChildMirror(Generic[T]):
             log.warning("%s: resync failed (%s); waiting for the connection", self.name, exc)
             return
         present = {c for c in children if self._accept(c)}
+        self._names = set(present)
+        if self._tree and self.zk.connections == listing_on:
+            # The watch was added and the root listed after it, both on this connection.
+            self._listed_on = listing_on
         with self._lock:
             gone = [k for k in self.items if k not in present] + \
                 [k for k in self.empty if k not in present] + \
@@ -854,6 +918,7 @@ class ChildMirror(Generic[T]):
             self._mzxid.pop(key, None)
             self._versions.pop(key, None)
         self._changes.pop(key, None)
+        self._names.discard(key)
         self._settle_waiters()
         if existed:
             self._notify(CacheEvent.REMOVED, key)
