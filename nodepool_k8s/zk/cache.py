@@ -174,7 +174,7 @@ class NodeCache(MirroredCache[Node]):
     def ids_through(self, connection: int) -> list[str] | None:
         """Ids of every node created before this client read an answer on `connection`
         and not deleted since, perhaps with a few newer ones; None when the cache cannot
-        tell (`ChildMirror.children_through`). Not from a cache listener."""
+        tell (`ChildMirror.children_through`). Quick: reads nothing, waits for nothing."""
         return self._mirror.children_through(connection)
 
 

@@ -53,13 +53,15 @@ ZooKeeper's: readers that act on a record lock it and read it fresh anyway; read
 decide from the cache what may need acting on (cleanup, views) `refresh` first where a
 skipped change could matter to them. The rule must be quick and read no ZooKeeper.
 
-Which children exist (`children_through`): with the persistent watch the mirror knows
-every child's name from the resync's listing and the creation and deletion events since,
-whether its data was read or not. Events are queued onto the mirror's thread on kazoo's
-connection thread as each is read, before any later answer on that connection is handed
-to its caller; so a task queued once a caller holds an answer runs after the events that
-came before it, and the names it sees include every child created before that answer
-(zk/quota_guard.py decides quota on this instead of listing the nodes).
+Which children exist (`children_through`): with the persistent watch the mirror keeps
+every child's name, read or not: the resync's listing, then each creation and deletion
+event applied by the watch's listener on kazoo's connection thread as it reads the event,
+before it reads the next message. So whoever holds an answer read on that connection
+finds the names as of that answer or later: every child created before it is there
+(zk/quota_guard.py decides quota on this instead of listing the nodes). Events that arrive
+while a resync's listing is in flight are logged and applied to the listing when it comes
+(whether a name is there is decided by its last event, so applying again an event the
+listing already reflects changes nothing).
 
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
@@ -210,12 +212,15 @@ class ChildMirror(Generic[T]):
         self._wanted: set[str] = set()
         self._waiters: list[tuple[set[str], threading.Event]] = []
         # With the persistent watch: every child known to exist, whose data is read or not
-        # (listed by the last resync, or reported created by the watch since, and not seen
-        # deleted), and the connection on which that resync added the watch and listed the
-        # root (-1: none, or a resync under way). See `children_through`.
+        # (listed by the last resync, then created and not deleted per the watch's events,
+        # applied on kazoo's connection thread), the connection on which that resync added
+        # the watch and listed the root (-1: none, or a resync under way), and the events
+        # that arrived while its listing was in flight (None: no listing in flight). See
+        # `children_through`.
+        self._names_lock = threading.Lock()
         self._names: set[str] = set()
-        self._listed_on = -1
-        self._barriers: list[threading.Event] = []  # `children_through` callers waiting
+        self._names_on = -1
+        self._names_log: list[tuple[str, str]] | None = None
         self._stopped = False
         self.skipped = 0  # change events left unread under `skip_read`
         self.events = 0  # answers applied (reads and own writes)
@@ -251,8 +256,6 @@ class ChildMirror(Generic[T]):
         self._synced.clear()
         for _, waiting in list(self._waiters):
             waiting.set()  # nothing will answer them now: what is held is what they get
-        for barrier in list(self._barriers):
-            barrier.set()  # unanswered: they fall back to their own reads
 
     def wait_synced(self, timeout: float | None = None) -> bool:
         return self._synced.wait(timeout)
@@ -296,43 +299,27 @@ class ChildMirror(Generic[T]):
         self._submit(self._on_refresh, keys, done)
         return done.wait(timeout)
 
-    def children_through(self, connection: int, timeout: float = 2.0) -> list[str] | None:
+    def children_through(self, connection: int) -> list[str] | None:
         """Every child created before this client read an answer on `connection` (a
         `ZkClient.connections` number) and still there then, perhaps with some created or
-        deleted after: the names this mirror knows once the events queued before the call
-        are applied. None when that does not hold or cannot be told in `timeout`: no
-        persistent watch, another connection than the one the watch was added and the
-        root listed on, a resync under way, the mirror stopped.
+        deleted after: the names this mirror knows now. None when that does not hold: no
+        persistent watch, another connection than the one the watch was added and the root
+        listed on, the mirror not synced or resyncing, or stopped.
 
         Why it holds (the ordering argument in zk/quota_guard.py): the server sends a
-        connection's watch events and answers in the order it applied the changes, kazoo
-        reads them one by one on its connection thread, and this mirror's watch listener
-        queues each event onto the mirror's thread there and then, before kazoo reads the
-        next message. So by the time the caller holds an answer read on `connection`,
-        every creation event before it is queued here, and this call's task runs after
-        them. Creations before the watch was added are in the resync's listing, taken after
-        it on the same connection. Not from the mirror's own thread."""
-        if threading.current_thread() is self._thread:
-            raise RuntimeError("children_through() from the mirror's own thread would wait")
-        if self._stopped or not self._tree or self._listed_on != connection:
-            return None  # no trip through the thread for a known "no"
-        done = threading.Event()
-        answer: list[list[str]] = []
-        self._barriers.append(done)
-        try:
-            self._submit(self._on_children_through, connection, answer, done)
-            if not done.wait(timeout):
+        connection's watch events and answers in the order it applied the changes, and
+        kazoo reads them one by one on its connection thread, where this mirror's watch
+        listener applies each creation and deletion to the names before kazoo reads the
+        next message. So by the time the caller holds an answer read on `connection`, every
+        creation before it is among the names; those before the watch was added are in the
+        resync's listing, taken after it on the same connection. Quick: no ZooKeeper read,
+        no trip through the mirror's thread, a copy of the names."""
+        with self._names_lock:
+            if self._stopped or self._names_on != connection \
+                    or self.zk.connections != connection \
+                    or self._resyncing or not self._synced.is_set():
                 return None
-        finally:
-            self._barriers.remove(done)
-        return answer[0] if answer else None
-
-    def _on_children_through(self, connection: int, answer: list[list[str]],
-                             done: threading.Event) -> None:
-        if self._tree and self._listed_on == connection and self.zk.connections == connection \
-                and not self._resyncing and self._synced.is_set():
-            answer.append(list(self._names))
-        done.set()
+            return list(self._names)
 
     # -- own writes (zk/echo.py; the writer's or kazoo's thread: enqueue only) -------------
     def expect_write(self, key: str) -> bool:
@@ -424,6 +411,13 @@ class ChildMirror(Generic[T]):
         goes with the connection it came on: `ZkClient.connections` counts a new one on this
         thread before any of its events is read."""
         depth = path.count("/", len(self.root))
+        if depth == 1 and kind != EventType.CHANGED:
+            key = path[len(self.root) + 1:]
+            if self._accept(key):
+                with self._names_lock:
+                    if self._names_log is not None:
+                        self._names_log.append((kind, key))
+                    self._apply_name(self._names, kind, key)
         if depth <= 1 or (depth == 3 and self._with_locks and self._lock_root is None
                           and kind != EventType.CHANGED):
             self._submit(self._on_tree_event, kind, path, self.zk.connections)
@@ -458,7 +452,6 @@ class ChildMirror(Generic[T]):
                 # events ran after the reconnect): that watch missed the changes since.
                 if connection == self._counted_since:
                     self._changes[key] = 0
-                self._names.add(key)
                 if key not in self._queued:
                     # Through the bounded backlog, as a listing's new children are.
                     self._queued.add(key)
@@ -604,8 +597,10 @@ class ChildMirror(Generic[T]):
         # the disconnect) must not hold back a read.
         self._expected.clear()
         self._deferred.clear()
-        self._listed_on = -1
         listing_on = self.zk.connections
+        with self._names_lock:
+            self._names_on = -1
+            self._names_log = []  # the events from now on, for the listing below
         try:
             if self._want_tree:
                 # Before the listing, so no change after it goes unseen.
@@ -621,20 +616,20 @@ class ChildMirror(Generic[T]):
             children, stat = self.zk.kazoo.get_children(
                 self.root, watch=None if self._tree else self._root_watch, include_data=True)
         except kex.NoNodeError:
+            self._listed(None, listing_on)
             self.zk.ensure_path(self.root)
             self._submit(self._resync)
             return
         except (kex.NoAuthError, kex.AuthFailedError) as exc:
+            self._listed(None, listing_on)
             log.error("%s: %s", self.name, errors.ZkAuthError(type(exc).__name__, self.root))
             return
         except kex.KazooException as exc:
+            self._listed(None, listing_on)
             log.warning("%s: resync failed (%s); waiting for the connection", self.name, exc)
             return
         present = {c for c in children if self._accept(c)}
-        self._names = set(present)
-        if self._tree and self.zk.connections == listing_on:
-            # The watch was added and the root listed after it, both on this connection.
-            self._listed_on = listing_on
+        self._listed(present, listing_on)
         with self._lock:
             gone = [k for k in self.items if k not in present] + \
                 [k for k in self.empty if k not in present] + \
@@ -651,6 +646,31 @@ class ChildMirror(Generic[T]):
         self._pump()
         if self._pending == 0:
             self._finish_sync()
+
+    def _listed(self, present: set[str] | None, connection: int) -> None:
+        """The resync's listing (None: none came): the names are what it shows, with the
+        events logged since before the watch was added applied in their order. The listing
+        shows the children as of some of those events; a name with no event since is as it
+        shows, and a name with events is there if its last one is a creation, whatever the
+        listing showed (so an event the listing already reflects changes nothing)."""
+        with self._names_lock:
+            log_, self._names_log = self._names_log or [], None
+            if present is None:
+                return
+            names = set(present)
+            for kind, key in log_:
+                self._apply_name(names, kind, key)
+            self._names = names
+            if self._tree and self.zk.connections == connection:
+                # The watch was added and the root listed after it, both on this connection.
+                self._names_on = connection
+
+    @staticmethod
+    def _apply_name(names: set[str], kind: str, key: str) -> None:
+        if kind == EventType.CREATED:
+            names.add(key)
+        elif kind == EventType.DELETED:
+            names.discard(key)
 
     def _pump(self) -> None:
         """Issue queued resync reads, at most MAX_IN_FLIGHT at a time: answers carry the
@@ -918,7 +938,6 @@ class ChildMirror(Generic[T]):
             self._mzxid.pop(key, None)
             self._versions.pop(key, None)
         self._changes.pop(key, None)
-        self._names.discard(key)
         self._settle_waiters()
         if existed:
             self._notify(CacheEvent.REMOVED, key)

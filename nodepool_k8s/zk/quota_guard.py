@@ -27,35 +27,21 @@ before it serves a later read. So when the answer to our `exists` of a guard (ve
 `v`) arrives, the creation event of every node the server had created by then (by any
 client, guarded or not) came before it on the same connection. kazoo reads a connection's
 messages one at a time on its connection thread; the persistent watch's listener
-(`_kazoo_ext.RecursiveWatches`) runs inside that read and the cache's listener only queues
-the event onto the cache's thread, before kazoo reads the next message and long before an
-answer wakes its caller. A task queued on the cache's thread once the caller holds the
-answer runs after all those events (`ChildMirror.children_through`): the cache's names then
-hold every node created before `v`, those created before the watch was added on this
-connection coming from the listing its resync took after adding it. Nodes deleted
-meanwhile are missing, and rightly (they are gone: the listing would have over-counted
-them); nodes created since may be there (over-counting, which only errs on the safe side,
-and a guarded one fails the commit anyway). So the ids count every node the listing would
-have, and step 4 checks the rest as before: one round trip, no listing (with ten thousand
-nodes, a ten-thousand-name answer to decode per decision). The listing is read instead,
-after the versions, whenever that chain does not hold: no persistent watches (a server
-before 3.6, or switched off), the cache not synced or resyncing, a reconnect between
-sending the read and reading its answer, an answer on another connection than the one the
-cache's watch and listing were made on, or the cache's thread not answering in time.
-The guard bump rides inside the transaction that creates the nodes, so serialisation costs
-no extra write. Deleting nodes needs no guard (usage only goes down). `commit_guarded` is
-that loop, written once (the request handler and min-ready use it).
-
-Node `provider`, `pool` and `resources` never change after creation, so cached copies of
-existing nodes are exact for provider and pool usage. A node's `tenant_name` can change
-when a ready node is reused; tenant usage of such nodes is as fresh as the cache.
-
-What it holds, bounded: the nodes this process created that the cache did not show yet
-(`note_created`), for at most `CREATED_TRUST` seconds each: a node the cache has not shown
-by then (it may already be gone: created, launched, used and deleted between two
-decisions) is read like any other missing id, counted if it exists and dropped if not. So
-the table holds at most the nodes created in the last `CREATED_TRUST` seconds, and the
-remembered listing never keeps a deleted node's id for longer than that.
+(`_kazoo_ext.RecursiveWatches`) runs inside that read, and the cache's listener applies a
+creation or deletion to the cache's set of names there and then, before kazoo reads the
+next message, let alone hands an answer to its caller (`ChildMirror.children_through`).
+So once the caller holds the answer, the cache's names hold every node created before
+`v`, those created before the watch was added on this connection coming from the listing
+its resync took after adding it. Nodes deleted meanwhile are missing, and rightly (they
+are gone: the listing would have over-counted them); nodes created since may be there
+(over-counting, which only errs on the safe side, and a guarded one fails the commit
+anyway). So the ids count every node the listing would have, and step 4 checks the rest
+as before: one round trip, no listing (with ten thousand nodes, a ten-thousand-name answer
+to decode per decision). The listing is read instead, after the versions, whenever that
+chain does not hold: no persistent watches (a server before 3.6, or switched off), the
+cache not synced or resyncing, a reconnect between sending the read and reading its
+answer, or an answer on another connection than the one the cache's watch and listing
+were made on.
 """
 
 from __future__ import annotations

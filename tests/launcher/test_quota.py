@@ -1,10 +1,10 @@
 """Quotas end to end: a provider limit across pools is never exceeded (sampled by a
 watcher) under concurrent builds, nor one two launchers share (whose decisions take the
-node ids from their caches, not from a listing of the nodes), tenant limits defer without declining, requests that
-can never fit are declined. A pool limit pausing the pool and serving in order as
-capacity frees, and reclaiming an idle node of another label, are stepped in
-tests/launcher/upkeep/test_quota.py; the cloud refusing for quota (the node aborted and
-launched again) in tests/launcher/requests/."""
+node ids from their caches, not from a listing of the nodes), tenant limits defer
+without declining, requests that can never fit are declined. A pool limit pausing the
+pool and serving in order as capacity frees, and reclaiming an idle node of another label,
+are stepped in tests/launcher/upkeep/test_quota.py; the cloud refusing for quota (the node
+aborted and launched again) in tests/launcher/requests/."""
 
 from __future__ import annotations
 

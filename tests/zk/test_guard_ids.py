@@ -5,8 +5,7 @@ Aspects: a node another session created in a guarded commit just before our guar
 among the ids (no under-count), decision after decision, without a listing; so are nodes
 created while the connection was down, once the cache has listed again; and the listing is
 read whenever the chain of the argument does not hold: one-shot watches, a cache not
-started or stopped, an answer on another connection than the cache's, a cache thread
-that does not answer in time.
+started or stopped, a cache resyncing, an answer on another connection than the cache's.
 """
 
 from __future__ import annotations
@@ -96,14 +95,6 @@ def hold(cache: NodeCache) -> threading.Event:
     return release
 
 
-def release_when_waited(cache: NodeCache, release: threading.Event) -> None:
-    """Let the cache's thread go once a decision waits for it (or after a deadline)."""
-    try:
-        wait_for(lambda: bool(cache._mirror._barriers), 10)
-    finally:
-        release.set()
-
-
 def test_a_node_created_just_before_the_guard_read_is_counted_without_a_listing(
         zkc: ZkClient, other: ZkClient, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = started(zkc)
@@ -112,14 +103,14 @@ def test_a_node_created_just_before_the_guard_read_is_counted_without_a_listing(
         listings = Listings(zkc, monkeypatch)
         made: list[str] = []
         for _ in range(30):
-            # The cache's thread busy until the decision waits for it: the creation's
-            # event is queued behind, not applied, when the guard's version arrives.
+            # The cache's thread busy meanwhile: the creation's event waits there behind
+            # it; only the names kept on kazoo's connection thread have it.
             release = hold(cache)
-            made.append(guarded_create(other))
-            releasing = threading.Thread(target=release_when_waited, args=(cache, release))
-            releasing.start()
-            versions, ids = guard.read_listing([GUARD])
-            releasing.join()
+            try:
+                made.append(guarded_create(other))
+                versions, ids = guard.read_listing([GUARD])
+            finally:
+                release.set()
             assert made[-1] in ids
             assert versions[GUARD] == len(made)
             assert len(usage(guard, cache, ids)) == len(made)
@@ -139,7 +130,7 @@ def test_nodes_created_while_disconnected_are_counted_after_the_resync(
         drop_connection(zkc)
         during = guarded_create(other)
         changes.until(lambda: zkc.connected, 60, message="the reconnect")
-        changes.until(lambda: cache._mirror._listed_on == zkc.connections
+        changes.until(lambda: cache._mirror._names_on == zkc.connections
                       and cache.wait_synced(0), 20, message="the resync")
         listings = Listings(zkc, monkeypatch)
         after = guarded_create(other)
@@ -148,6 +139,35 @@ def test_nodes_created_while_disconnected_are_counted_after_the_resync(
         assert listings.count == 0
     finally:
         changes.close()
+        cache.stop()
+
+
+def test_events_during_the_resync_listing_are_applied_to_it(
+        zkc: ZkClient, other: ZkClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node created and one deleted after the resync's listing was answered, before the
+    cache took it in: their events, logged meanwhile, are applied to the listing."""
+    zkc.ensure_path(paths.NODES)
+    QuotaGuard(zkc).read([GUARD])
+    gone = guarded_create(other)
+    cache = NodeCache(zkc)
+    mirror = cache._mirror
+    original = mirror._listed
+    made: list[str] = []
+
+    def listed(present: set[str] | None, connection: int) -> None:
+        if present is not None and not made:
+            assert gone in present
+            made.append(guarded_create(other))
+            other.delete(paths.node_path(gone))
+            wait_for(lambda: len(mirror._names_log or []) >= 2, 10)
+        original(present, connection)
+    monkeypatch.setattr(mirror, "_listed", listed)
+    cache.start()
+    try:
+        assert cache.wait_synced(10)
+        ids = cache.ids_through(zkc.connections)
+        assert ids is not None and made[0] in ids and gone not in ids
+    finally:
         cache.stop()
 
 
@@ -197,14 +217,24 @@ def test_an_answer_on_another_connection_reads_the_listing(
         cache.stop()
 
 
-def test_a_busy_cache_thread_reads_the_listing(
+def test_a_resyncing_cache_reads_the_listing(
         zkc: ZkClient, other: ZkClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After a reconnect, until the cache's resync has listed on the new connection and
+    read what it lists (its thread held here before the resync runs)."""
     cache = started(zkc)
+    changes = Signal().listen(zkc)
     release = hold(cache)
     try:
-        listed(zkc, other, QuotaGuard(zkc, nodes=cache), Listings(zkc, monkeypatch))
+        guard = QuotaGuard(zkc, nodes=cache)
+        listings = Listings(zkc, monkeypatch)
+        connection = zkc.connections
+        drop_connection(zkc)
+        changes.until(lambda: zkc.connected and zkc.connections > connection, 60,
+                      message="the reconnect")
+        listed(zkc, other, guard, listings)
     finally:
         release.set()
+        changes.close()
         cache.stop()
 
 
