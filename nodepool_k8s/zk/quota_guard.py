@@ -42,6 +42,21 @@ chain does not hold: no persistent watches (a server before 3.6, or switched off
 cache not synced or resyncing, a reconnect between sending the read and reading its
 answer, or an answer on another connection than the one the cache's watch and listing
 were made on.
+
+The guard bump rides inside the transaction that creates the nodes, so serialisation costs
+no extra write. Deleting nodes needs no guard (usage only goes down). `commit_guarded` is
+that loop, written once (the request handler and min-ready use it).
+
+Node `provider`, `pool` and `resources` never change after creation, so cached copies of
+existing nodes are exact for provider and pool usage. A node's `tenant_name` can change
+when a ready node is reused; tenant usage of such nodes is as fresh as the cache.
+
+What it holds, bounded: the nodes this process created that the cache did not show yet
+(`note_created`), for at most `CREATED_TRUST` seconds each: a node the cache has not shown
+by then (it may already be gone: created, launched, used and deleted between two
+decisions) is read like any other missing id, counted if it exists and dropped if not. So
+the table holds at most the nodes created in the last `CREATED_TRUST` seconds, and the
+remembered listing never keeps a deleted node's id for longer than that.
 """
 
 from __future__ import annotations
@@ -179,8 +194,8 @@ class QuotaGuard:
     def read_listing(self, guard_paths: list[str]) -> tuple[dict[str, int], list[str]]:
         """`read(guard_paths)` and the node ids for `usage(ids=...)`, in one round trip.
 
-        With the node cache: the guards' versions, then the cache's ids once it has
-        applied every event that came before them (module docstring, "Which nodes exist").
+        With the node cache: the guards' versions, then the cache's ids as they stand
+        once that answer is read (module docstring, "Which nodes exist").
         Else, or when the cache cannot tell, the listing: pipelined, or read after the
         versions; either way ZooKeeper answers it after the guard reads (one session, in
         order), so it shows every node created before the versions read.

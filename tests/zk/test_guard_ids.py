@@ -130,8 +130,9 @@ def test_nodes_created_while_disconnected_are_counted_after_the_resync(
         drop_connection(zkc)
         during = guarded_create(other)
         changes.until(lambda: zkc.connected, 60, message="the reconnect")
-        changes.until(lambda: cache._mirror._names_on == zkc.connections
-                      and cache.wait_synced(0), 20, message="the resync")
+        # The resync done: listed on the new connection and every listed node read.
+        changes.until(lambda: cache.ids_through(zkc.connections) is not None, 20,
+                      message="the resync")
         listings = Listings(zkc, monkeypatch)
         after = guarded_create(other)
         versions, ids = guard.read_listing([GUARD])
