@@ -53,7 +53,7 @@ class Engine:
         self.request_cache = RequestCache(zk)
         self.components = ComponentCache(zk)
         self.registry = ComponentRegistry(zk, hostname)
-        self.guard = QuotaGuard(zk, clock)
+        self.guard = QuotaGuard(zk, clock, nodes=self.node_cache)
         # Operator pause/drain per provider or pool (see launcher.fleet).
         self.pool_states = PoolStateCache(zk)
         # The installation's lifecycle event log (`nodepool events`): best effort.

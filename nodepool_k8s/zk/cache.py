@@ -184,6 +184,16 @@ class NodeCache(MirroredCache[Node]):
         with self._mirror._lock:
             return len(self._mirror.items)
 
+    @property
+    def zk(self) -> ZkClient:
+        return self._mirror.zk
+
+    def ids_through(self, connection: int) -> list[str] | None:
+        """Ids of every node created before this client read an answer on `connection`
+        and not deleted since, perhaps with a few newer ones; None when the cache cannot
+        tell (`ChildMirror.children_through`). Quick: reads nothing, waits for nothing."""
+        return self._mirror.children_through(connection)
+
 
 @dataclass(frozen=True)
 class _CachedRequest:

@@ -539,6 +539,20 @@ class ZkClient:
         stats, children = self._read(run, children_path)
         return [Stat.of(s) if s is not None else None for s in stats], children
 
+    def exists_all(self, exists_paths: list[str]) -> tuple[list[Stat | None], int | None]:
+        """`exists` of each path in one round trip (pipelined), and the connection
+        (`connections`) whose answers they are: None when a reconnect came between sending
+        them and reading the answers (so that connection cannot be told)."""
+        def run() -> tuple[list[Any], int | None]:
+            client = self.kazoo
+            before = self._connections
+            pending = [client.exists_async(path) for path in exists_paths]
+            stats = [result.get() for result in pending]
+            return stats, (before if self._connections == before else None)
+
+        stats, connection = self._read(run, exists_paths[0] if exists_paths else None)
+        return [Stat.of(s) if s is not None else None for s in stats], connection
+
     def get_many(self, paths: list[str]) -> Iterator[tuple[str, tuple[bytes, Stat] | None]]:
         """Many gets in few round trips (multiRead, or pipelined); None for missing znodes."""
         try:

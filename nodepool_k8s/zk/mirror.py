@@ -69,6 +69,16 @@ reconnect's resync. Only a child left stale counts: nothing is inferred from a d
 child was current or is being read. An owner must make sure a wrongly inferred close is
 read in time (the request cache's users: cleanup's full pass refreshes every closed entry).
 
+Which children exist (`children_through`): with the persistent watch the mirror keeps
+every child's name, read or not: the resync's listing, then each creation and deletion
+event applied by the watch's listener on kazoo's connection thread as it reads the event,
+before it reads the next message. So whoever holds an answer read on that connection
+finds the names as of that answer or later: every child created before it is there
+(zk/quota_guard.py decides quota on this instead of listing the nodes). Events that arrive
+while a resync's listing is in flight are logged and applied to the listing when it comes
+(whether a name is there is decided by its last event, so applying again an event the
+listing already reflects changes nothing).
+
 Failure modes: read errors other than "no node" are logged and the child is re-read at the
 next resync; listeners that raise are logged. A decoder that raises (any exception) marks
 the child `malformed` with the reason, reported once per version with its path through
@@ -233,6 +243,17 @@ class ChildMirror(Generic[T]):
         # the callers waiting for them (the keys still behind, the event to set).
         self._wanted: set[str] = set()
         self._waiters: list[tuple[set[str], threading.Event]] = []
+        # With the persistent watch: every child known to exist, whose data is read or not
+        # (listed by the last resync, then created and not deleted per the watch's events,
+        # applied on kazoo's connection thread), the connection on which that resync added
+        # the watch and listed the root (-1: none, or a resync under way), and the events
+        # that arrived while its listing was in flight (None: no listing in flight). See
+        # `children_through`.
+        self._names_lock = threading.Lock()
+        self._names: set[str] = set()
+        self._names_on = -1
+        self._names_log: list[tuple[str, str]] | None = None
+        self._stopped = False
         self.skipped = 0  # change events left unread under `skip_read`
         self.events = 0  # answers applied (reads and own writes)
         self.reads = 0  # data reads sent
@@ -254,6 +275,7 @@ class ChildMirror(Generic[T]):
         self._submit(self._resync)
 
     def stop(self) -> None:
+        self._stopped = True
         self.zk.remove_listener(self._on_state)
         self.zk.echoes.remove(self.root, self)
         if self._want_tree:
@@ -317,6 +339,28 @@ class ChildMirror(Generic[T]):
         done = threading.Event()
         self._submit(self._on_refresh, keys, done)
         return done.wait(timeout)
+
+    def children_through(self, connection: int) -> list[str] | None:
+        """Every child created before this client read an answer on `connection` (a
+        `ZkClient.connections` number) and still there then, perhaps with some created or
+        deleted after: the names this mirror knows now. None when that does not hold: no
+        persistent watch, another connection than the one the watch was added and the root
+        listed on, the mirror not synced or resyncing, or stopped.
+
+        Why it holds (the ordering argument in zk/quota_guard.py): the server sends a
+        connection's watch events and answers in the order it applied the changes, and
+        kazoo reads them one by one on its connection thread, where this mirror's watch
+        listener applies each creation and deletion to the names before kazoo reads the
+        next message. So by the time the caller holds an answer read on `connection`, every
+        creation before it is among the names; those before the watch was added are in the
+        resync's listing, taken after it on the same connection. Quick: no ZooKeeper read,
+        no trip through the mirror's thread, a copy of the names."""
+        with self._names_lock:
+            if self._stopped or self._names_on != connection \
+                    or self.zk.connections != connection \
+                    or self._resyncing or not self._synced.is_set():
+                return None
+            return list(self._names)
 
     # -- own writes (zk/echo.py; the writer's or kazoo's thread: enqueue only) -------------
     def expect_write(self, key: str) -> bool:
@@ -408,6 +452,13 @@ class ChildMirror(Generic[T]):
         goes with the connection it came on: `ZkClient.connections` counts a new one on this
         thread before any of its events is read."""
         depth = path.count("/", len(self.root))
+        if depth == 1 and kind != EventType.CHANGED:
+            key = path[len(self.root) + 1:]
+            if self._accept(key):
+                with self._names_lock:
+                    if self._names_log is not None:
+                        self._names_log.append((kind, key))
+                    self._apply_name(self._names, kind, key)
         if depth <= 1 or (depth == 3 and self._with_locks and self._lock_root is None
                           and kind != EventType.CHANGED):
             self._submit(self._on_tree_event, kind, path, self.zk.connections)
@@ -603,6 +654,10 @@ class ChildMirror(Generic[T]):
         # the disconnect) must not hold back a read.
         self._expected.clear()
         self._deferred.clear()
+        listing_on = self.zk.connections
+        with self._names_lock:
+            self._names_on = -1
+            self._names_log = []  # the events from now on, for the listing below
         try:
             if self._want_tree:
                 # Before the listing, so no change after it goes unseen.
@@ -618,16 +673,20 @@ class ChildMirror(Generic[T]):
             children, stat = self.zk.kazoo.get_children(
                 self.root, watch=None if self._tree else self._root_watch, include_data=True)
         except kex.NoNodeError:
+            self._listed(None, listing_on)
             self.zk.ensure_path(self.root)
             self._submit(self._resync)
             return
         except (kex.NoAuthError, kex.AuthFailedError) as exc:
+            self._listed(None, listing_on)
             log.error("%s: %s", self.name, errors.ZkAuthError(type(exc).__name__, self.root))
             return
         except kex.KazooException as exc:
+            self._listed(None, listing_on)
             log.warning("%s: resync failed (%s); waiting for the connection", self.name, exc)
             return
         present = {c for c in children if self._accept(c)}
+        self._listed(present, listing_on)
         with self._lock:
             gone = [k for k in self.items if k not in present] + \
                 [k for k in self.empty if k not in present] + \
@@ -644,6 +703,31 @@ class ChildMirror(Generic[T]):
         self._pump()
         if self._pending == 0:
             self._finish_sync()
+
+    def _listed(self, present: set[str] | None, connection: int) -> None:
+        """The resync's listing (None: none came): the names are what it shows, with the
+        events logged since before the watch was added applied in their order. The listing
+        shows the children as of some of those events; a name with no event since is as it
+        shows, and a name with events is there if its last one is a creation, whatever the
+        listing showed (so an event the listing already reflects changes nothing)."""
+        with self._names_lock:
+            log_, self._names_log = self._names_log or [], None
+            if present is None:
+                return
+            names = set(present)
+            for kind, key in log_:
+                self._apply_name(names, kind, key)
+            self._names = names
+            if self._tree and self.zk.connections == connection:
+                # The watch was added and the root listed after it, both on this connection.
+                self._names_on = connection
+
+    @staticmethod
+    def _apply_name(names: set[str], kind: str, key: str) -> None:
+        if kind == EventType.CREATED:
+            names.add(key)
+        elif kind == EventType.DELETED:
+            names.discard(key)
 
     def _pump(self) -> None:
         """Issue queued resync reads, at most MAX_IN_FLIGHT at a time: answers carry the

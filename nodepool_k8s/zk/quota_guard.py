@@ -5,17 +5,44 @@ Owns: the guard znodes (`/nodepool_k8s/guards/provider-<name>`, `tenant-<name>`,
 node znodes", "create these min-ready requests") is made like this:
 
 1. read the version `v` of every guard that covers the decision;
-2. read usage authoritatively: the child list of `/nodepool/nodes` (sent together with
-   step 1: one round trip, answered in order), with records from the cache, from this
-   process's own record of nodes it just created, and a pipelined fetch of every other
-   id the cache does not have yet;
+2. read usage authoritatively: the ids of every node that exists, from the node cache
+   (see "Which nodes exist" below) or else the child list of `/nodepool/nodes` (sent
+   together with step 1: one round trip, answered in order), with records from the
+   cache, from this process's own record of nodes it just created, and a pipelined fetch
+   of every other id the cache does not have yet;
 3. check the limits (pure `quota` functions);
 4. commit one transaction: `set(guard, version=v)` for each guard plus the creates.
 
 Every launcher creates nodes only this way, so if the commit succeeds no other creation
-covered by the same guard happened between steps 1 and 4, and ZooKeeper's per-session
-ordering guarantees step 2 saw every node created before `v`. A concurrent decision makes
+covered by the same guard happened between steps 1 and 4, and step 2 saw every node
+created before `v` (ZooKeeper's per-session ordering). A concurrent decision makes
 the commit fail with `VersionConflict` on a guard; the caller re-reads and decides again.
+
+Which nodes exist, without listing them (`QuotaGuard(nodes=...)`, the node cache on a
+persistent recursive watch of `/nodepool/nodes`): ZooKeeper orders a connection's watch
+events with its other events, watches and replies, in the order the service applied the
+changes (Programmer's Guide, "What ZooKeeper Guarantees about Watches"); the server
+applies a transaction whole, and queues its watch events on the connection as it does,
+before it serves a later read. So when the answer to our `exists` of a guard (version
+`v`) arrives, the creation event of every node the server had created by then (by any
+client, guarded or not) came before it on the same connection. kazoo reads a connection's
+messages one at a time on its connection thread; the persistent watch's listener
+(`_kazoo_ext.RecursiveWatches`) runs inside that read, and the cache's listener applies a
+creation or deletion to the cache's set of names there and then, before kazoo reads the
+next message, let alone hands an answer to its caller (`ChildMirror.children_through`).
+So once the caller holds the answer, the cache's names hold every node created before
+`v`, those created before the watch was added on this connection coming from the listing
+its resync took after adding it. Nodes deleted meanwhile are missing, and rightly (they
+are gone: the listing would have over-counted them); nodes created since may be there
+(over-counting, which only errs on the safe side, and a guarded one fails the commit
+anyway). So the ids count every node the listing would have, and step 4 checks the rest
+as before: one round trip, no listing (with ten thousand nodes, a ten-thousand-name answer
+to decode per decision). The listing is read instead, after the versions, whenever that
+chain does not hold: no persistent watches (a server before 3.6, or switched off), the
+cache not synced or resyncing, a reconnect between sending the read and reading its
+answer, or an answer on another connection than the one the cache's watch and listing
+were made on.
+
 The guard bump rides inside the transaction that creates the nodes, so serialisation costs
 no extra write. Deleting nodes needs no guard (usage only goes down). `commit_guarded` is
 that loop, written once (the request handler and min-ready use it).
@@ -102,6 +129,15 @@ def commit_guarded(zk: ZkClient, attempts: int,
     return CONTENDED
 
 
+class MirroredIds(Protocol):
+    """The node cache as step 2 of the module docstring asks it (on the guard's client)."""
+
+    @property
+    def zk(self) -> ZkClient: ...
+
+    def ids_through(self, connection: int) -> list[str] | None: ...
+
+
 class NodeLookup(Protocol):
     def get(self, node_id: str) -> quota.NodeUsage | None: ...
 
@@ -186,10 +222,19 @@ class _Known:
 
 
 class QuotaGuard:
-    def __init__(self, zk: ZkClient, clock: Clock = SYSTEM_CLOCK) -> None:
+    def __init__(self, zk: ZkClient, clock: Clock = SYSTEM_CLOCK,
+                 nodes: MirroredIds | None = None) -> None:
+        """`nodes`: the node cache, whose ids replace the listing where they may (module
+        docstring); it must follow `zk`'s connection, whose order the argument rests on."""
+        if nodes is not None and nodes.zk is not zk:
+            raise ValueError("the node cache must use the guard's ZooKeeper client")
         self.zk = zk
         self.clock = clock
         self.memo = UsageMemo()
+        self._nodes = nodes
+        # Step 2's sources, counted: node ids taken from the cache, listings read.
+        self.mirrored = 0
+        self.listings = 0
         # Nodes this process created that the caller's cache may not show yet (their
         # provider, pool and resources never change), with when (monotonic) they were
         # noted: priced from here instead of being fetched again by the next decision.
@@ -211,17 +256,35 @@ class QuotaGuard:
     def read_listing(self, guard_paths: list[str]) -> tuple[dict[str, int], list[str]]:
         """`read(guard_paths)` and the node ids for `usage(ids=...)`, in one round trip.
 
-        Pipelined: ZooKeeper answers the listing after the guard reads (one session,
-        in order), so it shows every node created before the versions read.
+        With the node cache: the guards' versions, then the cache's ids as they stand
+        once that answer is read (module docstring, "Which nodes exist").
+        Else, or when the cache cannot tell, the listing: pipelined, or read after the
+        versions; either way ZooKeeper answers it after the guard reads (one session, in
+        order), so it shows every node created before the versions read.
         """
+        if self._nodes is not None:
+            found, connection = self.zk.exists_all(guard_paths)
+            if any(stat is None for stat in found):
+                # A guard's first use: create it, then the ordinary two steps.
+                return self.read(guard_paths), self._listing()
+            versions = {path: stat.version for path, stat in zip(guard_paths, found)
+                        if stat is not None}
+            ids = self._nodes.ids_through(connection) if connection is not None else None
+            if ids is not None:
+                self.mirrored += 1
+                return versions, ids
+            return versions, self._listing()
         stats, children = self.zk.exists_and_children(guard_paths, paths.NODES)
+        self.listings += 1
         if any(stat is None for stat in stats):
-            # A guard's first use: create it, then the ordinary two steps.
-            versions = self.read(guard_paths)
-            return versions, self._ids(self.zk.get_children(paths.NODES))
+            return self.read(guard_paths), self._listing()
         versions = {path: stat.version for path, stat in zip(guard_paths, stats)
                     if stat is not None}
         return versions, self._ids(children)
+
+    def _listing(self) -> list[str]:
+        self.listings += 1
+        return self._ids(self.zk.get_children(paths.NODES))
 
     def known_listing(self, guard_paths: list[str]
                       ) -> tuple[dict[str, int], list[str]] | None:
@@ -301,7 +364,7 @@ class QuotaGuard:
         all others (with ten thousand nodes that was most of a request's time).
         `ids`: the listing from `read_listing` (else listed here)."""
         if ids is None:
-            ids = self._ids(self.zk.get_children(paths.NODES))
+            ids = self._listing()
         records: list[quota.UsageRecord] = []
         missing: list[str] = []
         with self._created_lock:
