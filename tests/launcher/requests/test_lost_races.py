@@ -25,10 +25,11 @@ from nodepool_k8s.zk.client import Stat
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.registry import pool_worker_id
 from nodepool_k8s.zk.txn import Txn
-from tests.helpers import Signal
+from tests.helpers import Signal, wait_for
 from tests.launcher.requests.conftest import MakeDeps
 from tests.launcher.requests.support import InlineLaunches, ReadThroughRequests, WorkerDeps
 from tests.launcher.requests.test_pool_worker import MakeWorkerDeps, state, worker_for
+from tests.zk.support import drained
 
 PEER = pool_worker_id("fake", "main", "other-host")
 
@@ -352,5 +353,67 @@ def test_a_request_another_session_holds_costs_no_lock_attempt(
         worker.run_once()
         assert state(deps, request_id) == model.RequestState.PENDING
         assert launches.in_flight == 1
+    finally:
+        cache.stop()
+
+
+def test_the_yield_reads_no_request_another_launcher_holds(
+        make_worker_deps: MakeWorkerDeps, kazoo_client: KazooClient) -> None:
+    """With a request cache that follows the request locks, the older request a paused
+    peer holds (locked, `pending` with its `WaitingForQuota` note written under the lock,
+    both left unread) holds ours back when room frees, and no request is read for it:
+    the peer's registration (paused) and what the cache knows (older, someone else's
+    lock, no node yet) answer. Once the peer's registration no longer says paused, ours
+    goes at once, again without a read."""
+    deps = make_worker_deps(max_servers=1)
+    cache = RequestCache(deps.zk)
+    cache.start()
+    try:
+        assert cache.wait_synced(10) and cache.follows_locks()
+        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)
+        deps.registered_pools = lambda: [peer]  # type: ignore[method-assign]
+        worker, launches = worker_for(deps)
+        first = deps.submit(["small"])
+        worker.run_once()
+        second = deps.submit(["small"])
+        worker.run_once()
+        assert worker.handlers[second].state is HandlerState.AT_QUOTA
+        changes = Signal().listen(cache)
+        older = deps.submit(["small"], priority="100")
+        changes.until(lambda: older in cache, 10)
+        # The peer takes it: its contender, then its `pending` write with the note.
+        kazoo_client.create(f"{paths.request_lock_path(older)}/{uuid.uuid4().hex}"
+                            f"{paths.LOCK_NODE_NAME}", ephemeral=True, sequence=True,
+                            makepath=True)
+        changes.until(lambda: cache.held_elsewhere(older), 10)
+        fresh = cache.get(older)
+        assert fresh is not None
+        fresh = copy_request(fresh)
+        fresh.state = model.RequestState.PENDING
+        lifecycle.note_waiting(fresh, PEER, plan.Waiting("WaitingForQuota", "waits"))
+        kazoo_client.set(paths.request_path(older), request_codec.encode(fresh))
+        wait_for(lambda: cache.is_stale(older), 10)
+        launches.run_all()
+        assert state(deps, first) == model.RequestState.FULFILLED
+        free_the_node(deps)
+        deps.request_cache = cache
+        drained(cache._mirror)
+        reads, guard = cache._mirror.reads, deps.zk.exists(paths.provider_guard_path("fake"))
+        assert guard is not None
+
+        wait = deps.settings.quota_yield
+        assert worker.run_once() == deps.clock.monotonic() + wait
+        assert worker.handlers[second].state is HandlerState.AT_QUOTA
+        now = deps.zk.exists(paths.provider_guard_path("fake"))
+        assert now is not None and now.version == guard.version  # no guarded create sent
+        drained(cache._mirror)
+        assert cache._mirror.reads == reads and cache.is_stale(older)
+
+        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, False)
+        worker.run_once()
+        assert worker.handlers[second].state is HandlerState.ACTIVE
+        assert launches.in_flight == 1
+        drained(cache._mirror)
+        assert cache.is_stale(older)  # still never read
     finally:
         cache.stop()
