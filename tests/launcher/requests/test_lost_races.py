@@ -417,3 +417,55 @@ def test_the_yield_reads_no_request_another_launcher_holds(
         assert cache.is_stale(older)  # still never read
     finally:
         cache.stop()
+
+
+class HeldElsewhere(ReadThroughRequests):
+    """A read-through request cache that follows locks, showing the `held` requests in
+    someone else's lock dir."""
+
+    def __init__(self, fresh: ReadThroughRequests, held: list[str]) -> None:
+        super().__init__(fresh.zk, fresh.store)
+        self.held = set(held)
+
+    def follows_locks(self) -> bool:
+        return True
+
+    def is_locked(self, request_id: str) -> bool:
+        return request_id in self.held
+
+    def held_elsewhere(self, request_id: str) -> bool:
+        return request_id in self.held
+
+
+def test_an_older_request_a_peer_already_builds_for_does_not_hold_ours_back(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """With locks followed, a paused peer's older request whose node is already in the
+    node cache does not wait for quota: ours takes the room at once."""
+    deps = make_worker_deps(max_servers=2)
+    deps.registered_pools = lambda: [  # type: ignore[method-assign]
+        plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
+    worker, launches = worker_for(deps)
+    first = deps.submit(["small"])
+    worker.run_once()
+    launches.run_all()
+    older = deps.submit(["small"], priority="100")
+    taken_by_peer(deps, older)
+    held = deps.requests.get(older)
+    assert held is not None
+    peer_node = Allocator(deps, deps.ref, deps.provider,  # type: ignore[arg-type]
+                          held, None, logging.LoggerAdapter(logging.getLogger("test"), {})
+                          ).new_node("small", deps.config.providers["fake"].pools["main"])
+    txn = Txn()
+    NodeStore.add_create(txn, peer_node)
+    txn.commit(deps.zk)
+    second = deps.submit(["small"])
+    worker.run_once()
+    assert worker.handlers[second].state is HandlerState.AT_QUOTA
+    deps.request_cache = HeldElsewhere(deps.request_cache, [older])  # type: ignore[assignment]
+    [ours] = [n.id for n in deps.node_cache.nodes() if n.allocated_to == first]
+    got = deps.nodes.lock_and_read(ours)
+    assert got is not None and deps.nodes.delete(got[1], got[0])
+
+    worker.run_once()
+
+    assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
