@@ -130,6 +130,14 @@ def waiting_for(control: PoolState | None, pool: PoolConfig) -> plan.Waiting | N
                         f"pool {pool.provider}/{pool.name} is {what} ({why})")
 
 
+def _waits_for_quota(request: NodeRequest, pools: set[str]) -> bool:
+    """Whether `request` is pending with a `WaitingForQuota` note of one of `pools`."""
+    notes = request.extra.get(model.WAITING_REASONS)
+    return request.state == model.RequestState.PENDING and isinstance(notes, dict) and any(
+        isinstance(note, dict) and note.get("reason") == "WaitingForQuota"
+        for pool_id, note in notes.items() if pool_id in pools)
+
+
 class PoolWorkerDeps(HandlerDeps, disruption.DisruptionDeps, Protocol):
     """What a pool worker uses of the engine, on top of its handlers' and fleet
     control's (`launcher.context.Engine` provides it)."""
@@ -684,31 +692,58 @@ class PoolWorker(Worker):
 
     def _older_waits(self, request: NodeRequest) -> bool:
         """Whether another registered launcher of this pool (same provider and pool name)
-        holds a request older than `request` (Nodepool's order) that waits for quota, as
-        the `waiting_reasons` note on it in the request cache says."""
+        holds a request older than `request` (Nodepool's order) that waits for quota.
+
+        Reads nothing from ZooKeeper. A peer writes its `WaitingForQuota` note under its
+        lock, and a cache that follows locks leaves such changes unread until the lock
+        goes; reading them here cost a read per older request and pass. So the answer
+        comes from what is known without them: a peer's registration says `paused` (a
+        request of it waits: for quota, or for its provider or its operator) and an older
+        request of our labels is in someone else's lock dir, not closed, without all its
+        nodes in the node cache (`_peer_may_wait`). At quota a paused pool takes no new
+        request and serves its requests oldest first, so such a request is the one it
+        waits for, or one queued behind an older one that does. Where that is wrong
+        (the holder is not the paused peer; its pause is not for quota) the handler
+        waits `quota_yield` or until the room is taken, never longer; a peer's note or
+        registration not seen yet only loses the order: the guard holds the quota either
+        way. A cache that does not follow locks reads every change: its notes are current.
+        """
         own = f"PoolWorker.{self.ref.provider}-{self.ref.pool}"
-        peers = {p.id for p in self.engine.registered_pools()
+        peers = [p for p in self.engine.registered_pools()
                  if p.id != self.id and p.provider == self.ref.provider
-                 and p.id.rsplit("-", 1)[0].endswith(own)}
+                 and p.id.rsplit("-", 1)[0].endswith(own)]
         if not peers:
             return False
         mine = request.sort_key()
         cache = self.engine.request_cache
-        # A peer writes its note under its lock, which the cache leaves unread until the
-        # lock goes: read the older ones now (those that could make this one wait).
-        # Not those closed by their taker: fulfilled or failed, they hold nothing back.
+        if cache.follows_locks():
+            return any(p.paused for p in peers) and self._peer_may_wait(request, mine)
+        # Without lock following nothing is skipped for a lock; a read still in flight
+        # is waited for (not those closed by their taker: they hold nothing back).
         cache.refresh([r.id for r in cache.requests()
                        if r.sort_key() < mine and not cache.is_closed(r.id)])
+        peer_ids = {p.id for p in peers}
+        return any(r.sort_key() < mine and r.id != request.id and _waits_for_quota(r, peer_ids)
+                   and not cache.is_closed(r.id) for r in cache.requests())
+
+    def _peer_may_wait(self, request: NodeRequest, mine: tuple[str, int, str]) -> bool:
+        """Whether the request cache shows, without reading, an older request of this
+        pool's labels that someone else holds and that still lacks nodes (see
+        `_older_waits`)."""
+        pool_cfg = self.engine.pool_config(self.ref.provider, self.ref.pool)
+        if pool_cfg is None:
+            return False
+        labels = pool_cfg.labels
+        cache, nodes = self.engine.request_cache, self.engine.node_cache
         for other in cache.requests():
-            if other.state != model.RequestState.PENDING or other.id == request.id \
-                    or cache.is_closed(other.id):
+            if other.sort_key() >= mine or other.id == request.id \
+                    or other.id in self.handlers \
+                    or other.state not in (model.RequestState.REQUESTED,
+                                           model.RequestState.PENDING) \
+                    or not all(label in labels for label in other.node_types) \
+                    or not cache.held_elsewhere(other.id) or cache.is_closed(other.id):
                 continue
-            notes = other.extra.get(model.WAITING_REASONS)
-            if not isinstance(notes, dict) or not any(
-                    isinstance(note, dict) and note.get("reason") == "WaitingForQuota"
-                    for pool_id, note in notes.items() if pool_id in peers):
-                continue
-            if other.sort_key() < mine:
+            if len(nodes.allocated_to(other.id)) < len(other.node_types):
                 return True
         return False
 

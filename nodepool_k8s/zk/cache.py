@@ -217,9 +217,9 @@ class RequestCache(MirroredCache[_CachedRequest]):
         """A change made while a contender not of this client's own live work is in the
         request's lock dir: its holder (another launcher, Zuul) reads it under the lock,
         and its write and release come to us as one change and one lock event."""
-        if not locked:
-            return False
-        request_id = item.request.id
+        return locked and self._held_elsewhere(item.request.id)
+
+    def _held_elsewhere(self, request_id: str) -> bool:
         lock_dir = paths.request_lock_path(request_id)
         return any(not locks.held_here(self.zk, f"{lock_dir}/{name}")
                    for name in self._mirror.contenders.get(request_id, ()))
@@ -258,6 +258,13 @@ class RequestCache(MirroredCache[_CachedRequest]):
         persistent watches: otherwise always False)."""
         with self._mirror._lock:
             return bool(self._mirror.contenders.get(request_id))
+
+    def held_elsewhere(self, request_id: str) -> bool:
+        """Probably held by someone else: a contender not of this client's own live work
+        is in the request's lock dir (another launcher, Zuul), so its changes are left
+        unread (`_skip_read`). Known only with persistent watches (`follows_locks`)."""
+        with self._mirror._lock:
+            return self._held_elsewhere(request_id)
 
     def is_closed(self, request_id: str) -> bool:
         """Whether the entry's request was closed by the taker of its lock (fulfilled or

@@ -9,6 +9,7 @@ change). No lock dir is left. The slack covers a creation read answered late and
 read because the dir's event came a moment after the lock's. A request another launcher
 declines (lock, write, unlock in one transaction), or gives back to `requested` under its
 lock, is read and served; so is one wrongly taken as closed, at cleanup's next full pass.
+At a quota both launchers share, the quota yield reads no request either.
 """
 
 from __future__ import annotations
@@ -230,3 +231,40 @@ def test_a_closed_request_last_read_pending_is_not_taken_for_lost(
         assert cache.is_closed(request_id)
     finally:
         other.stop()
+
+
+AT_QUOTA = 12
+AT_QUOTA_BUDGET = 2.5  # reads per request, both launchers together, at quota
+
+
+def test_request_reads_at_a_shared_quota_with_two_launchers(
+        launchers: LauncherFactory, zuul: ZuulClient, kazoo_client: KazooClient) -> None:
+    """Both launchers serve one pool of max-servers 2 and requests arrive faster than room
+    frees: each launcher holds requests waiting at quota, and when room frees one lets an
+    older request of the other go first. That decision reads no request (launcher.md,
+    "Quotas across launchers"), so the reads stay near one per request and launcher."""
+    config = pool("fake", 100, 2)
+    first, second = launchers(config), launchers(config)
+    wait_for(lambda: all(len(x.component_cache.pools()) == 2 for x in (first, second)), 10)
+    for _ in range(2):  # warm up: lock roots, guard
+        zuul.run_build(["small"])
+    wait_for(lambda: not kazoo_client.get_children(paths.REQUESTS), 15)
+    mirrors = [first.request_cache._mirror, second.request_cache._mirror]
+    before = [m.reads for m in mirrors]
+    waiting = {zuul.submit(["small"]) for _ in range(AT_QUOTA)}
+
+    def serve_fulfilled() -> bool:
+        for request_id in sorted(waiting):
+            body = zuul.get_request(request_id)
+            if body is not None and body.get("state") == "fulfilled":
+                nodeset = zuul.accept(request_id)
+                zuul.use(nodeset)
+                zuul.release(nodeset)
+                waiting.discard(request_id)
+        return not waiting
+
+    wait_for(serve_fulfilled, 60, interval=0.05)
+    wait_for(lambda: not kazoo_client.get_children(paths.REQUESTS), 15)
+    reads = [m.reads - b for m, b in zip(mirrors, before)]
+    print(f"request-cache reads of {AT_QUOTA} requests at quota, per launcher: {reads}")
+    assert sum(reads) <= AT_QUOTA_BUDGET * AT_QUOTA, reads

@@ -170,6 +170,9 @@ class ReadThroughRequests:
     def is_stale(self, request_id: str) -> bool:
         return False
 
+    def held_elsewhere(self, request_id: str) -> bool:
+        return False
+
     def is_closed(self, request_id: str) -> bool:
         """Nothing is kept, so nothing is taken as closed unread."""
         return False

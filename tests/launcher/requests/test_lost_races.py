@@ -25,10 +25,11 @@ from nodepool_k8s.zk.client import Stat
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.registry import pool_worker_id
 from nodepool_k8s.zk.txn import Txn
-from tests.helpers import Signal
+from tests.helpers import Signal, wait_for
 from tests.launcher.requests.conftest import MakeDeps
 from tests.launcher.requests.support import InlineLaunches, ReadThroughRequests, WorkerDeps
 from tests.launcher.requests.test_pool_worker import MakeWorkerDeps, state, worker_for
+from tests.zk.support import drained
 
 PEER = pool_worker_id("fake", "main", "other-host")
 
@@ -354,3 +355,117 @@ def test_a_request_another_session_holds_costs_no_lock_attempt(
         assert launches.in_flight == 1
     finally:
         cache.stop()
+
+
+def test_the_yield_reads_no_request_another_launcher_holds(
+        make_worker_deps: MakeWorkerDeps, kazoo_client: KazooClient) -> None:
+    """With a request cache that follows the request locks, the older request a paused
+    peer holds (locked, `pending` with its `WaitingForQuota` note written under the lock,
+    both left unread) holds ours back when room frees, and no request is read for it:
+    the peer's registration (paused) and what the cache knows (older, someone else's
+    lock, no node yet) answer. Once the peer's registration no longer says paused, ours
+    goes at once, again without a read."""
+    deps = make_worker_deps(max_servers=1)
+    cache = RequestCache(deps.zk)
+    cache.start()
+    try:
+        assert cache.wait_synced(10) and cache.follows_locks()
+        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)
+        deps.registered_pools = lambda: [peer]  # type: ignore[method-assign]
+        worker, launches = worker_for(deps)
+        first = deps.submit(["small"])
+        worker.run_once()
+        second = deps.submit(["small"])
+        worker.run_once()
+        assert worker.handlers[second].state is HandlerState.AT_QUOTA
+        changes = Signal().listen(cache)
+        older = deps.submit(["small"], priority="100")
+        changes.until(lambda: older in cache, 10)
+        # The peer takes it: its contender, then its `pending` write with the note.
+        kazoo_client.create(f"{paths.request_lock_path(older)}/{uuid.uuid4().hex}"
+                            f"{paths.LOCK_NODE_NAME}", ephemeral=True, sequence=True,
+                            makepath=True)
+        changes.until(lambda: cache.held_elsewhere(older), 10)
+        fresh = cache.get(older)
+        assert fresh is not None
+        fresh = copy_request(fresh)
+        fresh.state = model.RequestState.PENDING
+        lifecycle.note_waiting(fresh, PEER, plan.Waiting("WaitingForQuota", "waits"))
+        kazoo_client.set(paths.request_path(older), request_codec.encode(fresh))
+        wait_for(lambda: cache.is_stale(older), 10)
+        launches.run_all()
+        assert state(deps, first) == model.RequestState.FULFILLED
+        free_the_node(deps)
+        deps.request_cache = cache
+        drained(cache._mirror)
+        reads, guard = cache._mirror.reads, deps.zk.exists(paths.provider_guard_path("fake"))
+        assert guard is not None
+
+        wait = deps.settings.quota_yield
+        assert worker.run_once() == deps.clock.monotonic() + wait
+        assert worker.handlers[second].state is HandlerState.AT_QUOTA
+        now = deps.zk.exists(paths.provider_guard_path("fake"))
+        assert now is not None and now.version == guard.version  # no guarded create sent
+        drained(cache._mirror)
+        assert cache._mirror.reads == reads and cache.is_stale(older)
+
+        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, False)
+        worker.run_once()
+        assert worker.handlers[second].state is HandlerState.ACTIVE
+        assert launches.in_flight == 1
+        drained(cache._mirror)
+        assert cache.is_stale(older)  # still never read
+    finally:
+        cache.stop()
+
+
+class HeldElsewhere(ReadThroughRequests):
+    """A read-through request cache that follows locks, showing the `held` requests in
+    someone else's lock dir."""
+
+    def __init__(self, fresh: ReadThroughRequests, held: list[str]) -> None:
+        super().__init__(fresh.zk, fresh.store)
+        self.held = set(held)
+
+    def follows_locks(self) -> bool:
+        return True
+
+    def is_locked(self, request_id: str) -> bool:
+        return request_id in self.held
+
+    def held_elsewhere(self, request_id: str) -> bool:
+        return request_id in self.held
+
+
+def test_an_older_request_a_peer_already_builds_for_does_not_hold_ours_back(
+        make_worker_deps: MakeWorkerDeps) -> None:
+    """With locks followed, a paused peer's older request whose node is already in the
+    node cache does not wait for quota: ours takes the room at once."""
+    deps = make_worker_deps(max_servers=2)
+    deps.registered_pools = lambda: [  # type: ignore[method-assign]
+        plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
+    worker, launches = worker_for(deps)
+    first = deps.submit(["small"])
+    worker.run_once()
+    launches.run_all()
+    older = deps.submit(["small"], priority="100")
+    taken_by_peer(deps, older)
+    held = deps.requests.get(older)
+    assert held is not None
+    peer_node = Allocator(deps, deps.ref, deps.provider,  # type: ignore[arg-type]
+                          held, None, logging.LoggerAdapter(logging.getLogger("test"), {})
+                          ).new_node("small", deps.config.providers["fake"].pools["main"])
+    txn = Txn()
+    NodeStore.add_create(txn, peer_node)
+    txn.commit(deps.zk)
+    second = deps.submit(["small"])
+    worker.run_once()
+    assert worker.handlers[second].state is HandlerState.AT_QUOTA
+    deps.request_cache = HeldElsewhere(deps.request_cache, [older])  # type: ignore[assignment]
+    [ours] = [n.id for n in deps.node_cache.nodes() if n.allocated_to == first]
+    got = deps.nodes.lock_and_read(ours)
+    assert got is not None and deps.nodes.delete(got[1], got[0])
+
+    worker.run_once()
+
+    assert worker.handlers[second].state is HandlerState.ACTIVE and launches.in_flight == 1
