@@ -20,9 +20,11 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.core import model
+from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import CacheEvent
 from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
 from nodepool_k8s.zk.requests import RequestStore, encode
 from tests.helpers import ZkConnection, client_for, wait_for
@@ -96,21 +98,9 @@ def test_a_request_whose_holder_dies_is_served(launchers: LauncherFactory, zuul:
     the request is reset at once (no full cleanup pass is due for an hour) and served."""
     launcher = launchers(pool("first", 100, 5),
                          settings=TEST_SETTINGS.replace(cleanup_interval=3600.0))
-    other = client_for(zk)
+    other, _ = other_pool(zk, launcher)
     try:
-        ComponentRegistry(other, hostname="other").register_pool(
-            pool_worker_id("second", "main", fqdn="other.example.com"), "second", "main",
-            ["small"], 100)
-        wait_for(lambda: len(launcher.component_cache.pools()) == 2, 10)
-        request_id = zuul.submit(["small"], provider="second")  # left to `second`
-        store = RequestStore(other)
-        got = store.lock_and_read(request_id)
-        assert got is not None
-        held, request = got
-        request.state = model.RequestState.PENDING
-        store.store(request, held)
-        mirror = launcher.request_cache._mirror
-        wait_for(lambda: request_id in mirror.stale(), 10)
+        request_id = pending_under(other, launcher, zuul)[2].id
     finally:
         other.stop()  # its contender and its pool registration go with the session
     body = zuul.wait(request_id)
@@ -128,6 +118,23 @@ def other_pool(zk: ZkConnection, launcher: Any) -> tuple[ZkClient, str]:
     return other, pool_id
 
 
+def pending_under(other: ZkClient, launcher: Any, zuul: ZuulClient
+                  ) -> tuple[RequestStore, HeldLock, NodeRequest]:
+    """A request left to provider `second`, taken by `other` (locked, `pending` written under
+    its lock) and left unread by the launcher's request cache: the store, the lock and the
+    request as written."""
+    request_id = zuul.submit(["small"], provider="second")
+    store = RequestStore(other)
+    got = store.lock_and_read(request_id)
+    assert got is not None
+    held, request = got
+    request.state = model.RequestState.PENDING
+    store.store(request, held)
+    mirror = launcher.request_cache._mirror
+    wait_for(lambda: request_id in mirror.stale(), 10)
+    return store, held, request
+
+
 def test_a_request_given_back_under_another_launchers_lock_is_served(
         launchers: LauncherFactory, zuul: ZuulClient, zk: ZkConnection) -> None:
     """Another launcher takes the request, writes `pending` under its lock, then declines
@@ -137,15 +144,8 @@ def test_a_request_given_back_under_another_launchers_lock_is_served(
                          settings=TEST_SETTINGS.replace(cleanup_interval=3600.0))
     other, pool_id = other_pool(zk, launcher)
     try:
-        request_id = zuul.submit(["small"], provider="second")  # left to `second`
-        store = RequestStore(other)
-        got = store.lock_and_read(request_id)
-        assert got is not None
-        held, request = got
-        request.state = model.RequestState.PENDING
-        store.store(request, held)
-        mirror = launcher.request_cache._mirror
-        wait_for(lambda: request_id in mirror.stale(), 10)
+        store, held, request = pending_under(other, launcher, zuul)
+        request_id = request.id
         request.state = model.RequestState.REQUESTED
         request.declined_by = [pool_id]
         store.store(request, held, release=True)
@@ -166,15 +166,9 @@ def test_a_request_wrongly_taken_as_closed_is_served_at_the_next_full_pass(
     launcher = launchers(pool("first", 100, 5))
     other, pool_id = other_pool(zk, launcher)
     try:
-        request_id = zuul.submit(["small"], provider="second")
-        store = RequestStore(other)
-        got = store.lock_and_read(request_id)
-        assert got is not None
-        held, request = got
-        request.state = model.RequestState.PENDING
-        store.store(request, held)
+        store, held, request = pending_under(other, launcher, zuul)
+        request_id = request.id
         cache = launcher.request_cache
-        wait_for(lambda: request_id in cache._mirror.stale(), 10)
         request.state = model.RequestState.REQUESTED
         request.declined_by = [pool_id]
         lock_dir = paths.request_lock_path(request_id)
@@ -204,15 +198,9 @@ def test_a_closed_request_last_read_pending_is_not_taken_for_lost(
                          settings=TEST_SETTINGS.replace(cleanup_interval=3600.0))
     other, _ = other_pool(zk, launcher)
     try:
-        request_id = zuul.submit(["small"], provider="second")
-        store = RequestStore(other)
-        got = store.lock_and_read(request_id)
-        assert got is not None
-        held, request = got
-        request.state = model.RequestState.PENDING
-        store.store(request, held)
+        store, held, request = pending_under(other, launcher, zuul)
+        request_id = request.id
         cache = launcher.request_cache
-        wait_for(lambda: request_id in cache._mirror.stale(), 10)
         assert cache.refresh([request_id])
         assert (cache.get(request_id) or request).state == model.RequestState.PENDING
         lock_dir = paths.request_lock_path(request_id)
