@@ -124,6 +124,9 @@ def pending_under(other: ZkClient, launcher: Any, zuul: ZuulClient
     its lock) and left unread by the launcher's request cache: the store, the lock and the
     request as written."""
     request_id = zuul.submit(["small"], provider="second")
+    # Only a change of an entry the cache holds is left unread: a change that comes while
+    # the creation's read is still out is read after it (a busy machine's case).
+    wait_for(lambda: launcher.request_cache.get(request_id) is not None, 10)
     store = RequestStore(other)
     got = store.lock_and_read(request_id)
     assert got is not None
