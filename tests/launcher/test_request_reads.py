@@ -152,9 +152,10 @@ def test_a_request_given_back_under_another_launchers_lock_is_served(
         request.state = model.RequestState.REQUESTED
         request.declined_by = [pool_id]
         store.store(request, held, release=True)
+        # Served with no full pass due for an hour: it was read at the release, not taken
+        # as closed. (Once the launcher has closed it itself, its entry may well say so.)
         body = zuul.wait(request_id)
         assert body is not None and body["state"] == "fulfilled", body
-        assert not launcher.request_cache.is_closed(request_id)
     finally:
         other.stop()
 
