@@ -121,7 +121,7 @@ class NodeCache(MirroredCache[Node]):
             zk, paths.NODES, decode_summary, name="node-cache", accept=paths.is_node_id,
             with_locks=True, lock_expected=lambda n: n.state == model.NodeState.INIT,
             on_change=self._index, persistent=True, skip_read=self._skip_read,
-            monotonic=monotonic)
+            monotonic=monotonic, keep_names=True)
 
     def _skip_read(self, node: Node, locked: bool) -> bool:
         return locked or self.left_to_builder(node)

@@ -160,7 +160,8 @@ class ChildMirror(Generic[T]):
                  skip_read: Callable[[T, bool], bool] | None = None,
                  lock_root: str | None = None,
                  may_close: Callable[[T], bool] | None = None,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 keep_names: bool = False) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
@@ -179,7 +180,9 @@ class ChildMirror(Generic[T]):
         `may_close(record)`: with `lock_root`, a child whose lock dir itself is deleted
         while changes made under someone's lock are left unread is "closed by its taker"
         (module doc, "Closed by the taker") if this accepts its last read record.
-        `monotonic`: the clock of `left_unread`'s times (the owner's, so it can step it)."""
+        `monotonic`: the clock of `left_unread`'s times (the owner's, so it can step it).
+        `keep_names`: keep every child's name on kazoo's connection thread for
+        `children_through` (module doc, "Which children exist"); off, it returns None."""
         self.zk = zk
         self.root = root
         self.name = name
@@ -249,6 +252,7 @@ class ChildMirror(Generic[T]):
         # the watch and listed the root (-1: none, or a resync under way), and the events
         # that arrived while its listing was in flight (None: no listing in flight). See
         # `children_through`.
+        self._keep_names = keep_names
         self._names_lock = threading.Lock()
         self._names: set[str] = set()
         self._names_on = -1
@@ -313,8 +317,8 @@ class ChildMirror(Generic[T]):
     def left_unread(self) -> dict[str, float]:
         """Children whose changes `skip_read` left unread -> since when (`monotonic`) they
         are so with no lock contender: the last skipped change, or the lock's going,
-        whichever came later. Only those still behind; a locked one may be among them (its
-        lock came after): callers look at its contenders."""
+        whichever came later. Only those still behind and not locked (a lock takes a child
+        out until it goes), so the set stays as small as what is left unread unlocked."""
         with self._lock:
             return {k: t for k, t in self._left_at.items()
                     if k in self.items and self._behind(k)}
@@ -452,7 +456,7 @@ class ChildMirror(Generic[T]):
         goes with the connection it came on: `ZkClient.connections` counts a new one on this
         thread before any of its events is read."""
         depth = path.count("/", len(self.root))
-        if depth == 1 and kind != EventType.CHANGED:
+        if depth == 1 and kind != EventType.CHANGED and self._keep_names:
             key = path[len(self.root) + 1:]
             if self._accept(key):
                 with self._names_lock:
@@ -609,7 +613,8 @@ class ChildMirror(Generic[T]):
         if self._skipped(key):
             self.skipped += 1
             with self._lock:
-                self._left_at[key] = self._monotonic()
+                if not self.contenders.get(key):  # a locked one is timed from its release
+                    self._left_at[key] = self._monotonic()
             return  # stale until its lock goes or someone asks (module doc)
         if key in self._reading:
             self._stale.add(key)
@@ -657,7 +662,8 @@ class ChildMirror(Generic[T]):
         listing_on = self.zk.connections
         with self._names_lock:
             self._names_on = -1
-            self._names_log = []  # the events from now on, for the listing below
+            if self._keep_names:
+                self._names_log = []  # the events from now on, for the listing below
         try:
             if self._want_tree:
                 # Before the listing, so no change after it goes unseen.
@@ -712,7 +718,7 @@ class ChildMirror(Generic[T]):
         listing showed (so an event the listing already reflects changes nothing)."""
         with self._names_lock:
             log_, self._names_log = self._names_log or [], None
-            if present is None:
+            if present is None or not self._keep_names:
                 return
             names = set(present)
             for kind, key in log_:
@@ -942,6 +948,7 @@ class ChildMirror(Generic[T]):
                 return
             if held:
                 self.contenders[key] = held
+                self._left_at.pop(key, None)  # locked: timed again from its release
             else:
                 self.contenders.pop(key, None)
         if not held and self._tree and self._behind(key):

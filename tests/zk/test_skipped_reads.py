@@ -152,7 +152,7 @@ def test_a_node_left_unread_tells_since_when_it_is_so_without_a_lock(
         zkc: ZkClient, kazoo_client: KazooClient) -> None:
     """The time of the last change left unread, or of the lock's going after changes made
     under it, whichever is later (the cleanup reads such an entry a grace after it); a
-    read entry is no longer listed."""
+    locked entry is not listed until its lock goes, a read one no longer."""
     clock = ManualClock()
     cache = NodeCache(zkc, clock.monotonic)
     cache.left_to_builder = lambda n: n.launcher == "theirs" and bool(n.allocated_to)
@@ -167,7 +167,7 @@ def test_a_node_left_unread_tells_since_when_it_is_so_without_a_lock(
         ours.lock()
         node.write("ready", launcher="theirs", allocated_to="200-0000000001")
         ours.write("ready", launcher="ours", allocated_to="200-0000000002")
-        assert cache.left_unread() == {node.id: start, ours.id: start}  # both locked
+        assert cache.left_unread() == {}  # both locked: timed from their release
         clock.advance(5)
         node.unlock()
         ours.unlock()  # not left to anyone: read once its lock goes
