@@ -4,7 +4,9 @@ Owns: the guard znodes (`/nodepool_k8s/guards/provider-<name>`, `tenant-<name>`,
 `min-ready`) and the authoritative usage read. A decision that adds usage ("create these
 node znodes", "create these min-ready requests") is made like this:
 
-1. read the version `v` of every guard that covers the decision;
+1. take the version `v` of every guard that covers the decision: counted from the guards'
+   persistent watch where it may (zk/guard_versions.py; see "Versions without reading"
+   below), else read;
 2. read usage authoritatively: the ids of every node that exists, from the node cache
    (see "Which nodes exist" below) or else the child list of `/nodepool/nodes` (sent
    together with step 1: one round trip, answered in order), with records from the
@@ -43,6 +45,26 @@ cache not synced or resyncing, a reconnect between sending the read and reading 
 answer, or an answer on another connection than the one the cache's watch and listing
 were made on.
 
+Versions without reading (`GuardVersions`, with the node cache only): the guards' persistent
+watch delivers, on the same connection and the same kazoo thread as the node cache's, one
+data-change event per guard bump, in the order the server applied the changes, so a guard's
+version is known from one `exists` answer on the connection plus the events counted since
+(zk/guard_versions.py says why that is exact). A decision takes the counted versions first,
+then the cache's names, on the same connection: every event read before the count was
+taken was applied to the names before it. Our transactions put the guard bumps after the
+creates (`add_bumps` appends them to the transaction; the server applies a multi's
+operations and queues their events in order), so the creation events of the nodes a commit
+made come before the event of that commit's bump: when the count includes a bump, the
+names include that commit's nodes, and so every node created under a version up to the
+one counted (those created since are there or not: over-counting at worst). Counted
+versions are those of a moment a little before the decision (the last event read), not of
+an answer to a request sent now: a bump made since but not yet read makes the commit fail
+on the guard, as a read answer overtaken by another launcher's commit does, and the retry
+counts it (its event came before our failure's answer; `GuardVersions.conflicted`). The
+version is read instead, with the ids after its answer as above, whenever that chain does
+not hold (a new connection, a guard not read on it yet, re-created, or in doubt after a
+failed commit). A guard counted on needs no read at all: `known_listing` gives way to it.
+
 The guard bump rides inside the transaction that creates the nodes, so serialisation costs
 no extra write. Deleting nodes needs no guard (usage only goes down). `commit_guarded` is
 that loop, written once (the request handler and min-ready use it).
@@ -74,6 +96,7 @@ from nodepool_k8s.runtime.clock import SYSTEM_CLOCK, Clock
 from nodepool_k8s.core.model import Resources
 from nodepool_k8s.zk import errors, paths
 from nodepool_k8s.zk.client import ZkClient
+from nodepool_k8s.zk.guard_versions import GuardVersions
 from nodepool_k8s.zk.nodes import parse
 from nodepool_k8s.zk.txn import Txn
 
@@ -105,14 +128,17 @@ class GuardedWrite(Generic[R]):
 
 
 def commit_guarded(zk: ZkClient, attempts: int,
-                   attempt: Callable[[], "GuardedWrite[R] | R"]) -> "R | Contended":
+                   attempt: Callable[[], "GuardedWrite[R] | R"],
+                   guard: "QuotaGuard | None" = None) -> "R | Contended":
     """Steps 1-4 of the module docstring, retried on a guard conflict.
 
     `attempt()` reads the guard versions and decides: a `GuardedWrite` to commit (the guard
     bumps are added here), or any other value, which is returned as it is (nothing to
     write). On a conflict on one of the read guards the attempt is made again, up to
-    `attempts` times (then CONTENDED); any other failure raises the typed cause.
+    `attempts` times (then CONTENDED); any other failure raises the typed cause. `guard`:
+    the QuotaGuard whose versions `attempt` takes, told of each conflict (`conflicted`).
     """
+    lost = 0
     for _ in range(attempts):
         decided = attempt()
         if not isinstance(decided, GuardedWrite):
@@ -123,6 +149,9 @@ def commit_guarded(zk: ZkClient, attempts: int,
             results = write.txn.commit(zk)
         except errors.TxnFailed as exc:
             if QuotaGuard.is_conflict(exc, write.versions):
+                if guard is not None:
+                    guard.conflicted(exc.path, write.versions[exc.path], again=lost > 0)
+                lost += 1
                 continue  # another launcher decided meanwhile: decide again
             raise exc.cause from exc
         return write.committed(results)
@@ -232,6 +261,9 @@ class QuotaGuard:
         self.clock = clock
         self.memo = UsageMemo()
         self._nodes = nodes
+        # Step 1 without a request where it may (zk/guard_versions.py): with the node cache,
+        # whose names on the same connection step 2 then takes.
+        self._counts = GuardVersions(zk) if nodes is not None else None
         # Step 2's sources, counted: node ids taken from the cache, listings read.
         self.mirrored = 0
         self.listings = 0
@@ -261,14 +293,27 @@ class QuotaGuard:
         Else, or when the cache cannot tell, the listing: pipelined, or read after the
         versions; either way ZooKeeper answers it after the guard reads (one session, in
         order), so it shows every node created before the versions read.
+
+        The versions are counted instead of read where they may (zk/guard_versions.py):
+        no request; the ids are then as of the last event kazoo's connection thread has
+        read, which may lag a little behind an answer's, never behind the versions.
         """
         if self._nodes is not None:
-            found, connection = self.zk.exists_all(guard_paths)
-            if any(stat is None for stat in found):
-                # A guard's first use: create it, then the ordinary two steps.
-                return self.read(guard_paths), self._listing()
-            versions = {path: stat.version for path, stat in zip(guard_paths, found)
+            assert self._counts is not None
+            versions, before, asked_on = self._counts.current(guard_paths)
+            connection = asked_on
+            unread = [path for path in guard_paths if path not in versions]
+            if unread:
+                found, connection = self.zk.exists_all(unread)
+                if any(stat is None for stat in found):
+                    # A guard's first use: create it, then the ordinary two steps.
+                    return self.read(guard_paths), self._listing()
+                self._counts.answered(unread, found, before, asked_on, connection)
+                read = {path: stat.version for path, stat in zip(unread, found)
                         if stat is not None}
+                versions = {path: versions.get(path, read.get(path, 0))
+                            for path in guard_paths}
+            # The ids after the versions, counted or read (module docstring).
             ids = self._nodes.ids_through(connection) if connection is not None else None
             if ids is not None:
                 self.mirrored += 1
@@ -293,7 +338,11 @@ class QuotaGuard:
 
         Nodes deleted since are still listed (deletions bump no guard): usage can only be
         over-counted, never under-counted, so a caller must re-read before it pauses or
-        declines on it; `usage` drops ids it finds gone."""
+        declines on it; `usage` drops ids it finds gone. None as well while the guards'
+        versions are counted (`read_listing` then sends no request either, and its ids
+        come from the node cache: no deleted node among them to read again)."""
+        if self.counts(guard_paths):
+            return None
         with self._created_lock:
             known = self._known
             if known is None or known.epoch != self.zk.epoch \
@@ -309,6 +358,21 @@ class QuotaGuard:
             self._known = _Known({p: v + 1 for p, v in versions.items()},
                                  [i for i in ids if i not in gone] + list(created),
                                  self.zk.epoch)
+
+    def counts(self, guard_paths: list[str]) -> bool:
+        """Whether `read_listing(guard_paths)` would count every version now (no request)."""
+        return self._counts is not None and self._counts.holds(guard_paths)
+
+    @property
+    def counted(self) -> int:
+        """Guard versions taken from the counts instead of read (zk/guard_versions.py)."""
+        return self._counts.counted if self._counts is not None else 0
+
+    def conflicted(self, path: str, used: int, again: bool = False) -> None:
+        """A commit on version `used` of guard `path` failed on it (`again`: not the
+        decision's first to): see `GuardVersions.conflicted`."""
+        if self._counts is not None:
+            self._counts.conflicted(path, used, again)
 
     def forget(self) -> None:
         """Another process wrote a guard: the next decision reads afresh."""

@@ -296,8 +296,9 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
                    ) -> tuple[int, quota.Fit]:
     """Create nodes in `init` for the leading entries of `batch` (requests of one pool, in
     priority order, each with the slots it needs) that fit the quotas together, in one
-    guarded transaction: one guard read (often none, see `QuotaGuard.known_listing`) and
-    one commit, with each request's lock checked in it.
+    guarded transaction: the guard versions counted, or one guard read (see
+    `QuotaGuard.read_listing` and `known_listing`), and one commit, with each request's
+    lock checked in it.
 
     Returns (how many leading entries got their nodes, slot `node`s set but not locked
     or launched; FITS if that is all of them, else the verdict of the first that did not
@@ -381,7 +382,7 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
         return GuardedWrite(versions, txn, committed)
 
     try:
-        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt, deps.guard)
     except (errors.VersionConflict, errors.NoNodeError) as exc:
         failed = exc.__cause__
         changed = [a.request for a, _ in batch
@@ -398,7 +399,7 @@ def create_guarded(deps: AllocationDeps, batch: Sequence[tuple[Allocator, list[S
         # the note, as if none had ridden along; the handler finds the request gone and
         # releases what was made for it, as for a request deleted at any other moment.
         ride[0] = False
-        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt)
+        outcome = commit_guarded(deps.zk, deps.settings.guard_attempts, attempt, deps.guard)
     if outcome is CONTENDED:
         return 0, quota.Fit(False, CONTENTION, ())
     return outcome
