@@ -1,6 +1,7 @@
 """Quotas end to end: a provider limit across pools is never exceeded (sampled by a
 watcher) under concurrent builds, nor one two launchers share (whose decisions take the
-node ids from their caches, not from a listing of the nodes), tenant limits defer
+node ids from their caches, not from a listing of the nodes, and the guard's version from
+a count of its events, not from a read), tenant limits defer
 without declining, requests that can never fit are declined. A pool limit pausing the
 pool and serving in order as capacity frees, and reclaiming an idle node of another label,
 are stepped in tests/launcher/upkeep/test_quota.py; the cloud refusing for quota (the node
@@ -110,17 +111,40 @@ def count_listings(zk: ZkClient, monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return count
 
 
+def count_guard_reads(zk: ZkClient, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts `zk`'s reads of guard znodes (`exists`, alone or pipelined)."""
+    count = [0]
+    one, many = zk.exists, zk.exists_all
+
+    def exists(path: str) -> Any:
+        count[0] += path.startswith(paths.GUARDS + "/")
+        return one(path)
+
+    def exists_all(exists_paths: list[str]) -> Any:
+        count[0] += sum(p.startswith(paths.GUARDS + "/") for p in exists_paths)
+        return many(exists_paths)
+    monkeypatch.setattr(zk, "exists", exists)
+    monkeypatch.setattr(zk, "exists_all", exists_all)
+    return count
+
+
 def test_two_launchers_share_a_tight_limit(launchers: LauncherFactory, zuul: ZuulClient,
                                            kazoo_client: KazooClient,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     counter = NodeCounter(kazoo_client)
     listings = []
+    guard_reads = []
+    started = []
     for _ in range(2):
         launcher = launchers(SHARED, start=False)
         listings.append(count_listings(launcher.zk, monkeypatch))
+        guard_reads.append(count_guard_reads(launcher.zk, monkeypatch))
         assert launcher.start()
+        started.append(launcher)
     zuul.run_build(["small"], timeout=60)  # warm up: the guard znode exists
     before = sum(c[0] for c in listings)
+    reads_before = sum(c[0] for c in guard_reads)
+    counted_before = sum(launcher.engine.guard.counted for launcher in started)
     errors: list[BaseException] = []
 
     def build() -> None:
@@ -143,6 +167,12 @@ def test_two_launchers_share_a_tight_limit(launchers: LauncherFactory, zuul: Zuu
     listed = sum(c[0] for c in listings) - before
     print(f"listings of /nodepool/nodes during 16 builds: {listed}")
     assert listed <= 3
+    # Nor did they read the guard's version, but at each launcher's first decision and
+    # after a commit that failed on a count in doubt (zk/guard_versions.py).
+    read = sum(c[0] for c in guard_reads) - reads_before
+    counted = sum(launcher.engine.guard.counted for launcher in started) - counted_before
+    print(f"guard versions during 16 builds: {read} read, {counted} counted")
+    assert counted >= 16 and read <= 2 + counted / 3
 
 
 def test_tenant_limit_defers(launchers: LauncherFactory, zuul: ZuulClient) -> None:
