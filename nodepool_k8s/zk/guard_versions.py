@@ -144,8 +144,8 @@ class GuardVersions:
         """`exists` answers of `guard_paths` read on `connection` (`ZkClient.exists_all`),
         sent after `current` gave `before` on `asked_on`: a base for each guard whose events
         stood still meanwhile, when both are the connection the counts hold on."""
-        self.read += len(guard_paths)
         with self._lock:
+            self.read += len(guard_paths)
             if connection is None or connection != asked_on or connection != self._ready \
                     or self.zk.connections != connection:
                 return
@@ -164,9 +164,9 @@ class GuardVersions:
         """A commit on version `used` of `path` failed on that version. Counted right, the
         count has moved past `used` by now (the bump that beat us was applied before our
         commit, so its event came before the failure's answer) and the retry takes it.
-        A count that did not move, or a decision's second failure on the same guard
-        (`again`), says it may be wrong: the guard is read for the retry and counted from
-        that answer on, so a wrong count costs at most one failed commit, never a loop."""
+        A count that did not move, or a decision's second failed commit (`again`), says it
+        may be wrong: the guard is read for the retry and counted from that answer on, so
+        a wrong count costs at most one more failed commit, never a loop."""
         with self._lock:
             base = self._base.get(path)
             if again or base is None or base + self._changes.get(path, 0) <= used:

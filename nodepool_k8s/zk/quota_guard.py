@@ -370,7 +370,7 @@ class QuotaGuard:
 
     def conflicted(self, path: str, used: int, again: bool = False) -> None:
         """A commit on version `used` of guard `path` failed on it (`again`: not the
-        decision's first to): see `GuardVersions.conflicted`."""
+        decision's first failed commit): see `GuardVersions.conflicted`."""
         if self._counts is not None:
             self._counts.conflicted(path, used, again)
 
