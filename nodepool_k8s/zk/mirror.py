@@ -161,13 +161,14 @@ class ChildMirror(Generic[T]):
                  lock_root: str | None = None,
                  may_close: Callable[[T], bool] | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 keep_names: bool = False) -> None:
+                 keep_names: bool = False, what: str | None = None) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
         paused, resumed and paused again), so a deleted name must not be tombstoned; such
         a (small) mirror reads each child synchronously on its own thread instead, which
-        keeps every answer in order without tombstones.
+        keeps every answer in order without tombstones, and applies the answer to one of
+        its own writes only to a child it knows exists (`_on_settle`).
         `persistent`: use a persistent recursive watch when the server has them.
         `skip_read(record, locked)`: a change of a child holding `record` (its last read
         data; `locked`: the child has lock contenders) need not be read now (module doc,
@@ -182,10 +183,12 @@ class ChildMirror(Generic[T]):
         (module doc, "Closed by the taker") if this accepts its last read record.
         `monotonic`: the clock of `left_unread`'s times (the owner's, so it can step it).
         `keep_names`: keep every child's name on kazoo's connection thread for
-        `children_through` (module doc, "Which children exist"); off, it returns None."""
+        `children_through` (module doc, "Which children exist"); off, it returns None.
+        `what`: how reports name an unusable child (default: `name` without "-cache")."""
         self.zk = zk
         self.root = root
         self.name = name
+        self._what = what or name.replace("-cache", "")
         self._decode = decode
         self._accept = accept
         self._with_locks = with_locks or lock_root is not None
@@ -214,7 +217,7 @@ class ChildMirror(Generic[T]):
         self._backlog: collections.deque[str] = collections.deque()
         self._queued: set[str] = set()  # in the backlog or being read through it
         self._resyncing = False
-        self._want_tree = persistent and not reused_names
+        self._want_tree = persistent
         self._tree = False  # the persistent watch is in use
         # child -> (listing number, contender events that arrived meanwhile)
         self._lock_listings: dict[str, tuple[int, list[tuple[str, str]]]] = {}
@@ -542,12 +545,22 @@ class ChildMirror(Generic[T]):
         left = self._expected.pop(key, 0) - 1
         if left > 0:
             self._expected[key] = left
-        if stat is not None and self._tree:
+        if stat is not None and self._tree and self._exists(key):
             self._apply_data(key, _Written(data, stat))
         if left <= 0 and key in self._deferred:
             self._deferred.discard(key)
             self._read_change(key)  # nothing, if the answers account for every change
         self._settle_waiters()
+
+    def _exists(self, key: str) -> bool:
+        """Whether an answer to our write of `key` may be applied. Without tombstones
+        (`reused_names`) a child deleted after our write and before its answer got here
+        would come back from it: only a child known to exist (its creation seen, or read)
+        takes one. With tombstones `_apply_data` drops those of deleted children."""
+        if not self._reused_names or key in self._changes:
+            return True
+        with self._lock:
+            return key in self.items or key in self.empty or key in self.malformed
 
     def _behind(self, key: str) -> bool:
         """A counted child whose data held lacks changes the watch reported."""
@@ -866,7 +879,7 @@ class ChildMirror(Generic[T]):
                 record = self._decode(key, data, stat)
             except Exception as exc:  # any decode failure: the record is malformed
                 reason = records.describe(exc)
-                records.REPORTS.report(self.name.replace("-cache", ""), self._path(key),
+                records.REPORTS.report(self._what, self._path(key),
                                        stat.version, reason)
         with self._lock:
             self.closed.discard(key)  # read: what it shows is ZooKeeper's, closed or not
@@ -890,7 +903,7 @@ class ChildMirror(Generic[T]):
     def _unreadable(self, key: str) -> None:
         """A child we may not read: as unusable as a malformed one (reported once, with
         its path; the next resync reads it again, as no watch is set on it)."""
-        multiread.report_unreadable(self.name.replace("-cache", ""), self._path(key))
+        multiread.report_unreadable(self._what, self._path(key))
         with self._lock:
             if self.malformed.get(key) == multiread.UNREADABLE:
                 return
