@@ -234,6 +234,9 @@ class ChildMirror(Generic[T]):
         # whose change events came meanwhile: their read waits for those answers.
         self._expected: dict[str, int] = {}
         self._deferred: set[str] = set()
+        # Own creations of sequential children sent and not yet answered, by name prefix:
+        # a child created with that prefix meanwhile waits for them (it may be ours).
+        self._expected_seq: dict[str, int] = {}
         self._skip_read = skip_read
         self._may_close = may_close
         # Children closed by their taker (`may_close`): stale, and not read at their lock's
@@ -370,14 +373,15 @@ class ChildMirror(Generic[T]):
             return list(self._names)
 
     # -- own writes (zk/echo.py; the writer's or kazoo's thread: enqueue only) -------------
-    def expect_write(self, key: str) -> bool:
-        if not self._want_tree or not self._accept(key):
+    def expect_write(self, key: str, sequence: bool = False) -> bool:
+        if not self._want_tree or not self._accept(key + "0" * 10 if sequence else key):
             return False  # one-shot watches: the read after a change also re-arms them
-        self._submit(self._on_expect, key)
+        self._submit(self._on_expect, key, sequence)
         return True
 
-    def settle_write(self, key: str, data: bytes, stat: Any) -> None:
-        self._submit(self._on_settle, key, data, stat)
+    def settle_write(self, key: str, data: bytes, stat: Any,
+                     created: str | None = None) -> None:
+        self._submit(self._on_settle, key, data, stat, created)
 
     # -- plumbing -------------------------------------------------------------------------
     def _submit(self, fn: Callable[..., None], *args: Any) -> None:
@@ -502,6 +506,11 @@ class ChildMirror(Generic[T]):
                 # events ran after the reconnect): that watch missed the changes since.
                 if connection == self._counted_since:
                     self._changes[key] = 0
+                if self._current(key):
+                    return  # the answer to our creation, or a read after it, has it
+                if self._awaited(key):
+                    self._deferred.add(key)  # probably our own creation (zk/echo.py)
+                    return
                 if key not in self._queued:
                     # Through the bounded backlog, as a listing's new children are.
                     self._queued.add(key)
@@ -538,19 +547,30 @@ class ChildMirror(Generic[T]):
         else:
             self._apply_contender(key, kind, name)
 
-    def _on_expect(self, key: str) -> None:
-        self._expected[key] = self._expected.get(key, 0) + 1
+    def _on_expect(self, key: str, sequence: bool) -> None:
+        expected = self._expected_seq if sequence else self._expected
+        expected[key] = expected.get(key, 0) + 1
 
-    def _on_settle(self, key: str, data: bytes, stat: Any) -> None:
-        left = self._expected.pop(key, 0) - 1
+    def _on_settle(self, key: str, data: bytes, stat: Any, created: str | None) -> None:
+        expected = self._expected if created is None else self._expected_seq
+        left = expected.pop(key, 0) - 1
         if left > 0:
-            self._expected[key] = left
-        if stat is not None and self._tree and self._exists(key):
-            self._apply_data(key, _Written(data, stat))
-        if left <= 0 and key in self._deferred:
-            self._deferred.discard(key)
-            self._read_change(key)  # nothing, if the answers account for every change
+            expected[key] = left
+        child = key if created is None else created
+        if child and stat is not None and self._tree and self._exists(child):
+            self._apply_data(child, _Written(data, stat))
+        for waiting in sorted(k for k in self._deferred if not self._awaited(k)):
+            self._deferred.discard(waiting)
+            self._read_change(waiting)  # nothing, if the answers account for every change
         self._settle_waiters()
+
+    def _awaited(self, key: str) -> bool:
+        """Whether one of our writes that may have made the latest change of `key` is
+        unanswered: a write of it, or a creation of a sequential child of its prefix."""
+        if key in self._expected:
+            return True
+        return any(key.startswith(prefix) and key[len(prefix):].isdigit()
+                   for prefix in self._expected_seq)
 
     def _exists(self, key: str) -> bool:
         """Whether an answer to our write of `key` may be applied. Without tombstones
@@ -620,7 +640,7 @@ class ChildMirror(Generic[T]):
         a one-shot watch coalesces them)."""
         if self._is_dead(key) or self._current(key):
             return  # gone, or an answer that overtook this event has the change already
-        if key in self._expected:
+        if self._awaited(key):
             self._deferred.add(key)  # probably our own write, whose answer has the data
             return
         if self._skipped(key):
@@ -671,6 +691,7 @@ class ChildMirror(Generic[T]):
         # Everything is read again below; answers to writes still outstanding (failed by
         # the disconnect) must not hold back a read.
         self._expected.clear()
+        self._expected_seq.clear()
         self._deferred.clear()
         listing_on = self.zk.connections
         with self._names_lock:
@@ -694,7 +715,11 @@ class ChildMirror(Generic[T]):
         except kex.NoNodeError:
             self._listed(None, listing_on)
             self.zk.ensure_path(self.root)
-            self._submit(self._resync)
+            if not self._tree:
+                # With the persistent watch the root's creation (ours or anyone's) comes as
+                # an event, which resyncs: a second resync queued here as well would read
+                # again every child created by the time it runs.
+                self._submit(self._resync)
             return
         except (kex.NoAuthError, kex.AuthFailedError) as exc:
             self._listed(None, listing_on)
