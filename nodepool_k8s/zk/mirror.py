@@ -34,8 +34,9 @@ in the transaction that writes the child is known before that change is looked a
 A persistent watch reports every write, where a one-shot watch missed those made before
 it was set again; each write adds one to the znode's version, so an answer whose version
 counts every change event seen since the child's creation is current, and a change event
-it already answered costs no read. This client's own data writes count as such answers
-(zk/echo.py): a change event that arrives while one of ours to that child is unanswered
+it already answered costs no read. This client's own data writes and creations count as
+such answers (zk/echo.py): a change or creation event that arrives while one of ours to
+that child is unanswered (for a sequential creation: one with the child's name prefix)
 waits for the answer, and is read only if the answer does not account for it.
 
 Reads skipped (`skip_read`): with those counts a mirror knows that a child changed and to
