@@ -10,7 +10,7 @@ what they need from it instead of reaching into each other.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from nodepool_k8s.core import quota
 from nodepool_k8s.runtime.clock import Clock
@@ -19,7 +19,7 @@ from nodepool_k8s.driver.base import ClusterAware, Provider
 from nodepool_k8s.launcher.plan import PoolInfo
 from nodepool_k8s.launcher.settings import EngineSettings
 from nodepool_k8s.core.model import MIN_READY_PRIORITY, Node, Resources
-from nodepool_k8s.runtime.stats import Stats
+from nodepool_k8s.runtime.stats import NullBackend, Stats
 from nodepool_k8s.runtime.tracing import NOOP_TRACER, Tracer
 from nodepool_k8s.zk.cache import ComponentCache, NodeCache, RequestCache
 from nodepool_k8s.zk.client import ZkClient
@@ -60,7 +60,7 @@ class Engine:
         self.events = EventLog(zk, clock)
         # Every pool's published status and circuit-breaker record (launcher.pool_status).
         self.pool_statuses = JsonDirCache(zk, POOL_STATUS, "pool-status-cache",
-                                          decode_pool_status)
+                                          decode_pool_status, skip_read=self._others_status)
         self.breakers = JsonDirCache(zk, POOL_BREAKERS, "breaker-cache",
                                      decode_breakers)
         self.providers: dict[str, Provider] = {}
@@ -107,6 +107,17 @@ class Engine:
         if node.launcher in self.registry.pool_ids():
             return False
         return any(c.id == node.launcher for c in self.components.pools())
+
+    def _others_status(self, record: dict[str, Any], locked: bool) -> bool:
+        """Whether the pool-status cache may leave a change of the status last read as
+        `record` unread: another launcher's pool's, while no statsd is configured. Then
+        nothing needs other launchers' statuses at each of their changes: the web app's
+        views `refresh` them when they are built, the CLI reads ZooKeeper itself. With
+        statsd each publish of a pool's status sends gauges combined with the other
+        launchers' records of the pool (`pool_status.combined`), so they are read as they
+        change."""
+        return isinstance(self.stats.backend, NullBackend) \
+            and record.get("id") not in self.registry.pool_ids()
 
     def set_config(self, config: Config) -> None:
         self._config = config

@@ -17,8 +17,9 @@ that is not this client's own live work is in its lock dir; it reads them once t
 goes or when asked, not at all when the lock's holder closed the request and removed the
 lock dir with its release (`is_closed`: the pool pass leaves such an entry alone; cleanup's
 full pass reads those still there, so one wrongly taken as closed waits at most one pass).
-The small `/nodepool/components` tree uses kazoo's TreeCache, with a guard against its
-stale-result "ghosts".
+The component cache mirrors `/nodepool/components/launcher` and `/pool` the same way
+(one mirror each), so a registration is read once per change and our own are not read
+back.
 
 Listeners are called on the cache's thread with `(kind, key)` (kind: changed, removed,
 lock, synced, reconnected); they must be quick (set an event, no ZooKeeper calls). Reads
@@ -34,8 +35,6 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Generic, TypeVar
-
-from kazoo.recipe.cache import TreeCache, TreeEvent
 
 from nodepool_k8s.core import model, records
 from nodepool_k8s.core.model import Node, NodeRequest
@@ -340,18 +339,60 @@ def decode_component(kind: str, znode: str, raw: bytes, owner: int = 0,
 
 
 class ComponentCache:
-    """Registered launcher and pool components (a small two-level tree: TreeCache)."""
+    """Registered launcher and pool components: one `ChildMirror` per kind
+    (`/nodepool/components/launcher` and `/pool`), each on a persistent recursive watch
+    (one-shot watches on a server older than 3.6). A registration is read once per change,
+    and this process's own registrations and their updates (a pool paused or resumed) are
+    not read back (zk/echo.py). Other kinds (Nodepool's builders) are not followed."""
 
     name = "component cache"
+    KINDS = ("launcher", "pool")
 
     def __init__(self, zk: ZkClient) -> None:
         self.zk = zk
-        self._lock = threading.RLock()
-        self._components: dict[tuple[str, str], Component] = {}
         self._listeners: list[Listener] = []
-        self._tree: TreeCache | None = None
-        self._synced = threading.Event()
         self._ignored: set[str] = set()  # persistent pool registrations, reported once
+        self._ignored_lock = threading.Lock()
+        self._mirrors: dict[str, ChildMirror[Component]] = {
+            kind: ChildMirror(
+                zk, f"{paths.COMPONENTS}/{kind}", self._decoder(kind),
+                name=f"{kind}-component-cache", what="component",
+                accept=lambda child: bool(child), persistent=True,
+                on_change=self._forget_ignored if kind == "pool" else None)
+            for kind in self.KINDS}
+        for kind, mirror in self._mirrors.items():
+            mirror.add_listener(self._relay(kind))
+
+    def _decoder(self, kind: str) -> Callable[[str, bytes, Any], Component]:
+        def decode(znode: str, raw: bytes, stat: Any) -> Component:
+            data = records.load_object(raw)
+            records.check_component(data)
+            component = Component(kind=kind, znode=znode, hostname=data.get("hostname"),
+                                  state=data.get("state"), data=data,
+                                  owner=stat.ephemeralOwner)
+            if kind == "pool" and component.id and not component.owner:
+                path = f"{paths.COMPONENTS}/{kind}/{znode}"
+                with self._ignored_lock:
+                    seen = path in self._ignored
+                    self._ignored.add(path)
+                if not seen:
+                    log.warning("Ignoring pool registration %s: it is not ephemeral, so no "
+                                "live launcher stands behind it", path)
+            return component
+        return decode
+
+    def _forget_ignored(self, znode: str, old: Component | None,
+                        new: Component | None) -> None:
+        if new is None:
+            with self._ignored_lock:
+                self._ignored.discard(f"{paths.POOL_COMPONENTS}/{znode}")
+
+    def _relay(self, kind: str) -> Listener:
+        def relay(event: CacheEvent, key: str) -> None:
+            if event is CacheEvent.SYNCED and not self.synced:
+                return  # told once every kind is synced
+            self._notify(event, f"{kind}/{key}" if key else "")
+        return relay
 
     def add_listener(self, listener: Listener) -> None:
         self._listeners.append(listener)
@@ -361,24 +402,29 @@ class ComponentCache:
             self._listeners.remove(listener)
 
     def start(self) -> None:
-        tree = TreeCache(self.zk.kazoo, paths.COMPONENTS)
-        tree.listen(self._on_event)
-        tree.listen_fault(lambda exc: log.warning("component cache error: %r", exc))
-        self._tree = tree
-        tree.start()
+        for mirror in self._mirrors.values():
+            mirror.start()
 
     def stop(self) -> None:
-        tree, self._tree = self._tree, None
-        if tree is not None:
-            self._synced.clear()
-            tree.close()
+        for mirror in self._mirrors.values():
+            mirror.stop()
 
     def wait_synced(self, timeout: float | None = None) -> bool:
-        return self._synced.wait(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for mirror in self._mirrors.values():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not mirror.wait_synced(left):
+                return False
+        return True
 
     @property
     def synced(self) -> bool:
-        return self._synced.is_set()
+        return all(mirror.synced for mirror in self._mirrors.values())
+
+    @property
+    def reads(self) -> int:
+        """Registrations read so far (not counting our own writes' answers)."""
+        return sum(mirror.reads for mirror in self._mirrors.values())
 
     def _notify(self, kind: CacheEvent, key: str) -> None:
         for listener in list(self._listeners):
@@ -387,55 +433,13 @@ class ComponentCache:
             except Exception:
                 log.exception("component cache listener failed")
 
-    def _attached(self, path: str) -> bool:
-        """False for TreeCache "ghosts": a stale read result applied after the deletion
-        (TreeCache handles deletions and read results on different threads)."""
-        tree = self._tree
-        if tree is None:
-            return False
-        parent, name = path.rsplit("/", 1)
-        for _ in range(5):
-            try:
-                children = tree.get_children(parent)
-            except RuntimeError:  # changed by the other thread while we read it
-                continue
-            return children is not None and name in children
-        return True
-
-    def _on_event(self, event: TreeEvent) -> None:
-        etype = event.event_type
-        if etype == TreeEvent.INITIALIZED:
-            self._synced.set()
-            self._notify(CacheEvent.SYNCED, "")
-            return
-        if etype not in (TreeEvent.NODE_ADDED, TreeEvent.NODE_UPDATED, TreeEvent.NODE_REMOVED):
-            return
-        data = event.event_data
-        parts = data.path[len(paths.COMPONENTS):].strip("/").split("/")
-        if len(parts) != 2:
-            return
-        key = (parts[0], parts[1])
-        removed = etype == TreeEvent.NODE_REMOVED or not self._attached(data.path)
-        owner = getattr(data.stat, "ephemeralOwner", 0) if data.stat is not None else 0
-        version = getattr(data.stat, "version", -1) if data.stat is not None else -1
-        component = None if removed else decode_component(parts[0], parts[1], data.data,
-                                                          owner, version)
-        if component is not None and component.kind == "pool" and component.id \
-                and not component.owner and data.path not in self._ignored:
-            self._ignored.add(data.path)
-            log.warning("Ignoring pool registration %s: it is not ephemeral, so no live "
-                        "launcher stands behind it", data.path)
-        with self._lock:
-            if component is None:
-                self._components.pop(key, None)
-                self._ignored.discard(data.path)
-            else:
-                self._components[key] = component
-        self._notify(CacheEvent.REMOVED if removed else CacheEvent.CHANGED, "/".join(parts))
-
     def components(self, kind: str | None = None) -> list[Component]:
-        with self._lock:
-            return [c for (k, _), c in self._components.items() if kind is None or k == kind]
+        out: list[Component] = []
+        for name, mirror in self._mirrors.items():
+            if kind is None or kind == name:
+                with mirror._lock:
+                    out.extend(mirror.items.values())
+        return out
 
     def pools(self) -> list[Component]:
         """Registered pools. Launchers register them as ephemeral znodes; a persistent one

@@ -590,8 +590,21 @@ class ZkClient:
 
     def create(self, path: str, data: bytes = b"", *, ephemeral: bool = False,
                sequence: bool = False, makepath: bool = False) -> str:
-        created: str = self._write(lambda: self.kazoo.create(
-            path, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath), path)
+        expected = self.echoes.expect([(0, path, data)], sequence=sequence)
+        if not expected:
+            created: str = self._write(lambda: self.kazoo.create(
+                path, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath), path)
+            return created
+        # An observer mirrors this znode's parent (persistent watches, so ZooKeeper 3.6+):
+        # create2, whose answer has the stat the echo hands it.
+        try:
+            created, stat = self._write(lambda: self.kazoo.create(
+                path, data, ephemeral=ephemeral, sequence=sequence, makepath=makepath,
+                include_data=True), path)
+        except BaseException:
+            self.echoes.settle(expected, None, "" if sequence else None)
+            raise
+        self.echoes.settle(expected, [stat], created if sequence else None)
         return created
 
     def set(self, path: str, data: bytes, version: int = -1) -> Stat:

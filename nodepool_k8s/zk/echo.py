@@ -12,7 +12,11 @@ write's answer, so without the first call the cache would already have sent the 
 answer makes unnecessary. (Only the saving depends on that order, not correctness: an
 answer that comes first is applied, and the event after it is counted as answered or read.)
 A transaction that sets one child twice is echoed once, with the last set's data, so the
-cache never shows the state in between, which no reader could see.
+cache never shows the state in between, which no reader could see. A single creation
+(`ZkClient.create`, not in a transaction) is echoed too: it is sent as ZooKeeper's
+create2, whose answer carries the stat; the creation of a sequential child is expected by
+its name's prefix (its counter is known only from the answer), and the observer holds
+back the read of any child created with that prefix until the answer says which is ours.
 
 Failure: `settle_write` is called for every `expect_write` that returned True, whatever
 happens to the write (kazoo fails every request still pending when the connection drops);
@@ -32,11 +36,14 @@ log = logging.getLogger("nodepool_k8s.zk.echo")
 
 
 class Observer(Protocol):
-    def expect_write(self, key: str) -> bool:
-        """A write of child `key` is about to be sent; False: not interested."""
+    def expect_write(self, key: str, sequence: bool = False) -> bool:
+        """A write of child `key` is about to be sent (`sequence`: the creation of a
+        sequential child whose name will be `key` and a counter); False: not interested."""
 
-    def settle_write(self, key: str, data: bytes, stat: ZnodeStat | None) -> None:
-        """That write is over: `stat` after it, or None (failed, or outcome unknown)."""
+    def settle_write(self, key: str, data: bytes, stat: ZnodeStat | None,
+                     created: str | None = None) -> None:
+        """That write is over: `stat` after it, or None (failed, or outcome unknown);
+        `created`: for a sequential creation, the name the child got ("" if none)."""
 
 
 Expected = list[tuple[int, Observer, str, bytes]]
@@ -62,8 +69,10 @@ class WriteEchoes:
             else:
                 self._observers.pop(root, None)
 
-    def expect(self, writes: list[tuple[int, str, bytes]]) -> Expected:
-        """`writes`: (result index, path, data) of each data write about to be sent."""
+    def expect(self, writes: list[tuple[int, str, bytes]], sequence: bool = False
+               ) -> Expected:
+        """`writes`: (result index, path, data) of each data write about to be sent
+        (`sequence`: one creation of a sequential znode, `path` its prefix)."""
         expected: Expected = []
         if not self._observers:
             return expected
@@ -74,23 +83,29 @@ class WriteEchoes:
             root, _, key = path.rpartition("/")
             for observer in self._observers.get(root, ()):
                 try:
-                    if observer.expect_write(key):
+                    if observer.expect_write(key, sequence):
                         expected.append((index, observer, key, data))
                 except Exception:
                     log.exception("write observer of %s failed", root)
         return expected
 
     @staticmethod
-    def settle(expected: Expected, results: list[Any] | None) -> None:
+    def settle(expected: Expected, results: list[Any] | None,
+               created: str | None = None) -> None:
         """`results`: the write's per-operation results (stats for data writes), or None
-        when it failed as a whole or its outcome is unknown."""
+        when it failed as a whole or its outcome is unknown; `created`: for a sequential
+        creation, the path it made ("" when it made none)."""
+        name = created.rpartition("/")[2] if created is not None else None
         for index, observer, key, data in expected:
             stat = None
             if results is not None and index < len(results) \
                     and isinstance(results[index], ZnodeStat):
                 stat = results[index]
             try:
-                observer.settle_write(key, data, stat)
+                if name is None:
+                    observer.settle_write(key, data, stat)
+                else:
+                    observer.settle_write(key, data, stat, name)
             except Exception:
                 log.exception("write observer of %s failed", key)
 

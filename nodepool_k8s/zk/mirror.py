@@ -34,8 +34,9 @@ in the transaction that writes the child is known before that change is looked a
 A persistent watch reports every write, where a one-shot watch missed those made before
 it was set again; each write adds one to the znode's version, so an answer whose version
 counts every change event seen since the child's creation is current, and a change event
-it already answered costs no read. This client's own data writes count as such answers
-(zk/echo.py): a change event that arrives while one of ours to that child is unanswered
+it already answered costs no read. This client's own data writes and creations count as
+such answers (zk/echo.py): a change or creation event that arrives while one of ours to
+that child is unanswered (for a sequential creation: one with the child's name prefix)
 waits for the answer, and is read only if the answer does not account for it.
 
 Reads skipped (`skip_read`): with those counts a mirror knows that a child changed and to
@@ -161,13 +162,14 @@ class ChildMirror(Generic[T]):
                  lock_root: str | None = None,
                  may_close: Callable[[T], bool] | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 keep_names: bool = False) -> None:
+                 keep_names: bool = False, what: str | None = None) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
         paused, resumed and paused again), so a deleted name must not be tombstoned; such
         a (small) mirror reads each child synchronously on its own thread instead, which
-        keeps every answer in order without tombstones.
+        keeps every answer in order without tombstones, and applies the answer to one of
+        its own writes only to a child it knows exists (`_on_settle`).
         `persistent`: use a persistent recursive watch when the server has them.
         `skip_read(record, locked)`: a change of a child holding `record` (its last read
         data; `locked`: the child has lock contenders) need not be read now (module doc,
@@ -182,10 +184,12 @@ class ChildMirror(Generic[T]):
         (module doc, "Closed by the taker") if this accepts its last read record.
         `monotonic`: the clock of `left_unread`'s times (the owner's, so it can step it).
         `keep_names`: keep every child's name on kazoo's connection thread for
-        `children_through` (module doc, "Which children exist"); off, it returns None."""
+        `children_through` (module doc, "Which children exist"); off, it returns None.
+        `what`: how reports name an unusable child (default: `name` without "-cache")."""
         self.zk = zk
         self.root = root
         self.name = name
+        self._what = what or name.replace("-cache", "")
         self._decode = decode
         self._accept = accept
         self._with_locks = with_locks or lock_root is not None
@@ -214,7 +218,7 @@ class ChildMirror(Generic[T]):
         self._backlog: collections.deque[str] = collections.deque()
         self._queued: set[str] = set()  # in the backlog or being read through it
         self._resyncing = False
-        self._want_tree = persistent and not reused_names
+        self._want_tree = persistent
         self._tree = False  # the persistent watch is in use
         # child -> (listing number, contender events that arrived meanwhile)
         self._lock_listings: dict[str, tuple[int, list[tuple[str, str]]]] = {}
@@ -231,6 +235,9 @@ class ChildMirror(Generic[T]):
         # whose change events came meanwhile: their read waits for those answers.
         self._expected: dict[str, int] = {}
         self._deferred: set[str] = set()
+        # Own creations of sequential children sent and not yet answered, by name prefix:
+        # a child created with that prefix meanwhile waits for them (it may be ours).
+        self._expected_seq: dict[str, int] = {}
         self._skip_read = skip_read
         self._may_close = may_close
         # Children closed by their taker (`may_close`): stale, and not read at their lock's
@@ -367,14 +374,15 @@ class ChildMirror(Generic[T]):
             return list(self._names)
 
     # -- own writes (zk/echo.py; the writer's or kazoo's thread: enqueue only) -------------
-    def expect_write(self, key: str) -> bool:
-        if not self._want_tree or not self._accept(key):
+    def expect_write(self, key: str, sequence: bool = False) -> bool:
+        if not self._want_tree or not self._accept(key + "0" * 10 if sequence else key):
             return False  # one-shot watches: the read after a change also re-arms them
-        self._submit(self._on_expect, key)
+        self._submit(self._on_expect, key, sequence)
         return True
 
-    def settle_write(self, key: str, data: bytes, stat: Any) -> None:
-        self._submit(self._on_settle, key, data, stat)
+    def settle_write(self, key: str, data: bytes, stat: Any,
+                     created: str | None = None) -> None:
+        self._submit(self._on_settle, key, data, stat, created)
 
     # -- plumbing -------------------------------------------------------------------------
     def _submit(self, fn: Callable[..., None], *args: Any) -> None:
@@ -499,6 +507,11 @@ class ChildMirror(Generic[T]):
                 # events ran after the reconnect): that watch missed the changes since.
                 if connection == self._counted_since:
                     self._changes[key] = 0
+                if self._current(key):
+                    return  # the answer to our creation, or a read after it, has it
+                if self._awaited(key):
+                    self._deferred.add(key)  # probably our own creation (zk/echo.py)
+                    return
                 if key not in self._queued:
                     # Through the bounded backlog, as a listing's new children are.
                     self._queued.add(key)
@@ -535,19 +548,40 @@ class ChildMirror(Generic[T]):
         else:
             self._apply_contender(key, kind, name)
 
-    def _on_expect(self, key: str) -> None:
-        self._expected[key] = self._expected.get(key, 0) + 1
+    def _on_expect(self, key: str, sequence: bool) -> None:
+        expected = self._expected_seq if sequence else self._expected
+        expected[key] = expected.get(key, 0) + 1
 
-    def _on_settle(self, key: str, data: bytes, stat: Any) -> None:
-        left = self._expected.pop(key, 0) - 1
+    def _on_settle(self, key: str, data: bytes, stat: Any, created: str | None) -> None:
+        expected = self._expected if created is None else self._expected_seq
+        left = expected.pop(key, 0) - 1
         if left > 0:
-            self._expected[key] = left
-        if stat is not None and self._tree:
-            self._apply_data(key, _Written(data, stat))
-        if left <= 0 and key in self._deferred:
-            self._deferred.discard(key)
-            self._read_change(key)  # nothing, if the answers account for every change
+            expected[key] = left
+        child = key if created is None else created
+        if child and stat is not None and self._tree and self._exists(child):
+            self._apply_data(child, _Written(data, stat))
+        for waiting in sorted(k for k in self._deferred if not self._awaited(k)):
+            self._deferred.discard(waiting)
+            self._read_change(waiting)  # nothing, if the answers account for every change
         self._settle_waiters()
+
+    def _awaited(self, key: str) -> bool:
+        """Whether one of our writes that may have made the latest change of `key` is
+        unanswered: a write of it, or a creation of a sequential child of its prefix."""
+        if key in self._expected:
+            return True
+        return any(key.startswith(prefix) and key[len(prefix):].isdigit()
+                   for prefix in self._expected_seq)
+
+    def _exists(self, key: str) -> bool:
+        """Whether an answer to our write of `key` may be applied. Without tombstones
+        (`reused_names`) a child deleted after our write and before its answer got here
+        would come back from it: only a child known to exist (its creation seen, or read)
+        takes one. With tombstones `_apply_data` drops those of deleted children."""
+        if not self._reused_names or key in self._changes:
+            return True
+        with self._lock:
+            return key in self.items or key in self.empty or key in self.malformed
 
     def _behind(self, key: str) -> bool:
         """A counted child whose data held lacks changes the watch reported."""
@@ -607,7 +641,7 @@ class ChildMirror(Generic[T]):
         a one-shot watch coalesces them)."""
         if self._is_dead(key) or self._current(key):
             return  # gone, or an answer that overtook this event has the change already
-        if key in self._expected:
+        if self._awaited(key):
             self._deferred.add(key)  # probably our own write, whose answer has the data
             return
         if self._skipped(key):
@@ -658,6 +692,7 @@ class ChildMirror(Generic[T]):
         # Everything is read again below; answers to writes still outstanding (failed by
         # the disconnect) must not hold back a read.
         self._expected.clear()
+        self._expected_seq.clear()
         self._deferred.clear()
         listing_on = self.zk.connections
         with self._names_lock:
@@ -681,7 +716,11 @@ class ChildMirror(Generic[T]):
         except kex.NoNodeError:
             self._listed(None, listing_on)
             self.zk.ensure_path(self.root)
-            self._submit(self._resync)
+            if not self._tree:
+                # With the persistent watch the root's creation (ours or anyone's) comes as
+                # an event, which resyncs: a second resync queued here as well would read
+                # again every child created by the time it runs.
+                self._submit(self._resync)
             return
         except (kex.NoAuthError, kex.AuthFailedError) as exc:
             self._listed(None, listing_on)
@@ -866,7 +905,7 @@ class ChildMirror(Generic[T]):
                 record = self._decode(key, data, stat)
             except Exception as exc:  # any decode failure: the record is malformed
                 reason = records.describe(exc)
-                records.REPORTS.report(self.name.replace("-cache", ""), self._path(key),
+                records.REPORTS.report(self._what, self._path(key),
                                        stat.version, reason)
         with self._lock:
             self.closed.discard(key)  # read: what it shows is ZooKeeper's, closed or not
@@ -890,7 +929,7 @@ class ChildMirror(Generic[T]):
     def _unreadable(self, key: str) -> None:
         """A child we may not read: as unusable as a malformed one (reported once, with
         its path; the next resync reads it again, as no watch is set on it)."""
-        multiread.report_unreadable(self.name.replace("-cache", ""), self._path(key))
+        multiread.report_unreadable(self._what, self._path(key))
         with self._lock:
             if self.malformed.get(key) == multiread.UNREADABLE:
                 return

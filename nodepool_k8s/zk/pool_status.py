@@ -10,8 +10,10 @@ Owns two directories of JSON records under our own tree (never under `/nodepool`
   label; changed with versioned read-modify-write, so concurrent launchers never lose an
   update (see `launcher.breaker`).
 
-`JsonDirCache` keeps either directory in memory with a `ChildMirror` (watch driven, no
-polling), so deciding whether a label is suspended costs no read.
+`JsonDirCache` keeps either directory in memory with a `ChildMirror` (a persistent
+recursive watch, one-shot watches on a server older than 3.6; no polling), so deciding
+whether a label is suspended costs no read, and this process's own writes of either are
+not read back (zk/echo.py).
 
 Failure modes: writes raise the zk.errors classes; a record that does not pass the gate
 (`records.load_object`: size, encoding, depth, numbers in range) or whose fields have the
@@ -161,11 +163,18 @@ class JsonDirCache(MirroredCache[R]):
     """Every JSON child of `root`, by child name, as `decoder` made it."""
 
     def __init__(self, zk: ZkClient, root: str, name: str,
-                 decoder: Callable[[str, bytes, Any], R]) -> None:
+                 decoder: Callable[[str, bytes, Any], R],
+                 skip_read: Callable[[R, bool], bool] | None = None) -> None:
+        """`skip_read(record, locked)`: a change of the child last read as `record` is
+        left unread (stale) until someone asks (`refresh`; zk/mirror.py, "Reads
+        skipped"); asked on the mirror's thread, must be quick."""
         self.name = name
         # Names come back: a pool's status after a restart, its breaker after a removal.
+        # A persistent watch where the server has them: this process's own writes (its
+        # pools' statuses, its breaker updates) are then not read back (zk/echo.py).
         self._mirror = ChildMirror(zk, root, decoder, name=name,
-                                   accept=lambda child: bool(child), reused_names=True)
+                                   accept=lambda child: bool(child), reused_names=True,
+                                   persistent=True, skip_read=skip_read)
 
     def get(self, key: str) -> R | None:
         with self._mirror._lock:

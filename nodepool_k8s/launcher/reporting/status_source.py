@@ -84,6 +84,8 @@ class StatusIndex(Protocol):
 
     def items(self) -> Mapping[str, dict[str, Any]]: ...
 
+    def refresh(self, ids: list[str] | None = None, timeout: float = 10.0) -> bool: ...
+
 
 class LauncherLike(Protocol):
     """What this source reads of `launcher.daemon.Launcher`."""
@@ -183,6 +185,9 @@ class LauncherStatus:
         """Every running pool's published status (every launcher's; launcher.pool_status)."""
         cache = self.launcher.pool_status_cache
         self._require_synced(cache.synced, "pool status")
+        # Other launchers' statuses whose changes the cache left unread (no statsd: the
+        # engine's `_others_status`) are read now (a view asks).
+        cache.refresh()
         return list(cache.items().values())
 
     def config_hashes(self) -> fingerprint.Hashes | None:
