@@ -9,7 +9,8 @@ Owns: what Nodepool's gauges say and when they are sent.
   `nodepool.label.<l>.nodes.<state>` (providers and labels of the registered pools,
   zero-initialised, plus any a node names) and
   `nodepool.provider.<p>.pool.<pool>.addressable_requests` (requests in any state whose
-  labels that pool supports). Sent when the node, request or component cache changes, at
+  labels that pool supports; one left unread to another launcher's first look counts for
+  every pool). Sent when the node, request or component cache changes, at
   most once per `MIN_INTERVAL` (a burst of changes costs one report), and when a launcher
   becomes leader. A key that was reported before and has no subject any more (a provider
   removed from every launcher) is reported once more as 0, so it does not stay stale.
