@@ -51,6 +51,7 @@ class Engine:
         self.node_cache = NodeCache(zk, clock.monotonic)
         self.node_cache.left_to_builder = self._left_to_builder
         self.request_cache = RequestCache(zk)
+        self.request_cache.first_look = self._request_first_look
         self.components = ComponentCache(zk)
         self.registry = ComponentRegistry(zk, hostname)
         self.guard = QuotaGuard(zk, clock, nodes=self.node_cache)
@@ -118,6 +119,35 @@ class Engine:
         change."""
         return isinstance(self.stats.backend, NullBackend) \
             and record.get("id") not in self.registry.pool_ids()
+
+    def _request_first_look(self, request_id: str) -> float:
+        """Seconds the request cache leaves new request `request_id` unread for the
+        launcher whose turn it is (zk/mirror.py, "First look"; `request_first_look`).
+
+        Only where any launcher could serve any request: every registered pool serves the
+        same labels (else the one whose turn it is might not serve it, and every request
+        would wait). The launchers taking turns are those with a pool not paused (a paused
+        one takes nothing new), ordered by session; the request's sequence number picks
+        one. Every launcher works this out alike from the same registrations; where one
+        sees them differently for a moment (a pool pausing), a request is read by two
+        launchers, or waits out the look. Not min-ready requests (their creator must
+        read them). Asked on the cache's thread: no ZooKeeper read."""
+        delay = self.settings.request_first_look
+        if delay <= 0 or request_id.startswith(MIN_READY_PRIORITY + "-"):
+            return 0.0
+        pools = self.components.pools()
+        if len(pools) < 2 or len({p.supported_labels for p in pools}) != 1:
+            return 0.0
+        mine = self.registry.pool_ids()
+        own = {p.owner for p in pools if p.id in mine}
+        turns = sorted({p.owner for p in pools if not p.paused and p.owner})
+        if len(own) != 1 or len(turns) < 2:
+            return 0.0
+        try:
+            sequence = int(request_id.rsplit("-", 1)[1])
+        except (IndexError, ValueError):
+            return 0.0
+        return 0.0 if turns[sequence % len(turns)] in own else delay
 
     def set_config(self, config: Config) -> None:
         self._config = config

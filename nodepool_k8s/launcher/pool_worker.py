@@ -745,6 +745,18 @@ class PoolWorker(Worker):
                 continue
             if len(nodes.allocated_to(other.id)) < len(other.node_types):
                 return True
+        # Requests this cache never read (left to another launcher's first look, and taken
+        # by it): older by what their ids tell (relative priority unknown: 0), held by
+        # someone else, not closed, no node of theirs in the node cache yet. Their labels
+        # are not known, but a first look is only taken where every pool serves the same.
+        for other_id in cache.unread():
+            other_priority, _, other_sequence = other_id.partition("-")
+            if (other_priority, 0, other_sequence) >= mine \
+                    or other_id == request.id or other_id in self.handlers \
+                    or not cache.held_elsewhere(other_id) or cache.is_closed(other_id):
+                continue
+            if not nodes.allocated_to(other_id):
+                return True
         return False
 
     # -- circuit breaker and status --------------------------------------------------------

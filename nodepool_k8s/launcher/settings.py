@@ -22,9 +22,9 @@ from nodepool_k8s.core.errors import ConfigError
 ENV_PREFIX = "NODEPOOL_K8S_"
 # Fields where 0 is meaningful: no rate limit on reclaims; do not wait for launches on stop;
 # every launcher deletes any node at once; waiting launchers try for freed room at once;
-# housekeeping never yields to launches.
+# housekeeping never yields to launches; every launcher reads every new request at once.
 ZERO_ALLOWED = frozenset({"reclaim_interval", "stop_timeout", "delete_grace",
-                          "quota_yield", "delete_defer_max"})
+                          "quota_yield", "delete_defer_max", "request_first_look"})
 
 
 @dataclass(frozen=True)
@@ -74,6 +74,13 @@ class EngineSettings:
     # this many seconds; then it tries itself. 0: every waiting launcher tries at once (all
     # but one lose, each a failed write). One launcher alone never waits.
     quota_yield: float = 1.0
+    # First look: with several launchers whose registered pools all serve the same labels,
+    # a new request is left to one of them (by its sequence number, among the launchers
+    # with a pool not paused) for this many seconds; the others read it only if that one
+    # has not taken its lock by then, or when it lets the request go unserved. Each
+    # request is then read by about one launcher instead of all. 0: every launcher reads
+    # every request at once. One launcher alone never waits.
+    request_first_look: float = 0.25
     # Optimistic quota decisions retry this many times on concurrent changes per pass.
     guard_attempts: int = 20
     # On graceful stop, wait this long for cancelled launches to return.

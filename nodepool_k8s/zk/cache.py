@@ -205,12 +205,17 @@ class RequestCache(MirroredCache[_CachedRequest]):
 
     name = "request cache"
 
-    def __init__(self, zk: ZkClient) -> None:
+    def __init__(self, zk: ZkClient, monotonic: Callable[[], float] = time.monotonic) -> None:
+        """`monotonic`: the clock a first look's time runs on (real time: it is a wait)."""
         self.zk = zk
+        # Seconds a new request is left to another launcher before this one reads it (its
+        # owner's rule, `Engine._request_first_look`; zk/mirror.py "First look").
+        self.first_look: Callable[[str], float] = lambda request_id: 0.0
         self._mirror: ChildMirror[_CachedRequest] = ChildMirror(
             zk, paths.REQUESTS, self._decode, name="request-cache",
             accept=paths.is_request_id, persistent=True, skip_read=self._skip_read,
-            lock_root=paths.REQUEST_LOCKS, may_close=self._may_close)
+            lock_root=paths.REQUEST_LOCKS, may_close=self._may_close,
+            first_look=lambda request_id: self.first_look(request_id), monotonic=monotonic)
 
     def _skip_read(self, item: _CachedRequest, locked: bool) -> bool:
         """A change made while a contender not of this client's own live work is in the
@@ -249,8 +254,16 @@ class RequestCache(MirroredCache[_CachedRequest]):
         return item.owner if item else None
 
     def __contains__(self, request_id: object) -> bool:
+        """Whether the request exists as far as the cache knows, read or not (`unread`)."""
         with self._mirror._lock:
-            return request_id in self._mirror.items
+            return request_id in self._mirror.items or request_id in self._mirror.unread_new
+
+    def unread(self) -> list[str]:
+        """Ids of requests whose creation the cache has not read: left to another
+        launcher's first look and, after it, to whoever holds or closed them (zk/mirror.py,
+        "First look"). Not in `requests()`; `refresh` reads them."""
+        with self._mirror._lock:
+            return list(self._mirror.unread_new)
 
     def is_locked(self, request_id: str) -> bool:
         """Probably locked: some contender is in the request's lock dir (known only with

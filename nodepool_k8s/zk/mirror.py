@@ -70,6 +70,17 @@ reconnect's resync. Only a child left stale counts: nothing is inferred from a d
 child was current or is being read. An owner must make sure a wrongly inferred close is
 read in time (the request cache's users: cleanup's full pass refreshes every closed entry).
 
+First look (`first_look`): with lock following, a new child (a creation the watch
+reported on the connection it counts on) may be left unread for a while for another
+process to take first: `first_look(key)` says how many seconds (0: read it now, as
+always). Such a child is in `unread_new`, behind and without a record: not in `items`, but
+in `stale`, `behind` and `refresh` (which reads it, as any stale child). When the time is
+up it is read, unless someone holds its lock by then: then it stays unread like a change
+left under another's lock, and is read when that lock goes without closing it (a taker
+that closes it deletes its lock dir: "Closed by the taker") or at its next change without
+a lock. Changes while the time runs are not read (the time's end reads what is there).
+A reconnect's resync reads everything, these too.
+
 Which children exist (`children_through`): with the persistent watch the mirror keeps
 every child's name, read or not: the resync's listing, then each creation and deletion
 event applied by the watch's listener on kazoo's connection thread as it reads the event,
@@ -93,6 +104,7 @@ from __future__ import annotations
 
 import collections
 import enum
+import heapq
 import logging
 import queue
 import threading
@@ -162,7 +174,8 @@ class ChildMirror(Generic[T]):
                  lock_root: str | None = None,
                  may_close: Callable[[T], bool] | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
-                 keep_names: bool = False, what: str | None = None) -> None:
+                 keep_names: bool = False, what: str | None = None,
+                 first_look: Callable[[str], float] | None = None) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
@@ -185,7 +198,10 @@ class ChildMirror(Generic[T]):
         `monotonic`: the clock of `left_unread`'s times (the owner's, so it can step it).
         `keep_names`: keep every child's name on kazoo's connection thread for
         `children_through` (module doc, "Which children exist"); off, it returns None.
-        `what`: how reports name an unusable child (default: `name` without "-cache")."""
+        `what`: how reports name an unusable child (default: `name` without "-cache").
+        `first_look(key)`: seconds a new child is left unread for another process to take
+        first (module doc, "First look"); asked on the mirror's thread, must be quick and
+        read no ZooKeeper. Only with `lock_root` (its locks must be followed)."""
         self.zk = zk
         self.root = root
         self.name = name
@@ -264,8 +280,16 @@ class ChildMirror(Generic[T]):
         self._names: set[str] = set()
         self._names_on = -1
         self._names_log: list[tuple[str, str]] | None = None
+        # New children left unread for their first look (`first_look`): the ones whose
+        # time still runs -> its end (`monotonic`), those ends in a heap, and every child
+        # whose creation is not read yet this way (changed under `_lock`).
+        self._first_look = first_look
+        self._looking: dict[str, float] = {}
+        self._look_ends: list[tuple[float, str]] = []
+        self.unread_new: set[str] = set()
         self._stopped = False
         self.skipped = 0  # change events left unread under `skip_read`
+        self.looks = 0  # new children left to another's first look (`first_look`)
         self.events = 0  # answers applied (reads and own writes)
         self.reads = 0  # data reads sent
 
@@ -314,12 +338,12 @@ class ChildMirror(Generic[T]):
     def stale(self) -> set[str]:
         """Children whose data held is older than ZooKeeper's (changes left unread)."""
         with self._lock:
-            return {k for k in self.items if self._behind(k)}
+            return {k for k in self.items if self._behind(k)} | set(self.unread_new)
 
     def behind(self, key: str) -> bool:
         """Whether the child's data held is older than ZooKeeper's (`stale`, for one)."""
         with self._lock:
-            return key in self.items and self._behind(key)
+            return (key in self.items or key in self.unread_new) and self._behind(key)
 
     def left_unread(self) -> dict[str, float]:
         """Children whose changes `skip_read` left unread -> since when (`monotonic`) they
@@ -342,7 +366,8 @@ class ChildMirror(Generic[T]):
             with self._lock:
                 # None of them behind, nothing to wait for: callers ask for their whole
                 # scope and this costs them no trip through the mirror's thread.
-                keys = [k for k in keys if k in self.items and self._behind(k)]
+                keys = [k for k in keys
+                        if (k in self.items or k in self.unread_new) and self._behind(k)]
             if not keys:
                 return True
         # Without `keys` the trip is kept even when nothing is behind yet: the task runs
@@ -390,14 +415,25 @@ class ChildMirror(Generic[T]):
 
     def _run(self) -> None:
         while True:
-            task = self._tasks.get()
+            try:
+                task = self._tasks.get(timeout=self._next_look_end())
+            except queue.Empty:
+                task = (self._looks_ended, ())
             if task is None:
                 return
             fn, args = task
             try:
                 fn(*args)
+                if self._look_ends and fn is not self._looks_ended:
+                    self._looks_ended()
             except Exception:
                 log.exception("%s: error while applying a change", self.name)
+
+    def _next_look_end(self) -> float | None:
+        """Seconds until the next first look ends (None: no first look runs)."""
+        if not self._look_ends:
+            return None
+        return max(0.0, self._look_ends[0][0] - self._monotonic())
 
     def _notify(self, kind: CacheEvent, key: str) -> None:
         for listener in list(self._listeners):
@@ -512,6 +548,12 @@ class ChildMirror(Generic[T]):
                 if self._awaited(key):
                     self._deferred.add(key)  # probably our own creation (zk/echo.py)
                     return
+                if connection == self._counted_since and key not in self._queued \
+                        and self._first_look is not None and self._follows_locks():
+                    wait = self._first_look(key)
+                    if wait > 0:
+                        self._look_first(key, wait)
+                        return
                 if key not in self._queued:
                     # Through the bounded backlog, as a listing's new children are.
                     self._queued.add(key)
@@ -590,10 +632,17 @@ class ChildMirror(Generic[T]):
 
     def _skipped(self, key: str) -> bool:
         """Whether a change of `key` is left unread now (`skip_read`)."""
-        if self._skip_read is None or key in self._wanted or key not in self._changes:
+        if key in self._wanted or key not in self._changes:
             return False
-        if key in self.closed:
-            return True
+        if key in self._looking or key in self.closed:
+            return True  # its first look is someone else's, or its taker closed it
+        with self._lock:
+            unread = key in self.unread_new
+            locked = bool(self.contenders.get(key))
+        if unread:
+            return locked  # never read, and in someone's hands: read when they let go
+        if self._skip_read is None:
+            return False
         with self._lock:
             record = self.items.get(key)
             locked = bool(self.contenders.get(key))
@@ -604,7 +653,7 @@ class ChildMirror(Generic[T]):
             done.set()  # no answer would come before the reconnect's resync re-reads all
             return
         with self._lock:
-            candidates = list(self.items) if keys is None else keys
+            candidates = list(self.items) + list(self.unread_new) if keys is None else keys
             behind = {k for k in candidates if self._behind(k) and not self._is_dead(k)}
         if not behind:
             done.set()
@@ -657,6 +706,28 @@ class ChildMirror(Generic[T]):
             return  # waiting in the backlog: its read is sent later, and sees this change
         self._fetch(key, with_lock=False)
 
+    def _look_first(self, key: str, wait: float) -> None:
+        """Leave a new child unread for `wait` seconds (module doc, "First look")."""
+        end = self._monotonic() + wait
+        self._looking[key] = end
+        heapq.heappush(self._look_ends, (end, key))
+        with self._lock:
+            self.unread_new.add(key)
+        self.looks += 1
+
+    def _looks_ended(self) -> None:
+        """Read the new children whose first look is over, unless someone holds them."""
+        now = self._monotonic()
+        while self._look_ends and self._look_ends[0][0] <= now:
+            end, key = heapq.heappop(self._look_ends)
+            if self._looking.get(key) != end:
+                continue  # read, gone or resynced meanwhile
+            del self._looking[key]
+            with self._lock:
+                unread = key in self.unread_new
+            if unread and not self._is_dead(key):
+                self._read_change(key)  # left unread if locked now (`_skipped`)
+
     def _apply_contender(self, key: str, kind: str, name: str) -> None:
         if not name and kind == EventType.DELETED:
             self._lock_dir_deleted(key)
@@ -690,10 +761,14 @@ class ChildMirror(Generic[T]):
             # gets what the re-reads below bring (or what was held).
             self._settle_waiters()
         # Everything is read again below; answers to writes still outstanding (failed by
-        # the disconnect) must not hold back a read.
+        # the disconnect) must not hold back a read, nor a first look.
         self._expected.clear()
         self._expected_seq.clear()
         self._deferred.clear()
+        self._looking.clear()
+        self._look_ends = []
+        with self._lock:
+            self.unread_new.clear()
         listing_on = self.zk.connections
         with self._names_lock:
             self._names_on = -1
@@ -912,6 +987,7 @@ class ChildMirror(Generic[T]):
             self._mzxid[key] = stat.mzxid
             self._versions[key] = stat.version
             self._left_at.pop(key, None)
+            self.unread_new.discard(key)
             old = self.items.pop(key, None)
             self.malformed.pop(key, None)
             if not data:
@@ -935,6 +1011,7 @@ class ChildMirror(Generic[T]):
                 return
             old = self.items.pop(key, None)
             self.empty.discard(key)
+            self.unread_new.discard(key)
             self.malformed[key] = multiread.UNREADABLE
             if self._on_change is not None:
                 self._on_change(key, old, None)
@@ -1015,12 +1092,15 @@ class ChildMirror(Generic[T]):
             return
         with self._lock:
             record = self.items.get(key)
+            unread = key in self.unread_new
             locked = bool(self.contenders.get(key))
-        if record is None or locked or not self._behind(key) or key in self._reading \
-                or not self._may_close(record):
+        if locked or not self._behind(key) or key in self._reading:
+            return
+        if not unread and (record is None or not self._may_close(record)):
             return
         with self._lock:
             self.closed.add(key)
+        self._looking.pop(key, None)  # taken and closed within its first look: not read
         self.closings += 1
 
     def _on_lock_exists(self, key: str, result: Any) -> None:
@@ -1060,10 +1140,12 @@ class ChildMirror(Generic[T]):
                 records.REPORTS.forget(self._path(key))
             self.contenders.pop(key, None)
             self.closed.discard(key)
+            self.unread_new.discard(key)
             self._left_at.pop(key, None)
             self._mzxid.pop(key, None)
             self._versions.pop(key, None)
         self._changes.pop(key, None)
+        self._looking.pop(key, None)
         self._settle_waiters()
         if existed:
             self._notify(CacheEvent.REMOVED, key)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
@@ -28,7 +29,7 @@ from nodepool_k8s.zk.locks import HeldLock
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
 from nodepool_k8s.zk.requests import RequestStore, encode
 from tests.helpers import ZkConnection, client_for, wait_for
-from tests.launchers import TEST_SETTINGS, LauncherFactory
+from tests.launchers import BASIC, TEST_SETTINGS, LauncherFactory, small_pool
 from tests.zk.support import held_up, queued_event_of
 
 
@@ -51,13 +52,18 @@ providers:
 
 
 REQUESTS = 20
-BUDGET = 2.3  # reads per request, both launchers together
+# Reads per request, both launchers together: with a first look (each request is left to
+# one of them, which takes it within the look), about one; without, about two.
+BUDGETS = {5.0: 1.3, 0.0: 2.3}
 
 
+@pytest.mark.parametrize("look", sorted(BUDGETS))
 def test_request_reads_per_request_with_two_launchers(launchers: LauncherFactory,
                                                       zuul: ZuulClient,
-                                                      kazoo_client: KazooClient) -> None:
-    first, second = launchers(), launchers()
+                                                      kazoo_client: KazooClient,
+                                                      look: float) -> None:
+    settings = TEST_SETTINGS.replace(request_first_look=look)
+    first, second = launchers(settings=settings), launchers(settings=settings)
     for _ in range(2):  # warm up: lock roots, both registrations seen
         zuul.run_build(["small"])
     wait_for(lambda: not kazoo_client.get_children(paths.REQUESTS), 15)
@@ -70,8 +76,39 @@ def test_request_reads_per_request_with_two_launchers(launchers: LauncherFactory
     skipped = [m.skipped for m in mirrors]
     print(f"request-cache reads of {REQUESTS} requests, per launcher: {reads}; "
           f"changes left unread: {skipped}")
-    assert sum(reads) <= BUDGET * REQUESTS, reads
+    assert sum(reads) <= BUDGETS[look] * REQUESTS, reads
     assert not kazoo_client.get_children(paths.REQUEST_LOCKS)  # closed: no dir left
+    looks = sum(m.looks for m in mirrors)
+    assert looks >= REQUESTS // 2 if look else looks == 0, looks
+
+
+def test_a_request_left_to_a_pool_that_does_not_take_it_is_served_after_the_look(
+        launchers: LauncherFactory, zuul: ZuulClient, zk: ZkConnection) -> None:
+    """Another session registers a pool serving the same labels and never takes a request
+    (a launcher that hangs): the requests whose turn is its are left to it for the first
+    look, then read and served here."""
+    launcher = launchers(pool("first", 100, 5),
+                         settings=TEST_SETTINGS.replace(request_first_look=0.3))
+    other, _ = other_pool(zk, launcher)
+    try:
+        mirror = launcher.request_cache._mirror
+        for _ in range(4):
+            zuul.run_build(["small"])  # raises unless fulfilled
+        assert mirror.looks >= 1, mirror.looks  # half of them were the other's turn
+    finally:
+        other.stop()
+
+
+def test_no_first_look_where_pools_serve_different_labels(
+        launchers: LauncherFactory, zuul: ZuulClient) -> None:
+    """A launcher whose turn it is might not serve the request: every launcher reads every
+    request at once, as before."""
+    first = launchers(BASIC)
+    second = launchers(small_pool(5))
+    wait_for(lambda: all(len(x.component_cache.pools()) == 2 for x in (first, second)), 10)
+    for _ in range(4):
+        zuul.run_build(["small"])  # raises unless fulfilled
+    assert first.request_cache._mirror.looks == second.request_cache._mirror.looks == 0
 
 
 def test_a_request_another_launcher_declines_is_read_and_served(

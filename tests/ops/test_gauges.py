@@ -73,6 +73,11 @@ def test_global_gauges() -> None:
     assert values["nodepool.provider.kube.pool.main.addressable_requests"] == 3
     assert values["nodepool.provider.edge.pool.tiny.addressable_requests"] == 1
     assert global_gauges([], [], [])["nodepool.nodes.building"] == 0
+    # Requests the cache left to another launcher's first look (never read) count for
+    # every pool: a first look is only taken where every pool serves the same labels.
+    unread = global_gauges(nodes, requests, pools, unread=2)
+    assert unread["nodepool.provider.kube.pool.main.addressable_requests"] == 5
+    assert unread["nodepool.provider.edge.pool.tiny.addressable_requests"] == 3
 
 
 CONFIG = """

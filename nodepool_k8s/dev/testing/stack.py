@@ -351,6 +351,14 @@ class Stack:
         self.launchers.append(floor)
         return floor
 
+    def wait_pools(self, chroot: str, count: int, timeout: float = 60.0) -> None:
+        """Wait until at least `count` pool registrations of `chroot` exist."""
+        from nodepool_k8s.zk import paths
+
+        with self.zk_client(chroot) as zk:
+            wait_until(lambda: len(zk.get_children(paths.POOL_COMPONENTS) or []) >= count,
+                       timeout, f"{count} pool(s) to register", interval=0.05)
+
     def wait_launchers(self, chroot: str, count: int, timeout: float = 60.0) -> list[int]:
         """Wait until `count` launchers of `chroot` run; returns their ZooKeeper session ids."""
         running = [p for p in self.launchers if p.chroot == chroot]

@@ -9,7 +9,8 @@ Owns: what Nodepool's gauges say and when they are sent.
   `nodepool.label.<l>.nodes.<state>` (providers and labels of the registered pools,
   zero-initialised, plus any a node names) and
   `nodepool.provider.<p>.pool.<pool>.addressable_requests` (requests in any state whose
-  labels that pool supports). Sent when the node, request or component cache changes, at
+  labels that pool supports; one left unread to another launcher's first look counts for
+  every pool). Sent when the node, request or component cache changes, at
   most once per `MIN_INTERVAL` (a burst of changes costs one report), and when a launcher
   becomes leader. A key that was reported before and has no subject any more (a provider
   removed from every launcher) is reported once more as 0, so it does not stay stale.
@@ -85,8 +86,11 @@ class PoolSource(Protocol):
 
 
 def global_gauges(nodes: Iterable[CountedNode], requests: Iterable[NodeRequest],
-                  pools: Iterable[Component]) -> dict[str, float]:
-    """The leader's gauges, from the caches' contents."""
+                  pools: Iterable[Component], unread: int = 0) -> dict[str, float]:
+    """The leader's gauges, from the caches' contents. `unread`: requests the cache has
+    not read (left to another launcher's first look, taken there: zk/mirror.py "First
+    look"), counted as addressable by every pool (a first look is only taken where every
+    pool serves the same labels)."""
     pools = list(pools)
     values: Counter[str] = Counter()
     providers = {p.provider_name for p in pools if p.provider_name}
@@ -112,7 +116,7 @@ def global_gauges(nodes: Iterable[CountedNode], requests: Iterable[NodeRequest],
                 pool.supported_labels)
     request_labels = [set(r.node_types) for r in requests]
     for (provider, pool_name), supported in pool_labels.items():
-        values[stats.addressable_requests_key(provider, pool_name)] = sum(
+        values[stats.addressable_requests_key(provider, pool_name)] = unread + sum(
             1 for wanted in request_labels if wanted <= supported)
     return dict(values)
 
@@ -222,8 +226,10 @@ class GaugeReporter:
     def report(self) -> None:
         # Node states by count: entries whose changes the cache left unread are read now.
         self.nodes.refresh()
+        unread = getattr(self.requests, "unread", None)
         computed = global_gauges(self.nodes.nodes(), self.requests.requests(),
-                                 self.components.pools())
+                                 self.components.pools(),
+                                 len(unread()) if unread is not None else 0)
         values = dict(computed)
         for key in self._last_keys - computed.keys():
             values[key] = 0  # its provider, label or pool is gone: do not leave it stale
