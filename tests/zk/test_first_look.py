@@ -64,6 +64,14 @@ def lock(kazoo: KazooClient, request_id: str) -> str:
     return path
 
 
+def looking(cache: RequestCache, kazoo: KazooClient) -> tuple[int, str]:
+    """A new request in its first look: the cache's reads before it, and its id."""
+    before = cache._mirror.reads
+    request_id = create(kazoo)
+    created_seen(cache, request_id)
+    return before, request_id
+
+
 def end_look(cache: RequestCache, clock: ManualClock) -> None:
     clock.advance(LOOK + 0.1)
     drained(cache._mirror)  # the mirror's thread looks at the ends after each task
@@ -72,9 +80,7 @@ def end_look(cache: RequestCache, clock: ManualClock) -> None:
 def test_a_new_request_is_not_read_during_its_first_look(
         cache: RequestCache, kazoo_client: KazooClient, clock: ManualClock) -> None:
     mirror = cache._mirror
-    before = mirror.reads
-    request_id = create(kazoo_client)
-    created_seen(cache, request_id)
+    before, request_id = looking(cache, kazoo_client)
     assert mirror.reads == before
     assert request_id in cache and cache.unread() == [request_id]
     assert cache.get(request_id) is None and request_id not in {r.id for r in cache.requests()}
@@ -93,9 +99,7 @@ def test_a_new_request_is_not_read_during_its_first_look(
 def test_a_request_taken_and_closed_within_the_look_is_never_read(
         cache: RequestCache, kazoo_client: KazooClient, clock: ManualClock) -> None:
     mirror = cache._mirror
-    before = mirror.reads
-    request_id = create(kazoo_client)
-    created_seen(cache, request_id)
+    before, request_id = looking(cache, kazoo_client)
     contender = lock(kazoo_client, request_id)
     kazoo_client.set(paths.request_path(request_id), record("pending"))
     wait_for(lambda: cache.held_elsewhere(request_id), 10, message="the lock seen")
@@ -119,9 +123,7 @@ def test_a_request_locked_when_the_look_ends_is_read_when_the_lock_goes(
     """Another launcher took it and gave it back (declined: `requested` again, its lock
     released, the dir kept): read then, and served by whoever may."""
     mirror = cache._mirror
-    before = mirror.reads
-    request_id = create(kazoo_client)
-    created_seen(cache, request_id)
+    before, request_id = looking(cache, kazoo_client)
     contender = lock(kazoo_client, request_id)
     wait_for(lambda: cache.is_locked(request_id), 10, message="the lock seen")
     end_look(cache, clock)

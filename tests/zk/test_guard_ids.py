@@ -11,7 +11,7 @@ started or stopped, a cache resyncing, an answer on another connection than the 
 from __future__ import annotations
 
 import threading
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -23,7 +23,7 @@ from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.quota_guard import QuotaGuard
 from nodepool_k8s.zk.txn import Txn
-from tests.helpers import Signal, ZkConnection, client_for, wait_for
+from tests.helpers import Signal, wait_for
 from tests.zk.test_persistent_watch import drop_connection
 
 GUARD = paths.provider_guard_path("p")
@@ -46,16 +46,6 @@ class Listings:
             return both(exists_paths, children_path)
         monkeypatch.setattr(zkc, "get_children", get_children)
         monkeypatch.setattr(zkc, "exists_and_children", exists_and_children)
-
-
-@pytest.fixture
-def other(zk: ZkConnection) -> Iterator[ZkClient]:
-    """Another launcher's session."""
-    client = client_for(zk)
-    try:
-        yield client
-    finally:
-        client.stop()
 
 
 def guarded_create(zkc: ZkClient) -> str:

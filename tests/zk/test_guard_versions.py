@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
@@ -27,7 +27,7 @@ from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.quota_guard import GuardedWrite, QuotaGuard, commit_guarded
 from nodepool_k8s.zk.txn import Txn
-from tests.helpers import Signal, ZkConnection, client_for, wait_for
+from tests.helpers import Signal, wait_for
 from tests.zk.test_guard_ids import GUARD, guarded_create, started
 from tests.zk.test_persistent_watch import drop_connection
 
@@ -48,16 +48,6 @@ class GuardReads:
             return exists_all(exists_paths)
         monkeypatch.setattr(zkc, "exists", one)
         monkeypatch.setattr(zkc, "exists_all", many)
-
-
-@pytest.fixture
-def other(zk: ZkConnection) -> Iterator[ZkClient]:
-    """Another launcher's session."""
-    client = client_for(zk)
-    try:
-        yield client
-    finally:
-        client.stop()
 
 
 def version(zkc: ZkClient) -> int:
