@@ -6,6 +6,7 @@ on a ManualClock."""
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 
@@ -415,6 +416,63 @@ def test_the_yield_reads_no_request_another_launcher_holds(
         assert launches.in_flight == 1
         drained(cache._mirror)
         assert cache.is_stale(older)  # still never read
+    finally:
+        cache.stop()
+
+
+def test_an_older_request_never_read_here_still_holds_ours_back(
+        make_worker_deps: MakeWorkerDeps, kazoo_client: KazooClient) -> None:
+    """The older request a paused peer holds was left to the peer's first look and never
+    read here (zk/mirror.py, "First look"): what its id says (older), the cache's lock
+    knowledge (someone else's) and the node cache (no node yet) hold ours back when room
+    frees, with no read; once the peer's registration no longer says paused, ours goes."""
+    deps = make_worker_deps(max_servers=1)
+    cache = RequestCache(deps.zk)
+    cache.first_look = lambda request_id: 60.0 if request_id.startswith("100-") else 0.0
+    cache.start()
+    try:
+        assert cache.wait_synced(10) and cache.follows_locks()
+        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)
+        deps.registered_pools = lambda: [peer]  # type: ignore[method-assign]
+        worker, launches = worker_for(deps)
+        first = deps.submit(["small"])
+        worker.run_once()
+        second = deps.submit(["small"])
+        worker.run_once()
+        assert worker.handlers[second].state is HandlerState.AT_QUOTA
+        changes = Signal().listen(cache)
+        # Created by Zuul (another session): this process's own creations are echoed.
+        older = kazoo_client.create(
+            f"{paths.REQUESTS}/100-", json.dumps({"state": "requested", "node_types":
+                                                  ["small"], "requestor": "zuul"}).encode(),
+            sequence=True).rsplit("/", 1)[1]
+        wait_for(lambda: older in cache, 10, message="its creation seen")
+        assert cache.get(older) is None and cache.unread() == [older]
+        kazoo_client.create(f"{paths.request_lock_path(older)}/{uuid.uuid4().hex}"
+                            f"{paths.LOCK_NODE_NAME}", ephemeral=True, sequence=True,
+                            makepath=True)
+        changes.until(lambda: cache.held_elsewhere(older), 10)
+        launches.run_all()
+        assert state(deps, first) == model.RequestState.FULFILLED
+        free_the_node(deps)
+        deps.request_cache = cache
+        drained(cache._mirror)
+        reads, guard = cache._mirror.reads, deps.zk.exists(paths.provider_guard_path("fake"))
+        assert guard is not None
+
+        wait = deps.settings.quota_yield
+        assert worker.run_once() == deps.clock.monotonic() + wait
+        assert worker.handlers[second].state is HandlerState.AT_QUOTA
+        now = deps.zk.exists(paths.provider_guard_path("fake"))
+        assert now is not None and now.version == guard.version  # no guarded create sent
+        drained(cache._mirror)
+        assert cache._mirror.reads == reads and cache.unread() == [older]
+
+        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, False)
+        worker.run_once()
+        assert worker.handlers[second].state is HandlerState.ACTIVE
+        assert launches.in_flight == 1
+        assert cache.unread() == [older]  # still never read
     finally:
         cache.stop()
 
