@@ -9,6 +9,7 @@ what they need from it instead of reaching into each other.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Callable
 
@@ -32,6 +33,13 @@ from nodepool_k8s.zk.quota_guard import Keep, QuotaGuard
 from nodepool_k8s.zk.registry import ComponentRegistry
 from nodepool_k8s.zk.requests import RequestStore
 
+# A launcher that let a first look end without taking the request gets no look for this
+# many looks' time (`request_first_look` each): a busy launcher's share of new requests is
+# then read by everyone at once, as without the look, instead of waiting a look each.
+LOOK_BACKOFF = 4
+# First looks tracked at most (a look whose request went away is never told over).
+MAX_LOOKS_TRACKED = 4096
+
 
 class Engine:
     def __init__(self, zk: ZkClient, config: Config, *, clock: Clock, stats: Stats,
@@ -52,6 +60,12 @@ class Engine:
         self.node_cache.left_to_builder = self._left_to_builder
         self.request_cache = RequestCache(zk)
         self.request_cache.first_look = self._request_first_look
+        self.request_cache.look_over = self._request_look_over
+        # First looks under way: request -> the session whose turn it is; and the sessions
+        # that let a look end without taking the request -> until when (monotonic) they
+        # get none. Only on the request cache's thread.
+        self._turn_of: dict[str, int] = {}
+        self._busy_until: dict[int, float] = {}
         self.components = ComponentCache(zk)
         self.registry = ComponentRegistry(zk, hostname)
         self.guard = QuotaGuard(zk, clock, nodes=self.node_cache)
@@ -147,7 +161,25 @@ class Engine:
             sequence = int(request_id.rsplit("-", 1)[1])
         except (IndexError, ValueError):
             return 0.0
-        return 0.0 if turns[sequence % len(turns)] in own else delay
+        turn = turns[sequence % len(turns)]
+        if turn in own or self._busy_until.get(turn, -math.inf) > self.clock.monotonic():
+            return 0.0
+        if len(self._turn_of) >= MAX_LOOKS_TRACKED:
+            self._turn_of.clear()  # looks whose end was never told (requests gone): forget
+        self._turn_of[request_id] = turn
+        return delay
+
+    def _request_look_over(self, request_id: str, taken: bool) -> None:
+        """A first look ended. Not taken: the launcher whose turn it was did not take the
+        request in time (busy, at quota, stuck); it gets no look for `LOOK_BACKOFF` looks'
+        time, so its share of the requests is not held back at every one."""
+        turn = self._turn_of.pop(request_id, None)
+        if turn is not None and not taken:
+            self._busy_until[turn] = self.clock.monotonic() \
+                + LOOK_BACKOFF * self.settings.request_first_look
+            for session in [s for s, t in self._busy_until.items()
+                            if t <= self.clock.monotonic()]:
+                del self._busy_until[session]
 
     def set_config(self, config: Config) -> None:
         self._config = config

@@ -211,11 +211,14 @@ class RequestCache(MirroredCache[_CachedRequest]):
         # Seconds a new request is left to another launcher before this one reads it (its
         # owner's rule, `Engine._request_first_look`; zk/mirror.py "First look").
         self.first_look: Callable[[str], float] = lambda request_id: 0.0
+        # Told how each first look ended: whether someone had taken the request by then.
+        self.look_over: Callable[[str, bool], None] = lambda request_id, taken: None
         self._mirror: ChildMirror[_CachedRequest] = ChildMirror(
             zk, paths.REQUESTS, self._decode, name="request-cache",
             accept=paths.is_request_id, persistent=True, skip_read=self._skip_read,
             lock_root=paths.REQUEST_LOCKS, may_close=self._may_close,
-            first_look=lambda request_id: self.first_look(request_id), monotonic=monotonic)
+            first_look=lambda request_id: self.first_look(request_id), monotonic=monotonic,
+            look_over=lambda request_id, taken: self.look_over(request_id, taken))
 
     def _skip_read(self, item: _CachedRequest, locked: bool) -> bool:
         """A change made while a contender not of this client's own live work is in the

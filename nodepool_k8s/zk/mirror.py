@@ -175,7 +175,8 @@ class ChildMirror(Generic[T]):
                  may_close: Callable[[T], bool] | None = None,
                  monotonic: Callable[[], float] = time.monotonic,
                  keep_names: bool = False, what: str | None = None,
-                 first_look: Callable[[str], float] | None = None) -> None:
+                 first_look: Callable[[str], float] | None = None,
+                 look_over: Callable[[str, bool], None] | None = None) -> None:
         """`lock_expected(record)`: a child without a lock dir will get one (watch for it).
         `on_change(key, old, new)` maintains derived indexes (called under the lock).
         `reused_names`: children come back under the same name after a deletion (a pool
@@ -201,7 +202,9 @@ class ChildMirror(Generic[T]):
         `what`: how reports name an unusable child (default: `name` without "-cache").
         `first_look(key)`: seconds a new child is left unread for another process to take
         first (module doc, "First look"); asked on the mirror's thread, must be quick and
-        read no ZooKeeper. Only with `lock_root` (its locks must be followed)."""
+        read no ZooKeeper. Only with `lock_root` (its locks must be followed).
+        `look_over(key, taken)`: a first look ended with the child still unread, `taken`
+        whether someone held or closed it by then (on the mirror's thread, quick)."""
         self.zk = zk
         self.root = root
         self.name = name
@@ -284,6 +287,7 @@ class ChildMirror(Generic[T]):
         # time still runs -> its end (`monotonic`), those ends in a heap, and every child
         # whose creation is not read yet this way (changed under `_lock`).
         self._first_look = first_look
+        self._look_over = look_over
         self._looking: dict[str, float] = {}
         self._look_ends: list[tuple[float, str]] = []
         self.unread_new: set[str] = set()
@@ -725,8 +729,17 @@ class ChildMirror(Generic[T]):
             del self._looking[key]
             with self._lock:
                 unread = key in self.unread_new
+                locked = bool(self.contenders.get(key))
             if unread and not self._is_dead(key):
+                self._looked(key, locked)
                 self._read_change(key)  # left unread if locked now (`_skipped`)
+
+    def _looked(self, key: str, taken: bool) -> None:
+        if self._look_over is not None:
+            try:
+                self._look_over(key, taken)
+            except Exception:
+                log.exception("%s: first-look listener failed", self.name)
 
     def _apply_contender(self, key: str, kind: str, name: str) -> None:
         if not name and kind == EventType.DELETED:
@@ -1100,7 +1113,8 @@ class ChildMirror(Generic[T]):
             return
         with self._lock:
             self.closed.add(key)
-        self._looking.pop(key, None)  # taken and closed within its first look: not read
+        if self._looking.pop(key, None) is not None:
+            self._looked(key, True)  # taken and closed within its first look: not read
         self.closings += 1
 
     def _on_lock_exists(self, key: str, result: Any) -> None:

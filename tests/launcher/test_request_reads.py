@@ -21,6 +21,8 @@ from kazoo.client import KazooClient
 
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from nodepool_k8s.core import model
+from nodepool_k8s.launcher.context import LOOK_BACKOFF
+from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.core.model import NodeRequest
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import CacheEvent
@@ -95,6 +97,31 @@ def test_a_request_left_to_a_pool_that_does_not_take_it_is_served_after_the_look
         for _ in range(4):
             zuul.run_build(["small"])  # raises unless fulfilled
         assert mirror.looks >= 1, mirror.looks  # half of them were the other's turn
+    finally:
+        other.stop()
+
+
+def test_a_launcher_that_let_a_look_end_untaken_gets_none_for_a_while(
+        launchers: LauncherFactory, zk: ZkConnection) -> None:
+    """The backoff (`context.LOOK_BACKOFF`): once a look ends with the request not taken,
+    the launcher whose turn it was gets no look for LOOK_BACKOFF looks' time (its share is
+    read by everyone at once, as without the look); a look it took changes nothing."""
+    clock = ManualClock()
+    look = 0.3
+    launcher = launchers(pool("first", 100, 5), clock=clock,
+                         settings=TEST_SETTINGS.replace(request_first_look=look))
+    other, _ = other_pool(zk, launcher)
+    try:
+        engine = launcher.engine
+        ids = [f"200-{n:010d}" for n in range(4)]
+        theirs = [i for i in ids if engine._request_first_look(i) == look]
+        assert len(theirs) == 2, theirs  # every other request is the other launcher's turn
+        engine._request_look_over(theirs[0], True)  # taken in time: nothing changes
+        assert engine._request_first_look(theirs[1]) == look
+        engine._request_look_over(theirs[1], False)  # not taken in time
+        assert engine._request_first_look(theirs[0]) == 0.0
+        clock.advance(LOOK_BACKOFF * look + 0.01)
+        assert engine._request_first_look(theirs[0]) == look
     finally:
         other.stop()
 

@@ -26,6 +26,7 @@ from tests.zk.test_persistent_watch import drop_connection
 from tests.zk.test_skipped_request_reads import record
 
 LOOK = 5.0
+OVER: list[tuple[str, bool]] = []  # how each look ended, as the cache tells its owner
 
 
 @pytest.fixture
@@ -38,6 +39,8 @@ def cache(zkc: ZkClient, clock: ManualClock) -> Iterator[RequestCache]:
     cache = RequestCache(zkc, monotonic=clock.monotonic)
     looks = {"100": LOOK}  # by priority: "200" requests are read at once
     cache.first_look = lambda request_id: looks.get(request_id.split("-", 1)[0], 0.0)
+    cache.look_over = lambda request_id, taken: OVER.append((request_id, taken))
+    OVER.clear()
     cache.start()
     assert cache.wait_synced(10)
     assert cache.follows_locks()
@@ -94,6 +97,7 @@ def test_a_new_request_is_not_read_during_its_first_look(
     assert mirror.reads == before + 1 and not cache.unread()
     request = cache.get(request_id)
     assert request is not None and request.relative_priority == 1
+    assert OVER == [(request_id, False)]  # nobody took it in time
 
 
 def test_a_request_taken_and_closed_within_the_look_is_never_read(
@@ -109,7 +113,9 @@ def test_a_request_taken_and_closed_within_the_look_is_never_read(
     txn.delete(paths.request_lock_path(request_id))
     assert not any(isinstance(r, Exception) for r in txn.commit())
     wait_for(lambda: cache.is_closed(request_id), 10, message="taken as closed")
+    assert OVER == [(request_id, True)]
     end_look(cache, clock)
+    assert OVER == [(request_id, True)]  # told once
     drained(cache._mirror)
     assert mirror.reads == before and cache.is_closed(request_id)
     assert request_id in cache and cache.unread() == [request_id]
@@ -128,6 +134,7 @@ def test_a_request_locked_when_the_look_ends_is_read_when_the_lock_goes(
     wait_for(lambda: cache.is_locked(request_id), 10, message="the lock seen")
     end_look(cache, clock)
     assert mirror.reads == before and cache.unread() == [request_id]
+    assert OVER == [(request_id, True)]  # someone holds it: taken
     txn = kazoo_client.transaction()
     txn.set_data(paths.request_path(request_id), record("requested", declined_by=["p"]))
     txn.delete(contender)
