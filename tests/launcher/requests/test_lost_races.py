@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from typing import Callable
 
 from kazoo.client import KazooClient
 
@@ -358,6 +359,38 @@ def test_a_request_another_session_holds_costs_no_lock_attempt(
         cache.stop()
 
 
+def yields_until_the_peer_resumes(deps: WorkerDeps, worker: PoolWorker,
+                                  launches: InlineLaunches, cache: RequestCache, first: str,
+                                  second: str, unread: Callable[[], bool]) -> None:
+    """Our first request's node goes while our second waits at quota and a paused peer
+    holds an older request the cache has not read (`unread()` says so): the pass that sees
+    the room yields (no guarded create, no read); once the peer's registration no longer
+    says paused, ours goes at once, still without reading the older request."""
+    launches.run_all()
+    assert state(deps, first) == model.RequestState.FULFILLED
+    free_the_node(deps)
+    deps.request_cache = cache
+    drained(cache._mirror)
+    reads, guard = cache._mirror.reads, deps.zk.exists(paths.provider_guard_path("fake"))
+    assert guard is not None
+
+    wait = deps.settings.quota_yield
+    assert worker.run_once() == deps.clock.monotonic() + wait
+    assert worker.handlers[second].state is HandlerState.AT_QUOTA
+    now = deps.zk.exists(paths.provider_guard_path("fake"))
+    assert now is not None and now.version == guard.version  # no guarded create sent
+    drained(cache._mirror)
+    assert cache._mirror.reads == reads and unread()
+
+    resumed = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, False)
+    deps.registered_pools = lambda: [resumed]  # type: ignore[method-assign]
+    worker.run_once()
+    assert worker.handlers[second].state is HandlerState.ACTIVE
+    assert launches.in_flight == 1
+    drained(cache._mirror)
+    assert unread()  # still never read
+
+
 def test_the_yield_reads_no_request_another_launcher_holds(
         make_worker_deps: MakeWorkerDeps, kazoo_client: KazooClient) -> None:
     """With a request cache that follows the request locks, the older request a paused
@@ -394,28 +427,8 @@ def test_the_yield_reads_no_request_another_launcher_holds(
         lifecycle.note_waiting(fresh, PEER, plan.Waiting("WaitingForQuota", "waits"))
         kazoo_client.set(paths.request_path(older), request_codec.encode(fresh))
         wait_for(lambda: cache.is_stale(older), 10)
-        launches.run_all()
-        assert state(deps, first) == model.RequestState.FULFILLED
-        free_the_node(deps)
-        deps.request_cache = cache
-        drained(cache._mirror)
-        reads, guard = cache._mirror.reads, deps.zk.exists(paths.provider_guard_path("fake"))
-        assert guard is not None
-
-        wait = deps.settings.quota_yield
-        assert worker.run_once() == deps.clock.monotonic() + wait
-        assert worker.handlers[second].state is HandlerState.AT_QUOTA
-        now = deps.zk.exists(paths.provider_guard_path("fake"))
-        assert now is not None and now.version == guard.version  # no guarded create sent
-        drained(cache._mirror)
-        assert cache._mirror.reads == reads and cache.is_stale(older)
-
-        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, False)
-        worker.run_once()
-        assert worker.handlers[second].state is HandlerState.ACTIVE
-        assert launches.in_flight == 1
-        drained(cache._mirror)
-        assert cache.is_stale(older)  # still never read
+        yields_until_the_peer_resumes(deps, worker, launches, cache, first, second,
+                                      lambda: cache.is_stale(older))
     finally:
         cache.stop()
 
@@ -452,27 +465,8 @@ def test_an_older_request_never_read_here_still_holds_ours_back(
                             f"{paths.LOCK_NODE_NAME}", ephemeral=True, sequence=True,
                             makepath=True)
         changes.until(lambda: cache.held_elsewhere(older), 10)
-        launches.run_all()
-        assert state(deps, first) == model.RequestState.FULFILLED
-        free_the_node(deps)
-        deps.request_cache = cache
-        drained(cache._mirror)
-        reads, guard = cache._mirror.reads, deps.zk.exists(paths.provider_guard_path("fake"))
-        assert guard is not None
-
-        wait = deps.settings.quota_yield
-        assert worker.run_once() == deps.clock.monotonic() + wait
-        assert worker.handlers[second].state is HandlerState.AT_QUOTA
-        now = deps.zk.exists(paths.provider_guard_path("fake"))
-        assert now is not None and now.version == guard.version  # no guarded create sent
-        drained(cache._mirror)
-        assert cache._mirror.reads == reads and cache.unread() == [older]
-
-        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, False)
-        worker.run_once()
-        assert worker.handlers[second].state is HandlerState.ACTIVE
-        assert launches.in_flight == 1
-        assert cache.unread() == [older]  # still never read
+        yields_until_the_peer_resumes(deps, worker, launches, cache, first, second,
+                                      lambda: cache.unread() == [older])
     finally:
         cache.stop()
 
