@@ -359,6 +359,23 @@ def test_a_request_another_session_holds_costs_no_lock_attempt(
         cache.stop()
 
 
+def waiting_beside_a_paused_peer(deps: WorkerDeps, cache: RequestCache
+                                 ) -> tuple[PoolWorker, InlineLaunches, str, str]:
+    """max-servers 1, a paused peer of the pool registered, `cache` started: our first
+    request's node fills the quota and our second waits at quota. Returns our worker, its
+    launches and the two requests."""
+    assert cache.wait_synced(10) and cache.follows_locks()
+    peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)
+    deps.registered_pools = lambda: [peer]  # type: ignore[method-assign]
+    worker, launches = worker_for(deps)
+    first = deps.submit(["small"])
+    worker.run_once()
+    second = deps.submit(["small"])
+    worker.run_once()
+    assert worker.handlers[second].state is HandlerState.AT_QUOTA
+    return worker, launches, first, second
+
+
 def yields_until_the_peer_resumes(deps: WorkerDeps, worker: PoolWorker,
                                   launches: InlineLaunches, cache: RequestCache, first: str,
                                   second: str, unread: Callable[[], bool]) -> None:
@@ -403,15 +420,7 @@ def test_the_yield_reads_no_request_another_launcher_holds(
     cache = RequestCache(deps.zk)
     cache.start()
     try:
-        assert cache.wait_synced(10) and cache.follows_locks()
-        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)
-        deps.registered_pools = lambda: [peer]  # type: ignore[method-assign]
-        worker, launches = worker_for(deps)
-        first = deps.submit(["small"])
-        worker.run_once()
-        second = deps.submit(["small"])
-        worker.run_once()
-        assert worker.handlers[second].state is HandlerState.AT_QUOTA
+        worker, launches, first, second = waiting_beside_a_paused_peer(deps, cache)
         changes = Signal().listen(cache)
         older = deps.submit(["small"], priority="100")
         changes.until(lambda: older in cache, 10)
@@ -444,15 +453,7 @@ def test_an_older_request_never_read_here_still_holds_ours_back(
     cache.first_look = lambda request_id: 60.0 if request_id.startswith("100-") else 0.0
     cache.start()
     try:
-        assert cache.wait_synced(10) and cache.follows_locks()
-        peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)
-        deps.registered_pools = lambda: [peer]  # type: ignore[method-assign]
-        worker, launches = worker_for(deps)
-        first = deps.submit(["small"])
-        worker.run_once()
-        second = deps.submit(["small"])
-        worker.run_once()
-        assert worker.handlers[second].state is HandlerState.AT_QUOTA
+        worker, launches, first, second = waiting_beside_a_paused_peer(deps, cache)
         changes = Signal().listen(cache)
         # Created by Zuul (another session): this process's own creations are echoed.
         older = kazoo_client.create(
