@@ -339,19 +339,25 @@ class Component:
         return bool(self.data.get("paused", False))
 
 
+def parse_component(kind: str, znode: str, raw: bytes, owner: int = 0) -> Component:
+    """The registration in `raw`, through the strict gate (`records.check_component`);
+    raises records.Malformed when it is unusable."""
+    data = records.load_object(raw)
+    records.check_component(data)
+    return Component(kind=kind, znode=znode, hostname=data.get("hostname"),
+                     state=data.get("state"), data=data, owner=owner)
+
+
 def decode_component(kind: str, znode: str, raw: bytes, owner: int = 0,
                      version: int = -1) -> Component | None:
-    """The registration in `raw` (the strict gate: `records.check_component`), or None,
-    reported once per `version` with its path, when it is unusable."""
+    """`parse_component`, or None, reported once per `version` with its path, when the
+    registration is unusable."""
     try:
-        data = records.load_object(raw)
-        records.check_component(data)
+        return parse_component(kind, znode, raw, owner)
     except records.Malformed as exc:
         records.REPORTS.report("component", f"{paths.COMPONENTS}/{kind}/{znode}", version,
                                exc.reason)
         return None
-    return Component(kind=kind, znode=znode, hostname=data.get("hostname"),
-                     state=data.get("state"), data=data, owner=owner)
 
 
 class ComponentCache:
@@ -381,11 +387,8 @@ class ComponentCache:
 
     def _decoder(self, kind: str) -> Callable[[str, bytes, Any], Component]:
         def decode(znode: str, raw: bytes, stat: Any) -> Component:
-            data = records.load_object(raw)
-            records.check_component(data)
-            component = Component(kind=kind, znode=znode, hostname=data.get("hostname"),
-                                  state=data.get("state"), data=data,
-                                  owner=stat.ephemeralOwner)
+            # Malformed: raised, and the mirror reports it once with its path.
+            component = parse_component(kind, znode, raw, stat.ephemeralOwner)
             if kind == "pool" and component.id and not component.owner:
                 path = f"{paths.COMPONENTS}/{kind}/{znode}"
                 with self._ignored_lock:
