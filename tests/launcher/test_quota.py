@@ -10,16 +10,14 @@ aborted and launched again) in tests/launcher/requests/."""
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
-from nodepool_k8s.zk import paths
-from nodepool_k8s.zk.client import ZkClient
 from tests.launchers import LauncherFactory
 from tests.launcher.util import NodeCounter
+from tests.zk.support import GuardReads, Listings
 
 
 LIMITED = """
@@ -94,40 +92,6 @@ providers:
 """
 
 
-def count_listings(zk: ZkClient, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts `zk`'s listings of /nodepool/nodes (alone, or pipelined with guard reads)."""
-    count = [0]
-    children, both = zk.get_children, zk.exists_and_children
-
-    def get_children(path: str) -> Any:
-        count[0] += path == paths.NODES
-        return children(path)
-
-    def exists_and_children(exists_paths: list[str], children_path: str) -> Any:
-        count[0] += children_path == paths.NODES
-        return both(exists_paths, children_path)
-    monkeypatch.setattr(zk, "get_children", get_children)
-    monkeypatch.setattr(zk, "exists_and_children", exists_and_children)
-    return count
-
-
-def count_guard_reads(zk: ZkClient, monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Counts `zk`'s reads of guard znodes (`exists`, alone or pipelined)."""
-    count = [0]
-    one, many = zk.exists, zk.exists_all
-
-    def exists(path: str) -> Any:
-        count[0] += path.startswith(paths.GUARDS + "/")
-        return one(path)
-
-    def exists_all(exists_paths: list[str]) -> Any:
-        count[0] += sum(p.startswith(paths.GUARDS + "/") for p in exists_paths)
-        return many(exists_paths)
-    monkeypatch.setattr(zk, "exists", exists)
-    monkeypatch.setattr(zk, "exists_all", exists_all)
-    return count
-
-
 def test_two_launchers_share_a_tight_limit(launchers: LauncherFactory, zuul: ZuulClient,
                                            kazoo_client: KazooClient,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
@@ -137,13 +101,13 @@ def test_two_launchers_share_a_tight_limit(launchers: LauncherFactory, zuul: Zuu
     started = []
     for _ in range(2):
         launcher = launchers(SHARED, start=False)
-        listings.append(count_listings(launcher.zk, monkeypatch))
-        guard_reads.append(count_guard_reads(launcher.zk, monkeypatch))
+        listings.append(Listings(launcher.zk, monkeypatch))
+        guard_reads.append(GuardReads(launcher.zk, monkeypatch))
         assert launcher.start()
         started.append(launcher)
     zuul.run_build(["small"], timeout=60)  # warm up: the guard znode exists
-    before = sum(c[0] for c in listings)
-    reads_before = sum(c[0] for c in guard_reads)
+    before = sum(c.count for c in listings)
+    reads_before = sum(c.count for c in guard_reads)
     counted_before = sum(launcher.engine.guard.counted for launcher in started)
     errors: list[BaseException] = []
 
@@ -164,12 +128,12 @@ def test_two_launchers_share_a_tight_limit(launchers: LauncherFactory, zuul: Zuu
     # Every one of the 16 builds was decided at least once, most of them several times
     # (the limit full, another launcher's commit first); none listed the nodes, but for a
     # cache thread slow to answer on a busy machine.
-    listed = sum(c[0] for c in listings) - before
+    listed = sum(c.count for c in listings) - before
     print(f"listings of /nodepool/nodes during 16 builds: {listed}")
     assert listed <= 3
     # Nor did they read the guard's version, but at each launcher's first decision and
     # after a commit that failed on a count in doubt (zk/guard_versions.py).
-    read = sum(c[0] for c in guard_reads) - reads_before
+    read = sum(c.count for c in guard_reads) - reads_before
     counted = sum(launcher.engine.guard.counted for launcher in started) - counted_before
     print(f"guard versions during 16 builds: {read} read, {counted} counted")
     assert counted >= 16 and read <= 2 + counted / 3

@@ -1,13 +1,17 @@
-"""What the cache tests share: waiting on a mirror's own thread, and writing a record as
-another client while knowing when the mirror has counted the change."""
+"""What the cache tests share: waiting on a mirror's own thread, writing a record as
+another client while knowing when the mirror has counted the change, and counting a
+client's listings of the nodes and reads of the quota guards."""
 
 from __future__ import annotations
 
 import threading
 from typing import Any
 
+import pytest
 from kazoo.client import KazooClient
 
+from nodepool_k8s.zk import paths
+from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.mirror import ChildMirror
 from tests.helpers import wait_for
 
@@ -41,3 +45,40 @@ def held_up(mirror: ChildMirror[Any]) -> threading.Event:
 def queued_event_of(mirror: ChildMirror[Any], path: str) -> bool:
     """Whether a watch event about exactly `path` waits in the mirror's queue."""
     return any(path in args for _, args in list(mirror._tasks.queue) if _ is not None)
+
+
+class Listings:
+    """Counts this client's listings of `/nodepool/nodes` (pipelined with the guard
+    reads, or alone)."""
+
+    def __init__(self, zkc: ZkClient, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        children, both = zkc.get_children, zkc.exists_and_children
+
+        def get_children(path: str) -> Any:
+            self.count += path == paths.NODES
+            return children(path)
+
+        def exists_and_children(exists_paths: list[str], children_path: str) -> Any:
+            self.count += children_path == paths.NODES
+            return both(exists_paths, children_path)
+        monkeypatch.setattr(zkc, "get_children", get_children)
+        monkeypatch.setattr(zkc, "exists_and_children", exists_and_children)
+
+
+class GuardReads:
+    """Counts this client's reads of guard znodes (`exists`, alone or pipelined)."""
+
+    def __init__(self, zkc: ZkClient, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.count = 0
+        exists, exists_all = zkc.exists, zkc.exists_all
+
+        def one(path: str) -> Any:
+            self.count += path.startswith(paths.GUARDS + "/")
+            return exists(path)
+
+        def many(exists_paths: list[str]) -> Any:
+            self.count += sum(p.startswith(paths.GUARDS + "/") for p in exists_paths)
+            return exists_all(exists_paths)
+        monkeypatch.setattr(zkc, "exists", one)
+        monkeypatch.setattr(zkc, "exists_all", many)

@@ -11,7 +11,6 @@ started or stopped, a cache resyncing, an answer on another connection than the 
 from __future__ import annotations
 
 import threading
-from typing import Any
 
 import pytest
 
@@ -24,28 +23,10 @@ from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.quota_guard import QuotaGuard
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import Signal, wait_for
+from tests.zk.support import Listings
 from tests.zk.test_persistent_watch import drop_connection
 
 GUARD = paths.provider_guard_path("p")
-
-
-class Listings:
-    """Counts this client's listings of `/nodepool/nodes` (pipelined with the guard
-    reads, or alone)."""
-
-    def __init__(self, zkc: ZkClient, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        children, both = zkc.get_children, zkc.exists_and_children
-
-        def get_children(path: str) -> Any:
-            self.count += path == paths.NODES
-            return children(path)
-
-        def exists_and_children(exists_paths: list[str], children_path: str) -> Any:
-            self.count += children_path == paths.NODES
-            return both(exists_paths, children_path)
-        monkeypatch.setattr(zkc, "get_children", get_children)
-        monkeypatch.setattr(zkc, "exists_and_children", exists_and_children)
 
 
 def guarded_create(zkc: ZkClient) -> str:

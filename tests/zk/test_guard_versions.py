@@ -28,26 +28,9 @@ from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.quota_guard import GuardedWrite, QuotaGuard, commit_guarded
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import Signal, wait_for
+from tests.zk.support import GuardReads
 from tests.zk.test_guard_ids import GUARD, guarded_create, started
 from tests.zk.test_persistent_watch import drop_connection
-
-
-class GuardReads:
-    """Counts this client's reads of guard znodes (`exists`, alone or pipelined)."""
-
-    def __init__(self, zkc: ZkClient, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.count = 0
-        exists, exists_all = zkc.exists, zkc.exists_all
-
-        def one(path: str) -> Any:
-            self.count += path.startswith(paths.GUARDS + "/")
-            return exists(path)
-
-        def many(exists_paths: list[str]) -> Any:
-            self.count += sum(p.startswith(paths.GUARDS + "/") for p in exists_paths)
-            return exists_all(exists_paths)
-        monkeypatch.setattr(zkc, "exists", one)
-        monkeypatch.setattr(zkc, "exists_all", many)
 
 
 def version(zkc: ZkClient) -> int:
