@@ -9,14 +9,12 @@ aborted and launched again) in tests/launcher/requests/."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 from kazoo.client import KazooClient
 
 from nodepool_k8s.dev.testing.zuul_client import ZuulClient
 from tests.launchers import LauncherFactory
-from tests.launcher.util import NodeCounter
+from tests.launcher.util import NodeCounter, concurrent_builds
 from tests.zk.support import GuardReads, Listings
 
 
@@ -59,20 +57,7 @@ def test_provider_limit_across_pools(launchers: LauncherFactory, zuul: ZuulClien
                                      kazoo_client: KazooClient) -> None:
     counter = NodeCounter(kazoo_client)
     launchers(LIMITED.format(provider_max=3, pool_max=3))
-    errors: list[BaseException] = []
-
-    def build() -> None:
-        try:
-            zuul.run_build(["small"], timeout=60)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=build) for _ in range(15)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(90)
-    assert not errors
+    assert not concurrent_builds(zuul, ["small"], 15)
     assert counter.max["fake"] <= 3
 
 
@@ -109,21 +94,7 @@ def test_two_launchers_share_a_tight_limit(launchers: LauncherFactory, zuul: Zuu
     before = sum(c.count for c in listings)
     reads_before = sum(c.count for c in guard_reads)
     counted_before = sum(launcher.engine.guard.counted for launcher in started)
-    errors: list[BaseException] = []
-
-    def build() -> None:
-        try:
-            for _ in range(2):
-                zuul.run_build(["small"], timeout=90)
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=build) for _ in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(180)
-    assert not errors
+    assert not concurrent_builds(zuul, ["small"], 8, each=2, timeout=90)
     assert counter.max["fake"] <= 2
     # Every one of the 16 builds was decided at least once, most of them several times
     # (the limit full, another launcher's commit first); none listed the nodes, but for a

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from kazoo.client import KazooClient
 
@@ -118,3 +118,26 @@ def run_builds(zuul: ZuulClient, label: str, count: int, logs: Callable[[], str]
         nodeset = zuul.accept(request_id)
         zuul.use(nodeset)
         zuul.release(nodeset)
+
+
+def concurrent_builds(zuul: ZuulClient, node_types: Sequence[str], threads: int,
+                      each: int = 1, timeout: float = 60.0) -> list[BaseException]:
+    """`threads` Zuul-like build loops at once, `each` whole builds of `node_types` one
+    after the other (each fulfilled within `timeout`); the errors they raised (a build
+    not fulfilled, a thread still running after all its builds' time)."""
+    errors: list[BaseException] = []
+
+    def builds() -> None:
+        try:
+            for _ in range(each):
+                zuul.run_build(list(node_types), timeout=timeout)
+        except BaseException as exc:  # reported by the caller
+            errors.append(exc)
+
+    running = [threading.Thread(target=builds) for _ in range(threads)]
+    for thread in running:
+        thread.start()
+    for thread in running:
+        thread.join(each * timeout + 30)
+    errors += [TimeoutError(f"{t.name} still building") for t in running if t.is_alive()]
+    return errors
