@@ -45,10 +45,10 @@ def cmd_list(args: argparse.Namespace) -> int:
 def _list(args: argparse.Namespace) -> int:
     malformed: list[MalformedRecord] = []
     with common.session(args) as s:
-        views = s.reader.nodes(malformed)
         hashes = fingerprint.config_hashes(s.config)
-    now = common.now()
-    table = [listing.node_row(view, now, hashes) for view in views]
+        now = common.now()
+        table = s.reader.node_rows(lambda view: listing.node_row(view, now, hashes),
+                                   malformed)
     if malformed:
         table.extend(listing.malformed_node_row(m) for m in malformed)
         table.sort(key=lambda row: str(row["id"]))

@@ -218,9 +218,12 @@ _MUTABLE_DEFAULTS = tuple((k, type(v)) for k, v in _NODE_DEFAULTS.items()
 _NODE_OWN_KEYS = frozenset(("state", "state_time", "type", "ssh_port"))
 
 
+_FIELD_DEFAULTS = {k: v for k, v in _NODE_DEFAULTS.items() if k not in _SLOT_SET}
+
+
 def _fresh_defaults() -> dict[str, Any]:
     """A copy of the defaults whose list/dict values are not shared between nodes."""
-    fields = {k: v for k, v in _NODE_DEFAULTS.items() if k not in _SLOT_SET}
+    fields = _FIELD_DEFAULTS.copy()
     for key, kind in _MUTABLE_DEFAULTS:
         fields[key] = kind()
     return fields

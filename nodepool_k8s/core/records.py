@@ -1,7 +1,9 @@
 """The one gate every ZooKeeper record passes: node requests, nodes, components, events and
 our own records under `/nodepool_k8s`.
 
-Owns: `load_json`, the only parser for data other programs can write. The bytes must be
+Owns: `load_json`, the only parser for data other programs can write (orjson, and the
+standard library's parser with a check per number for what orjson refuses or would read
+differently: text with an integer beyond 64 bits, which orjson makes a float). The bytes must be
 at most `MAX_RECORD_BYTES`, valid UTF-8 and one JSON value nested at most `MAX_DEPTH`
 levels (so it can always be encoded again), and every number in it must be usable: no
 `NaN`/`Infinity` literals, no float that overflows (`1e400`), no integer of more than
@@ -27,6 +29,8 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, TypeVar
+
+import orjson
 
 from nodepool_k8s.core import model
 
@@ -134,18 +138,61 @@ def _opt_list(value: Any) -> bool:
 def conditions(value: Any) -> bool:
     """A `conditions` list (nodes and pool status): objects whose type, status, reason and
     message are strings and whose `last_transition_time` is a timestamp."""
-    return value is None or (isinstance(value, list) and all(
-        isinstance(item, dict)
-        and all(_opt_str(item.get(key)) for key in ("type", "status", "reason", "message"))
-        and _opt_time(item.get("last_transition_time")) for item in value))
+    if value is None:
+        return True
+    if not isinstance(value, list):
+        return False
+    for item in value:
+        if not isinstance(item, dict):
+            return False
+        get = item.get
+        when = get("last_transition_time")
+        if when is not None and not timestamp(when):
+            return False
+        if not _STR_OR_NONE.issuperset(map(type, map(get, _CONDITION_STRINGS))) \
+                and not all(_opt_str(get(key)) for key in _CONDITION_STRINGS):
+            return False
+    return True
+
+
+_CONDITION_STRINGS = ("type", "status", "reason", "message")
+_STR_OR_NONE = frozenset((str, type(None)))
 
 
 _Check = Callable[[Any], bool]
 
+
+class _Fields:
+    """A kind's field checks: the optional strings tested together at C speed (the type
+    of each value, missing ones read as None), the others one by one; only a record that
+    fails is walked again, field by field, for the reason."""
+
+    __slots__ = ("fields", "strings", "others")
+
+    def __init__(self, fields: Mapping[str, tuple[_Check, str]]) -> None:
+        self.fields = fields
+        self.strings = tuple(key for key, (check, _) in fields.items() if check is _opt_str)
+        self.others = tuple((key, check) for key, (check, _) in fields.items()
+                            if check is not _opt_str)
+
+    def check(self, data: Mapping[str, Any]) -> None:
+        get = data.get
+        if _STR_OR_NONE.issuperset(map(type, map(get, self.strings))):
+            for key, check in self.others:
+                value = get(key)
+                if value is not None and not check(value):
+                    break
+            else:
+                return
+        for key, (check, expected) in self.fields.items():
+            if key in data and not check(data[key]):
+                raise Malformed(f"{key} must be {expected}, got {_sample(data[key])}")
+
+
 _TIME = "seconds since the epoch (0 to the end of year 9999)"
 CONDITIONS = "a list of conditions (strings, and timestamps up to year 9999)"
 
-_REQUEST_FIELDS: dict[str, tuple[_Check, str]] = {
+_REQUEST_FIELDS = _Fields({
     "state_time": (_opt_time, _TIME),
     "node_types": (_opt_str_list, "a list of label names"),
     "nodes": (_opt_str_list, "a list of node ids"),
@@ -157,14 +204,14 @@ _REQUEST_FIELDS: dict[str, tuple[_Check, str]] = {
     "event_id": (_opt_str, "a string"),
     "created_time": (_opt_time, _TIME),
     "tenant_name": (_opt_str, "a string"),
-}
+})
 
 _NODE_STRINGS = ("provider", "pool", "allocated_to", "tenant_name", "launcher",
                  "external_id", "hostname", "cloud", "region", "az", "public_ipv4",
                  "private_ipv4", "public_ipv6", "interface_ip", "host_id", "image_id",
                  "username", "connection_type", "shell_type", "python_path", "comment",
                  "hold_job", "requestor")
-_NODE_FIELDS: dict[str, tuple[_Check, str]] = {
+_NODE_FIELDS = _Fields({
     **{key: (_opt_str, "a string") for key in _NODE_STRINGS},
     "state_time": (_opt_time, _TIME),
     "created_time": (_opt_time, _TIME),
@@ -175,30 +222,24 @@ _NODE_FIELDS: dict[str, tuple[_Check, str]] = {
     "node_properties": (_opt_object, "an object"),
     "host_keys": (_opt_list, "a list"),
     "conditions": (conditions, CONDITIONS),
-}
+})
 
 # What the launchers read from a component registration (`zk.cache.Component`, the
 # listings); Zuul reads `id` and `supported_labels` the same way.
-_COMPONENT_FIELDS: dict[str, tuple[_Check, str]] = {
+_COMPONENT_FIELDS = _Fields({
     **{key: (_opt_str, "a string") for key in ("hostname", "state", "kind", "id", "name",
                                                "provider_name", "version")},
     "supported_labels": (_opt_str_list, "a list of label names"),
     "priority": (_opt_int, "an integer"),
     "paused": (_opt_bool, "true or false"),
     "model_api": (_opt_int, "an integer"),
-}
+})
 
 # One event of the shared event log (`zk.events`): a time and strings.
-_EVENT_FIELDS: dict[str, tuple[_Check, str]] = {
+_EVENT_FIELDS = _Fields({
     **{key: (_opt_str, "a string") for key in ("kind", "provider", "pool", "node", "label",
                                                "reason", "message")},
-}
-
-
-def _check_fields(data: Mapping[str, Any], fields: Mapping[str, tuple[_Check, str]]) -> None:
-    for key, (check, expected) in fields.items():
-        if key in data and not check(data[key]):
-            raise Malformed(f"{key} must be {expected}, got {_sample(data[key])}")
+})
 
 
 def clip(text: str, limit: int = 80) -> str:
@@ -284,6 +325,28 @@ def load_json(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> Any:
         raise Malformed("empty znode data")
     if len(raw) > max_bytes:
         raise Malformed(f"{len(raw)} bytes, more than the {max_bytes} a record may have")
+    # One C pass marks digits and brackets: the fast parser is used unless the text has a
+    # run of digits long enough to be an integer beyond 64 bits (which it would turn into
+    # a float, losing Zuul's 128-bit trace ids), and the depth walk only runs on data
+    # with many brackets.
+    marked = raw.translate(_MARKS)
+    if _LONG_DIGITS not in marked:
+        try:
+            data = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            # Refused: the strict parser below says why in its own words, or accepts what
+            # only it takes (an escaped lone surrogate, a byte order mark).
+            data = _strict(raw)
+    else:
+        data = _strict(raw)
+    if marked.count(b"[") > MAX_DEPTH and _deeper_than(data, MAX_DEPTH):
+        raise Malformed(f"JSON nested more than {MAX_DEPTH} levels deep")
+    return data
+
+
+def _strict(raw: bytes) -> Any:
+    """The standard library's parser with every number checked as it is read (slower: a
+    call per number)."""
     _SEEN.bad = False
     try:
         data = _DECODER.decode(raw.decode("utf8"))
@@ -293,12 +356,16 @@ def load_json(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> Any:
         raise Malformed("JSON nested too deeply") from None
     except ValueError as exc:
         raise Malformed(f"not JSON ({exc})") from None
-    # Counting brackets is C-speed; only data with many of them is walked.
-    if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH and _deeper_than(data, MAX_DEPTH):
-        raise Malformed(f"JSON nested more than {MAX_DEPTH} levels deep")
     if _SEEN.bad:
         raise Malformed(clip(_bad_number(data), 160))
     return data
+
+
+# `bytes.translate` table: digits become "0", both opening brackets "[", the rest " ".
+_MARKS = bytes(0x30 if 0x30 <= b <= 0x39 else 0x5B if b in (0x5B, 0x7B) else 0x20
+               for b in range(256))
+# 19 digits: every integer of at most 18 digits fits in 64 bits (signed or not).
+_LONG_DIGITS = b"0" * 19
 
 
 def load_object(raw: bytes, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any]:
@@ -339,7 +406,7 @@ def check_request(data: Mapping[str, Any]) -> Mapping[str, Any]:
     state = data.get("state", model.RequestState.REQUESTED)
     if not isinstance(state, str) or state not in model.REQUEST_STATES:
         raise Malformed(f"unknown request state {_sample(state)}")
-    _check_fields(data, _REQUEST_FIELDS)
+    _REQUEST_FIELDS.check(data)
     node_types = data.get("node_types") or ()
     if len(node_types) > MAX_NODE_TYPES:
         raise Malformed(f"asks for {len(node_types)} nodes, more than the "
@@ -352,13 +419,13 @@ def check_node(data: Mapping[str, Any]) -> Mapping[str, Any]:
     state = data.get("state")
     if not isinstance(state, str) or state not in model.NODE_STATES:
         raise Malformed(f"unknown node state {_sample(state)}")
-    _check_fields(data, _NODE_FIELDS)
+    _NODE_FIELDS.check(data)
     return data
 
 
 def check_component(data: Mapping[str, Any]) -> Mapping[str, Any]:
     """`data` if it is a usable component registration, else Malformed."""
-    _check_fields(data, _COMPONENT_FIELDS)
+    _COMPONENT_FIELDS.check(data)
     return data
 
 
@@ -373,7 +440,7 @@ def check_events(batch: Any) -> list[dict[str, Any]]:
         when = event.get("time")
         if not timestamp(when):
             raise Malformed(f"an event's time must be {_TIME}, got {_sample(when)}")
-        _check_fields(event, _EVENT_FIELDS)
+        _EVENT_FIELDS.check(event)
     return batch
 
 

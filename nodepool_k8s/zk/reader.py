@@ -13,6 +13,7 @@ Failure: `ZkConnectionError` when ZooKeeper cannot be read.
 from __future__ import annotations
 
 import itertools
+from typing import Callable, TypeVar
 
 from nodepool_k8s.core import records
 from nodepool_k8s.core.model import NodeRequest, NodeView
@@ -24,29 +25,43 @@ from nodepool_k8s.zk.cache import Component, decode_component
 from nodepool_k8s.zk.client import ZkClient
 
 
+T = TypeVar("T")
+
+
+def _view(view: NodeView) -> NodeView:
+    return view
+
+
 class ZkReader:
     def __init__(self, zk: ZkClient) -> None:
         self.zk = zk
 
     def nodes(self, malformed: list[MalformedRecord] | None = None) -> list[NodeView]:
         """Every usable node; malformed ones are appended to `malformed` when given."""
+        return self.node_rows(_view, malformed)
+
+    def node_rows(self, shape: Callable[[NodeView], T],
+                  malformed: list[MalformedRecord] | None = None) -> list[T]:
+        """`shape(view)` of every usable node, made as each node is decoded: a listing
+        that keeps only its rows never holds ten thousand whole records (with their
+        tokens and certificates) at once."""
         ids = sorted(c for c in (self.zk.get_children(paths.NODES) or [])
                      if paths.is_node_id(c))
-        return self._rows(ids, malformed)
+        return self._rows(ids, shape, malformed)
 
     def node(self, node_id: str) -> NodeView | None:
-        rows = self._rows([node_id])
+        rows = self._rows([node_id], _view)
         return rows[0] if rows else None
 
-    def _rows(self, ids: list[str],
-              malformed: list[MalformedRecord] | None = None) -> list[NodeView]:
-        """The nodes of `ids` (in that order) with their lock state: one decoder for every
-        listing (`nodes.decode`, the strict `records.decode_node` underneath)."""
+    def _rows(self, ids: list[str], shape: Callable[[NodeView], T],
+              malformed: list[MalformedRecord] | None = None) -> list[T]:
+        """The nodes of `ids` (in that order) with their lock state, shaped: one decoder
+        for every listing (`nodes.decode`, the strict `records.decode_node` underneath)."""
         ops: list[tuple[str, str]] = []
         for node_id in ids:
             ops.append((multiread.GET, paths.node_path(node_id)))
             ops.append((multiread.CHILDREN, paths.node_lock_path(node_id)))
-        rows: list[NodeView] = []
+        rows: list[T] = []
         decode, contenders = node_codec.decode, locks.contenders
         # Decoded part by part as the batches arrive (overlapping the server's work on
         # the next ones); each node's two results are consecutive.
@@ -60,7 +75,7 @@ class ZkReader:
             except records.Malformed as exc:
                 _report(malformed, "node", node_id, found[1].version, exc.reason)
                 continue
-            rows.append(NodeView(node, bool(children) and bool(contenders(children))))
+            rows.append(shape(NodeView(node, bool(children) and bool(contenders(children)))))
         return rows
 
     def requests(self, malformed: list[MalformedRecord] | None = None

@@ -126,3 +126,19 @@ def test_one_long_cell_does_not_widen_every_row() -> None:
     assert ("x" * (listing.MAX_CELL - 3) + "...") in lines[7 + 3]
     # Cells that fit are untouched.
     assert "| 0000000000 | short " in lines[3]
+
+
+@pytest.mark.parametrize("value, shown", [
+    (1_795_906_337.25, "2026-11-28T22:52:17Z"),
+    (0, "1970-01-01T00:00:00Z"),
+    (-1.5, "1969-12-31T23:59:58Z"),
+    # Rounded to the microsecond first, as datetime rounds: the next second.
+    (1_795_906_336.9999996, "2026-11-28T22:52:17Z"),
+    (253_402_300_799, "9999-12-31T23:59:59Z"),
+    (253_402_300_799.9999996, None),  # rounds into year 10000
+    (-62_135_596_801, None),
+    (1e300, None), (float("nan"), None), (float("inf"), None),
+    (True, None), ("1795906337", None), (None, None), ([1], None),
+])
+def test_token_expiry_shows_a_date_or_nothing(value: object, shown: str | None) -> None:
+    assert listing.token_expiry(value) == shown

@@ -377,3 +377,80 @@ def test_accepted_records_round_trip(value: dict[str, Any]) -> None:
     # Whatever the strict decoder accepts, the writer can write back and read again.
     again = node_codec.decode("0000000001", node_codec.encode(node))
     assert again.to_dict() == node.to_dict()
+
+
+# -- the fast parser and the strict one agree ----------------------------------------------
+
+def _strict_value(raw: bytes) -> tuple[str, Any]:
+    """What the standard library's checked parser alone makes of `raw`."""
+    try:
+        return "ok", records._strict(raw)
+    except Malformed as exc:
+        return "malformed", exc.reason
+
+
+def _gate_value(raw: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", records.load_json(raw)
+    except Malformed as exc:
+        return "malformed", exc.reason
+
+
+def _typed(value: Any) -> Any:
+    """`value` with each number's type beside it: 1 and 1.0 are equal but not the same."""
+    if isinstance(value, dict):
+        return {key: _typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_typed(item) for item in value]
+    if isinstance(value, float) and math.isnan(value):
+        return ("nan",)
+    return (type(value).__name__, value)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_records | _json)
+def test_the_gate_reads_every_value_as_the_strict_parser_does(value: Any) -> None:
+    raw = json.dumps(value).encode()
+    got, want = _gate_value(raw), _strict_value(raw)
+    if want[0] == "malformed":
+        assert got[0] == "malformed"
+    else:
+        assert got[0] == "ok" and _typed(got[1]) == _typed(want[1])
+
+
+@pytest.mark.parametrize("number", [
+    2 ** 63 - 1, 2 ** 63, -(2 ** 63), -(2 ** 63) - 1, 2 ** 64 - 1, 2 ** 64, 10 ** 18 - 1,
+    10 ** 18, 10 ** 19, -(10 ** 19), 2 ** 128 - 1, -(2 ** 127)])
+def test_integers_beyond_64_bits_stay_exact_integers(number: int) -> None:
+    """The fast parser reads integers beyond 64 bits as floats; such text goes to the
+    strict one, so a 128-bit trace id written back is the id Zuul wrote."""
+    raw = json.dumps({"state": "requested", "requestor_data": {
+        "span_info": {"trace_id": number, "ids": [number, str(number)]}}}).encode()
+    data = records.decode_request(raw)
+    span = data["requestor_data"]["span_info"]
+    assert type(span["trace_id"]) is int and span["trace_id"] == number
+    assert span["ids"] == [number, str(number)]
+    written = request_codec.encode(request_codec.decode("100-0000000001", raw))
+    assert json.loads(written)["requestor_data"] == json.loads(raw)["requestor_data"]
+
+
+@pytest.mark.parametrize("raw, value", [
+    (b'{"comment": "\\ud800"}', {"comment": "\ud800"}),      # a lone surrogate escape
+    (b'{"a": [1, 2.5, -0, -0.0, 1E5, 1e-5, 0.1e-400]}',
+     {"a": [1, 2.5, 0, -0.0, 1e5, 1e-5, 0.0]}),
+    (b' \t{"a": "caf\\u00e9", "b": "caf\xc3\xa9"}\n ', {"a": "caf\u00e9", "b": "caf\u00e9"}),
+])
+def test_what_only_one_parser_takes_reads_the_same(raw: bytes, value: Any) -> None:
+    assert _typed(records.load_json(raw)) == _typed(value)
+    assert _gate_value(raw) == _strict_value(raw)
+
+
+@pytest.mark.parametrize("raw", [
+    b"\xef\xbb\xbf{}", b'{"a": NaN}', b'{"a": 1e999}', b'{"a": 1} x', b'{"a": "\x01"}',
+    b'"\xff"', b"[" * 65 + b"]" * 65, b"[" * 2000 + b"]" * 2000, b'{"a": ' + b"9" * 309 + b"}",
+])
+def test_what_the_strict_parser_refuses_is_refused_with_its_reason(raw: bytes) -> None:
+    got = _gate_value(raw)
+    assert got[0] == "malformed"
+    if raw.count(b"[") <= records.MAX_DEPTH or raw.count(b"[") > 1000:
+        assert got == _strict_value(raw)

@@ -70,6 +70,7 @@ def test_reader_views(zkc: ZkClient, kazoo_client: KazooClient) -> None:
         body = {"state": "ready", "type": ["small"], "provider": "p"}
         kazoo_client.create(paths.node_path(f"000000000{i}"), json.dumps(body).encode())
     kazoo_client.create(paths.node_path("0000000009"), b"junk")
+    kazoo_client.create(paths.node_path("0000000008"), b"")  # being created: skipped
     lock = Lock(kazoo_client, paths.node_lock_path("0000000001"))
     lock.acquire()
     for rid in ("300-0000000005", "100-0000000007", "100-0000000006"):
@@ -84,6 +85,11 @@ def test_reader_views(zkc: ZkClient, kazoo_client: KazooClient) -> None:
     assert [c.id for c in reader.pool_components()] == ["pid"]
     single = reader.node("0000000001")
     assert single is not None and single.locked
+    # Shaped as each node is decoded: the listing keeps only what it shows.
+    malformed: list = []
+    shaped = reader.node_rows(lambda view: (view.node.id, view.locked), malformed)
+    assert shaped == [(r.node.id, r.locked) for r in rows]
+    assert [m.id for m in malformed] == ["0000000009"]
 
 
 @pytest.mark.parametrize("multiread", [True, False], ids=["multiread", "pipelined"])
