@@ -9,7 +9,9 @@ wrapped for that):
                                        CPU from /proc (`thread_cpu.py`)  -> PREFIX.<pid>
   NODEPOOL_K8S_PROFILE_YAPPI=PREFIX    yappi profile of every thread, CPU clock (or the
                                        clock in NODEPOOL_K8S_PROFILE_CLOCK, e.g. wall)
-                                       -> PREFIX.<pid>.pstat (read with pstats)
+                                       -> PREFIX.<pid>.pstat (read with pstats), and
+                                       one per thread, by group (numbered names as _N):
+                                       PREFIX.<pid>.<group>.<ctx>.pstat
   NODEPOOL_K8S_PROFILE_ZKOPS=PREFIX    ZooKeeper requests sent, by type and path pattern
                                        (refused ones once more, as FAILED)
                                        -> PREFIX.<pid>
@@ -94,14 +96,28 @@ def _threads(prefix: str) -> None:
 
 
 def _yappi(prefix: str) -> None:
+    import re
+    import threading
+
     import yappi
 
     yappi.set_clock_type(os.environ.get("NODEPOOL_K8S_PROFILE_CLOCK", "cpu"))
+    # Threads by their names (launch-<provider>_3, node-cache), not their class.
+    yappi.set_context_name_callback(lambda: threading.current_thread().name)
     yappi.start(builtins=False, profile_threads=True)
 
     def dump() -> None:
         yappi.stop()
         yappi.get_func_stats().save(f"{prefix}.{os.getpid()}.pstat", type="pstat")
+        # And one profile per thread, named by its group (numbered names summed, as
+        # thread_cpu.py does): PREFIX.<pid>.<group>.<ctx>.pstat; pstats.Stats(*files)
+        # merges a group's.
+        for thread in yappi.get_thread_stats():
+            name = re.sub(r"_\d+$", "_N", str(thread.name))
+            stats = yappi.get_func_stats(filter={"ctx_id": thread.id})
+            if not stats.empty():
+                safe = re.sub(r"[^A-Za-z0-9_.-]", "-", name)
+                stats.save(f"{prefix}.{os.getpid()}.{safe}.{thread.id}.pstat", type="pstat")
     _AT_EXIT.append(dump)
 
 
