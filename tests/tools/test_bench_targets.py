@@ -187,3 +187,16 @@ def test_table_shows_the_burst_figures() -> None:
     text = bench.table({"machine": machine(), "runs": [row], "targets": []})
     assert "zero/namespace/burst-30: 30 requests submitted within" in text
     assert "in the first half" in text
+
+
+@pytest.mark.parametrize("listed, met", [(0.65, (True, True)), (0.85, (True, False)),
+                                         (1.2, (False, False))])
+def test_the_listing_has_the_old_target_and_issue_30s(listed: float,
+                                                      met: tuple[bool, bool]) -> None:
+    scale = {"nodes": 10000, "list_s_median": listed, "launcher_peak_rss_mib": 110.0}
+    rows = bench.targets({"runs": [], "scale": scale})
+    old = by_name(rows, "nodepool list over 10000 nodes (median wall time)")
+    no_regression = by_name(rows, "nodepool list over 10000 nodes, no regression")
+    assert (old["target"], no_regression["target"]) == ("< 1 s", "< 0.7 s")
+    assert (old["met"], no_regression["met"]) == met
+    assert old["value"] == no_regression["value"] == listed
