@@ -259,7 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"nodepool: {exc}", file=sys.stderr)
         return 1
-    with _quiet_connection_logs(not args.debug):
+    # As the program (no `argv`), the quiet lasts until the process exits: an abandoned
+    # connection attempt's thread (zk/client.py) can still log kazoo's "Failed
+    # connecting" after the command printed its one-line outcome. Called with `argv`
+    # (tests, other programs), the levels are restored when the command returns.
+    with _quiet_connection_logs(not args.debug, restore=argv is not None):
         try:
             return int(args.func(args))
         except NodepoolError as exc:
@@ -283,8 +287,7 @@ _CHATTY_LOGGERS = ("kazoo", "nodepool_k8s.zk.client")
 
 
 @contextmanager
-def _quiet_connection_logs(quiet: bool) -> Iterator[None]:
-    # Restored afterwards: `main` also runs inside other processes (tests).
+def _quiet_connection_logs(quiet: bool, restore: bool = True) -> Iterator[None]:
     saved = {name: logging.getLogger(name).level for name in _CHATTY_LOGGERS}
     if quiet:
         for name in _CHATTY_LOGGERS:
@@ -292,8 +295,9 @@ def _quiet_connection_logs(quiet: bool) -> Iterator[None]:
     try:
         yield
     finally:
-        for name, level in saved.items():
-            logging.getLogger(name).setLevel(level)
+        if restore:
+            for name, level in saved.items():
+                logging.getLogger(name).setLevel(level)
 
 
 if __name__ == "__main__":

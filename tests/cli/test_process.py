@@ -3,7 +3,9 @@ configurations: one clear line on stderr and exit 1, never a traceback or an end
 
 from __future__ import annotations
 
+import logging
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -72,6 +74,34 @@ def test_unreachable_zookeeper_in_process(tmp_path: Path, command: list[str],
     assert (result.code, result.out) == (1, "")
     assert result.err == (f"nodepool {command[0]}: cannot connect to ZooKeeper at {hosts}"
                           " within 0.5s\n")
+
+
+@pytest.mark.parametrize("as_program", [True, False])
+def test_connection_logs_stay_quiet_for_the_program(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        as_program: bool) -> None:
+    """An abandoned connection attempt's kazoo thread may log after the one-line outcome:
+    as the program (no argv), kazoo stays quiet until the process exits; called with argv
+    (tests, other programs), the levels come back when the command returns."""
+    monkeypatch.setattr(common, "CONNECT_TIMEOUT", 0.5)
+    path, hosts = _dead_zookeeper(tmp_path)
+    argv = ["nodepool", "-c", str(path), "list"]
+    kazoo_log, client_log = logging.getLogger("kazoo"), logging.getLogger(
+        "nodepool_k8s.zk.client")
+    levels = (kazoo_log.level, client_log.level)
+    try:
+        if as_program:
+            monkeypatch.setattr(sys, "argv", argv)
+            assert main() == 1
+        else:
+            assert main(argv[1:]) == 1
+        quiet = (logging.CRITICAL, logging.CRITICAL)
+        assert (kazoo_log.level, client_log.level) == (quiet if as_program else levels)
+        assert capsys.readouterr().err == (f"nodepool list: cannot connect to ZooKeeper at"
+                                           f" {hosts} within 0.5s\n")
+    finally:
+        kazoo_log.setLevel(levels[0])
+        client_log.setLevel(levels[1])
 
 
 def test_invalid_configuration(tmp_path: Path, capsys: pytest.CaptureFixture[str],
