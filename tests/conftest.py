@@ -130,14 +130,24 @@ def k8s_sim(tmp_path: Path, sim_tls_material: str) -> Iterator[Simulator]:
         sim.stop()
 
 
-@pytest.fixture
-def zkc(zk: ZkConnection) -> Iterator[ZkClient]:
-    """A started `ZkClient` in the test's chroot (the ZooKeeper layer's own client)."""
+def _session(zk: ZkConnection) -> Iterator[ZkClient]:
     client = client_for(zk)
     try:
         yield client
     finally:
         client.stop()
+
+
+@pytest.fixture
+def zkc(zk: ZkConnection) -> Iterator[ZkClient]:
+    """A started `ZkClient` in the test's chroot (the ZooKeeper layer's own client)."""
+    yield from _session(zk)
+
+
+@pytest.fixture
+def other(zk: ZkConnection) -> Iterator[ZkClient]:
+    """Another launcher's session on the test's chroot."""
+    yield from _session(zk)
 
 
 # -- launchers and a Zuul-like client on the test's chroot ------------------------------------

@@ -32,8 +32,6 @@ from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.nodes import NodeStore
 from nodepool_k8s.zk.txn import Txn
-from tests.helpers import ZkConnection
-from tests.zk.conftest import client_for
 
 DELETE_TIMEOUT = 270.0  # not a multiple of the fake's DEFERRED_RECHECK
 RETRY = 5.0
@@ -108,13 +106,10 @@ class World:
 
 
 @pytest.fixture
-def zkc(zk: ZkConnection) -> Iterator[ZkClient]:
-    client = client_for(zk)
-    try:
-        client.ensure_path(paths.NODES)
-        yield client
-    finally:
-        client.stop()
+def zkc(zkc: ZkClient) -> ZkClient:
+    """The suite's client, with the nodes' path in place."""
+    zkc.ensure_path(paths.NODES)
+    return zkc
 
 
 @pytest.fixture

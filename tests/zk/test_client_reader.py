@@ -26,7 +26,7 @@ from nodepool_k8s.zk.reader import ZkReader
 from nodepool_k8s.zk.registry import ComponentRegistry
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import ZkConnection
-from tests.zk.conftest import client_for
+from tests.helpers import client_for
 
 
 def test_tls_connection(zk_tls: ZkConnection) -> None:

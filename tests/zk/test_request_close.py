@@ -30,7 +30,7 @@ from nodepool_k8s.zk.cache import RequestCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.requests import RequestStore
 from nodepool_k8s.zk.txn import Txn
-from tests.helpers import ZkConnection, client_for, wait_for
+from tests.helpers import ZkConnection, wait_for
 from tests.zk.support import drained, held_up, queued_event_of
 from tests.zk.test_skipped_request_reads import Request, record
 
@@ -238,28 +238,24 @@ def test_a_closed_request_locked_and_written_again_is_read(
     assert not cache.is_closed(request.id) and cache.stale() == set()
 
 
-def test_our_own_lock_contends_after_the_dir_is_gone(zkc: ZkClient, zk: ZkConnection,
+def test_our_own_lock_contends_after_the_dir_is_gone(zkc: ZkClient, other: ZkClient,
                                                      kazoo_client: KazooClient) -> None:
     """A request whose taker removed the lock dir can be locked again (the dir is made
     anew) and is found closed; nothing is left locked."""
     store = RequestStore(zkc)
-    other = client_for(zk)
-    try:
-        request_id = new_request(kazoo_client)
-        theirs = RequestStore(other)
-        got = theirs.lock_and_read(request_id)
-        assert got is not None
-        held, request = got
-        request.state = model.RequestState.FULFILLED
-        theirs.store(request, held, release=True)
-        assert not lock_dir_exists(kazoo_client, request_id)
-        assert not store.held_elsewhere(request_id)
-        found = store.lock_and_read(request_id, look_first=True)
-        assert found is not None and found[1].state == model.RequestState.FULFILLED
-        found[0].release()
-        assert not kazoo_client.get_children(paths.request_lock_path(request_id))
-    finally:
-        other.stop()
+    request_id = new_request(kazoo_client)
+    theirs = RequestStore(other)
+    got = theirs.lock_and_read(request_id)
+    assert got is not None
+    held, request = got
+    request.state = model.RequestState.FULFILLED
+    theirs.store(request, held, release=True)
+    assert not lock_dir_exists(kazoo_client, request_id)
+    assert not store.held_elsewhere(request_id)
+    found = store.lock_and_read(request_id, look_first=True)
+    assert found is not None and found[1].state == model.RequestState.FULFILLED
+    found[0].release()
+    assert not kazoo_client.get_children(paths.request_lock_path(request_id))
 
 
 def test_an_optional_deletion_refused_for_access_is_dropped(

@@ -27,7 +27,7 @@ from nodepool_k8s.dev.testing.zookeeper import ZooKeeperServer
 from nodepool_k8s.dev.testing.zuul_client import BIG_SPAN_ID, BIG_TRACE_ID, ZuulClient
 from nodepool_k8s.zk.txn import Txn
 from tests.helpers import Signal, ZkConnection
-from tests.zk.conftest import client_for
+from tests.helpers import client_for
 
 
 def new_node(store: NodeStore, **fields: object) -> Node:

@@ -131,14 +131,7 @@ def room_freed_while_a_peer_holds(deps: WorkerDeps, peer_priority: str
     quota, our second waits at quota, the peer holds a request of `peer_priority` (older
     or younger than ours) waiting for room; then our first node goes. Returns our worker,
     its launches and the waiting request, before the pass that sees the room."""
-    deps.registered_pools = lambda: [  # type: ignore[method-assign]
-        plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)]
-    worker, launches = worker_for(deps)
-    first = deps.submit(["small"])
-    worker.run_once()
-    second = deps.submit(["small"])
-    worker.run_once()
-    assert worker.handlers[second].state is HandlerState.AT_QUOTA
+    worker, launches, first, second = at_quota_beside_a_paused_peer(deps)
     peers = deps.submit(["small"], priority=peer_priority)
     taken_by_peer(deps, peers, plan.Waiting("WaitingForQuota", "waits for room"))
     launches.run_all()
@@ -361,10 +354,16 @@ def test_a_request_another_session_holds_costs_no_lock_attempt(
 
 def waiting_beside_a_paused_peer(deps: WorkerDeps, cache: RequestCache
                                  ) -> tuple[PoolWorker, InlineLaunches, str, str]:
-    """max-servers 1, a paused peer of the pool registered, `cache` started: our first
-    request's node fills the quota and our second waits at quota. Returns our worker, its
-    launches and the two requests."""
+    """`at_quota_beside_a_paused_peer` with `cache` started."""
     assert cache.wait_synced(10) and cache.follows_locks()
+    return at_quota_beside_a_paused_peer(deps)
+
+
+def at_quota_beside_a_paused_peer(deps: WorkerDeps
+                                  ) -> tuple[PoolWorker, InlineLaunches, str, str]:
+    """max-servers 1 and a paused peer of the pool registered: our first request's node
+    fills the quota and our second waits at quota. Returns our worker, its launches and
+    the two requests."""
     peer = plan.PoolInfo(PEER, "fake", frozenset({"small", "other"}), 100, True)
     deps.registered_pools = lambda: [peer]  # type: ignore[method-assign]
     worker, launches = worker_for(deps)

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Iterator
+from typing import Any
 
-import pytest
 from kazoo.client import KazooClient
 from kazoo.recipe.lock import Lock
 
@@ -29,7 +28,7 @@ from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import CacheEvent, NodeCache
 from nodepool_k8s.zk.client import ZkClient
 from nodepool_k8s.zk.registry import ComponentRegistry, pool_worker_id
-from tests.helpers import Signal, ZkConnection, client_for, wait_for
+from tests.helpers import Signal, wait_for
 from tests.launcher.requests.support import ReadThroughNodes
 from tests.launcher.test_cleanup import body
 from tests.launcher.test_min_ready import MIN_READY, min_ready_requests
@@ -38,16 +37,6 @@ from tests.launcher.upkeep.support import Upkeep
 from tests.launchers import TEST_SETTINGS
 
 USED = model.NodeState.USED
-
-
-@pytest.fixture
-def other_zkc(zk: ZkConnection) -> Iterator[ZkClient]:
-    """Another launcher's ZooKeeper session."""
-    client = client_for(zk)
-    try:
-        yield client
-    finally:
-        client.stop()
 
 
 def register(registry: ComponentRegistry) -> str:
@@ -68,14 +57,14 @@ def attempted(world: Upkeep, node_id: str) -> bool:
 
 
 def test_builder_deletes_at_once_another_after_the_grace(
-        upkeep: MakeUpkeep, other_zkc: ZkClient) -> None:
+        upkeep: MakeUpkeep, other: ZkClient) -> None:
     world = upkeep(body())
     grace = world.deps.settings.delete_grace
     assert grace > 2
     ours = register(world.deps.registry)
-    theirs = register_other(other_zkc)
+    theirs = register_other(other)
     mine = world.node(USED, launcher=ours)
-    other = world.node(USED, launcher=theirs)
+    their_node = world.node(USED, launcher=theirs)
     stranger = world.node(USED, launcher=pool_worker_id("fake", "main", fqdn="gone-host"))
     nobodys = world.node(USED)
     deadline = world.step()
@@ -85,23 +74,23 @@ def test_builder_deletes_at_once_another_after_the_grace(
     assert world.record(nobodys) is None
     # The live builder's: left alone, not even a lock attempt; the worker is due again
     # when the grace ends.
-    assert world.state(other) == USED
-    assert not attempted(world, other)
+    assert world.state(their_node) == USED
+    assert not attempted(world, their_node)
     assert deadline is not None and deadline <= world.clock.monotonic() + grace + 1e-6
     world.step(grace - 1)
-    assert world.state(other) == USED and not attempted(world, other)
+    assert world.state(their_node) == USED and not attempted(world, their_node)
     world.step(2)
-    assert world.record(other) is None  # the builder never did: we do
+    assert world.record(their_node) is None  # the builder never did: we do
 
 
-def test_dead_builders_node_deleted_at_once(upkeep: MakeUpkeep, other_zkc: ZkClient) -> None:
+def test_dead_builders_node_deleted_at_once(upkeep: MakeUpkeep, other: ZkClient) -> None:
     world = upkeep(body())
-    theirs = register_other(other_zkc)
+    theirs = register_other(other)
     node_id = world.node(USED, launcher=theirs)
     world.step()
     world.step(1)
     assert world.state(node_id) == USED
-    other_zkc.stop()  # the builder is killed: its session and registration end
+    other.stop()  # the builder is killed: its session and registration end
     # What the component cache says; the node is due at once, well within the grace.
     world.cleanup.on_component_event(CacheEvent.REMOVED, "pool/other-host0000000000")
     world.step()
@@ -109,12 +98,12 @@ def test_dead_builders_node_deleted_at_once(upkeep: MakeUpkeep, other_zkc: ZkCli
 
 
 def test_builders_grace_counts_in_the_nodes_state(upkeep: MakeUpkeep,
-                                                  other_zkc: ZkClient) -> None:
+                                                  other: ZkClient) -> None:
     """A full pass (the safety net) defers the same way, and a node used for longer than
     the grace already is everyone's."""
     world = upkeep(body())
     grace = world.deps.settings.delete_grace
-    theirs = register_other(other_zkc)
+    theirs = register_other(other)
     fresh = world.node(USED, launcher=theirs)
     old = world.node(USED, launcher=theirs, state_time=world.clock.time() - grace - 1)
     world.full_pass()
@@ -134,11 +123,11 @@ class LaggingNodes(ReadThroughNodes):
 
 
 def test_a_cache_behind_the_record_does_not_bypass_the_builder(
-        upkeep: MakeUpkeep, other_zkc: ZkClient) -> None:
+        upkeep: MakeUpkeep, other: ZkClient) -> None:
     """The cache still shows the node ready for a request that is gone (a de-allocation);
     the fresh read shows it used: still the builder's to delete."""
     world = upkeep(body())
-    theirs = register_other(other_zkc)
+    theirs = register_other(other)
     node_id = world.node(model.NodeState.READY, allocated_to="200-0000000001",
                          launcher=theirs)
     stale = world.record(node_id)
@@ -153,7 +142,7 @@ def test_a_cache_behind_the_record_does_not_bypass_the_builder(
 
 
 def test_a_dead_builders_node_the_cache_left_unread_is_read_and_deleted(
-        upkeep: MakeUpkeep, other_zkc: ZkClient, zkc: ZkClient,
+        upkeep: MakeUpkeep, other: ZkClient, zkc: ZkClient,
         kazoo_client: KazooClient) -> None:
     """The real node cache, which leaves the changes of a node another live launcher built
     for a request unread (`Engine._left_to_builder`): Zuul's `used` is not read while the
@@ -161,7 +150,7 @@ def test_a_dead_builders_node_the_cache_left_unread_is_read_and_deleted(
     deleted at once (the cleanup refreshes stale entries then, and reads candidates fresh
     before acting in any case)."""
     world = upkeep(body())
-    theirs = register_other(other_zkc)
+    theirs = register_other(other)
     cache = NodeCache(zkc)
     cache.left_to_builder = lambda n: n.launcher == theirs and bool(n.allocated_to)
     cache.start()
@@ -181,7 +170,7 @@ def test_a_dead_builders_node_the_cache_left_unread_is_read_and_deleted(
         wait_for(lambda: node_id in cache.stale(), 10, message="the change to be counted")
         world.step()
         assert world.state(node_id) == USED and not attempted(world, node_id)
-        other_zkc.stop()  # the builder is killed: its session and registration end
+        other.stop()  # the builder is killed: its session and registration end
         world.cleanup.on_component_event(CacheEvent.REMOVED, "pool/other-host0000000000")
         world.step()
         assert world.record(node_id) is None
@@ -240,7 +229,7 @@ class Unread:
 
 
 def test_zuuls_release_of_a_live_builders_node_is_read_only_after_the_grace(
-        upkeep: MakeUpkeep, other_zkc: ZkClient, zkc: ZkClient,
+        upkeep: MakeUpkeep, other: ZkClient, zkc: ZkClient,
         kazoo_client: KazooClient) -> None:
     """Zuul took the node (its request is gone), used and released it. Its builder
     deletes it: this launcher reads none of that (no read, no lock attempt, no action on
@@ -248,7 +237,7 @@ def test_zuuls_release_of_a_live_builders_node_is_read_only_after_the_grace(
     been left unread for the grace (from the lock's going), and the node deleted."""
     world = upkeep(body(), settings=QUIET)
     grace = world.deps.settings.delete_grace
-    theirs = register_other(other_zkc)
+    theirs = register_other(other)
     cache = rule_cache(world, zkc)
     try:
         world.step()  # the first (full) pass
@@ -274,14 +263,14 @@ def test_zuuls_release_of_a_live_builders_node_is_read_only_after_the_grace(
 
 
 def test_a_spare_its_builder_made_of_a_returned_node_is_counted_by_min_ready(
-        upkeep: MakeUpkeep, other_zkc: ZkClient, zkc: ZkClient,
+        upkeep: MakeUpkeep, other: ZkClient, zkc: ZkClient,
         kazoo_client: KazooClient) -> None:
     """Zuul returned the node unused (`ready`; its request is gone) and its builder made
     a spare of it: that de-allocation is not read here, and this launcher does not offer
     the spare (its builder does). Min-ready reads the entries of the labels it counts
     before asking for more: the spare counts, no min-ready request is made."""
     world = upkeep(MIN_READY.format(count=1, max_servers=5), settings=QUIET)
-    theirs = register_other(other_zkc)
+    theirs = register_other(other)
     cache = rule_cache(world, zkc)
     try:
         node_id = world.node(model.NodeState.READY, allocated_to="200-0000000001",
@@ -327,14 +316,14 @@ providers:
 
 
 def test_a_spare_handed_out_again_by_its_builder_counts_for_its_new_tenant(
-        upkeep: MakeUpkeep, other_zkc: ZkClient, zkc: ZkClient, kazoo_client: KazooClient,
+        upkeep: MakeUpkeep, other: ZkClient, zkc: ZkClient, kazoo_client: KazooClient,
         zuul: ZuulClient) -> None:
     """The builder made a spare of a node Zuul returned unused and handed it out to a
     request of tenant `limited` (at its limit of one server with it): this launcher's
     entry still shows the old request's tenant. Before it counts the tenant's usage, the
     pool worker reads the entries left to other launchers: the request waits."""
     world = upkeep(TENANT_LIMITED, settings=QUIET)
-    theirs = register_other(other_zkc)
+    theirs = register_other(other)
     cache = rule_cache(world, zkc)
     worker, launches = world.pool_worker()
     try:
