@@ -359,21 +359,32 @@ class ChildMirror(Generic[T]):
                     if k in self.items and self._behind(k)}
 
     def refresh(self, keys: list[str] | None = None, timeout: float = 10.0) -> bool:
-        """Read the stale ones of `keys` (all stale children without it, after the events
-        queued before the call) and wait for the answers; False if some did not come
+        """Read the stale ones of `keys` (all stale children without it), after the events
+        queued before the call, and wait for the answers; False if some did not come
         within `timeout` (the entries then stay as they were). Without a connection, or
         once stopped, it returns at once with what is held. Not from a listener: the
-        answers are applied on the mirror's thread."""
+        answers are applied on the mirror's thread.
+
+        "After the events queued before the call" is what makes a refresh current as of
+        an answer the caller holds: that answer was read after the events of every
+        earlier change, whose tasks (queued on kazoo's connection thread by the persistent
+        watch's listener) wait on this thread's queue until they are applied;
+        a child they leave behind is not `_behind` before then (min-ready counted a
+        spare from its `building` copy that way, its fulfilled request read fresh)."""
         if threading.current_thread() is self._thread:
             raise RuntimeError("refresh() from the mirror's own thread would wait forever")
         if keys is not None:
             with self._lock:
-                # None of them behind, nothing to wait for: callers ask for their whole
-                # scope and this costs them no trip through the mirror's thread.
-                keys = [k for k in keys
-                        if (k in self.items or k in self.unread_new) and self._behind(k)]
-            if not keys:
+                # None of them behind and no event waiting to be applied, nothing to wait
+                # for: callers ask for their whole scope and this costs them no trip
+                # through the mirror's thread.
+                idle = self._tasks.unfinished_tasks == 0
+                behind = [k for k in keys
+                          if (k in self.items or k in self.unread_new) and self._behind(k)]
+            if idle and not behind:
                 return True
+            if idle:
+                keys = behind
         # Without `keys` the trip is kept even when nothing is behind yet: the task runs
         # after the events already queued, so a view's reading is current as of the call.
         done = threading.Event()
@@ -419,10 +430,11 @@ class ChildMirror(Generic[T]):
 
     def _run(self) -> None:
         while True:
+            queued = True
             try:
                 task = self._tasks.get(timeout=self._next_look_end())
             except queue.Empty:
-                task = (self._looks_ended, ())
+                task, queued = (self._looks_ended, ()), False
             if task is None:
                 return
             fn, args = task
@@ -432,6 +444,9 @@ class ChildMirror(Generic[T]):
                     self._looks_ended()
             except Exception:
                 log.exception("%s: error while applying a change", self.name)
+            finally:
+                if queued:
+                    self._tasks.task_done()  # `refresh` reads the count
 
     def _next_look_end(self) -> float | None:
         """Seconds until the next first look ends (None: no first look runs)."""

@@ -21,8 +21,8 @@ from nodepool_k8s.runtime.clock import ManualClock
 from nodepool_k8s.zk import paths
 from nodepool_k8s.zk.cache import NodeCache
 from nodepool_k8s.zk.client import ZkClient
-from tests.zk.support import drained, write_counted
-from tests.helpers import Signal
+from tests.zk.support import drained, held_up, write_counted
+from tests.helpers import Signal, submissions
 
 
 def record(state: str, **extra: Any) -> bytes:
@@ -205,3 +205,39 @@ def test_a_refresh_with_nothing_behind_costs_no_trip_through_the_mirrors_thread(
     node.write("ready")
     assert cache.refresh([node.id])
     assert len(tasks) == 1 and node.state() == "ready"
+
+
+def test_a_refresh_is_current_as_of_an_answer_read_before_it(
+        cache: NodeCache, zkc: ZkClient, kazoo_client: KazooClient,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A change whose event came before an answer the caller holds, but still waits on the
+    mirror's queue, is not `behind` yet: a refresh of that child must wait for it and read
+    it, not answer at once from the older record. (min-ready read another launcher's
+    request fresh as fulfilled while its node, turned ready under that launcher's lock,
+    waited so: counted `building`, it was no spare, and a third spare was built.)"""
+    node = Other(kazoo_client, cache)
+    node.lock()
+    answers: list[bool] = []
+    asked = submissions(cache._mirror, monkeypatch)
+
+    def ask() -> None:
+        answers.append(cache.refresh([node.id]))
+        asked()
+    asker = threading.Thread(target=ask)
+    go = held_up(cache._mirror)
+    try:
+        kazoo_client.set(node.path, record("ready"))
+        # Our own session's answer about the node: its change event came before it.
+        [(_, item)] = zkc.get_many([node.path])
+        assert item is not None and json.loads(item[0])["state"] == "ready"
+        assert not cache._mirror.behind(node.id)  # the event waits behind the held thread
+        queued = asked.count
+        asker.start()
+        # It answers at once (the old record) or hands its task to the held thread.
+        asked.until(lambda: answers or asked.count > queued, 10,
+                    message="the refresh to answer or queue")
+    finally:
+        go.set()
+    asker.join(15)
+    assert answers == [True]
+    assert node.state() == "ready"

@@ -236,7 +236,8 @@ class MinReadyWorker(Worker):
         node's changes under another's lock unread). A spare built for another launcher's
         min-ready request turns ready under that launcher's lock: counted from its older
         `building` copy, while its request reads fulfilled, it would be no spare and no
-        outstanding node either, and a second spare would be asked for."""
+        outstanding node either, and a second spare would be asked for. The requests were
+        just read fresh, so the refresh also waits for node events queued before then."""
         cache = self.engine.node_cache
         cache.refresh([node.id for node in cache.nodes() if node.label in labels])
 
