@@ -217,6 +217,12 @@ class PoolBreaker:
                 out[name] = entry
         return out
 
+    def quiet(self) -> bool:
+        """Whether no label of this pool is suspended or probing: `check` then answers
+        (None, False) for any labels at any time."""
+        return all(entry.get("state", CLOSED) == CLOSED
+                   for entry in self.entries().values() if entry)
+
     def check(self, labels: list[str], pool: PoolConfig, now: float,
               accepting: bool) -> tuple[str | None, bool]:
         """(why a request for `labels` must not be launched here now, None to go ahead;

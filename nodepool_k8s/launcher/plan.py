@@ -292,6 +292,10 @@ class RecentlyFailed:
         for label in labels:
             self._until[label] = now + ttl
 
+    def __bool__(self) -> bool:
+        """Whether any label is remembered (perhaps one past its time, not yet dropped)."""
+        return bool(self._until)
+
     def active(self, now: float) -> dict[str, float]:
         """The labels still remembered, with when each is forgotten."""
         for label in [k for k, until in self._until.items() if until <= now]:

@@ -23,7 +23,10 @@ and each pass of the Nodepool algorithm for this pool (nodepool-protocol.md §2.
    take but holds back (paused, drained, busy, its tenant at its limit) while no other
    pool takes it is counted in the status's `requests_queued`, and why it waits is
    written onto it (`waiting_reasons`) when that changed, for the causes that last (an
-   operator's or a window's pause or drain, a tenant limit).
+   operator's or a window's pause or drain, a tenant limit). A request held back with
+   nothing to write is not triaged again while it and the pass's inputs (the registered
+   pools, the configuration, the cloud's limits, why the pool waits) stay the same and
+   no answer depends on the time (no label suspended or remembered as handed back).
 
 Requests it cannot serve now (`_hand_back`): while its provider's API server cannot be
 used the pool counts as paused (registered so: other pools stop yielding to it), starts no
@@ -218,6 +221,14 @@ class PoolWorker(Worker):
         # the cache shows it; and how many requests we held back in the last pass.
         self._waiting_written: dict[str, tuple[dict[str, str] | None, int]] = {}
         self._held_back_count = 0
+        # Requests held back with nothing left to write, by a pass whose answers could not
+        # change with the time (no label suspended or remembered as handed back) -> (the
+        # version held back, whether it counted in `requests_queued`). Valid while the
+        # pass's inputs (`_held_inputs`) and the request stay the same: a paused pool's
+        # walk over a long queue costs a look-up per request, not a triage (a burst's
+        # passes would otherwise grow with the square of its size).
+        self._held: dict[str, tuple[int, int]] = {}
+        self._held_inputs: tuple[Any, ...] | None = None
         # Why the whole pool cannot serve now (its provider unhealthy, paused, drained) and
         # since when (monotonic), for the hand-back; labels it handed back lately.
         self._unable: plan.Unable | None = None
@@ -418,6 +429,12 @@ class PoolWorker(Worker):
         tenant_usage: list[quota.UsageRecord] | None = None
         held_back = 0
         self._tenant_waits = False
+        waiting = self._unhealthy or waiting_for(control, pool_cfg)
+        inputs = (registered, pool_cfg, provider_cfg, cloud, waiting) \
+            if self.breaker.quiet() and not self.recently_failed else None
+        if inputs is None or inputs != self._held_inputs:
+            self._held.clear()
+        self._held_inputs = inputs
         # Once one request waits for a launch slot, every later one waits in this pass
         # too: a slot that frees while the pass walks the queue goes to the oldest request
         # at the next pass, not to whichever request the walk has reached (a burst would
@@ -430,7 +447,8 @@ class PoolWorker(Worker):
         # trying its lock again every CONTENDED_RETRY would only cost three writes each time.
         stuck = self.engine.stuck_requests
         taken = self._taken_elsewhere
-        if self._lock_dir_seen or self.refused or self._waiting_written or taken:
+        if self._lock_dir_seen or self.refused or self._waiting_written or taken \
+                or self._held:
             ids = {r.id for r in requests}
             self._lock_dir_seen &= ids
             for request in requests:
@@ -441,6 +459,8 @@ class PoolWorker(Worker):
             self.refused.keep_only(ids)
             for gone in self._waiting_written.keys() - ids:
                 del self._waiting_written[gone]
+            for gone in self._held.keys() - ids:
+                del self._held[gone]
         for request in plan.order(requests, pool_cfg.labels):
             if self.engine.stopping.is_set():
                 break
@@ -452,6 +472,13 @@ class PoolWorker(Worker):
                 # Locked (its lock dir shows a contender): a lock attempt cannot win, and
                 # its release comes as a cache event that wakes this worker. Closed by its
                 # taker (fulfilled or failed, unread): nothing to serve.
+                continue
+            if inputs is not None and (held := self._held.get(request.id)) is not None \
+                    and held[0] == request.version and not cache.is_stale(request.id) \
+                    and (paused or full or self._at_concurrency(provider_cfg,
+                                                                batch.node_count)):
+                full = True  # held back again, as the last pass decided
+                held_back += held[1]
                 continue
             decision = plan.triage(request, me, pool_cfg, provider_cfg, registered, cloud)
             if decision.verdict is plan.Verdict.SKIP:
@@ -484,9 +511,10 @@ class PoolWorker(Worker):
             if decision.verdict is plan.Verdict.ACCEPT:
                 if paused or full or self._at_concurrency(provider_cfg, batch.node_count):
                     full = True
-                    held_back += self._held_back(request, registered,
-                                                 self._unhealthy
-                                                 or waiting_for(control, pool_cfg))
+                    really, settled = self._held_back(request, registered, waiting)
+                    held_back += really
+                    if inputs is not None and settled:
+                        self._held[request.id] = (request.version, really)
                     continue
                 if tenant_usage is None:
                     limited = self.engine.config.tenant_resource_limits
@@ -504,7 +532,7 @@ class PoolWorker(Worker):
                     # limit binds in every pool: another one would not take it either.
                     held_back += self._held_back(request, registered, plan.Waiting(
                         "TenantAtLimit", f"tenant {request.tenant_name} is at its"
-                        " tenant-resource-limits"), everywhere=True)
+                        " tenant-resource-limits"), everywhere=True)[0]
                     continue
                 if not probe and batch.add(request, functools.partial(
                         self._take, request, decision, view, refusal=refusal)):
@@ -525,10 +553,12 @@ class PoolWorker(Worker):
 
     # -- requests this pool holds back (why they wait) ------------------------------------
     def _held_back(self, request: NodeRequest, registered: list[plan.PoolInfo],
-                   waiting: plan.Waiting | None, everywhere: bool = False) -> int:
-        """A request this pool would take but holds back for now: 1 if it really waits
+                   waiting: plan.Waiting | None,
+                   everywhere: bool = False) -> tuple[int, bool]:
+        """A request this pool would take but holds back for now: (1 if it really waits
         (no other registered pool that is not paused could take it, or the cause binds
-        in every pool: `everywhere`; counted in the pool's `requests_queued`), else 0.
+        in every pool: `everywhere`; counted in the pool's `requests_queued`), else 0;
+        whether the request already says so: nothing was or is to be written).
         `waiting`: the cause to write onto the request (None: one that passes by itself,
         a pause for capacity or max-concurrency, which readers see from the pool's own
         `paused` and status; writing those onto every request a busy pool holds back
@@ -541,21 +571,20 @@ class PoolWorker(Worker):
             really = 0
         else:
             really = 1
-        self._note_held_back(request, waiting)
-        return really
+        return really, self._note_held_back(request, waiting)
 
-    def _note_held_back(self, request: NodeRequest, waiting: plan.Waiting | None) -> None:
+    def _note_held_back(self, request: NodeRequest, waiting: plan.Waiting | None) -> bool:
         """Write why this pool holds `request` back onto it when that changed: lock, write,
         unlock (one transaction when nobody locked it before). The request is the cache's:
         until our write comes back through the cache, what we wrote is remembered, so a
-        pass in between does not write it again."""
+        pass in between does not write it again. True when the request says so already."""
         wanted = waiting.to_dict() if waiting is not None else None
         if lifecycle.waiting_note(request, self.id) == wanted:
             self._waiting_written.pop(request.id, None)
-            return
+            return True
         written = self._waiting_written.get(request.id)
         if written is not None and written[0] == wanted and request.version < written[1]:
-            return  # ours, not in the cache yet
+            return False  # ours, not in the cache yet
         requests = self.engine.requests
         try:
             fresh = copy_request(request)
@@ -563,12 +592,12 @@ class PoolWorker(Worker):
             if not self.lock_dir_seen(request.id):
                 if requests.store_fresh(fresh, release=True) is not None:
                     self._waiting_written[request.id] = (wanted, fresh.version)
-                    return
+                    return False
                 self.saw_lock_dir(request.id)
             got = requests.lock_and_read(request.id)
             if got is None:
                 self._contended = True  # someone holds it: look again shortly
-                return
+                return False
             lock, fresh = got
             try:
                 if fresh.state == model.RequestState.REQUESTED \
@@ -579,10 +608,11 @@ class PoolWorker(Worker):
                 if not lock.released:
                     lock.release()
         except (errors.NoNodeError, errors.VersionConflict):
-            return  # it changed meanwhile; the cache event brings us back
+            return False  # it changed meanwhile; the cache event brings us back
         except errors.NodepoolError as exc:
             logconfig.annotate(self.log, request.event_id, request.id).warning(
                 "Could not note why the request waits: %s", exc)
+        return False
 
     # -- what a batch asks of its pool worker (requests.batch.BatchOwner) ----------------
     def lock_dir_seen(self, request_id: str) -> bool:

@@ -4,9 +4,13 @@ ZooKeeper, launches finish when the test says so, time moves with the ManualCloc
 from __future__ import annotations
 
 import json
-from typing import Callable
+from typing import Any, Callable
+
+import pytest
 
 from nodepool_k8s.core import model
+from nodepool_k8s.core.model import NodeRequest
+from nodepool_k8s.launcher import plan
 from nodepool_k8s.launcher.pool_worker import CONTENDED_RETRY, PoolWorker
 from nodepool_k8s.launcher.requests.handler import HandlerState
 from nodepool_k8s.zk import paths
@@ -219,3 +223,56 @@ def test_a_slot_freed_mid_pass_goes_to_the_oldest_request_not_a_later_one(
     worker.run_once()
     assert state(deps, older) == model.RequestState.PENDING
     assert state(deps, newer) == model.RequestState.REQUESTED
+
+
+def test_a_held_back_queue_is_triaged_again_only_when_something_changed(
+        make_worker_deps: MakeWorkerDeps, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At max-concurrency every waiting request is held back at every pass (a burst makes
+    a pass per launch that returns). While nothing about them changed, the passes after
+    the first do not triage them again, yet still count them as queued; a request that
+    changed, another pool registering, or a label suspended has them decided afresh."""
+    deps = make_worker_deps(max_concurrency=1)
+    worker, launches = worker_for(deps)
+    deps.submit(["small"])
+    worker.run_once()  # the one slot taken
+    assert len(launches.queued) == 1
+    waiting = [deps.submit(["small"]) for _ in range(4)]
+    triaged: list[str] = []
+    triage = plan.triage
+
+    def counting(request: NodeRequest, *args: Any, **kwargs: Any) -> plan.Decision:
+        triaged.append(request.id)
+        return triage(request, *args, **kwargs)
+    monkeypatch.setattr(plan, "triage", counting)
+
+    for _ in range(3):
+        worker.run_once()
+        assert worker._held_back_count == 4
+    assert sorted(triaged) == sorted(waiting)  # the first of those passes only
+
+    # One request changed (another launcher's pool declined it): that one again.
+    request = deps.requests.get(waiting[2])
+    assert request is not None
+    request.declined_by.append("another-pool")
+    deps.requests.store_fresh(request, release=True)
+    triaged.clear()
+    worker.run_once()
+    assert triaged == [waiting[2]] and worker._held_back_count == 4
+
+    # Another pool serving the label registers (not paused): every one again, and none
+    # of them counts as queued here any more (that pool would take them).
+    other = plan.PoolInfo("other-host-fake-main", "fake", frozenset({"small"}))
+    monkeypatch.setattr(deps, "registered_pools", lambda: [other])
+    triaged.clear()
+    worker.run_once()
+    assert sorted(triaged) == sorted(waiting) and worker._held_back_count == 0
+    monkeypatch.setattr(deps, "registered_pools", lambda: [])
+    worker.run_once()
+
+    # The label is suspended: the held-back requests are declined, not held back again.
+    pool_cfg = deps.config.providers["fake"].pools["main"]
+    for _ in range(pool_cfg.breaker_threshold):
+        worker.breaker.record(pool_cfg.labels["small"], pool_cfg,
+                              "LaunchError(ErrImagePull): no such image", deps.clock.time())
+    worker.run_once()
+    assert all(state(deps, i) == model.RequestState.FAILED for i in waiting)
