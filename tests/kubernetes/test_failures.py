@@ -77,6 +77,23 @@ def test_api_errors_beyond_retries_raise_temporary_and_clean_up(
     changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
+def test_a_failed_fence_does_not_hold_back_its_step_and_no_binding_goes_out(
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
+    """The quota, the service account and the role go out together (one round trip): the
+    quota failing beyond its retries does not keep the others from being sent, the step
+    ends with the quota's failure, and the role binding (which waits for the role) and the
+    token are never asked for."""
+    provider = make_k8s_provider(sim, NS, api_retries=1)
+    sim.fail_next("create", "resourcequotas", count=2, code=500)
+    with pytest.raises(TemporaryError, match="resourcequota"):
+        _launch(provider, "k8s-namespace")
+    assert sim.counters["create resourcequotas"] == 2
+    assert sim.counters["create serviceaccounts"] == 1 and sim.counters["create roles"] == 1
+    assert sim.counters.get("create rolebindings", 0) == 0
+    assert sim.counters.get("create serviceaccounts/token", 0) == 0
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
 def test_failed_api_calls_leave_no_reference_cycle(sim: Simulator,
                                                    make_k8s_provider: ProviderFactory) -> None:
     """A failed call's error, the API's answer it came from and that answer's connection

@@ -160,9 +160,10 @@ def parse_mix(text: str) -> list[tuple[list[str], int]]:
 
 
 def parse_delays(text: str, base: SimDelays) -> SimDelays:
-    """`schedule=0.2,start=1,token=0.1,ns-delete=0.5,pod-delete=0`."""
+    """`schedule=0.2,start=1,token=0.1,ns-delete=0.5,pod-delete=0,latency=0.005`."""
     names = {"schedule": "schedule", "start": "start", "token": "token",
-             "ns-delete": "namespace_delete", "pod-delete": "pod_delete"}
+             "ns-delete": "namespace_delete", "pod-delete": "pod_delete",
+             "latency": "latency"}
     values = asdict(base)
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, _, value = part.partition("=")
@@ -1613,7 +1614,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profiles", help="delay profiles: zero,realistic (default both)")
     p.add_argument("--realistic", metavar="DELAYS",
                    help="realistic delays, default schedule=0.2,start=1,token=0.1,"
-                        "ns-delete=0.5,pod-delete=0")
+                        "ns-delete=0.5,pod-delete=0 (latency=S: added to every API request)")
     p.add_argument("--error-rate", type=float,
                    help="fraction of Kubernetes API calls answered 500/429 (default 0)")
     p.add_argument("--max-concurrency", type=int,

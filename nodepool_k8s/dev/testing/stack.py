@@ -99,6 +99,8 @@ class SimDelays:
     token: float = 0.0
     namespace_delete: float = 0.0
     pod_delete: float = 0.0
+    latency: float = 0.0  # added to every API request (a real server's round trip)
+    # (`SimulatorProcess` sends the larger of this and its own `latency` argument)
 
     def args(self) -> list[str]:
         return ["--schedule-delay", str(self.schedule), "--start-delay", str(self.start),
@@ -110,7 +112,8 @@ class SimDelays:
         if self == ZERO_DELAYS:
             return "zero"
         return (f"schedule {self.schedule:g}s, start {self.start:g}s, token {self.token:g}s, "
-                f"ns delete {self.namespace_delete:g}s")
+                f"ns delete {self.namespace_delete:g}s"
+                + (f", latency {self.latency:g}s" if self.latency else ""))
 
 
 ZERO_DELAYS = SimDelays()
@@ -205,7 +208,8 @@ class SimulatorProcess(ManagedProcess):
         argv = command("nodepool-k8s-sim", "nodepool_k8s.dev.simulator") + [
             "--kubeconfig", str(self.kubeconfig), "--ready-file", str(ready),
             "--context", SIM_CONTEXT, "--error-rate", str(error_rate),
-            "--latency", str(latency), "--seed", str(seed)] + delays.args()
+            "--latency", str(max(latency, delays.latency)), "--seed", str(seed)] \
+            + delays.args()
         super().__init__(name, argv, workdir / f"{name}.log", env)
         self.delays = delays
         try:

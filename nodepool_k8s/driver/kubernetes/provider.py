@@ -84,6 +84,7 @@ from nodepool_k8s.driver.kubernetes.errors import Conflict, Invalid
 from nodepool_k8s.driver.kubernetes.events import EventRecorder
 from nodepool_k8s.driver.kubernetes.health import ApiProbe
 from nodepool_k8s.driver.kubernetes.readiness import PodCheck, Token, token_from_request
+from nodepool_k8s.driver.kubernetes.together import Together
 from nodepool_k8s.driver.kubernetes.waiter import (ObjectWatch, deletion_finished, metadata,
                                                    object_uid, resource_version,
                                                    wait_namespace_deleted, wait_namespace_gone)
@@ -138,6 +139,9 @@ class KubernetesSettings:
     wait_tick: float | None = None
     # Where the pod's service account is mounted, when there is no kubeconfig (in-cluster).
     service_account: str = SERVICE_ACCOUNT_DIR
+    # Threads (per provider, shared by its launches) that send a launch's independent
+    # creations beside the launch's own thread (`together.Together`); 0: one after the other.
+    together_workers: int = 16
 
 
 class ConnectionData(dict):  # type: ignore[type-arg]
@@ -229,6 +233,7 @@ class KubernetesProvider(ClusterAware, ApiMetered):
         # The RBAC subject the API server knows this launcher as (job-role: cluster-role).
         self._subject: Subject | None = None
         self._api_listener: ApiCallListener | None = None
+        self._together: Together | None = None  # started with the connection
 
     @property
     def unschedulable_grace(self) -> float:
@@ -274,6 +279,8 @@ class KubernetesProvider(ClusterAware, ApiMetered):
                 watch.start()
             self._events = EventRecorder(client, self._clock)
             self._events.start()
+            self._together = Together(self.settings.together_workers,
+                                      f"k8s-create-{self.name}")
             config = self.config
             self._probe = ApiProbe(
                 self.name, lambda: client.probe(config.api_probe_connect_timeout,
@@ -300,7 +307,10 @@ class KubernetesProvider(ClusterAware, ApiMetered):
             events, self._events = self._events, None
             probe, self._probe = self._probe, None
             capacity, self._capacity = self._capacity, None
+            together, self._together = self._together, None
             self._client = self._pods = self._namespaces = None
+        if together is not None:
+            together.stop()
         if probe is not None:
             probe.stop()
         if capacity is not None:
@@ -743,8 +753,11 @@ class KubernetesProvider(ClusterAware, ApiMetered):
         # Prepared operations (`client.api`): the same requests at a fraction of the
         # generated methods' per-call work (see `client.Endpoint`).
         core = rbac = networking = client.api
-        steps: list[tuple[str, Callable[..., Any], NamespacedBody | None]] = [
-            # The fences first: the quota must exist before any pod is admitted.
+        Step = tuple[str, Callable[..., Any], NamespacedBody | None]
+        # The fences (the quota must exist before any pod is admitted), the service account
+        # and the role do not depend on each other: they go out together. A role binding
+        # goes after them: the API server's escalation check reads the role it names.
+        independent: list[Step] = [
             ("resourcequota", core.create_namespaced_resource_quota,
              guards.resource_quota_body(namespace, label, labels)),
             ("limitrange", core.create_namespaced_limit_range,
@@ -754,24 +767,30 @@ class KubernetesProvider(ClusterAware, ApiMetered):
             ("serviceaccount", core.create_namespaced_service_account,
              manifests.service_account_body(namespace, labels)),
         ]
+        bindings: list[Step]
         if self.config.job_role == "cluster-role":
             # The launcher's own rights to clear this namespace should it stay Terminating
             # (held by our finalizer until we are done), before anything a job could hold.
-            steps.append(("rolebinding", rbac.create_namespaced_role_binding,
-                          manifests.cleanup_binding_body(namespace, labels,
-                                                         self._own_subject(client, sleep))))
-            steps.append(("rolebinding", rbac.create_namespaced_role_binding,
-                          guards.cluster_role_binding_body(namespace, label, labels)))
+            bindings = [("rolebinding", rbac.create_namespaced_role_binding,
+                         manifests.cleanup_binding_body(namespace, labels,
+                                                        self._own_subject(client, sleep))),
+                        ("rolebinding", rbac.create_namespaced_role_binding,
+                         guards.cluster_role_binding_body(namespace, label, labels))]
         else:
-            steps += [("role", rbac.create_namespaced_role,
-                       manifests.role_body(namespace, label, labels)),
-                      ("rolebinding", rbac.create_namespaced_role_binding,
-                       manifests.role_binding_body(namespace, label, labels))]
-        for kind, create, body in steps:
-            if body is None:
-                continue
-            client.call(f"create {kind} {namespace}/{body['metadata']['name']}", create,
-                        namespace, body, sleep=sleep, created_ok=True)
+            independent.append(("role", rbac.create_namespaced_role,
+                                manifests.role_body(namespace, label, labels)))
+            bindings = [("rolebinding", rbac.create_namespaced_role_binding,
+                         manifests.role_binding_body(namespace, label, labels))]
+
+        def creation(kind: str, create: Callable[..., Any],
+                     body: NamespacedBody) -> Callable[[], object]:
+            return lambda: client.call(f"create {kind} {namespace}/{body['metadata']['name']}",
+                                       create, namespace, body, sleep=sleep, created_ok=True)
+        self._together_pool().run([creation(kind, create, body)
+                                   for kind, create, body in independent if body is not None])
+        for kind, create, body in bindings:
+            if body is not None:
+                creation(kind, create, body)()
         if label.type == "pod":
             # The pod names the copies: they exist before the kubelet looks for them.
             pull_secrets.copy_all(client, namespace, label, labels, self.name,
@@ -780,6 +799,13 @@ class KubernetesProvider(ClusterAware, ApiMetered):
             client.call(f"create pod {namespace}/{body['metadata']['name']}",
                         core.create_namespaced_pod, namespace, body, sleep=sleep,
                         created_ok=True)
+
+    def _together_pool(self) -> Together:
+        with self._lock:
+            together = self._together
+        if together is None:  # stopped meanwhile
+            raise LaunchCancelled("the provider stopped")
+        return together
 
     @property
     def _holds(self) -> bool:
