@@ -94,6 +94,22 @@ def test_a_failed_fence_does_not_hold_back_its_step_and_no_binding_goes_out(
     changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
 
 
+def test_while_many_launches_run_a_step_goes_one_request_after_the_other(
+        sim: Simulator, make_k8s_provider: ProviderFactory, changes: Signal) -> None:
+    """More launches running than `together_launches` (here: any): the launches keep the
+    API server busy by themselves, so the quota failing ends the step before the service
+    account and the role are sent."""
+    provider = make_k8s_provider(sim, NS, api_retries=1,
+                                 settings=dataclasses.replace(FAST, together_launches=0))
+    sim.fail_next("create", "resourcequotas", count=2, code=500)
+    with pytest.raises(TemporaryError, match="resourcequota"):
+        _launch(provider, "k8s-namespace")
+    assert sim.counters["create resourcequotas"] == 2
+    assert sim.counters.get("create serviceaccounts", 0) == 0
+    assert sim.counters.get("create roles", 0) == 0
+    changes.until(lambda: _no_namespaces_left(sim), message="the namespace to be removed")
+
+
 def test_failed_api_calls_leave_no_reference_cycle(sim: Simulator,
                                                    make_k8s_provider: ProviderFactory) -> None:
     """A failed call's error, the API's answer it came from and that answer's connection

@@ -67,6 +67,14 @@ def test_without_workers_they_go_one_after_the_other_and_stop_at_a_failure() -> 
     assert ran == ["a", "fails"]
 
 
+def test_a_step_not_sent_at_once_goes_one_after_the_other_on_the_callers_thread(
+        together: Together) -> None:
+    threads: list[str] = []
+    together.run([lambda: threads.append(threading.current_thread().name)] * 3,
+                 at_once=False)
+    assert threads == [threading.current_thread().name] * 3 and together.together == 0
+
+
 def test_a_stopped_group_sends_nothing_more(together: Together) -> None:
     together.stop()
     ran: list[str] = []

@@ -142,6 +142,9 @@ class KubernetesSettings:
     # Threads (per provider, shared by its launches) that send a launch's independent
     # creations beside the launch's own thread (`together.Together`); 0: one after the other.
     together_workers: int = 16
+    # ... only while at most this many launches of the provider run at once: more of them
+    # keep the API server busy by themselves, and extra threads would only add switches.
+    together_launches: int = 4
 
 
 class ConnectionData(dict):  # type: ignore[type-arg]
@@ -234,6 +237,7 @@ class KubernetesProvider(ClusterAware, ApiMetered):
         self._subject: Subject | None = None
         self._api_listener: ApiCallListener | None = None
         self._together: Together | None = None  # started with the connection
+        self._launches_now = 0  # launches running (`launch` calls not returned)
 
     @property
     def unschedulable_grace(self) -> float:
@@ -597,6 +601,16 @@ class KubernetesProvider(ClusterAware, ApiMetered):
 
     def launch(self, spec: LaunchSpec, cancel: threading.Event,
                progress: Progress | None = None) -> LaunchResult:
+        with self._lock:
+            self._launches_now += 1
+        try:
+            return self._launch(spec, cancel, progress)
+        finally:
+            with self._lock:
+                self._launches_now -= 1
+
+    def _launch(self, spec: LaunchSpec, cancel: threading.Event,
+                progress: Progress | None) -> LaunchResult:
         client, pods = self._connected()
         label = spec.label
         _validate(label)
@@ -786,8 +800,9 @@ class KubernetesProvider(ClusterAware, ApiMetered):
                      body: NamespacedBody) -> Callable[[], object]:
             return lambda: client.call(f"create {kind} {namespace}/{body['metadata']['name']}",
                                        create, namespace, body, sleep=sleep, created_ok=True)
-        self._together_pool().run([creation(kind, create, body)
-                                   for kind, create, body in independent if body is not None])
+        together, at_once = self._together_pool()
+        together.run([creation(kind, create, body)
+                      for kind, create, body in independent if body is not None], at_once)
         for kind, create, body in bindings:
             if body is not None:
                 creation(kind, create, body)()
@@ -800,12 +815,14 @@ class KubernetesProvider(ClusterAware, ApiMetered):
                         core.create_namespaced_pod, namespace, body, sleep=sleep,
                         created_ok=True)
 
-    def _together_pool(self) -> Together:
+    def _together_pool(self) -> tuple[Together, bool]:
+        """The provider's `Together`, and whether a step goes out at once now (few
+        launches running)."""
         with self._lock:
-            together = self._together
+            together, running = self._together, self._launches_now
         if together is None:  # stopped meanwhile
             raise LaunchCancelled("the provider stopped")
-        return together
+        return together, running <= self.settings.together_launches
 
     @property
     def _holds(self) -> bool:

@@ -7,6 +7,12 @@ instead of one per object. The caller sends the first itself, so a step of one r
 never changes threads, and with `workers` 0 every request goes out on the caller's thread,
 one after the other.
 
+The caller says whether a step goes out at once (`run(..., at_once=)`): the provider asks
+for it only while few of its launches run (then a launch waits on the API server's round
+trips, and sending its requests together shortens it); when many run (a burst), the
+launches themselves keep the API server and the process busy, and handing requests to
+other threads would only add thread switches.
+
 How it fails: `run` returns only when every request of the step has ended, answered or
 failed: nothing of a failed step is still in flight when the launch cleans up after it.
 It then raises the first failure in the order the requests were given (the one a
@@ -36,10 +42,12 @@ class Together:
         self._lock = threading.Lock()
         self._pool = threads.fixed_pool(workers, name) if workers > 0 else None
         self._stopped = False
+        self.together = 0  # steps sent at once so far (for tests and benchmarks)
 
-    def run(self, requests: list[Callable[[], object]]) -> None:
-        """Send `requests` at once and wait for all of them; raise the first failure."""
-        if self._pool is None or len(requests) < 2:
+    def run(self, requests: list[Callable[[], object]], at_once: bool = True) -> None:
+        """Send `requests` (at once unless `at_once` is False, or there are no workers)
+        and wait for all of them; raise the first failure."""
+        if self._pool is None or len(requests) < 2 or not at_once:
             for request in requests:
                 request()  # one after the other: a failure ends the step there
             return
@@ -47,6 +55,7 @@ class Together:
             if self._stopped:
                 raise LaunchCancelled(f"{self._name}: stopped")
             futures = [self._pool.submit(request) for request in requests[1:]]
+            self.together += 1
         failures: list[BaseException] = []
         try:
             requests[0]()
