@@ -800,7 +800,7 @@ class KubernetesProvider(ClusterAware, ApiMetered):
                      body: NamespacedBody) -> Callable[[], object]:
             return lambda: client.call(f"create {kind} {namespace}/{body['metadata']['name']}",
                                        create, namespace, body, sleep=sleep, created_ok=True)
-        together, at_once = self._together_pool()
+        together, at_once = self._together_now()
         together.run([creation(kind, create, body)
                       for kind, create, body in independent if body is not None], at_once)
         for kind, create, body in bindings:
@@ -815,7 +815,7 @@ class KubernetesProvider(ClusterAware, ApiMetered):
                         core.create_namespaced_pod, namespace, body, sleep=sleep,
                         created_ok=True)
 
-    def _together_pool(self) -> tuple[Together, bool]:
+    def _together_now(self) -> tuple[Together, bool]:
         """The provider's `Together`, and whether a step goes out at once now (few
         launches running)."""
         with self._lock:

@@ -18,8 +18,9 @@ failed: nothing of a failed step is still in flight when the launch cleans up af
 It then raises the first failure in the order the requests were given (the one a
 one-after-the-other launch would have met first); the others were attempted as well. Each
 request keeps its own retries and the launch's budget (deadline, cancel). Stopped, it
-refuses new steps (`LaunchCancelled`) and cancels what waits for a thread (the caller gets
-`LaunchCancelled` for those). No reference cycle holds a failure: the error raised is
+refuses steps it would send at once (`LaunchCancelled`; one going out on the caller's
+thread is the launch's own, ended by its cancel) and cancels what waits for a thread (the
+caller gets `LaunchCancelled` for those). No reference cycle holds a failure: the error raised is
 dropped from every local first, as `KubeClient.call` does.
 """
 
@@ -37,12 +38,11 @@ class Together:
     """Steps of independent requests, sent at once (see the module docstring)."""
 
     def __init__(self, workers: int, name: str) -> None:
-        self.workers = workers
         self._name = name
         self._lock = threading.Lock()
         self._pool = threads.fixed_pool(workers, name) if workers > 0 else None
         self._stopped = False
-        self.together = 0  # steps sent at once so far (for tests and benchmarks)
+        self.together = 0  # steps sent at once so far (for tests)
 
     def run(self, requests: list[Callable[[], object]], at_once: bool = True) -> None:
         """Send `requests` (at once unless `at_once` is False, or there are no workers)
